@@ -1,0 +1,40 @@
+// The 128-byte connection handle NCCL carries from listen() to connect(), possibly to another host and another
+// process. Plain bytes only: no pointers. Layout (little-endian), version 1:
+//   0  u32 magic 'WEFT'     4  u8 version   5  u8 backend   6  u16 addrLen
+//   8  u32 providerHash     12 u32 checksum (FNV-1a of every other byte)
+//   16 u64 token (random per listen)       24 u8 addr[104] (provider address, addrLen bytes)
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "weft/common/status.h"
+#include "weft/transport/net.h"
+
+namespace weft {
+
+enum class BackendId : uint8_t { kFabric = 1, kVerbs = 2 };
+
+struct WireHandle {
+  static constexpr uint32_t kMagic = 0x54464557;  // "WEFT"
+  static constexpr uint8_t kVersion = 1;
+  static constexpr size_t kMaxAddr = 104;
+
+  BackendId backend = BackendId::kFabric;
+  uint32_t providerHash = 0;
+  uint64_t token = 0;
+  uint16_t addrLen = 0;
+  std::array<uint8_t, kMaxAddr> addr{};
+
+  void encode(void* out) const;
+  // Refuses anything that is not a well-formed handle of this version, with a reason.
+  static Status decode(const void* in, WireHandle* out, std::string* why);
+};
+
+uint32_t fnv1a32(const void* data, size_t len, uint32_t seed = 2166136261u);
+uint64_t fnv1a64(std::string_view s);
+uint64_t randomToken();  // from the kernel's CSPRNG
+
+}  // namespace weft

@@ -1,0 +1,112 @@
+// The backend-neutral transport interface the plugin tables call into. A backend (libfabric today, ibverbs later)
+// provides devices, comms and requests; the plugin layer only adapts NCCL's versioned tables to this.
+//
+// Threading (NCCL's, see spec §3.1): listen/connect/accept/regMr/deregMr/close* run on a communicator's proxy
+// service thread; isend/irecv/iflush/test on its progress thread, possibly at the same time as regMr/deregMr on
+// the same comm. Several communicators do this concurrently. Data-path calls on one comm come from one thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "weft/common/status.h"
+
+namespace weft {
+
+constexpr size_t kHandleSize = 128;   // NCCL_NET_HANDLE_MAXSIZE
+constexpr int kMaxRecvs = 8;          // largest maxRecvs we ever report
+constexpr int kMaxRequests = 32;      // NCCL_NET_MAX_REQUESTS (v7+)
+
+struct DeviceProps {
+  std::string name;      // unique per device, stable
+  std::string pciPath;   // sysfs path ending in the PCI bus id, or empty for a virtual NIC
+  std::string provider;  // e.g. "tcp;ofi_rxm"
+  std::string fabric;    // provider's fabric name (e.g. the subnet for tcp)
+  uint64_t guid = 0;
+  int ptrSupport = 0x1;  // NCCL_PTR_*
+  int speedMbps = 10000;
+  int port = 0;
+  float latencyUs = 0.0f;
+  int maxComms = 65536;
+  int maxRecvs = 1;
+  bool regIsGlobal = false;
+  bool forceFlush = false;
+  size_t maxP2pBytes = size_t{1} << 30;
+  size_t maxCollBytes = size_t{1} << 30;
+};
+
+struct CommConfig {
+  int trafficClass = -1;  // NCCL_NET_TRAFFIC_CLASS_UNDEF
+};
+
+// Every object handed to NCCL starts with a magic word so a stale or foreign pointer is refused with a clear
+// error instead of being used (a pointer that is not ours at all can still fault; NCCL never passes one).
+struct Object {
+  explicit Object(uint32_t magic) : magic_(magic) {}
+  ~Object() { magic_ = 0; }
+  uint32_t magic_;
+};
+
+constexpr uint32_t kListenMagic = 0x57464c53;  // "WFLS"
+constexpr uint32_t kSendMagic = 0x57465344;    // "WFSD"
+constexpr uint32_t kRecvMagic = 0x57465256;    // "WFRV"
+constexpr uint32_t kRequestMagic = 0x57465251; // "WFRQ"
+constexpr uint32_t kMrMagic = 0x57464d52;      // "WFMR"
+
+class MemHandle;  // defined by the registration cache (mr_cache.h)
+
+class Request : public Object {
+ public:
+  Request() : Object(0) {}
+  virtual ~Request() = default;
+  // On done, `sizes` (when non-NULL) gets one entry per buffer and the request returns to its pool.
+  virtual Status test(bool* done, int* sizes) = 0;
+};
+
+class Comm : public Object {
+ public:
+  using Object::Object;
+  virtual ~Comm() = default;
+  virtual Status regMr(void* data, size_t size, int type, MemHandle** out) = 0;
+  virtual Status regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd, MemHandle** out) = 0;
+  virtual Status deregMr(MemHandle* mh) = 0;
+};
+
+class SendComm : public Comm {
+ public:
+  SendComm() : Comm(kSendMagic) {}
+  // *request = nullptr with kOk means "try again later" (back-pressure).
+  virtual Status isend(void* data, size_t size, int tag, MemHandle* mh, Request** request) = 0;
+};
+
+class RecvComm : public Comm {
+ public:
+  RecvComm() : Comm(kRecvMagic) {}
+  virtual Status irecv(int n, void** data, const size_t* sizes, const int* tags, MemHandle** mhs,
+                       Request** request) = 0;
+  virtual Status iflush(int n, void** data, const int* sizes, MemHandle** mhs, Request** request) = 0;
+};
+
+class ListenComm : public Object {
+ public:
+  ListenComm() : Object(kListenMagic) {}
+  virtual ~ListenComm() = default;
+  // *recvComm stays nullptr until a peer has connected (call again).
+  virtual Status accept(RecvComm** recvComm) = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+  virtual int deviceCount() const = 0;
+  virtual const DeviceProps& props(int dev) const = 0;
+  virtual Status listen(int dev, void* handle, ListenComm** out) = 0;
+  // Non-blocking: *out stays nullptr until the peer has accepted; the same `handle` pointer identifies the
+  // attempt across calls (NCCL polls with the same buffer).
+  virtual Status connect(int dev, const CommConfig& config, void* handle, SendComm** out) = 0;
+};
+
+}  // namespace weft

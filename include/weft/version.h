@@ -1,0 +1,5 @@
+#pragma once
+
+namespace weft {
+inline constexpr const char* kVersionString = "0.1.0";
+}

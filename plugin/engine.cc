@@ -1,0 +1,57 @@
+#include "plugin/engine.h"
+
+#include <rdma/fabric.h>
+
+#include "fabric/fabric_backend.h"
+#include "weft/common/log.h"
+#include "weft/common/params.h"
+#include "weft/version.h"
+
+namespace weft {
+
+Engine& Engine::instance() {
+  static Engine* e = new Engine();  // never destroyed: NCCL may call in from its threads during exit
+  return *e;
+}
+
+Status Engine::init(ncclDebugLogger_t logger) {
+  log::setLogger(logger);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (initialized_) return Status::kOk;
+  initialized_ = true;
+  uint32_t fv = fi_version();
+  WEFT_INFO(NCCL_INIT | NCCL_NET, "weft {} (net tables v7-v12), libfabric {}.{} at run time", kVersionString,
+            FI_MAJOR(fv), FI_MINOR(fv));
+  bool badValue = false;
+  for (const auto& v : params::values()) {
+    if (v.fromEnv && v.valid) WEFT_INFO(NCCL_INIT | NCCL_ENV, "{} set by environment to '{}'", v.def->name, v.raw);
+    badValue |= !v.valid;
+  }
+  for (const auto& problem : params::problems()) WEFT_WARN("{}", problem);
+  if (badValue) {
+    declineReason_ = "invalid WEFT_* setting (see the warnings above)";
+    WEFT_WARN("not offering any device: {}; NCCL will use its own transports", declineReason_);
+    return Status::kOk;
+  }
+  try {
+    std::string why;
+    backend_ = fabric::FabricBackend::discover(&why);
+    if (!backend_) declineReason_ = why;
+  } catch (const std::exception& e) {
+    declineReason_ = e.what();
+  }
+  if (!backend_) WEFT_WARN("not offering any device: {}; NCCL will use its own transports", declineReason_);
+  return Status::kOk;
+}
+
+int Engine::deviceCount() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return backend_ ? backend_->deviceCount() : 0;
+}
+
+Backend* Engine::backend() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return backend_.get();
+}
+
+}  // namespace weft

@@ -1,0 +1,32 @@
+// Process-wide plugin state: the backend and its devices, set up once however many times NCCL calls init
+// (per communicator on v11+, once per load before, again after a reload; see spec §2.3).
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "weft/nccl/common.h"
+#include "weft/transport/net.h"
+
+namespace weft {
+
+class Engine {
+ public:
+  static Engine& instance();
+
+  // Idempotent. Succeeds even when weft declines (no devices, bad configuration): NCCL then sees 0 devices
+  // and falls back to its own transports, where a failing init would crash NCCL 2.28.3-2.29.3 (spec §2.3).
+  Status init(ncclDebugLogger_t logger);
+  int deviceCount() const;
+  Backend* backend() const;  // nullptr when declined
+  const std::string& declineReason() const { return declineReason_; }
+
+ private:
+  mutable std::mutex mutex_;  // guards everything below during init; read-only afterwards
+  bool initialized_ = false;
+  std::unique_ptr<Backend> backend_;
+  std::string declineReason_;
+};
+
+}  // namespace weft

@@ -1,0 +1,458 @@
+// The exported ncclNetPlugin_v7 ... _v12 tables: thin noexcept adapters over one implementation.
+// Each adapter converts its version's argument types, calls into the backend through guarded(), and maps the
+// result to ncclResult_t in one place. Nothing here allocates on the data path.
+#include <climits>
+#include <cstring>
+#include <exception>
+#include <new>
+
+#include "plugin/engine.h"
+#include "weft/common/log.h"
+#include "weft/nccl/net.h"
+#include "weft/transport/mr_cache.h"
+
+namespace weft {
+namespace {
+
+constexpr uint32_t kContextMagic = 0x57464358;  // "WFCX"
+
+// What a v11+ init returns as ctx: the communicator's identity and config.
+struct NetContext {
+  uint32_t magic = kContextMagic;
+  uint64_t commId = 0;
+  CommConfig config;
+};
+
+template <typename F>
+ncclResult_t guarded(const char* what, F&& f) noexcept {
+  try {
+    return toNccl(f());
+  } catch (const Error& e) {
+    WEFT_WARN("{}: {}", what, e.what());
+    return toNccl(e.status());
+  } catch (const std::bad_alloc&) {
+    WEFT_WARN("{}: out of memory", what);
+    return ncclSystemError;
+  } catch (const std::exception& e) {
+    WEFT_WARN("{}: {}", what, e.what());
+    return ncclInternalError;
+  } catch (...) {
+    WEFT_WARN("{}: unknown exception", what);
+    return ncclInternalError;
+  }
+}
+
+Backend* backendOrWarn(const char* what) {
+  Backend* b = Engine::instance().backend();
+  if (b == nullptr) WEFT_WARN("{} called, but weft offers no devices ({})", what, Engine::instance().declineReason());
+  return b;
+}
+
+Comm* asComm(void* p) {
+  auto* o = static_cast<Object*>(p);
+  if (o == nullptr) return nullptr;
+  if (o->magic_ == kSendMagic) return static_cast<SendComm*>(o);
+  if (o->magic_ == kRecvMagic) return static_cast<RecvComm*>(o);
+  return nullptr;
+}
+
+template <typename T, uint32_t kMagic>
+T* as(void* p, const char* what) {
+  auto* o = static_cast<Object*>(p);
+  if (o == nullptr || o->magic_ != kMagic) {
+    WEFT_WARN("{}: {} is not a live weft object of the right kind (closed already, or not ours)", what, p);
+    return nullptr;
+  }
+  return static_cast<T*>(o);
+}
+
+// ---- one implementation ----------------------------------------------------------------------------------------
+
+ncclResult_t initImpl(ncclDebugLogger_t logger) {
+  return guarded("init", [&] { return Engine::instance().init(logger); });
+}
+
+ncclResult_t devicesImpl(int* ndev) {
+  return guarded("devices", [&] {
+    if (ndev == nullptr) return Status::kInternal;
+    *ndev = Engine::instance().deviceCount();
+    return Status::kOk;
+  });
+}
+
+template <typename P>
+ncclResult_t getPropertiesImpl(int dev, P* props) {
+  return guarded("getProperties", [&] {
+    Backend* b = backendOrWarn("getProperties");
+    if (b == nullptr || props == nullptr || dev < 0 || dev >= b->deviceCount()) return Status::kInternal;
+    const DeviceProps& d = b->props(dev);
+    std::memset(static_cast<void*>(props), 0, sizeof(P));
+    // The strings live as long as the backend, i.e. the process.
+    props->name = const_cast<char*>(d.name.c_str());
+    props->pciPath = d.pciPath.empty() ? nullptr : const_cast<char*>(d.pciPath.c_str());
+    props->guid = d.guid;
+    props->ptrSupport = d.ptrSupport;
+    props->speed = d.speedMbps;
+    props->port = d.port;
+    props->latency = d.latencyUs;
+    props->maxComms = d.maxComms;
+    props->maxRecvs = d.maxRecvs;
+    if constexpr (requires { props->netDeviceType; }) {
+      props->netDeviceType = NCCL_NET_DEVICE_HOST;
+      props->netDeviceVersion = NCCL_NET_DEVICE_INVALID_VERSION;
+    }
+    if constexpr (requires { props->regIsGlobal; }) props->regIsGlobal = d.regIsGlobal ? 1 : 0;
+    if constexpr (requires { props->forceFlush; }) {
+      props->forceFlush = d.forceFlush ? 1 : 0;
+      props->vProps.ndevs = 1;
+      props->vProps.devs[0] = dev;
+      props->maxP2pBytes = d.maxP2pBytes;
+      props->maxCollBytes = d.maxCollBytes;
+    }
+    if constexpr (requires { props->maxMultiRequestSize; }) props->maxMultiRequestSize = 1;
+    if constexpr (requires { props->railId; }) {
+      props->railId = NCCL_NET_ID_UNDEF;
+      props->planeId = NCCL_NET_ID_UNDEF;
+    }
+    return Status::kOk;
+  });
+}
+
+ncclResult_t listenImpl(int dev, void* handle, void** listenComm) {
+  return guarded("listen", [&] {
+    if (listenComm == nullptr || handle == nullptr) return Status::kInternal;
+    *listenComm = nullptr;
+    Backend* b = backendOrWarn("listen");
+    if (b == nullptr) return Status::kInternal;
+    ListenComm* lc = nullptr;
+    Status st = b->listen(dev, handle, &lc);
+    if (st == Status::kOk) *listenComm = static_cast<Object*>(lc);
+    return st;
+  });
+}
+
+ncclResult_t connectImpl(int dev, const CommConfig& config, void* handle, void** sendComm) {
+  return guarded("connect", [&] {
+    if (sendComm == nullptr || handle == nullptr) return Status::kInternal;
+    *sendComm = nullptr;
+    Backend* b = backendOrWarn("connect");
+    if (b == nullptr) return Status::kInternal;
+    SendComm* sc = nullptr;
+    Status st = b->connect(dev, config, handle, &sc);
+    if (st == Status::kOk && sc != nullptr) *sendComm = static_cast<Object*>(sc);
+    return st;
+  });
+}
+
+ncclResult_t acceptImpl(void* listenComm, void** recvComm) {
+  return guarded("accept", [&] {
+    if (recvComm == nullptr) return Status::kInternal;
+    *recvComm = nullptr;
+    auto* lc = as<ListenComm, kListenMagic>(listenComm, "accept");
+    if (lc == nullptr) return Status::kInternal;
+    RecvComm* rc = nullptr;
+    Status st = lc->accept(&rc);
+    if (st == Status::kOk && rc != nullptr) *recvComm = static_cast<Object*>(rc);
+    return st;
+  });
+}
+
+ncclResult_t regMrImpl(void* comm, void* data, size_t size, int type, void** mhandle) {
+  return guarded("regMr", [&] {
+    if (mhandle == nullptr) return Status::kInternal;
+    *mhandle = nullptr;
+    Comm* c = asComm(comm);
+    if (c == nullptr) {
+      WEFT_WARN("regMr: {} is not a live weft send or receive comm", comm);
+      return Status::kInternal;
+    }
+    MemHandle* mh = nullptr;
+    Status st = c->regMr(data, size, type, &mh);
+    if (st == Status::kOk) *mhandle = static_cast<Object*>(mh);
+    return st;
+  });
+}
+
+ncclResult_t regMrDmaBufImpl(void* comm, void* data, size_t size, int type, uint64_t offset, int fd,
+                             void** mhandle) {
+  return guarded("regMrDmaBuf", [&] {
+    if (mhandle == nullptr) return Status::kInternal;
+    *mhandle = nullptr;
+    Comm* c = asComm(comm);
+    if (c == nullptr) {
+      WEFT_WARN("regMrDmaBuf: {} is not a live weft send or receive comm", comm);
+      return Status::kInternal;
+    }
+    MemHandle* mh = nullptr;
+    Status st = c->regMrDmaBuf(data, size, type, offset, fd, &mh);
+    if (st == Status::kOk) *mhandle = static_cast<Object*>(mh);
+    return st;
+  });
+}
+
+ncclResult_t deregMrImpl(void* comm, void* mhandle) {
+  return guarded("deregMr", [&] {
+    Comm* c = asComm(comm);
+    if (c == nullptr) {
+      WEFT_WARN("deregMr: {} is not a live weft send or receive comm", comm);
+      return Status::kInternal;
+    }
+    return c->deregMr(static_cast<MemHandle*>(static_cast<Object*>(mhandle)));
+  });
+}
+
+MemHandle* asMr(void* p) { return static_cast<MemHandle*>(static_cast<Object*>(p)); }
+
+ncclResult_t isendImpl(void* sendComm, void* data, size_t size, int tag, void* mhandle, void** request) {
+  return guarded("isend", [&] {
+    if (request == nullptr) return Status::kInternal;
+    *request = nullptr;
+    auto* sc = as<SendComm, kSendMagic>(sendComm, "isend");
+    if (sc == nullptr) return Status::kInternal;
+    Request* r = nullptr;
+    Status st = sc->isend(data, size, tag, asMr(mhandle), &r);
+    *request = r ? static_cast<Object*>(r) : nullptr;
+    return st;
+  });
+}
+
+ncclResult_t irecvImpl(void* recvComm, int n, void** data, const size_t* sizes, int* tags, void** mhandles,
+                       void** request) {
+  return guarded("irecv", [&] {
+    if (request == nullptr) return Status::kInternal;
+    *request = nullptr;  // may hold NCCL_NET_OPTIONAL_RECV_COMPLETION on entry: always overwritten
+    auto* rc = as<RecvComm, kRecvMagic>(recvComm, "irecv");
+    if (rc == nullptr || n < 1 || n > kMaxRecvs || data == nullptr || sizes == nullptr || tags == nullptr) {
+      return Status::kInternal;
+    }
+    MemHandle* mhs[kMaxRecvs];
+    for (int i = 0; i < n; ++i) mhs[i] = mhandles ? asMr(mhandles[i]) : nullptr;
+    Request* r = nullptr;
+    Status st = rc->irecv(n, data, sizes, tags, mhs, &r);
+    *request = r ? static_cast<Object*>(r) : nullptr;
+    return st;
+  });
+}
+
+ncclResult_t irecvIntImpl(void* recvComm, int n, void** data, int* sizes, int* tags, void** mhandles,
+                          void** request) {
+  if (n < 1 || n > kMaxRecvs || sizes == nullptr) {
+    if (request != nullptr) *request = nullptr;
+    WEFT_WARN("irecv with n={} buffers (at most {})", n, kMaxRecvs);
+    return ncclInternalError;
+  }
+  size_t wide[kMaxRecvs];
+  for (int i = 0; i < n; ++i) wide[i] = static_cast<size_t>(sizes[i] < 0 ? 0 : sizes[i]);
+  return irecvImpl(recvComm, n, data, wide, tags, mhandles, request);
+}
+
+ncclResult_t iflushImpl(void* recvComm, int n, void** data, int* sizes, void** mhandles, void** request) {
+  return guarded("iflush", [&] {
+    if (request == nullptr) return Status::kInternal;
+    *request = nullptr;
+    auto* rc = as<RecvComm, kRecvMagic>(recvComm, "iflush");
+    if (rc == nullptr || n < 1 || n > kMaxRecvs) return Status::kInternal;
+    MemHandle* mhs[kMaxRecvs];
+    for (int i = 0; i < n; ++i) mhs[i] = mhandles ? asMr(mhandles[i]) : nullptr;
+    Request* r = nullptr;
+    Status st = rc->iflush(n, data, sizes, mhs, &r);
+    *request = r ? static_cast<Object*>(r) : nullptr;
+    return st;
+  });
+}
+
+ncclResult_t testImpl(void* request, int* done, int* sizes) {
+  return guarded("test", [&] {
+    if (done == nullptr) return Status::kInternal;
+    *done = 0;
+    auto* r = as<Request, kRequestMagic>(request, "test");
+    if (r == nullptr) return Status::kInternal;
+    bool d = false;
+    Status st = r->test(&d, sizes);
+    *done = d ? 1 : 0;
+    return st;
+  });
+}
+
+ncclResult_t closeSendImpl(void* sendComm) {
+  return guarded("closeSend", [&] {
+    auto* sc = as<SendComm, kSendMagic>(sendComm, "closeSend");
+    if (sc == nullptr) return Status::kInternal;
+    delete sc;
+    return Status::kOk;
+  });
+}
+
+ncclResult_t closeRecvImpl(void* recvComm) {
+  return guarded("closeRecv", [&] {
+    auto* rc = as<RecvComm, kRecvMagic>(recvComm, "closeRecv");
+    if (rc == nullptr) return Status::kInternal;
+    delete rc;
+    return Status::kOk;
+  });
+}
+
+ncclResult_t closeListenImpl(void* listenComm) {
+  return guarded("closeListen", [&] {
+    auto* lc = as<ListenComm, kListenMagic>(listenComm, "closeListen");
+    if (lc == nullptr) return Status::kInternal;
+    delete lc;
+    return Status::kOk;
+  });
+}
+
+// ---- per-version adapters --------------------------------------------------------------------------------------
+
+ncclResult_t init_v7(ncclDebugLogger_t logger) { return initImpl(logger); }
+ncclResult_t init_v10(ncclDebugLogger_t logger, ncclProfilerCallback_t) { return initImpl(logger); }
+
+template <typename Config>
+ncclResult_t init_v11(void** ctx, uint64_t commId, Config* config, ncclDebugLogger_t logger,
+                      ncclProfilerCallback_t) {
+  if (ctx != nullptr) *ctx = nullptr;
+  ncclResult_t r = initImpl(logger);
+  if (r != ncclSuccess) return r;
+  return guarded("init", [&] {
+    if (ctx == nullptr) return Status::kInternal;
+    auto* c = new NetContext();
+    c->commId = commId;
+    if (config != nullptr) c->config.trafficClass = config->trafficClass;
+    *ctx = c;
+    WEFT_INFO(NCCL_INIT | NCCL_NET, "init for communicator {:#x} (traffic class {})", commId, c->config.trafficClass);
+    return Status::kOk;
+  });
+}
+
+ncclResult_t finalize_v11(void* ctx) {
+  return guarded("finalize", [&] {
+    if (ctx == nullptr) return Status::kOk;  // NCCL 2.28.3-2.29.3 call finalize after a failed init
+    auto* c = static_cast<NetContext*>(ctx);
+    if (c->magic != kContextMagic) {
+      WEFT_WARN("finalize: {} is not a weft context", ctx);
+      return Status::kInternal;
+    }
+    c->magic = 0;
+    delete c;
+    return Status::kOk;
+  });
+}
+
+CommConfig configOf(void* ctx) {
+  auto* c = static_cast<NetContext*>(ctx);
+  return c != nullptr && c->magic == kContextMagic ? c->config : CommConfig{};
+}
+
+ncclResult_t listen_v11(void* ctx, int dev, void* handle, void** listenComm) {
+  (void)ctx;
+  return listenImpl(dev, handle, listenComm);
+}
+
+ncclResult_t connect_v7(int dev, void* handle, void** sendComm, ncclNetDeviceHandle_v7_t** /*unused by HOST*/) {
+  return connectImpl(dev, CommConfig{}, handle, sendComm);
+}
+
+ncclResult_t connect_v10(int dev, ncclNetCommConfig_v10_t* config, void* handle, void** sendComm,
+                         ncclNetDeviceHandle_v10_t**) {
+  CommConfig c;
+  if (config != nullptr) c.trafficClass = config->trafficClass;  // NULL from the 2.26/2.27 GDR probe
+  return connectImpl(dev, c, handle, sendComm);
+}
+
+ncclResult_t connect_v11(void* ctx, int dev, void* handle, void** sendComm, ncclNetDeviceHandle_v11_t**) {
+  return connectImpl(dev, configOf(ctx), handle, sendComm);
+}
+
+ncclResult_t accept_v7(void* listenComm, void** recvComm, ncclNetDeviceHandle_v7_t**) {
+  return acceptImpl(listenComm, recvComm);
+}
+
+ncclResult_t regMr_v7(void* comm, void* data, int size, int type, void** mhandle) {
+  if (size < 0) {
+    if (mhandle != nullptr) *mhandle = nullptr;
+    return ncclInternalError;
+  }
+  return regMrImpl(comm, data, static_cast<size_t>(size), type, mhandle);
+}
+
+ncclResult_t isend_v7(void* sendComm, void* data, int size, int tag, void* mhandle, void** request) {
+  if (size < 0) {
+    if (request != nullptr) *request = nullptr;
+    return ncclInternalError;
+  }
+  return isendImpl(sendComm, data, static_cast<size_t>(size), tag, mhandle, request);
+}
+
+ncclResult_t isend_v9(void* sendComm, void* data, size_t size, int tag, void* mhandle, void** request) {
+  return isendImpl(sendComm, data, size, tag, mhandle, request);
+}
+
+ncclResult_t isend_v10(void* sendComm, void* data, size_t size, int tag, void* mhandle, void* /*phandle*/,
+                       void** request) {
+  return isendImpl(sendComm, data, size, tag, mhandle, request);
+}
+
+ncclResult_t irecv_v9(void* recvComm, int n, void** data, size_t* sizes, int* tags, void** mhandles,
+                      void** request) {
+  return irecvImpl(recvComm, n, data, sizes, tags, mhandles, request);
+}
+
+ncclResult_t irecv_v10(void* recvComm, int n, void** data, size_t* sizes, int* tags, void** mhandles,
+                       void** /*phandles*/, void** request) {
+  return irecvImpl(recvComm, n, data, sizes, tags, mhandles, request);
+}
+
+}  // namespace
+}  // namespace weft
+
+using namespace weft;
+
+#define WEFT_EXPORT extern "C" __attribute__((visibility("default")))
+
+// NCCL reads `name` right after dlsym, before init: it must be a static string.
+WEFT_EXPORT ncclNet_v7_t ncclNetPlugin_v7 = {
+    "weft",        init_v7,       devicesImpl,     getPropertiesImpl<ncclNetProperties_v7_t>,
+    listenImpl,    connect_v7,    accept_v7,       regMr_v7,
+    regMrDmaBufImpl, deregMrImpl, isend_v7,        irecvIntImpl,
+    iflushImpl,    testImpl,      closeSendImpl,   closeRecvImpl,
+    closeListenImpl, nullptr /*getDeviceMr*/, nullptr /*irecvConsumed*/,
+};
+
+WEFT_EXPORT ncclNet_v8_t ncclNetPlugin_v8 = {
+    "weft",        init_v7,       devicesImpl,     getPropertiesImpl<ncclNetProperties_v8_t>,
+    listenImpl,    connect_v7,    accept_v7,       regMrImpl,
+    regMrDmaBufImpl, deregMrImpl, isend_v7,        irecvIntImpl,
+    iflushImpl,    testImpl,      closeSendImpl,   closeRecvImpl,
+    closeListenImpl, nullptr, nullptr,
+};
+
+WEFT_EXPORT ncclNet_v9_t ncclNetPlugin_v9 = {
+    "weft",        init_v7,       devicesImpl,     getPropertiesImpl<ncclNetProperties_v9_t>,
+    listenImpl,    connect_v7,    accept_v7,       regMrImpl,
+    regMrDmaBufImpl, deregMrImpl, isend_v9,        irecv_v9,
+    iflushImpl,    testImpl,      closeSendImpl,   closeRecvImpl,
+    closeListenImpl, nullptr, nullptr, nullptr /*makeVDevice: no NIC fusion*/,
+};
+
+WEFT_EXPORT ncclNet_v10_t ncclNetPlugin_v10 = {
+    "weft",        init_v10,      devicesImpl,     getPropertiesImpl<ncclNetProperties_v10_t>,
+    listenImpl,    connect_v10,   accept_v7,       regMrImpl,
+    regMrDmaBufImpl, deregMrImpl, isend_v10,       irecv_v10,
+    iflushImpl,    testImpl,      closeSendImpl,   closeRecvImpl,
+    closeListenImpl, nullptr, nullptr, nullptr,
+};
+
+WEFT_EXPORT ncclNet_v11_t ncclNetPlugin_v11 = {
+    "weft",        init_v11<ncclNetCommConfig_v11_t>, devicesImpl, getPropertiesImpl<ncclNetProperties_v11_t>,
+    listen_v11,    connect_v11,   accept_v7,       regMrImpl,
+    regMrDmaBufImpl, deregMrImpl, isend_v10,       irecv_v10,
+    iflushImpl,    testImpl,      closeSendImpl,   closeRecvImpl,
+    closeListenImpl, nullptr, nullptr, nullptr, finalize_v11, nullptr /*setNetAttr*/,
+};
+
+WEFT_EXPORT ncclNet_v12_t ncclNetPlugin_v12 = {
+    "weft",        init_v11<ncclNetCommConfig_v12_t>, devicesImpl, getPropertiesImpl<ncclNetProperties_v12_t>,
+    listen_v11,    connect_v11,   accept_v7,       regMrImpl,
+    regMrDmaBufImpl, deregMrImpl, isend_v10,       irecv_v10,
+    iflushImpl,    testImpl,      closeSendImpl,   closeRecvImpl,
+    closeListenImpl, nullptr, nullptr, nullptr, finalize_v11, nullptr,
+};

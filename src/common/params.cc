@@ -1,0 +1,166 @@
+#include "weft/common/params.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cstdlib>
+#include <mutex>
+
+#include "weft/common/status.h"
+
+extern char** environ;
+
+namespace weft::params {
+namespace {
+
+// clang-format off
+const std::vector<Def> kDefs = {
+  {"WEFT_PROVIDER", Kind::kString, "", 0, 0, nullptr,
+   "libfabric provider to use, e.g. 'tcp;ofi_rxm', 'shm', 'efa', 'verbs;ofi_rxm'. Empty: the best available "
+   "(efa, verbs;ofi_rxm, tcp;ofi_rxm, tcp, sockets)."},
+  {"WEFT_IFACE", Kind::kString, "", 0, 0, nullptr,
+   "Which NICs/domains become NCCL devices: comma-separated name prefixes, '^' to exclude, '=' for exact names "
+   "(NCCL_SOCKET_IFNAME syntax). Empty: every domain except loopback and container bridges (loopback is used "
+   "only when nothing else exists)."},
+  {"WEFT_MAX_RECVS", Kind::kInt, "8", 1, 8, nullptr,
+   "maxRecvs reported to NCCL: buffers one grouped irecv may carry (PXN aggregation). 1 turns grouping off."},
+  {"WEFT_CONNECT_TIMEOUT", Kind::kInt, "120", 0, 86400, nullptr,
+   "Seconds a connect may wait for the peer's accept before failing with an error that names the peer. 0: wait "
+   "forever (NCCL's own behaviour)."},
+  {"WEFT_INJECT", Kind::kBool, "1", 0, 1, nullptr,
+   "Send messages up to the provider's inject size with fi_tinject (complete at once, no completion entry)."},
+  {"WEFT_GDR", Kind::kChoice, "auto", 0, 0, "auto|0|1",
+   "Advertise GPU memory (NCCL_PTR_CUDA) support: auto = when built with CUDA and the provider has FI_HMEM."},
+};
+// clang-format on
+
+std::mutex gMutex;  // guards gValues during load/reload (values are read-only afterwards)
+std::vector<Value> gValues;
+bool gLoaded = false;
+
+bool parseChoice(std::string_view text, const char* choices, std::string* error) {
+  std::string_view rest(choices);
+  while (!rest.empty()) {
+    size_t bar = rest.find('|');
+    if (rest.substr(0, bar) == text) return true;
+    if (bar == std::string_view::npos) break;
+    rest.remove_prefix(bar + 1);
+  }
+  *error = "'" + std::string(text) + "' is not one of " + choices;
+  return false;
+}
+
+Value parseOne(const Def& def) {
+  Value v{&def, def.defaultValue, false, true, {}, 0, {}};
+  if (const char* env = std::getenv(def.name)) {
+    v.raw = env;
+    v.fromEnv = true;
+  }
+  auto apply = [&](const std::string& text) -> bool {
+    switch (def.kind) {
+      case Kind::kString: v.s = text; return true;
+      case Kind::kInt: return parseInt(text, def.min, def.max, &v.i, &v.error);
+      case Kind::kBool: {
+        bool b = false;
+        if (!parseBool(text, &b, &v.error)) return false;
+        v.i = b ? 1 : 0;
+        return true;
+      }
+      case Kind::kChoice: v.s = text; return parseChoice(text, def.choices, &v.error);
+    }
+    return false;
+  };
+  if (!apply(v.raw)) {
+    v.valid = false;
+    std::string err = v.error;
+    apply(def.defaultValue);  // the default stays in effect
+    v.error = err;
+  }
+  return v;
+}
+
+void loadLocked() {
+  gValues.clear();
+  for (const auto& d : kDefs) gValues.push_back(parseOne(d));
+  gLoaded = true;
+}
+
+const Value& find(std::string_view name) {
+  for (const auto& v : values()) {
+    if (name == v.def->name) return v;
+  }
+  throw Error(Status::kInternal, "undeclared parameter " + std::string(name));
+}
+
+}  // namespace
+
+const std::vector<Def>& definitions() { return kDefs; }
+
+const std::vector<Value>& values() {
+  std::lock_guard<std::mutex> lock(gMutex);
+  if (!gLoaded) loadLocked();
+  return gValues;
+}
+
+void reload() {
+  std::lock_guard<std::mutex> lock(gMutex);
+  loadLocked();
+}
+
+int64_t getInt(std::string_view name) { return find(name).i; }
+bool getBool(std::string_view name) { return find(name).i != 0; }
+const std::string& getString(std::string_view name) { return find(name).s; }
+
+std::vector<std::string> problems() {
+  std::vector<std::string> out;
+  for (const auto& v : values()) {
+    if (!v.valid) {
+      out.push_back(std::string(v.def->name) + "='" + v.raw + "': " + v.error + " (using the default '" +
+                    v.def->defaultValue + "')");
+    }
+  }
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    std::string_view kv(*e);
+    if (kv.rfind("WEFT_", 0) != 0) continue;
+    std::string_view name = kv.substr(0, kv.find('='));
+    bool known = std::any_of(kDefs.begin(), kDefs.end(), [&](const Def& d) { return name == d.name; });
+    // Variables read only by our tests and scripts live under WEFT_TEST_ and are not the plugin's.
+    if (!known && name.rfind("WEFT_TEST_", 0) != 0) {
+      out.push_back(std::string(name) + " is not a weft variable (see `weft info` for the list)");
+    }
+  }
+  return out;
+}
+
+bool parseInt(std::string_view text, int64_t min, int64_t max, int64_t* out, std::string* error) {
+  int64_t value = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || ec != std::errc() || ptr != text.data() + text.size()) {
+    *error = "'" + std::string(text) + "' is not an integer";
+    return false;
+  }
+  if (value < min || value > max) {
+    *error = std::to_string(value) + " is outside [" + std::to_string(min) + ", " + std::to_string(max) + "]";
+    return false;
+  }
+  *out = value;
+  return true;
+}
+
+bool parseBool(std::string_view text, bool* out, std::string* error) {
+  std::string t(text);
+  std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (t == "1" || t == "true" || t == "yes" || t == "on") {
+    *out = true;
+    return true;
+  }
+  if (t == "0" || t == "false" || t == "no" || t == "off") {
+    *out = false;
+    return true;
+  }
+  *error = "'" + std::string(text) + "' is not a boolean (1/0, true/false, yes/no, on/off)";
+  return false;
+}
+
+const char* foreign(const char* name) { return std::getenv(name); }
+
+}  // namespace weft::params

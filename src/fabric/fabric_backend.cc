@@ -1,0 +1,158 @@
+#include "fabric/fabric_backend.h"
+
+#include <cstring>
+
+#include "weft/common/params.h"
+#include "weft/transport/handle.h"
+
+namespace weft::fabric {
+
+std::unique_ptr<FabricBackend> FabricBackend::discover(std::string* why) {
+  const std::string& provider = params::getString("WEFT_PROVIDER");
+  const std::string& iface = params::getString("WEFT_IFACE");
+  std::vector<Candidate> found;
+  std::string reasons;
+  if (!provider.empty()) {
+    std::string w;
+    found = filterInterfaces(probe(provider, &w), iface);
+    if (found.empty()) reasons = w.empty() ? "WEFT_IFACE='" + iface + "' matched none of its domains" : w;
+  } else {
+    for (const auto& p : defaultProviders()) {
+      std::string w;
+      found = filterInterfaces(probe(p, &w), iface);
+      if (!found.empty()) break;
+      reasons += (reasons.empty() ? "" : "; ") + p + ": " + (w.empty() ? "no domain matches WEFT_IFACE" : w);
+    }
+  }
+  if (found.empty()) {
+    *why = "no usable libfabric device (" + reasons + ")";
+    return nullptr;
+  }
+  auto b = std::unique_ptr<FabricBackend>(new FabricBackend());
+  b->maxRecvs_ = static_cast<int>(params::getInt("WEFT_MAX_RECVS"));
+  b->connectTimeoutSec_ = static_cast<int>(params::getInt("WEFT_CONNECT_TIMEOUT"));
+  for (auto& c : found) {
+    c.props.maxRecvs = b->maxRecvs_;
+    int index = static_cast<int>(b->devices_.size());
+    b->devices_.push_back(std::make_unique<FabricDevice>(index, std::move(c)));
+    const DeviceProps& p = b->devices_.back()->props();
+    WEFT_INFO(NCCL_INIT | NCCL_NET, "NET/weft device {}: {} via {} (fabric {}), {} Mb/s, pci {}, ptrSupport {:#x}",
+              index, p.name, p.provider, p.fabric, p.speedMbps, p.pciPath.empty() ? "none" : p.pciPath, p.ptrSupport);
+  }
+  return b;
+}
+
+FabricBackend::~FabricBackend() = default;
+
+Status FabricBackend::listen(int dev, void* handle, ListenComm** out) {
+  *out = nullptr;
+  if (dev < 0 || dev >= deviceCount()) {
+    WEFT_WARN("listen on device {}, but there are {} devices", dev, deviceCount());
+    return Status::kInternal;
+  }
+  if (handle == nullptr) return Status::kInternal;
+  std::unique_ptr<Endpoint> ep;
+  if (Status st = Endpoint::open(*devices_[dev], &ep); st != Status::kOk) return st;
+  if (ep->name().size() > WireHandle::kMaxAddr) {
+    WEFT_WARN("provider address of {} bytes does not fit the handle", ep->name().size());
+    return Status::kInternal;
+  }
+  if (Status st = ep->postConnRequestRecv(); st != Status::kOk) return st;
+  WireHandle h;
+  h.backend = BackendId::kFabric;
+  h.providerHash = devices_[dev]->providerHash();
+  h.token = randomToken();
+  h.addrLen = static_cast<uint16_t>(ep->name().size());
+  std::memcpy(h.addr.data(), ep->name().data(), h.addrLen);
+  h.encode(handle);
+  WEFT_INFO(NCCL_NET, "listening on {} at {}", devices_[dev]->props().name,
+            ep->addrString(ep->name().data(), ep->name().size()));
+  *out = new FabricListenComm(std::move(ep), h.token, maxRecvs_);
+  return Status::kOk;
+}
+
+Status FabricBackend::connect(int dev, const CommConfig& config, void* handle, SendComm** out) {
+  (void)config;
+  *out = nullptr;
+  if (dev < 0 || dev >= deviceCount()) {
+    WEFT_WARN("connect on device {}, but there are {} devices", dev, deviceCount());
+    return Status::kInternal;
+  }
+  PendingConnect* pc = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(pendingMutex_);
+    auto it = pending_.find(handle);
+    if (it != pending_.end()) {
+      if (std::memcmp(it->second->handleBytes, handle, kHandleSize) == 0) {
+        pc = it->second.get();
+      } else {
+        pending_.erase(it);  // the buffer was reused for another connection: the old attempt is abandoned
+      }
+    }
+  }
+  if (pc == nullptr) {
+    WireHandle h;
+    std::string why;
+    if (Status st = WireHandle::decode(handle, &h, &why); st != Status::kOk) {
+      WEFT_WARN("connect on {}: {}", devices_[dev]->props().name, why);
+      return st;
+    }
+    if (h.backend != BackendId::kFabric || h.providerHash != devices_[dev]->providerHash()) {
+      WEFT_WARN("connect on {}: the handle comes from a different transport or provider than {} (every rank "
+                "must use the same WEFT_PROVIDER)",
+                devices_[dev]->props().name, devices_[dev]->props().provider);
+      return Status::kInvalidUsage;
+    }
+    auto fresh = std::make_unique<PendingConnect>();
+    std::memcpy(fresh->handleBytes, handle, kHandleSize);
+    fresh->started = std::chrono::steady_clock::now();
+    if (Status st = Endpoint::open(*devices_[dev], &fresh->ep); st != Status::kOk) return st;
+    fresh->peerName = fresh->ep->addrString(h.addr.data(), h.addrLen);
+    if (Status st = fresh->ep->insert(h.addr.data(), h.addrLen, &fresh->peer); st != Status::kOk) return st;
+    if (Status st = fresh->ep->startConnect(fresh->peer, h.token); st != Status::kOk) return st;
+    std::lock_guard<std::mutex> lock(pendingMutex_);
+    pc = fresh.get();
+    pending_[handle] = std::move(fresh);
+  }
+  Status st = pollConnect(*pc, out);
+  if (st != Status::kOk || *out != nullptr) {
+    std::lock_guard<std::mutex> lock(pendingMutex_);
+    pending_.erase(handle);
+  }
+  return st;
+}
+
+Status FabricBackend::pollConnect(PendingConnect& pc, SendComm** out) {
+  Endpoint& ep = *pc.ep;
+  const DeviceProps& p = ep.device().props();
+  if (Status st = ep.progress(nullptr); st != Status::kOk) return st;
+  if (ep.connectError() != Status::kOk) {
+    WEFT_WARN("connect to {} via {} on {} failed: the peer is unreachable or refused the connection (nothing "
+              "listening there any more, a firewall/security group, or an interface the peer cannot reach: check "
+              "WEFT_IFACE)",
+              pc.peerName, p.provider, p.name);
+    return ep.connectError();
+  }
+  ConnectReply reply;
+  if (ep.takeReply(&reply)) {
+    if (reply.magic != ConnectReply::kMagic || reply.status != kAccepted) {
+      WEFT_WARN("connect to {} on {}: {}", pc.peerName, p.name,
+                reply.magic != ConnectReply::kMagic ? "malformed reply" : replyStatusName(reply.status));
+      return Status::kRemote;
+    }
+    WEFT_INFO(NCCL_NET, "connected to {} on {} via {}", pc.peerName, p.name, p.provider);
+    *out = new FabricSendComm(std::move(pc.ep), pc.peer, pc.peerName, maxRecvs_);
+    return Status::kOk;
+  }
+  if (connectTimeoutSec_ > 0 &&
+      std::chrono::steady_clock::now() - pc.started > std::chrono::seconds(connectTimeoutSec_)) {
+    WEFT_WARN("connect to {} via {} on {} timed out after {} s without an answer: likely a firewall or security "
+              "group dropping traffic between the nodes, WEFT_IFACE choosing an interface the peer cannot reach, "
+              "or the peer process is gone (WEFT_CONNECT_TIMEOUT sets the limit)",
+              pc.peerName, p.provider, p.name, connectTimeoutSec_);
+    return Status::kRemote;
+  }
+  return Status::kOk;
+}
+
+}  // namespace weft::fabric

@@ -1,0 +1,352 @@
+#include "fabric/fabric_device.h"
+
+#include <rdma/fi_errno.h>
+#include <rdma/fi_tagged.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstring>
+#include <fstream>
+#include <map>
+
+#include "weft/common/cuda_shim.h"
+#include "weft/common/params.h"
+#include "weft/nccl/net.h"
+#include "weft/transport/handle.h"
+
+namespace weft::fabric {
+
+const std::vector<std::string>& defaultProviders() {
+  static const std::vector<std::string> kOrder = {"efa", "verbs;ofi_rxm", "tcp;ofi_rxm", "tcp", "sockets"};
+  return kOrder;
+}
+
+namespace {
+
+constexpr uint32_t kApiVersion = FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION);
+
+InfoPtr makeHints(const std::string& provider, bool directed, bool manualProgress, bool hmem) {
+  InfoPtr hints(fi_allocinfo());
+  if (!hints) return hints;
+  hints->caps = FI_TAGGED | FI_SEND | FI_RECV | (directed ? FI_DIRECTED_RECV : 0) | (hmem ? FI_HMEM : 0);
+  hints->mode = FI_CONTEXT | FI_CONTEXT2;
+  hints->ep_attr->type = FI_EP_RDM;
+  hints->domain_attr->threading = FI_THREAD_SAFE;
+  hints->domain_attr->resource_mgmt = FI_RM_ENABLED;
+  // Progress is driven from test(): a provider thread would fight NCCL's threads for the cores.
+  if (manualProgress) {
+    hints->domain_attr->data_progress = FI_PROGRESS_MANUAL;
+    hints->domain_attr->control_progress = FI_PROGRESS_MANUAL;
+  }
+  hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
+  if (hmem) hints->domain_attr->mr_mode |= FI_MR_HMEM;
+  hints->tx_attr->msg_order = FI_ORDER_NONE;  // matching order comes from our sequence tags
+  hints->rx_attr->msg_order = FI_ORDER_NONE;
+  if (!provider.empty()) hints->fabric_attr->prov_name = strdup(provider.c_str());
+  return hints;
+}
+
+std::string readSysfs(const std::string& path) {
+  std::ifstream in(path);
+  std::string s;
+  std::getline(in, s);
+  return s;
+}
+
+std::string realPath(const std::string& path) {
+  char buf[PATH_MAX];
+  if (::realpath(path.c_str(), buf) == nullptr) return {};
+  return buf;
+}
+
+bool isPciBusId(const std::string& c) {  // dddd:bb:dd.f
+  if (c.size() != 12 || c[4] != ':' || c[7] != ':' || c[10] != '.') return false;
+  for (size_t i : {0, 1, 2, 3, 5, 6, 8, 9, 11}) {
+    if (!std::isxdigit(static_cast<unsigned char>(c[i]))) return false;
+  }
+  return true;
+}
+
+// NCCL wants a path whose last component is the PCI bus id (spec §3.10): walk up from virtio/usb children.
+std::string pciAncestor(std::string p) {
+  while (!p.empty()) {
+    size_t slash = p.rfind('/');
+    if (slash == std::string::npos) break;
+    if (isPciBusId(p.substr(slash + 1))) return p;
+    p.erase(slash);
+  }
+  return {};
+}
+
+std::string pciPathOf(const fi_info* info) {
+  if (info->nic != nullptr && info->nic->bus_attr != nullptr && info->nic->bus_attr->bus_type == FI_BUS_PCI) {
+    const auto& pci = info->nic->bus_attr->attr.pci;
+    char bdf[64];
+    std::snprintf(bdf, sizeof(bdf), "/sys/bus/pci/devices/%04x:%02x:%02x.%x", pci.domain_id, pci.bus_id,
+                  pci.device_id, pci.function_id);
+    std::string p = realPath(bdf);
+    if (!p.empty()) return p;
+  }
+  // tcp/sockets: the domain is a network interface; a physical one has a PCI device behind it.
+  if (info->domain_attr != nullptr && info->domain_attr->name != nullptr) {
+    std::string p = pciAncestor(realPath(std::string("/sys/class/net/") + info->domain_attr->name + "/device"));
+    if (!p.empty()) return p;
+  }
+  return {};
+}
+
+int speedMbpsOf(const fi_info* info) {
+  if (info->nic != nullptr && info->nic->link_attr != nullptr && info->nic->link_attr->speed > 0) {
+    return static_cast<int>(std::min<size_t>(info->nic->link_attr->speed / 1000000, INT_MAX));
+  }
+  if (info->domain_attr != nullptr && info->domain_attr->name != nullptr) {
+    std::string s = readSysfs(std::string("/sys/class/net/") + info->domain_attr->name + "/speed");
+    int64_t v = 0;
+    std::string err;
+    if (params::parseInt(s, 1, INT_MAX, &v, &err)) return static_cast<int>(v);
+  }
+  return 10000;  // unknown (loopback, virtual NICs): NCCL's own default of 10 Gb/s
+}
+
+bool isLoopbackOrBridge(const std::string& name) {
+  return name == "lo" || name.rfind("docker", 0) == 0 || name.rfind("virbr", 0) == 0;
+}
+
+int addrPreference(const fi_info* i) {
+  switch (i->addr_format) {
+    case FI_SOCKADDR_IN: return 0;
+    case FI_SOCKADDR_IN6: {
+      // Link-local IPv6 needs a scope id that does not survive another host: last resort.
+      auto* sa = static_cast<const sockaddr_in6*>(i->src_addr);
+      if (sa != nullptr && IN6_IS_ADDR_LINKLOCAL(&sa->sin6_addr)) return 3;
+      return 1;
+    }
+    default: return 2;
+  }
+}
+
+}  // namespace
+
+std::vector<Candidate> probe(const std::string& provider, std::string* why) {
+  std::vector<Candidate> out;
+  fi_info* list = nullptr;
+  int rc = -FI_ENODATA;
+  // Ask for the most we can use first, then relax: GPU memory, directed receives and manual progress are
+  // preferences, not requirements.
+  const bool wantHmem = cuda::compiledIn() && params::getString("WEFT_GDR") != "0";
+  for (int attempt = 0; attempt < 8 && rc != 0; ++attempt) {
+    bool hmem = wantHmem && (attempt & 4) == 0;
+    if (!wantHmem && (attempt & 4) == 0) continue;
+    InfoPtr hints = makeHints(provider, (attempt & 1) == 0, (attempt & 2) == 0, hmem);
+    if (!hints) {
+      *why = "fi_allocinfo failed";
+      return out;
+    }
+    rc = fi_getinfo(kApiVersion, nullptr, nullptr, 0, hints.get(), &list);
+  }
+  if (rc != 0) {
+    *why = "fi_getinfo(" + (provider.empty() ? std::string("any provider") : provider) +
+           ", reliable tagged endpoints): " + fi_strerror(-rc);
+    return out;
+  }
+  InfoPtr owner(list);
+  std::map<std::string, const fi_info*> best;  // domain name -> best info
+  std::vector<std::string> order;
+  for (const fi_info* i = list; i != nullptr; i = i->next) {
+    if (i->domain_attr == nullptr || i->domain_attr->name == nullptr || i->fabric_attr == nullptr) continue;
+    if (!provider.empty() && provider != i->fabric_attr->prov_name) continue;
+    std::string key = std::string(i->fabric_attr->prov_name) + "/" + i->domain_attr->name;
+    auto it = best.find(key);
+    if (it == best.end()) {
+      best[key] = i;
+      order.push_back(key);
+    } else if (addrPreference(i) < addrPreference(it->second)) {
+      it->second = i;
+    }
+  }
+  for (const auto& key : order) {
+    const fi_info* i = best[key];
+    if (addrPreference(i) == 3) continue;  // only link-local IPv6 on this domain
+    Candidate c;
+    c.info = dupInfo(i);
+    DeviceProps& p = c.props;
+    p.name = i->domain_attr->name;
+    p.provider = i->fabric_attr->prov_name;
+    p.fabric = i->fabric_attr->name ? i->fabric_attr->name : "";
+    p.pciPath = pciPathOf(i);
+    p.speedMbps = speedMbpsOf(i);
+    p.guid = fnv1a64(p.pciPath.empty() ? p.provider + "/" + p.name : p.pciPath);
+    p.port = 0;
+    p.latencyUs = 0.0f;
+    p.maxComms = 65536;
+    p.regIsGlobal = true;  // the registration cache makes sub-range registrations nearly free
+    p.forceFlush = false;
+    size_t maxMsg = i->ep_attr != nullptr ? i->ep_attr->max_msg_size : 0;
+    p.maxP2pBytes = std::clamp<size_t>(maxMsg, 1, NCCL_MAX_NET_SIZE_BYTES);
+    p.maxCollBytes = p.maxP2pBytes;
+    p.ptrSupport = NCCL_PTR_HOST;
+    // GPU buffers: the provider registers and moves device memory itself (FI_HMEM). WEFT_GDR=auto advertises
+    // it when the provider offers it, 1 insists (a warning says when it cannot), 0 never.
+    const std::string& gdr = params::getString("WEFT_GDR");
+    if (wantHmem && (i->caps & FI_HMEM) != 0) {
+      p.ptrSupport |= NCCL_PTR_CUDA;
+    } else if (gdr == "1") {
+      WEFT_WARN("WEFT_GDR=1 but {} on {} cannot register GPU memory ({}): host buffers only", p.provider, p.name,
+                cuda::compiledIn() ? "provider lacks FI_HMEM" : "built without CUDA");
+    }
+    out.push_back(std::move(c));
+  }
+  if (out.empty()) *why = "no domain of " + (provider.empty() ? std::string("any provider") : provider);
+  return out;
+}
+
+bool matchInterface(const std::string& name, const std::string& spec) {
+  std::string s = spec;
+  bool exclude = false, exact = false;
+  if (!s.empty() && s[0] == '^') {
+    exclude = true;
+    s.erase(0, 1);
+  }
+  if (!s.empty() && s[0] == '=') {
+    exact = true;
+    s.erase(0, 1);
+  }
+  bool matched = false;
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t comma = s.find(',', start);
+    std::string item = s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (!item.empty() && (exact ? name == item : name.rfind(item, 0) == 0)) matched = true;
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return exclude ? !matched : matched;
+}
+
+std::vector<Candidate> filterInterfaces(std::vector<Candidate> in, const std::string& spec) {
+  std::vector<Candidate> out;
+  if (!spec.empty()) {
+    for (auto& c : in) {
+      if (matchInterface(c.props.name, spec)) out.push_back(std::move(c));
+    }
+    return out;
+  }
+  for (auto& c : in) {
+    if (!isLoopbackOrBridge(c.props.name)) out.push_back(std::move(c));
+  }
+  if (out.empty()) {
+    for (auto& c : in) {
+      if (c.info) out.push_back(std::move(c));
+    }
+  }
+  return out;
+}
+
+FabricDevice::FabricDevice(int index, Candidate c)
+    : index_(index),
+      info_(std::move(c.info)),
+      props_(std::move(c.props)),
+      localMr_((info_->domain_attr->mr_mode & FI_MR_LOCAL) != 0 || (info_->mode & FI_LOCAL_MR) != 0),
+      directedRecv_((info_->caps & FI_DIRECTED_RECV) != 0),
+      injectSize_(info_->tx_attr != nullptr ? info_->tx_attr->inject_size : 0),
+      maxMsgSize_(info_->ep_attr != nullptr ? info_->ep_attr->max_msg_size : 0),
+      providerHash_(static_cast<uint32_t>(fnv1a64(props_.provider))),
+      cache_(this) {}
+
+FabricDevice::~FabricDevice() = default;
+
+Status FabricDevice::open() {
+  std::lock_guard<std::mutex> lock(openMutex_);
+  if (opened_) return Status::kOk;
+  fid_fabric* fabric = nullptr;
+  int rc = fi_fabric(info_->fabric_attr, &fabric, nullptr);
+  if (rc != 0) {
+    WEFT_WARN("fi_fabric({} on {}) failed: {}", props_.provider, props_.name, fi_strerror(-rc));
+    return Status::kSystem;
+  }
+  fabric_.reset(fabric);
+  fid_domain* domain = nullptr;
+  rc = fi_domain(fabric_.get(), info_.get(), &domain, nullptr);
+  if (rc != 0) {
+    WEFT_WARN("fi_domain({} on {}) failed: {}", props_.provider, props_.name, fi_strerror(-rc));
+    fabric_.reset();
+    return Status::kSystem;
+  }
+  domain_.reset(domain);
+  opened_ = true;
+  WEFT_INFO(NCCL_INIT | NCCL_NET, "device {} ({}): domain {} open, mr_mode {:#x}, inject {} B, max msg {} B{}",
+            index_, props_.provider, props_.name, info_->domain_attr->mr_mode, injectSize_, maxMsgSize_,
+            directedRecv_ ? ", directed receives" : "");
+  return Status::kOk;
+}
+
+Status FabricDevice::registerRange(uintptr_t base, size_t len, int type, int dmabufFd, uint64_t dmabufOffset,
+                                   MrEntry* entry) {
+  entry->backendMr = nullptr;
+  entry->desc = nullptr;
+  entry->key = 0;
+  bool hostOnly = type == NCCL_PTR_HOST && dmabufFd < 0;
+  if (hostOnly && !localMr_) return Status::kOk;  // provider needs no registration for host buffers
+  Status st = open();
+  if (st != Status::kOk) return st;
+
+  fi_mr_attr attr{};
+  iovec iov{reinterpret_cast<void*>(base), len};
+  attr.mr_iov = &iov;
+  attr.iov_count = 1;
+  attr.access = FI_SEND | FI_RECV;
+  attr.iface = FI_HMEM_SYSTEM;
+  uint64_t flags = 0;
+  if (type == NCCL_PTR_CUDA) {
+    if ((info_->caps & FI_HMEM) == 0) {
+      WEFT_WARN("regMr: GPU buffer {:#x} ({} B) but provider {} has no FI_HMEM support", base, len, props_.provider);
+      return Status::kInvalidUsage;
+    }
+    const char* why = nullptr;
+    int dev = cuda::deviceOfPointer(reinterpret_cast<void*>(base), &why);
+    if (dev < 0) {
+      WEFT_WARN("regMr: cannot register GPU buffer {:#x}: {}", base, why);
+      return Status::kInvalidUsage;
+    }
+    attr.iface = FI_HMEM_CUDA;
+    attr.device.cuda = dev;
+  }
+  if (dmabufFd >= 0) {
+#ifdef FI_MR_DMABUF
+    fi_mr_dmabuf dmabuf{};
+    dmabuf.fd = dmabufFd;
+    dmabuf.offset = dmabufOffset;
+    dmabuf.len = len;
+    dmabuf.base_addr = reinterpret_cast<void*>(base - dmabufOffset);
+    attr.dmabuf = &dmabuf;
+    flags |= FI_MR_DMABUF;
+#else
+    (void)dmabufOffset;
+    WEFT_WARN("regMrDmaBuf: this weft was built against libfabric {}.{}, which has no DMA-BUF registration",
+              FI_MAJOR_VERSION, FI_MINOR_VERSION);
+    return Status::kInvalidUsage;
+#endif
+  }
+  fid_mr* mr = nullptr;
+  int rc = fi_mr_regattr(domain_.get(), &attr, flags, &mr);
+  if (rc != 0) {
+    WEFT_WARN("fi_mr_regattr({:#x}, {} B, {}) on {} failed: {}", base, len, type == NCCL_PTR_CUDA ? "cuda" : "host",
+              props_.name, fi_strerror(-rc));
+    return Status::kSystem;
+  }
+  entry->backendMr = mr;
+  entry->desc = fi_mr_desc(mr);
+  entry->key = fi_mr_key(mr);
+  return Status::kOk;
+}
+
+void FabricDevice::deregisterRange(MrEntry* entry) noexcept {
+  if (entry->backendMr != nullptr) FidCloser<fid_mr>()(static_cast<fid_mr*>(entry->backendMr));
+  entry->backendMr = nullptr;
+  entry->desc = nullptr;
+}
+
+}  // namespace weft::fabric

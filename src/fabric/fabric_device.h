@@ -1,0 +1,74 @@
+// One NCCL device = one libfabric provider domain (a NIC, an interface for tcp, the host for shm).
+// Fabric and domain open lazily on first use and live for the rest of the process; all comms of the device
+// share them and its registration cache.
+#pragma once
+
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "fabric/fabric_raii.h"
+#include "weft/transport/mr_cache.h"
+#include "weft/transport/net.h"
+
+namespace weft::fabric {
+
+struct Candidate {  // one usable (provider, domain) pair found by discovery
+  InfoPtr info;
+  DeviceProps props;
+};
+
+// Preference order when WEFT_PROVIDER is empty.
+const std::vector<std::string>& defaultProviders();
+
+// fi_getinfo for reliable, tagged endpoints of `provider` (empty: every provider), one entry per domain, IPv4
+// preferred over IPv6. Never throws; on failure returns nothing and says why.
+std::vector<Candidate> probe(const std::string& provider, std::string* why);
+
+// WEFT_IFACE filtering: comma-separated prefixes, '^' excludes, '=' exact. Empty spec: everything except
+// loopback/container bridges, unless that leaves nothing.
+std::vector<Candidate> filterInterfaces(std::vector<Candidate> in, const std::string& spec);
+bool matchInterface(const std::string& name, const std::string& spec);
+
+class FabricDevice final : public Registrar {
+ public:
+  FabricDevice(int index, Candidate c);
+  ~FabricDevice() override;
+
+  const DeviceProps& props() const { return props_; }
+  const fi_info* info() const { return info_.get(); }
+  int index() const { return index_; }
+
+  // Opens fabric + domain once; safe to call from several threads.
+  Status open();
+  fid_domain* domain() const { return domain_.get(); }
+  MrCache& mrCache() { return cache_; }
+
+  bool localMr() const { return localMr_; }          // FI_MR_LOCAL: every buffer needs a descriptor
+  bool directedRecv() const { return directedRecv_; } // receives can be restricted to the connected peer
+  size_t injectSize() const { return injectSize_; }
+  size_t maxMsgSize() const { return maxMsgSize_; }
+  uint32_t providerHash() const { return providerHash_; }
+
+  // Registrar
+  Status registerRange(uintptr_t base, size_t len, int type, int dmabufFd, uint64_t dmabufOffset,
+                       MrEntry* entry) override;
+  void deregisterRange(MrEntry* entry) noexcept override;
+
+ private:
+  int index_;
+  InfoPtr info_;
+  DeviceProps props_;
+  bool localMr_;
+  bool directedRecv_;
+  size_t injectSize_;
+  size_t maxMsgSize_;
+  uint32_t providerHash_;
+  std::mutex openMutex_;  // guards the one-time opening of fabric_ and domain_
+  bool opened_ = false;
+  FabricPtr fabric_;
+  DomainPtr domain_;
+  MrCache cache_;  // declared last: destroyed first, while domain_ is still open
+};
+
+}  // namespace weft::fabric

@@ -1,0 +1,350 @@
+#include "fabric/fabric_endpoint.h"
+
+#include <rdma/fi_cm.h>
+#include <rdma/fi_errno.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace weft::fabric {
+
+const char* replyStatusName(uint16_t s) {
+  switch (s) {
+    case kAccepted: return "accepted";
+    case kBadToken: return "refused: wrong token (a handle from another listen, another job, or forged)";
+    case kAlreadyConnected: return "refused: that listen already has its connection (replayed handle)";
+    case kBadVersion: return "refused: different weft connection protocol version";
+  }
+  return "refused: unknown reason";
+}
+
+Status statusOfFiError(int err) {
+  switch (err) {
+    case FI_ETRUNC: return Status::kInvalidUsage;
+    case ECONNREFUSED:
+    case ECONNRESET:
+    case ECONNABORTED:
+    case ENOTCONN:
+    case EHOSTUNREACH:
+    case ENETUNREACH:
+    case ETIMEDOUT:
+    case EPIPE:
+    case FI_EIO:
+      return Status::kRemote;
+    default: return Status::kSystem;
+  }
+}
+
+Status Endpoint::open(FabricDevice& dev, std::unique_ptr<Endpoint>* out) {
+  Status st = dev.open();
+  if (st != Status::kOk) return st;
+  std::unique_ptr<Endpoint> e(new Endpoint(dev));
+  e->ctl_ = std::make_unique<Control>();
+  std::memset(e->ctl_.get(), 0, sizeof(Control));
+  const fi_info* info = dev.info();
+  const char* where = dev.props().name.c_str();
+
+  if (dev.localMr()) {
+    fid_mr* mr = nullptr;
+    int rc = fi_mr_reg(dev.domain(), e->ctl_.get(), sizeof(Control), FI_SEND | FI_RECV, 0, 0, 0, &mr, nullptr);
+    if (rc != 0) {
+      WEFT_WARN("fi_mr_reg of control buffers on {} failed: {}", where, fi_strerror(-rc));
+      return Status::kSystem;
+    }
+    e->ctlMr_.reset(mr);
+    e->ctlDesc_ = fi_mr_desc(mr);
+  }
+
+  fi_cq_attr cqAttr{};
+  cqAttr.format = FI_CQ_FORMAT_TAGGED;
+  cqAttr.wait_obj = FI_WAIT_NONE;
+  cqAttr.size = 4 * (kMaxRequests * kMaxRecvs) + 64;
+  fid_cq* cq = nullptr;
+  int rc = fi_cq_open(dev.domain(), &cqAttr, &cq, nullptr);
+  if (rc != 0) {
+    WEFT_WARN("fi_cq_open on {} failed: {}", where, fi_strerror(-rc));
+    return Status::kSystem;
+  }
+  e->cq_.reset(cq);
+
+  fi_av_attr avAttr{};
+  avAttr.type = info->domain_attr->av_type != FI_AV_UNSPEC ? info->domain_attr->av_type : FI_AV_TABLE;
+  avAttr.count = 8;
+  fid_av* av = nullptr;
+  rc = fi_av_open(dev.domain(), &avAttr, &av, nullptr);
+  if (rc != 0) {
+    WEFT_WARN("fi_av_open on {} failed: {}", where, fi_strerror(-rc));
+    return Status::kSystem;
+  }
+  e->av_.reset(av);
+
+  fid_ep* ep = nullptr;
+  rc = fi_endpoint(dev.domain(), const_cast<fi_info*>(info), &ep, nullptr);
+  if (rc != 0) {
+    WEFT_WARN("fi_endpoint on {} failed: {}", where, fi_strerror(-rc));
+    return Status::kSystem;
+  }
+  e->ep_.reset(ep);
+  if ((rc = fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV)) != 0 || (rc = fi_ep_bind(ep, &av->fid, 0)) != 0 ||
+      (rc = fi_enable(ep)) != 0) {
+    WEFT_WARN("binding/enabling the endpoint on {} failed: {}", where, fi_strerror(-rc));
+    return Status::kSystem;
+  }
+  std::vector<uint8_t> name(256);
+  size_t len = name.size();
+  rc = fi_getname(&ep->fid, name.data(), &len);
+  if (rc != 0 || len > sizeof(ConnectRequest::addr)) {
+    WEFT_WARN("fi_getname on {} failed: {}", where, rc != 0 ? fi_strerror(-rc) : "address too long");
+    return Status::kSystem;
+  }
+  name.resize(len);
+  e->name_ = std::move(name);
+  *out = std::move(e);
+  return Status::kOk;
+}
+
+Endpoint::~Endpoint() = default;
+
+Status Endpoint::insert(const void* addr, size_t len, fi_addr_t* out) {
+  (void)len;
+  fi_addr_t a = FI_ADDR_UNSPEC;
+  int rc = fi_av_insert(av_.get(), addr, 1, &a, 0, nullptr);
+  if (rc != 1) {
+    WEFT_WARN("fi_av_insert of peer {} on {} failed: {}", addrString(addr, len), dev_.props().name,
+              rc < 0 ? fi_strerror(-rc) : "address not inserted");
+    return Status::kSystem;
+  }
+  *out = a;
+  return Status::kOk;
+}
+
+std::string Endpoint::addrString(const void* addr, size_t len) const {
+  (void)len;
+  char buf[256];
+  size_t n = sizeof(buf);
+  const char* s = fi_av_straddr(av_.get(), addr, buf, &n);
+  return s != nullptr ? std::string(s) : std::string("<unprintable address>");
+}
+
+Status Endpoint::progress(DataSink* sink) {
+  if (controlQueued_) flushControl();
+  fi_cq_tagged_entry entries[16];
+  ssize_t n = fi_cq_read(cq_.get(), entries, 16);
+  if (n > 0) {
+    for (ssize_t i = 0; i < n; ++i) {
+      auto* ctx = static_cast<OpContext*>(entries[i].op_context);
+      if (ctx == nullptr) continue;
+      if (ctx->kind == OpKind::kData) {
+        if (sink != nullptr) sink->onComplete(ctx, entries[i].len);
+      } else {
+        handleControl(ctx, true, Status::kOk);
+      }
+    }
+    return Status::kOk;
+  }
+  if (n == -FI_EAGAIN) return Status::kOk;
+  if (n != -FI_EAVAIL) {
+    WEFT_WARN("fi_cq_read on {} failed: {}", dev_.props().name, fi_strerror(static_cast<int>(-n)));
+    return Status::kSystem;
+  }
+  fi_cq_err_entry err{};
+  ssize_t rc = fi_cq_readerr(cq_.get(), &err, 0);
+  if (rc < 0) {
+    if (rc == -FI_EAGAIN) return Status::kOk;
+    WEFT_WARN("fi_cq_readerr on {} failed: {}", dev_.props().name, fi_strerror(static_cast<int>(-rc)));
+    return Status::kSystem;
+  }
+  auto* ctx = static_cast<OpContext*>(err.op_context);
+  Status st = statusOfFiError(err.err);
+  char provBuf[256] = {};
+  const char* provMsg = fi_cq_strerror(cq_.get(), err.prov_errno, err.err_data, provBuf, sizeof(provBuf));
+  if (ctx == nullptr) {
+    WEFT_WARN("completion error without a request on {}: {} ({})", dev_.props().name, fi_strerror(err.err),
+              provMsg ? provMsg : "");
+    return st;
+  }
+  if (ctx->kind == OpKind::kData) {
+    if (err.err == FI_ETRUNC) {
+      WEFT_WARN("on {}: the peer sent {} bytes more than the posted receive buffer holds ({} B): a send larger "
+                "than its receive is not allowed",
+                dev_.props().name, err.olen, err.len);
+    } else if (err.err != FI_ECANCELED) {
+      WEFT_WARN("transfer failed on {} ({}): {} ({})", dev_.props().name, dev_.props().provider, fi_strerror(err.err),
+                provMsg ? provMsg : "");
+    }
+    if (sink != nullptr) sink->onError(ctx, st);
+  } else {
+    handleControl(ctx, false, st);
+  }
+  return Status::kOk;
+}
+
+void Endpoint::handleControl(OpContext* ctx, bool ok, Status st) {
+  switch (ctx->kind) {
+    case OpKind::kConnRequest: {
+      const ConnectRequest& r = ctl_->requestIn;
+      if (!ok || r.magic != ConnectRequest::kMagic || r.addrLen == 0 || r.addrLen > sizeof(r.addr)) {
+        WEFT_WARN("on {}: ignored a malformed connection request", dev_.props().name);
+        postConnRequestRecv();
+        return;
+      }
+      if (accepted_) {
+        refuse(r, kAlreadyConnected);
+        postConnRequestRecv();
+        return;
+      }
+      requestPending_ = true;  // accept() takes it and reposts
+      return;
+    }
+    case OpKind::kConnReply:
+      if (!ok) {
+        connectError_ = st;
+        return;
+      }
+      replyPending_ = true;
+      return;
+    case OpKind::kCtrlSend:
+      if (ctx == &requestSendCtx_) {
+        requestState_ = SlotState::kFree;
+        if (!ok) connectError_ = st;
+      } else {
+        replySlot_[ctx->index] = SlotState::kFree;
+        if (!ok) WEFT_WARN("on {}: sending a connection reply failed", dev_.props().name);
+      }
+      return;
+    case OpKind::kData: return;
+  }
+}
+
+void Endpoint::refuse(const ConnectRequest& r, uint16_t status) {
+  WEFT_WARN("on {}: connection from {} {}", dev_.props().name, addrString(r.addr, r.addrLen),
+            replyStatusName(status));
+  // Tell the peer so it fails fast instead of timing out, but never let a flood of bogus requests grow the
+  // address vector without bound.
+  if (++refusals_ > 16) return;
+  fi_addr_t to;
+  if (insert(r.addr, r.addrLen, &to) == Status::kOk) sendReply(to, status, r.token);
+}
+
+// Control posts happen on an endpoint that carries almost nothing else, so a full queue clears after a few
+// progress calls; the bound keeps a broken provider from spinning here forever.
+template <typename Post>
+ssize_t Endpoint::postControl(Post post) {
+  for (int tries = 0; tries < 1000; ++tries) {
+    ssize_t rc = post();
+    if (rc != -FI_EAGAIN) return rc;
+    if (progress(nullptr) != Status::kOk) return -FI_EIO;
+  }
+  return -FI_EAGAIN;
+}
+
+Status Endpoint::postConnRequestRecv() {
+  requestRecvCtx_.kind = OpKind::kConnRequest;
+  requestPending_ = false;
+  ssize_t rc = postControl([&] {
+    return fi_trecv(ep_.get(), &ctl_->requestIn, sizeof(ConnectRequest), ctlDesc_, FI_ADDR_UNSPEC, kTagConnRequest,
+                    0, &requestRecvCtx_.fi);
+  });
+  if (rc != 0) {
+    WEFT_WARN("posting the connection-request receive on {} failed: {}", dev_.props().name,
+              fi_strerror(static_cast<int>(-rc)));
+    return Status::kSystem;
+  }
+  return Status::kOk;
+}
+
+bool Endpoint::takeConnRequest(ConnectRequest* out) {
+  if (!requestPending_) return false;
+  *out = ctl_->requestIn;
+  requestPending_ = false;
+  return true;
+}
+
+Status Endpoint::sendReply(fi_addr_t to, uint16_t status, uint64_t token) {
+  int slot = -1;
+  for (int i = 0; i < kReplySlots; ++i) {
+    if (replySlot_[i] == SlotState::kFree) {
+      slot = i;
+      break;
+    }
+  }
+  if (slot < 0) return Status::kOk;  // replies are best effort; the connector times out instead
+  ctl_->replyOut[slot] = ConnectReply{ConnectReply::kMagic, ConnectRequest::kVersion, status, token};
+  replyTo_[slot] = to;
+  replySendCtx_[slot].kind = OpKind::kCtrlSend;
+  replySendCtx_[slot].index = static_cast<uint16_t>(slot);
+  replySlot_[slot] = SlotState::kQueued;
+  controlQueued_ = true;
+  flushControl();
+  return Status::kOk;
+}
+
+// Control sends wait here until the provider takes them: rxm answers -FI_EAGAIN until its connection to the
+// peer is up, which needs the peer to make progress too, so they are retried on every later progress call.
+void Endpoint::flushControl() {
+  bool still = false;
+  if (requestState_ == SlotState::kQueued) {
+    ConnectRequest& r = ctl_->requestOut;
+    size_t len = offsetof(ConnectRequest, addr) + r.addrLen;
+    ssize_t rc = fi_tsend(ep_.get(), &r, len, ctlDesc_, requestTo_, kTagConnRequest, &requestSendCtx_.fi);
+    if (rc == 0) {
+      requestState_ = SlotState::kInFlight;
+    } else if (rc == -FI_EAGAIN) {
+      still = true;
+    } else {
+      WEFT_WARN("sending the connection request on {} failed: {}", dev_.props().name,
+                fi_strerror(static_cast<int>(-rc)));
+      requestState_ = SlotState::kFree;
+      connectError_ = statusOfFiError(static_cast<int>(-rc));
+    }
+  }
+  for (int i = 0; i < kReplySlots; ++i) {
+    if (replySlot_[i] != SlotState::kQueued) continue;
+    ssize_t rc = fi_tsend(ep_.get(), &ctl_->replyOut[i], sizeof(ConnectReply), ctlDesc_, replyTo_[i], kTagConnReply,
+                          &replySendCtx_[i].fi);
+    if (rc == 0) {
+      replySlot_[i] = SlotState::kInFlight;
+    } else if (rc == -FI_EAGAIN) {
+      still = true;
+    } else {
+      WEFT_WARN("sending a connection reply on {} failed: {}", dev_.props().name, fi_strerror(static_cast<int>(-rc)));
+      replySlot_[i] = SlotState::kFree;
+    }
+  }
+  controlQueued_ = still;
+}
+
+Status Endpoint::startConnect(fi_addr_t to, uint64_t token) {
+  replyRecvCtx_.kind = OpKind::kConnReply;
+  requestSendCtx_.kind = OpKind::kCtrlSend;
+  ssize_t rc = postControl([&] {
+    return fi_trecv(ep_.get(), &ctl_->replyIn, sizeof(ConnectReply), ctlDesc_,
+                    dev_.directedRecv() ? to : FI_ADDR_UNSPEC, kTagConnReply, 0, &replyRecvCtx_.fi);
+  });
+  if (rc != 0) {
+    WEFT_WARN("posting the connection-reply receive on {} failed: {}", dev_.props().name,
+              fi_strerror(static_cast<int>(-rc)));
+    return Status::kSystem;
+  }
+  ConnectRequest& r = ctl_->requestOut;
+  r.magic = ConnectRequest::kMagic;
+  r.version = ConnectRequest::kVersion;
+  r.addrLen = static_cast<uint16_t>(name_.size());
+  r.token = token;
+  r.senderId = 0;
+  std::memcpy(r.addr, name_.data(), name_.size());
+  requestTo_ = to;
+  requestState_ = SlotState::kQueued;
+  controlQueued_ = true;
+  flushControl();
+  return connectError_;
+}
+
+bool Endpoint::takeReply(ConnectReply* out) {
+  if (!replyPending_) return false;
+  *out = ctl_->replyIn;
+  replyPending_ = false;
+  return true;
+}
+
+}  // namespace weft::fabric

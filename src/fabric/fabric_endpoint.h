@@ -1,0 +1,142 @@
+// One reliable-datagram endpoint with its own completion queue and address vector. Each weft comm owns one,
+// so a comm's completions are read only by the thread that drives that comm (NCCL's progress thread) and the
+// data path needs no lock of ours.
+//
+// The endpoint also runs the connection handshake, over tags with the top bit set:
+//   connector --ConnectRequest{token, its address}--> listener
+//   listener  --ConnectReply{accepted | bad token | already connected | bad version}--> connector
+// After accepting, the endpoint keeps a receive posted for further requests and refuses them (a replayed or
+// forged handle can never attach a second sender to a connection).
+#pragma once
+
+#include <rdma/fi_tagged.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fabric/fabric_device.h"
+
+namespace weft::fabric {
+
+enum class OpKind : uint8_t { kData = 0, kConnRequest, kConnReply, kCtrlSend };
+
+struct OpContext {
+  fi_context2 fi;  // first: libfabric is handed &fi
+  void* owner = nullptr;
+  uint16_t index = 0;
+  OpKind kind = OpKind::kData;
+};
+
+constexpr uint64_t kCtrlBit = 1ull << 63;
+constexpr uint64_t kTagConnRequest = kCtrlBit | 1;
+constexpr uint64_t kTagConnReply = kCtrlBit | 2;
+
+// Data tag: NCCL tag (31 bits) above a 32-bit per-tag sequence number.
+inline uint64_t dataTag(int ncclTag, uint32_t seq) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(ncclTag) & 0x7fffffffu) << 32) | seq;
+}
+
+struct ConnectRequest {
+  static constexpr uint32_t kMagic = 0x57465251;  // "WFRQ"
+  static constexpr uint16_t kVersion = 1;
+  uint32_t magic;
+  uint16_t version;
+  uint16_t addrLen;
+  uint64_t token;
+  uint64_t senderId;
+  uint8_t addr[256];
+};
+
+enum ReplyStatus : uint16_t { kAccepted = 0, kBadToken = 1, kAlreadyConnected = 2, kBadVersion = 3 };
+const char* replyStatusName(uint16_t s);
+
+struct ConnectReply {
+  static constexpr uint32_t kMagic = 0x57465250;  // "WFRP"
+  uint32_t magic;
+  uint16_t version;
+  uint16_t status;
+  uint64_t token;
+};
+
+class DataSink {
+ public:
+  virtual ~DataSink() = default;
+  virtual void onComplete(OpContext* ctx, size_t len) noexcept = 0;
+  virtual void onError(OpContext* ctx, Status st) noexcept = 0;
+};
+
+Status statusOfFiError(int err);
+
+class Endpoint {
+ public:
+  static Status open(FabricDevice& dev, std::unique_ptr<Endpoint>* out);
+  ~Endpoint();
+  Endpoint(const Endpoint&) = delete;
+  Endpoint& operator=(const Endpoint&) = delete;
+
+  fid_ep* ep() const { return ep_.get(); }
+  FabricDevice& device() const { return dev_; }
+  const std::vector<uint8_t>& name() const { return name_; }
+  Status insert(const void* addr, size_t len, fi_addr_t* out);
+  std::string addrString(const void* addr, size_t len) const;
+
+  // Reads one bounded batch of completions. Data completions go to `sink` (NULL while connecting);
+  // control ones are handled here. Returns a non-OK status only for a failure of the queue itself.
+  Status progress(DataSink* sink);
+
+  // Listener side.
+  Status postConnRequestRecv();
+  bool takeConnRequest(ConnectRequest* out);
+  void setAccepted() { accepted_ = true; }
+  Status sendReply(fi_addr_t to, uint16_t status, uint64_t token);
+
+  // Connector side.
+  Status startConnect(fi_addr_t to, uint64_t token);
+  bool takeReply(ConnectReply* out);
+  Status connectError() const { return connectError_; }
+
+ private:
+  explicit Endpoint(FabricDevice& dev) : dev_(dev) {}
+  void handleControl(OpContext* ctx, bool ok, Status st);
+  void refuse(const ConnectRequest& req, uint16_t status);
+  void flushControl();
+  template <typename Post>
+  ssize_t postControl(Post post);
+
+  static constexpr int kReplySlots = 4;
+  struct Control {
+    ConnectRequest requestIn;
+    ConnectRequest requestOut;
+    ConnectReply replyIn;
+    std::array<ConnectReply, kReplySlots> replyOut;
+  };
+
+  FabricDevice& dev_;
+  // Acquisition order; destroyed in reverse (endpoint before its queues and control registration).
+  std::unique_ptr<Control> ctl_;
+  MrPtr ctlMr_;
+  CqPtr cq_;
+  AvPtr av_;
+  EpPtr ep_;
+  void* ctlDesc_ = nullptr;
+  std::vector<uint8_t> name_;
+
+  OpContext requestRecvCtx_, replyRecvCtx_, requestSendCtx_;
+  std::array<OpContext, kReplySlots> replySendCtx_;
+  enum class SlotState : uint8_t { kFree, kQueued, kInFlight };
+  std::array<SlotState, kReplySlots> replySlot_{};
+  std::array<fi_addr_t, kReplySlots> replyTo_{};
+  SlotState requestState_ = SlotState::kFree;
+  fi_addr_t requestTo_ = FI_ADDR_UNSPEC;
+  bool controlQueued_ = false;  // a control send is waiting for the provider to accept it
+  bool requestPending_ = false;  // a ConnectRequest arrived and is waiting for takeConnRequest()
+  bool replyPending_ = false;
+  bool accepted_ = false;
+  int refusals_ = 0;
+  Status connectError_ = Status::kOk;
+};
+
+}  // namespace weft::fabric

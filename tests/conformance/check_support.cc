@@ -1,0 +1,256 @@
+#include "check_support.h"
+
+#include <sys/mman.h>
+
+#include <chrono>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+
+namespace weft::harness {
+
+const char* resultName(ncclResult_t r) {
+  switch (r) {
+    case ncclSuccess: return "ncclSuccess";
+    case ncclUnhandledCudaError: return "ncclUnhandledCudaError";
+    case ncclSystemError: return "ncclSystemError";
+    case ncclInternalError: return "ncclInternalError";
+    case ncclInvalidArgument: return "ncclInvalidArgument";
+    case ncclInvalidUsage: return "ncclInvalidUsage";
+    case ncclRemoteError: return "ncclRemoteError";
+    case ncclInProgress: return "ncclInProgress";
+  }
+  return "unknown ncclResult_t";
+}
+
+void fail(const std::string& why) { throw CheckFailure(why); }
+
+void expectOk(ncclResult_t r, const std::string& what) {
+  if (r != ncclSuccess) fail(what + " returned " + resultName(r));
+}
+
+void checkPeer(CheckEnv& env) {
+  std::string m;
+  if (env.oob.tryRecv(&m)) {
+    env.oob.pushBack(m);
+    if (m.rfind("verdict:", 0) == 0) throw PeerAborted("the peer process gave up on this check");
+  }
+}
+
+std::string fmtSize(size_t b) {
+  if (b >= (1u << 30) && b % (1u << 30) == 0) return std::to_string(b >> 30) + " GiB";
+  if (b >= (1u << 20) && b % (1u << 20) == 0) return std::to_string(b >> 20) + " MiB";
+  if (b >= 1024 && b % 1024 == 0) return std::to_string(b >> 10) + " KiB";
+  return std::to_string(b) + " B";
+}
+
+Buffer::Buffer(size_t size) : size_(size) {
+  size_t bytes = size == 0 ? 4096 : (size + 4095) & ~size_t{4095};
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::runtime_error("cannot allocate " + fmtSize(bytes));
+  data_ = static_cast<uint8_t*>(p);
+  mapped_ = bytes;
+}
+
+Buffer::~Buffer() {
+  if (data_ != nullptr) munmap(data_, mapped_);
+}
+
+namespace {
+inline uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+}  // namespace
+
+void fillPattern(void* buf, size_t len, uint64_t seed) {
+  auto* p = static_cast<uint8_t*>(buf);
+  uint64_t base = mix(seed);
+  size_t words = len / 8;
+  auto* w = reinterpret_cast<uint64_t*>(p);
+  for (size_t i = 0; i < words; ++i) w[i] = base ^ (i * 0x100000001b3ull);
+  for (size_t i = words * 8; i < len; ++i) p[i] = static_cast<uint8_t>(base >> (8 * (i % 8))) ^ 0x5a;
+}
+
+size_t findMismatch(const void* buf, size_t len, uint64_t seed) {
+  auto* p = static_cast<const uint8_t*>(buf);
+  uint64_t base = mix(seed);
+  size_t words = len / 8;
+  auto* w = reinterpret_cast<const uint64_t*>(p);
+  for (size_t i = 0; i < words; ++i) {
+    if (w[i] != (base ^ (i * 0x100000001b3ull))) {
+      for (size_t b = i * 8; b < i * 8 + 8; ++b) {
+        uint64_t expect = base ^ (i * 0x100000001b3ull);
+        if (p[b] != static_cast<uint8_t>(expect >> (8 * (b % 8)))) return b;
+      }
+      return i * 8;
+    }
+  }
+  for (size_t i = words * 8; i < len; ++i) {
+    if (p[i] != (static_cast<uint8_t>(base >> (8 * (i % 8))) ^ 0x5a)) return i;
+  }
+  return SIZE_MAX;
+}
+
+Registration::Registration(NetApi& net, void* comm, void* data, size_t size, int type) : net_(net), comm_(comm) {
+  expectOk(net_.regMr(comm, data, size, type, &mh_), "regMr(" + fmtSize(size) + ")");
+  if (mh_ == nullptr) fail("regMr succeeded but returned a NULL handle");
+}
+
+void Registration::release() {
+  if (mh_ != nullptr) {
+    void* mh = mh_;
+    mh_ = nullptr;
+    expectOk(net_.deregMr(comm_, mh), "deregMr");
+  }
+}
+
+Registration::~Registration() {
+  if (mh_ != nullptr) net_.deregMr(comm_, mh_);
+}
+
+Conn establish(CheckEnv& env, const std::string& label) {
+  Conn c;
+  const auto kSlow = std::chrono::milliseconds(500);
+  auto timed = [&](auto&& call, const char* what) {
+    auto t0 = std::chrono::steady_clock::now();
+    ncclResult_t r = call();
+    auto dt = std::chrono::steady_clock::now() - t0;
+    expectOk(r, what);
+    if (dt > kSlow) {
+      fail(std::string(what) + " blocked for " +
+           std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(dt).count()) +
+           " ms: NCCL polls connect/accept from one thread and needs them non-blocking");
+    }
+  };
+  Deadline deadline(env.timeout);
+  if (env.recv()) {
+    uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+    void* listenComm = nullptr;
+    timed([&] { return env.net.listen(env.ctx, env.dev, handle, &listenComm); }, "listen");
+    if (listenComm == nullptr) fail("listen succeeded but returned a NULL listen comm");
+    env.oob.send(std::string("handle:") + label + ":" + std::string(reinterpret_cast<char*>(handle), sizeof(handle)));
+    while (c.recvComm == nullptr) {
+      timed([&] { return env.net.accept(listenComm, &c.recvComm); }, "accept");
+      if (deadline.expired()) {
+        env.net.closeListen(listenComm);
+        fail("accept did not complete within " + std::to_string(env.timeout.count()) + " s");
+      }
+      checkPeer(env);
+    }
+    expectOk(env.net.closeListen(listenComm), "closeListen after accept");
+  } else {
+    std::string m = env.oob.recvString(env.timeout);
+    std::string prefix = "handle:" + label + ":";
+    if (m.rfind("verdict:", 0) == 0) {
+      env.oob.pushBack(m);
+      throw PeerAborted("the peer process gave up before sending a handle");
+    }
+    if (m.rfind(prefix, 0) != 0 || m.size() != prefix.size() + NCCL_NET_HANDLE_MAXSIZE) fail("bad handle message");
+    uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
+    std::memcpy(handle, m.data() + prefix.size(), sizeof(handle));
+    while (c.sendComm == nullptr) {
+      timed([&] { return env.net.connect(env.ctx, env.dev, handle, &c.sendComm); }, "connect");
+      if (deadline.expired()) fail("connect did not complete within " + std::to_string(env.timeout.count()) + " s");
+      checkPeer(env);
+    }
+  }
+  env.oob.barrier("connected:" + label, env.timeout);
+  return c;
+}
+
+void closeConn(CheckEnv& env, Conn& c) {
+  if (c.sendComm) expectOk(env.net.closeSend(c.sendComm), "closeSend");
+  if (c.recvComm) expectOk(env.net.closeRecv(c.recvComm), "closeRecv");
+  c = Conn{};
+}
+
+std::vector<int> waitRequest(CheckEnv& env, void* req, int n, const std::string& what, bool sizesNull) {
+  std::vector<int> sizes(NCCL_PROXY_MAX_SUBS, 0);
+  Deadline deadline(env.timeout);
+  for (uint64_t i = 0;; ++i) {
+    int done = 0;
+    expectOk(env.net.test(req, &done, sizesNull ? nullptr : sizes.data()), "test(" + what + ")");
+    if (done) break;
+    if (deadline.expired()) fail(what + " did not complete within " + std::to_string(env.timeout.count()) + " s");
+    if (i % 1024 == 0) checkPeer(env);
+  }
+  sizes.resize(n);
+  return sizes;
+}
+
+StreamState::StreamState(CheckEnv& env, Conn& c, const StreamSpec& spec)
+    : env_(env),
+      conn_(c),
+      spec_(spec),
+      buf_(spec.slotSize * spec.inflight),
+      reg_(env.net, c.comm(), buf_.data(), buf_.size()) {}
+
+StreamState::~StreamState() = default;
+
+bool StreamState::step() {
+  const size_t total = spec_.sizes.size();
+  // Post while a slot is free.
+  if (next_ < total && inflight_.size() < static_cast<size_t>(spec_.inflight)) {
+    size_t i = next_;
+    uint8_t* slot = buf_.data() + (i % spec_.inflight) * spec_.slotSize;
+    void* req = nullptr;
+    if (env_.recv()) {
+      size_t want = spec_.recvSize ? spec_.recvSize : spec_.slotSize;
+      void* data[1] = {slot};
+      size_t sizes[1] = {want};
+      int tags[1] = {spec_.tag};
+      void* mhs[1] = {reg_.mh()};
+      if (spec_.requestHint) req = reinterpret_cast<void*>(static_cast<uintptr_t>(NCCL_NET_OPTIONAL_RECV_COMPLETION));
+      expectOk(env_.net.irecv(conn_.recvComm, 1, data, sizes, tags, mhs, &req), "irecv");
+      if (spec_.requestHint && req == reinterpret_cast<void*>(static_cast<uintptr_t>(NCCL_NET_OPTIONAL_RECV_COMPLETION))) {
+        fail("irecv left *request at the NCCL_NET_OPTIONAL_RECV_COMPLETION hint value; it must always write it");
+      }
+    } else {
+      fillPattern(slot, spec_.sizes[i], spec_.seed * 1000003 + i);
+      expectOk(env_.net.isend(conn_.sendComm, slot, spec_.sizes[i], spec_.tag, reg_.mh(), &req), "isend");
+    }
+    if (req != nullptr) {
+      inflight_.emplace_back(i, req);
+      ++next_;
+    }
+  }
+  // Test the oldest.
+  if (!inflight_.empty()) {
+    auto [i, req] = inflight_.front();
+    int sizes[NCCL_PROXY_MAX_SUBS] = {};
+    int done = 0;
+    expectOk(env_.net.test(req, &done, sizes), "test");
+    if (done) {
+      inflight_.pop_front();
+      ++doneCount_;
+      if (static_cast<size_t>(sizes[0]) != spec_.sizes[i]) {
+        fail((env_.recv() ? "receive " : "send ") + std::to_string(i) + " reported " + std::to_string(sizes[0]) +
+             " bytes, expected " + std::to_string(spec_.sizes[i]));
+      }
+      if (env_.recv()) {
+        const uint8_t* slot = buf_.data() + (i % spec_.inflight) * spec_.slotSize;
+        size_t bad = findMismatch(slot, spec_.sizes[i], spec_.seed * 1000003 + i);
+        if (bad != SIZE_MAX) {
+          fail("message " + std::to_string(i) + " (" + fmtSize(spec_.sizes[i]) + ") corrupted at byte " +
+               std::to_string(bad));
+        }
+      }
+    }
+  }
+  return doneCount_ == total;
+}
+
+void stream(CheckEnv& env, Conn& c, const StreamSpec& spec) {
+  StreamState s(env, c, spec);
+  Deadline deadline(env.timeout);
+  for (uint64_t it = 0; !s.step(); ++it) {
+    if (deadline.expired()) fail("stream did not finish within " + std::to_string(env.timeout.count()) + " s");
+    if (it % 4096 == 0) checkPeer(env);
+  }
+}
+
+}  // namespace weft::harness

@@ -1,0 +1,116 @@
+// What the checks share: buffers with verifiable contents, deadlines, connection set-up the way NCCL's proxy
+// polls it, and NCCL-shaped message streams (NCCL_STEPS slots in flight, oldest request tested first).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "checks.h"
+
+namespace weft::harness {
+
+[[noreturn]] void fail(const std::string& why);
+void expectOk(ncclResult_t r, const std::string& what);
+
+// Throws PeerAborted when the peer has given up on the current check (it sent its verdict early).
+void checkPeer(CheckEnv& env);
+
+class Deadline {
+ public:
+  explicit Deadline(std::chrono::milliseconds d) : end_(std::chrono::steady_clock::now() + d) {}
+  bool expired() const { return std::chrono::steady_clock::now() > end_; }
+
+ private:
+  std::chrono::steady_clock::time_point end_;
+};
+
+// Page-aligned host memory (mmap for large sizes), freed on destruction.
+class Buffer {
+ public:
+  explicit Buffer(size_t size);
+  ~Buffer();
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+  size_t mapped_ = 0;
+};
+
+// Deterministic contents: both processes compute the same bytes from (seed, offset).
+void fillPattern(void* buf, size_t len, uint64_t seed);
+// Returns the first differing offset, or SIZE_MAX when all bytes match.
+size_t findMismatch(const void* buf, size_t len, uint64_t seed);
+
+// A memory registration that is released when it goes out of scope.
+class Registration {
+ public:
+  Registration(NetApi& net, void* comm, void* data, size_t size, int type = NCCL_PTR_HOST);
+  ~Registration();
+  Registration(const Registration&) = delete;
+  Registration& operator=(const Registration&) = delete;
+  void* mh() const { return mh_; }
+  void release();
+
+ private:
+  NetApi& net_;
+  void* comm_;
+  void* mh_ = nullptr;
+};
+
+struct Conn {
+  void* sendComm = nullptr;  // set on the sending rank
+  void* recvComm = nullptr;  // set on the receiving rank
+  void* comm() const { return sendComm ? sendComm : recvComm; }
+};
+
+// listen (receiver) -> handle over the OOB channel -> connect/accept polled until both exist, each call
+// required to return quickly (NCCL polls them from one service thread). `label` keeps handles of several
+// connections apart.
+Conn establish(CheckEnv& env, const std::string& label = "conn");
+void closeConn(CheckEnv& env, Conn& c);
+
+// Polls test() on one request until done; returns the sizes it reported (n entries).
+std::vector<int> waitRequest(CheckEnv& env, void* req, int n, const std::string& what, bool sizesNull = false);
+
+// Sends (or receives) `sizes.size()` messages through `slots` buffers of `slotSize` bytes, `inflight` at a time,
+// testing the oldest request first as NCCL's proxy does; contents verified byte for byte on the receiver,
+// and every reported size checked. recvSize: the receive posted for message i (0: the slot size).
+struct StreamSpec {
+  std::vector<size_t> sizes;
+  int inflight = 8;
+  size_t slotSize = 0;
+  size_t recvSize = 0;
+  uint64_t seed = 1;
+  int tag = 0;
+  bool requestHint = false;  // receiver pre-sets *request = NCCL_NET_OPTIONAL_RECV_COMPLETION
+};
+void stream(CheckEnv& env, Conn& c, const StreamSpec& spec);
+
+// Non-blocking, resumable form of stream() for several connections progressed in one loop.
+class StreamState {
+ public:
+  StreamState(CheckEnv& env, Conn& c, const StreamSpec& spec);
+  ~StreamState();
+  bool step();  // one pass: post what may be posted, test the oldest; true when finished
+  void* comm() const { return conn_.comm(); }
+
+ private:
+  CheckEnv& env_;
+  Conn& conn_;
+  StreamSpec spec_;
+  Buffer buf_;
+  Registration reg_;
+  size_t next_ = 0, doneCount_ = 0;
+  std::deque<std::pair<size_t, void*>> inflight_;  // message index, request
+};
+
+std::string fmtSize(size_t bytes);
+
+}  // namespace weft::harness

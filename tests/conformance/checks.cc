@@ -1,0 +1,697 @@
+#include "checks.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "check_support.h"
+#include "weft/transport/handle.h"
+
+namespace weft::harness {
+namespace {
+
+using namespace std::chrono_literals;
+
+// ---- set-up ----------------------------------------------------------------------------------------------------
+
+void initIdempotent(CheckEnv& env) {
+  int before = 0, after = 0;
+  expectOk(env.net.devices(&before), "devices");
+  void* ctx2 = nullptr;
+  expectOk(env.net.init(&ctx2, 0x1234), "a second init");  // what another communicator does
+  expectOk(env.net.devices(&after), "devices after a second init");
+  if (before != after) fail("device count changed from " + std::to_string(before) + " to " + std::to_string(after));
+  if (env.net.hasFinalize()) {
+    if (ctx2 == nullptr) fail("v11+ init returned success but a NULL context");
+    expectOk(env.net.finalize(ctx2), "finalize of the second context");
+    expectOk(env.net.finalize(nullptr), "finalize(NULL) (NCCL 2.28.3-2.29.3 call it after a failed init)");
+  }
+}
+
+void devicesProperties(CheckEnv& env) {
+  int n = 0;
+  expectOk(env.net.devices(&n), "devices");
+  if (n < 1) fail("devices() reported " + std::to_string(n) + " devices");
+  std::set<std::string> names;
+  for (int d = 0; d < n; ++d) {
+    Props p;
+    expectOk(env.net.getProperties(d, &p), "getProperties(" + std::to_string(d) + ")");
+    std::string at = "device " + std::to_string(d) + " (" + p.name + "): ";
+    if (p.name.empty()) fail(at + "empty name (NCCL keys its topology by name)");
+    if (!names.insert(p.name).second) fail(at + "name not unique");
+    if ((p.ptrSupport & NCCL_PTR_HOST) == 0) fail(at + "ptrSupport lacks NCCL_PTR_HOST");
+    if (p.speed <= 0) fail(at + "speed " + std::to_string(p.speed) + " Mb/s");
+    if (p.latency < 0) fail(at + "negative latency");
+    if (p.maxComms <= 0) fail(at + "maxComms " + std::to_string(p.maxComms));
+    if (p.maxRecvs < 1 || p.maxRecvs > NCCL_PROXY_MAX_SUBS) fail(at + "maxRecvs " + std::to_string(p.maxRecvs));
+    if (!p.pciPath.empty() && p.pciPath[0] != '/') fail(at + "pciPath is not an absolute sysfs path: " + p.pciPath);
+    if (p.netDeviceType != -1 && p.netDeviceType != NCCL_NET_DEVICE_HOST &&
+        !(p.netDeviceType == NCCL_NET_DEVICE_UNPACK && p.netDeviceVersion == NCCL_NET_DEVICE_UNPACK_VERSION)) {
+      fail(at + "netDeviceType/version that NCCL rejects");
+    }
+    if (p.vNdevs != -1) {
+      if (p.maxP2pBytes == 0 || p.maxP2pBytes > NCCL_MAX_NET_SIZE_BYTES) fail(at + "maxP2pBytes out of (0, 1 TiB]");
+      if (p.maxCollBytes == 0 || p.maxCollBytes > NCCL_MAX_NET_SIZE_BYTES) fail(at + "maxCollBytes out of (0, 1 TiB]");
+      if (p.maxP2pBytes < (size_t{1} << 30)) fail(at + "maxP2pBytes below 1 GiB: NCCL sends registered chunks of 1 GiB");
+    }
+  }
+  Props mine;
+  expectOk(env.net.getProperties(env.dev, &mine), "getProperties");
+  if (mine.name != env.props.name) fail("properties of the device under test changed between calls");
+}
+
+void connectTwoProcess(CheckEnv& env) {
+  Conn c = establish(env);
+  closeConn(env, c);
+}
+
+void connectSelf(CheckEnv& env) {
+  // What NCCL's GDR probe and bootstrap tests do: connect to our own listen from one thread, polling both.
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+  void *lc = nullptr, *sc = nullptr, *rc = nullptr;
+  expectOk(env.net.listen(env.ctx, env.dev, handle, &lc), "listen");
+  Deadline deadline(env.timeout);
+  while (sc == nullptr || rc == nullptr) {
+    if (sc == nullptr) expectOk(env.net.connect(env.ctx, env.dev, handle, &sc), "connect (to self)");
+    if (rc == nullptr) expectOk(env.net.accept(lc, &rc), "accept (from self)");
+    if (deadline.expired()) fail("connect-to-self in one thread did not complete (blocking connect or accept?)");
+  }
+  expectOk(env.net.closeListen(lc), "closeListen");
+  Conn s{sc, nullptr}, r{nullptr, rc};
+  Buffer sb(4096), rb(4096);
+  Registration sreg(env.net, sc, sb.data(), sb.size()), rreg(env.net, rc, rb.data(), rb.size());
+  fillPattern(sb.data(), 1000, 77);
+  void *sreq = nullptr, *rreq = nullptr;
+  void* data[1] = {rb.data()};
+  size_t sizes[1] = {4096};
+  int tags[1] = {5};
+  void* mhs[1] = {rreg.mh()};
+  while (rreq == nullptr) expectOk(env.net.irecv(rc, 1, data, sizes, tags, mhs, &rreq), "irecv");
+  while (sreq == nullptr) expectOk(env.net.isend(sc, sb.data(), 1000, 5, sreg.mh(), &sreq), "isend");
+  int sdone = 0, rdone = 0, rsz[NCCL_PROXY_MAX_SUBS] = {}, ssz = 0;
+  while (!sdone || !rdone) {
+    if (!sdone) expectOk(env.net.test(sreq, &sdone, &ssz), "test(send)");
+    if (!rdone) expectOk(env.net.test(rreq, &rdone, rsz), "test(recv)");
+    if (deadline.expired()) fail("a message to self did not arrive");
+  }
+  if (rsz[0] != 1000 || findMismatch(rb.data(), 1000, 77) != SIZE_MAX) fail("message to self arrived wrong");
+  sreg.release();
+  rreg.release();
+  closeConn(env, s);
+  closeConn(env, r);
+}
+
+void listenCloseUnaccepted(CheckEnv& env) {
+  // Shared comms: some listen comms are closed without a connection, some after accept polled in vain.
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
+  void* lc = nullptr;
+  expectOk(env.net.listen(env.ctx, env.dev, handle, &lc), "listen");
+  expectOk(env.net.closeListen(lc), "closeListen without accept");
+  expectOk(env.net.listen(env.ctx, env.dev, handle, &lc), "listen");
+  for (int i = 0; i < 50; ++i) {
+    void* rc = nullptr;
+    expectOk(env.net.accept(lc, &rc), "accept with no peer");
+    if (rc != nullptr) fail("accept produced a connection although nobody connected");
+  }
+  expectOk(env.net.closeListen(lc), "closeListen after fruitless accepts");
+}
+
+// ---- data ------------------------------------------------------------------------------------------------------
+
+void dataSizes(CheckEnv& env) {
+  Conn c = establish(env);
+  const std::vector<size_t> sizes = {0, 1, 7, 8, 63, 4096, 65536, 614400, 1 << 20, (4 << 20) + 3};
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    StreamSpec s;
+    s.sizes = {sizes[k]};
+    s.inflight = 1;
+    s.slotSize = std::max<size_t>(sizes[k], 1);
+    s.recvSize = sizes[k];  // exactly the size, 0 included
+    s.seed = 100 + k;
+    stream(env, c, s);
+  }
+  closeConn(env, c);
+}
+
+void dataRecvLarger(CheckEnv& env) {
+  Conn c = establish(env);
+  StreamSpec s;
+  s.sizes = {0, 1, 100, 65536, 1 << 20, 12345, 0};
+  s.inflight = 4;
+  s.slotSize = 1 << 20;
+  s.recvSize = 1 << 20;  // every receive posts 1 MiB; the real size must be reported
+  s.seed = 7;
+  stream(env, c, s);
+  closeConn(env, c);
+}
+
+void dataNcclSteps(CheckEnv& env) {
+  Conn c = establish(env);
+  struct Pattern {
+    const char* proto;
+    size_t step;
+    int inflight;
+    int messages;
+  };
+  // Step sizes NCCL puts on the wire (spec §3.13): ring SIMPLE slices of 1 MiB with 4 slices in flight,
+  // other SIMPLE 512 KiB, LL 64 KiB, LL128 600 KiB, p2p 128 KiB chunks; 8 slots (NCCL_STEPS).
+  const std::vector<Pattern> patterns = {
+      {"SIMPLE ring", 1 << 20, 4, 48}, {"SIMPLE tree", 512 << 10, 8, 64}, {"LL", 64 << 10, 8, 128},
+      {"LL128", 614400, 8, 48},       {"P2P", 128 << 10, 8, 128},
+  };
+  uint64_t seed = 1000;
+  for (const auto& p : patterns) {
+    StreamSpec s;
+    for (int i = 0; i < p.messages; ++i) s.sizes.push_back(i == p.messages - 1 ? p.step / 3 + 1 : p.step);
+    s.inflight = p.inflight;
+    s.slotSize = p.step;
+    s.seed = seed++;
+    s.tag = 3;
+    stream(env, c, s);
+  }
+  closeConn(env, c);
+}
+
+void dataRequestHint(CheckEnv& env) {
+  if (env.net.version() < 9) throw CheckSkip("NCCL's v6-v8 shims clear the optional-completion hint");
+  Conn c = establish(env);
+  StreamSpec s;
+  for (int i = 0; i < 32; ++i) s.sizes.push_back(64 << 10);
+  s.inflight = 8;
+  s.slotSize = 64 << 10;
+  s.requestHint = true;
+  s.seed = 555;
+  stream(env, c, s);
+  closeConn(env, c);
+}
+
+int agreedMaxRecvs(CheckEnv& env) {
+  // The receiver's maxRecvs decides how many buffers one irecv may carry.
+  if (env.recv()) {
+    env.oob.send("maxRecvs:" + std::to_string(env.props.maxRecvs));
+    return env.props.maxRecvs;
+  }
+  std::string m = env.oob.recvString(env.timeout);
+  if (m.rfind("maxRecvs:", 0) != 0) fail("bad maxRecvs message");
+  return std::stoi(m.substr(9));
+}
+
+void dataGroupedReceives(CheckEnv& env) {
+  int maxRecvs = agreedMaxRecvs(env);
+  if (maxRecvs <= 1) throw CheckSkip("the device reports maxRecvs=1 (grouped receives not offered)");
+  Conn c = establish(env);
+  const int rounds = 24;
+  const size_t slot = 64 << 10;
+  Buffer buf(slot * maxRecvs);
+  Registration reg(env.net, c.comm(), buf.data(), buf.size());
+  std::mt19937 rng(42);  // same sequence in both processes
+  for (int r = 0; r < rounds; ++r) {
+    int n = 1 + r % maxRecvs;
+    std::vector<int> tags(n);
+    std::vector<size_t> sizes(n);
+    for (int k = 0; k < n; ++k) {
+      tags[k] = 100 + k;
+      sizes[k] = (k * 7919 + r * 131) % slot;  // includes 0 now and then
+    }
+    std::vector<int> order(n);
+    for (int k = 0; k < n; ++k) order[k] = k;
+    std::shuffle(order.begin(), order.end(), rng);
+    if (env.recv()) {
+      std::vector<void*> data(n), mhs(n, reg.mh());
+      std::vector<size_t> want(n, slot);
+      for (int k = 0; k < n; ++k) data[k] = buf.data() + k * slot;
+      void* req = nullptr;
+      Deadline d(env.timeout);
+      while (req == nullptr) {
+        expectOk(env.net.irecv(c.recvComm, n, data.data(), want.data(), tags.data(), mhs.data(), &req),
+                 "irecv of " + std::to_string(n) + " buffers");
+        if (d.expired()) fail("grouped irecv never accepted");
+      }
+      std::vector<int> got = waitRequest(env, req, n, "grouped receive");
+      for (int k = 0; k < n; ++k) {
+        if (static_cast<size_t>(got[k]) != sizes[k]) {
+          fail("round " + std::to_string(r) + ": buffer with tag " + std::to_string(tags[k]) + " reported " +
+               std::to_string(got[k]) + " bytes, expected " + std::to_string(sizes[k]));
+        }
+        if (findMismatch(data[k], sizes[k], r * 100 + k) != SIZE_MAX) {
+          fail("round " + std::to_string(r) + ": buffer with tag " + std::to_string(tags[k]) + " holds the wrong data");
+        }
+      }
+    } else {
+      std::vector<void*> reqs;
+      for (int k : order) {  // sends of one group arrive in any tag order (PXN)
+        uint8_t* p = buf.data() + k * slot;
+        fillPattern(p, sizes[k], r * 100 + k);
+        void* req = nullptr;
+        Deadline d(env.timeout);
+        while (req == nullptr) {
+          expectOk(env.net.isend(c.sendComm, p, sizes[k], tags[k], reg.mh(), &req), "isend");
+          if (d.expired()) fail("isend never accepted");
+        }
+        reqs.push_back(req);
+      }
+      for (void* req : reqs) waitRequest(env, req, 1, "send");
+    }
+  }
+  reg.release();
+  closeConn(env, c);
+}
+
+void dataMaxRequests(CheckEnv& env) {
+  // NCCL_NET_MAX_REQUESTS (32) receives outstanding on one comm (shared comms), matched by 32 sends.
+  Conn c = establish(env);
+  const int kReq = NCCL_NET_MAX_REQUESTS;
+  const size_t slot = 8192;
+  Buffer buf(slot * kReq);
+  Registration reg(env.net, c.comm(), buf.data(), buf.size());
+  std::vector<void*> reqs;
+  if (env.recv()) {
+    for (int i = 0; i < kReq; ++i) {
+      void* data[1] = {buf.data() + i * slot};
+      size_t sz[1] = {slot};
+      int tags[1] = {1};
+      void* mhs[1] = {reg.mh()};
+      void* req = nullptr;
+      expectOk(env.net.irecv(c.recvComm, 1, data, sz, tags, mhs, &req), "irecv");
+      if (req == nullptr) fail("irecv " + std::to_string(i) + " refused: a comm must hold 32 outstanding requests");
+      reqs.push_back(req);
+    }
+    env.oob.barrier("posted", env.timeout);
+    for (int i = 0; i < kReq; ++i) {
+      auto got = waitRequest(env, reqs[i], 1, "receive " + std::to_string(i));
+      if (static_cast<size_t>(got[0]) != slot - i || findMismatch(buf.data() + i * slot, slot - i, 9000 + i) != SIZE_MAX) {
+        fail("receive " + std::to_string(i) + " wrong");
+      }
+    }
+  } else {
+    env.oob.barrier("posted", env.timeout);
+    for (int i = 0; i < kReq; ++i) {
+      fillPattern(buf.data() + i * slot, slot - i, 9000 + i);
+      void* req = nullptr;
+      Deadline d(env.timeout);
+      while (req == nullptr) {  // a NULL request is legal back-pressure: NCCL retries
+        expectOk(env.net.isend(c.sendComm, buf.data() + i * slot, slot - i, 1, reg.mh(), &req), "isend");
+        if (d.expired()) fail("isend " + std::to_string(i) + " never accepted with 32 outstanding");
+      }
+      reqs.push_back(req);
+    }
+    for (int i = 0; i < kReq; ++i) waitRequest(env, reqs[i], 1, "send " + std::to_string(i));
+  }
+  reg.release();
+  closeConn(env, c);
+}
+
+void dataSendLargerThanRecv(CheckEnv& env) {
+  Conn c = establish(env);
+  Buffer buf(64 << 10);
+  Registration reg(env.net, c.comm(), buf.data(), buf.size());
+  void* req = nullptr;
+  Deadline d(env.timeout);
+  if (env.recv()) {
+    void* data[1] = {buf.data()};
+    size_t sz[1] = {1024};
+    int tags[1] = {0};
+    void* mhs[1] = {reg.mh()};
+    while (req == nullptr) expectOk(env.net.irecv(c.recvComm, 1, data, sz, tags, mhs, &req), "irecv");
+    ncclResult_t r = ncclSuccess;
+    for (;;) {
+      int done = 0, sizes[NCCL_PROXY_MAX_SUBS] = {};
+      r = env.net.test(req, &done, sizes);
+      if (r != ncclSuccess) break;
+      if (done) fail("a 64 KiB send into a 1 KiB receive completed as success (" + std::to_string(sizes[0]) + " B)");
+      if (d.expired()) fail("the oversized send was neither delivered nor reported within the time limit");
+    }
+    if (env.isWeft && r != ncclInvalidUsage) fail(std::string("expected ncclInvalidUsage, got ") + resultName(r));
+  } else {
+    fillPattern(buf.data(), 64 << 10, 3);
+    while (req == nullptr) expectOk(env.net.isend(c.sendComm, buf.data(), 64 << 10, 0, reg.mh(), &req), "isend");
+    // The sender may see success (the data left) or an error: both are acceptable; it must not hang.
+    for (;;) {
+      int done = 0, sz = 0;
+      if (env.net.test(req, &done, &sz) != ncclSuccess || done) break;
+      if (d.expired()) fail("the oversized send neither completed nor failed");
+      checkPeer(env);
+    }
+  }
+  reg.release();
+  closeConn(env, c);
+}
+
+void dataLarge(CheckEnv& env) {
+  if (env.quick) throw CheckSkip("--quick");
+  Conn c = establish(env);
+  StreamSpec s;
+  s.sizes = {size_t{1} << 30};
+  s.inflight = 1;
+  s.slotSize = size_t{1} << 30;
+  s.seed = 31337;
+  stream(env, c, s);
+  closeConn(env, c);
+}
+
+// ---- registration and flush ------------------------------------------------------------------------------------
+
+void mrCache(CheckEnv& env) {
+  Conn c = establish(env);
+  const size_t size = 1 << 20;
+  Buffer buf(size);
+  void* comm = c.comm();
+  // The same range twice (p2p pool registered by every connection), each call its own handle.
+  void *a = nullptr, *b = nullptr, *sub = nullptr;
+  expectOk(env.net.regMr(comm, buf.data(), size, NCCL_PTR_HOST, &a), "regMr");
+  expectOk(env.net.regMr(comm, buf.data(), size, NCCL_PTR_HOST, &b), "regMr of the same range again");
+  if (a == nullptr || b == nullptr || a == b) fail("registering one range twice must give two distinct handles");
+  // A sub-range at an offset, used for a transfer from/to the middle of the buffer.
+  const size_t off = 12288, len = 70000;
+  expectOk(env.net.regMr(comm, buf.data() + off, len, NCCL_PTR_HOST, &sub), "regMr of a sub-range");
+  expectOk(env.net.deregMr(comm, a), "deregMr of the first handle");  // the others must stay usable
+  void* req = nullptr;
+  Deadline d(env.timeout);
+  if (env.recv()) {
+    void* data[1] = {buf.data() + off};
+    size_t sz[1] = {len};
+    int tags[1] = {0};
+    void* mhs[1] = {sub};
+    while (req == nullptr) expectOk(env.net.irecv(c.recvComm, 1, data, sz, tags, mhs, &req), "irecv");
+    auto got = waitRequest(env, req, 1, "receive into a sub-range");
+    if (static_cast<size_t>(got[0]) != len || findMismatch(buf.data() + off, len, 4242) != SIZE_MAX) {
+      fail("data received through a sub-range registration is wrong");
+    }
+  } else {
+    fillPattern(buf.data() + off, len, 4242);
+    while (req == nullptr) expectOk(env.net.isend(c.sendComm, buf.data() + off, len, 0, sub, &req), "isend");
+    waitRequest(env, req, 1, "send from a sub-range");
+  }
+  expectOk(env.net.deregMr(comm, sub), "deregMr of the sub-range");
+  expectOk(env.net.deregMr(comm, b), "deregMr of the second handle");
+  // Registering again after everything was released works.
+  Registration again(env.net, comm, buf.data(), size);
+  again.release();
+  closeConn(env, c);
+}
+
+void iflushHost(CheckEnv& env) {
+  Conn c = establish(env);
+  Buffer buf(4096);
+  Registration reg(env.net, c.comm(), buf.data(), buf.size());
+  void* req = nullptr;
+  if (env.recv()) {
+    void* data[1] = {buf.data()};
+    size_t sz[1] = {4096};
+    int tags[1] = {0};
+    void* mhs[1] = {reg.mh()};
+    while (req == nullptr) expectOk(env.net.irecv(c.recvComm, 1, data, sz, tags, mhs, &req), "irecv");
+    auto got = waitRequest(env, req, 1, "receive");
+    int isz[1] = {got[0]};
+    void* freq = nullptr;
+    expectOk(env.net.iflush(c.recvComm, 1, data, isz, mhs, &freq), "iflush");
+    if (freq != nullptr) waitRequest(env, freq, 1, "flush", /*sizesNull=*/true);  // NCCL tests flushes with NULL sizes
+  } else {
+    fillPattern(buf.data(), 4096, 1);
+    while (req == nullptr) expectOk(env.net.isend(c.sendComm, buf.data(), 4096, 0, reg.mh(), &req), "isend");
+    waitRequest(env, req, 1, "send");
+  }
+  reg.release();
+  closeConn(env, c);
+}
+
+// ---- concurrency -----------------------------------------------------------------------------------------------
+
+void threadsServiceAndProgress(CheckEnv& env) {
+  // NCCL's service thread registers user buffers and opens listens while the progress thread moves data on the
+  // same comm.
+  Conn c = establish(env);
+  std::atomic<bool> stop{false};
+  std::string serviceError;
+  Buffer user(4 << 20);
+  std::thread service([&] {
+    try {
+      std::mt19937 rng(env.recv() ? 1 : 2);
+      for (int i = 0; !stop.load() && i < 100000; ++i) {
+        size_t off = (rng() % 1024) * 4096, len = 4096 * (1 + rng() % 64);
+        void* mh = nullptr;
+        expectOk(env.net.regMr(c.comm(), user.data() + off, len, NCCL_PTR_HOST, &mh), "regMr (service thread)");
+        expectOk(env.net.deregMr(c.comm(), mh), "deregMr (service thread)");
+        if (i % 64 == 0) {
+          uint8_t h[NCCL_NET_HANDLE_MAXSIZE];
+          void* lc = nullptr;
+          expectOk(env.net.listen(env.ctx, env.dev, h, &lc), "listen (service thread)");
+          expectOk(env.net.closeListen(lc), "closeListen (service thread)");
+        }
+      }
+    } catch (const std::exception& e) {
+      serviceError = e.what();
+    }
+  });
+  try {
+    StreamSpec s;
+    for (int i = 0; i < (env.quick ? 500 : 3000); ++i) s.sizes.push_back((i % 7 == 0) ? 100 : 64 << 10);
+    s.slotSize = 64 << 10;
+    s.seed = 99;
+    stream(env, c, s);
+  } catch (...) {
+    stop = true;
+    service.join();
+    throw;
+  }
+  stop = true;
+  service.join();
+  if (!serviceError.empty()) fail(serviceError);
+  closeConn(env, c);
+}
+
+void commsMany(CheckEnv& env) {
+  // A collective over 8 channels: 8 connections progressed round-robin from one thread.
+  const int kConns = 8;
+  std::vector<Conn> conns;
+  for (int i = 0; i < kConns; ++i) conns.push_back(establish(env, "ch" + std::to_string(i)));
+  {
+    std::vector<std::unique_ptr<StreamState>> streams;
+    for (int i = 0; i < kConns; ++i) {
+      StreamSpec s;
+      for (int m = 0; m < (env.quick ? 32 : 96); ++m) s.sizes.push_back(512 << 10);
+      s.slotSize = 512 << 10;
+      s.seed = 5000 + i;
+      s.tag = i;
+      streams.push_back(std::make_unique<StreamState>(env, conns[i], s));
+    }
+    Deadline d(env.timeout);
+    std::vector<bool> finished(kConns, false);
+    for (uint64_t it = 0; std::count(finished.begin(), finished.end(), true) < kConns; ++it) {
+      for (int i = 0; i < kConns; ++i) {
+        if (!finished[i]) finished[i] = streams[i]->step();
+      }
+      if (d.expired()) fail("8 concurrent connections did not finish in time");
+      if (it % 4096 == 0) checkPeer(env);
+    }
+  }
+  for (auto& c : conns) closeConn(env, c);
+}
+
+void teardownInflight(CheckEnv& env) {
+  // Communicator abort: deregMr and close with requests still outstanding, never tested again.
+  Conn c = establish(env);
+  Buffer buf(16 << 20);
+  void* mh = nullptr;
+  expectOk(env.net.regMr(c.comm(), buf.data(), buf.size(), NCCL_PTR_HOST, &mh), "regMr");
+  for (int i = 0; i < 4; ++i) {
+    void* req = nullptr;
+    if (env.recv()) {
+      void* data[1] = {buf.data() + i * (4 << 20)};
+      size_t sz[1] = {4 << 20};
+      int tags[1] = {0};
+      void* mhs[1] = {mh};
+      expectOk(env.net.irecv(c.recvComm, 1, data, sz, tags, mhs, &req), "irecv");
+    } else {
+      expectOk(env.net.isend(c.sendComm, buf.data() + i * (4 << 20), (i % 2) ? 4 << 20 : 100, 0, mh, &req), "isend");
+    }
+  }
+  env.oob.barrier("posted", env.timeout);
+  expectOk(env.net.deregMr(c.comm(), mh), "deregMr with requests in flight");
+  closeConn(env, c);
+}
+
+// ---- weft's own guarantees (handle format known) ---------------------------------------------------------------
+
+void requireWeft(CheckEnv& env) {
+  if (!env.isWeft) throw CheckSkip("checks weft's handle format; the plugin under test is not weft");
+}
+
+void weftWrongToken(CheckEnv& env) {
+  requireWeft(env);
+  if (env.recv()) {
+    uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
+    void* lc = nullptr;
+    expectOk(env.net.listen(env.ctx, env.dev, handle, &lc), "listen");
+    env.oob.send(std::string(reinterpret_cast<char*>(handle), sizeof(handle)));
+    // Keep accepting while the forged connect is refused; then the real one must get through.
+    void* rc = nullptr;
+    Deadline d(env.timeout);
+    bool forgedDone = false;
+    while (rc == nullptr) {
+      expectOk(env.net.accept(lc, &rc), "accept");
+      std::string m;
+      if (!forgedDone && env.oob.tryRecv(&m)) {
+        if (m != "forged-refused") fail("unexpected message " + m);
+        if (rc != nullptr) fail("accept produced a connection for a forged token");
+        forgedDone = true;
+        env.oob.send("go");
+      }
+      if (d.expired()) fail("accept never got the legitimate connection");
+    }
+    if (!forgedDone) fail("a connection was accepted before the forged attempt was refused");
+    expectOk(env.net.closeListen(lc), "closeListen");
+    Conn c{nullptr, rc};
+    closeConn(env, c);
+  } else {
+    std::string m = env.oob.recvString(env.timeout);
+    uint8_t real[NCCL_NET_HANDLE_MAXSIZE], forged[NCCL_NET_HANDLE_MAXSIZE];
+    std::memcpy(real, m.data(), sizeof(real));
+    WireHandle h;
+    std::string why;
+    if (WireHandle::decode(real, &h, &why) != Status::kOk) fail("cannot decode weft's own handle: " + why);
+    h.token ^= 0x1;  // a well-formed handle with the wrong token
+    h.encode(forged);
+    int warnings = warningCount();
+    void* sc = nullptr;
+    ncclResult_t r = ncclSuccess;
+    Deadline d(std::chrono::seconds(30));
+    while (r == ncclSuccess && sc == nullptr && !d.expired()) r = env.net.connect(env.ctx, env.dev, forged, &sc);
+    if (sc != nullptr) fail("connect with a wrong token succeeded");
+    if (r == ncclSuccess) fail("connect with a wrong token neither failed nor succeeded within 30 s");
+    if (warningCount() == warnings) fail("the refused connection was not explained by a warning");
+    env.oob.send("forged-refused");
+    if (env.oob.recvString(env.timeout) != "go") fail("peer out of step");
+    Deadline d2(env.timeout);
+    while (sc == nullptr) {
+      expectOk(env.net.connect(env.ctx, env.dev, real, &sc), "connect with the real handle after a forged one");
+      if (d2.expired()) fail("the legitimate connect did not complete");
+    }
+    Conn c{sc, nullptr};
+    closeConn(env, c);
+  }
+}
+
+void weftReplayedHandle(CheckEnv& env) {
+  requireWeft(env);
+  if (env.recv()) {
+    uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
+    void* lc = nullptr;
+    expectOk(env.net.listen(env.ctx, env.dev, handle, &lc), "listen");
+    env.oob.send(std::string(reinterpret_cast<char*>(handle), sizeof(handle)));
+    void* rc = nullptr;
+    Deadline d(env.timeout);
+    while (rc == nullptr) {
+      expectOk(env.net.accept(lc, &rc), "accept");
+      if (d.expired()) fail("accept did not complete");
+    }
+    expectOk(env.net.closeListen(lc), "closeListen");
+    // Keep the recv comm progressing (NCCL tests its requests) while the replay is refused.
+    Buffer b(64);
+    Registration reg(env.net, rc, b.data(), b.size());
+    void* data[1] = {b.data()};
+    size_t sz[1] = {64};
+    int tags[1] = {0};
+    void* mhs[1] = {reg.mh()};
+    void* req = nullptr;
+    while (req == nullptr) expectOk(env.net.irecv(rc, 1, data, sz, tags, mhs, &req), "irecv");
+    waitRequest(env, req, 1, "receive after the replay");
+    reg.release();
+    Conn c{nullptr, rc};
+    closeConn(env, c);
+  } else {
+    std::string m = env.oob.recvString(env.timeout);
+    uint8_t handle[NCCL_NET_HANDLE_MAXSIZE], copy[NCCL_NET_HANDLE_MAXSIZE];
+    std::memcpy(handle, m.data(), sizeof(handle));
+    std::memcpy(copy, handle, sizeof(copy));
+    void* sc = nullptr;
+    Deadline d(env.timeout);
+    while (sc == nullptr) {
+      expectOk(env.net.connect(env.ctx, env.dev, handle, &sc), "connect");
+      if (d.expired()) fail("connect did not complete");
+    }
+    void* sc2 = nullptr;  // the same handle again, from another buffer: a replay
+    ncclResult_t r = ncclSuccess;
+    Deadline d2(std::chrono::seconds(30));
+    while (r == ncclSuccess && sc2 == nullptr && !d2.expired()) r = env.net.connect(env.ctx, env.dev, copy, &sc2);
+    if (sc2 != nullptr) fail("a replayed handle produced a second connection to one listen");
+    if (r == ncclSuccess) fail("a replayed handle was neither refused nor connected within 30 s");
+    Buffer b(64);
+    Registration reg(env.net, sc, b.data(), b.size());
+    void* req = nullptr;
+    while (req == nullptr) expectOk(env.net.isend(sc, b.data(), 64, 0, reg.mh(), &req), "isend");
+    waitRequest(env, req, 1, "send after the replay");
+    reg.release();
+    Conn c{sc, nullptr};
+    closeConn(env, c);
+  }
+}
+
+void weftGarbageHandles(CheckEnv& env) {
+  requireWeft(env);
+  std::mt19937_64 rng(env.recv() ? 11 : 12);
+  for (int i = 0; i < 64; ++i) {
+    uint8_t h[NCCL_NET_HANDLE_MAXSIZE];
+    for (auto& b : h) b = static_cast<uint8_t>(rng());
+    if (i == 0) std::memset(h, 0, sizeof(h));
+    void* sc = nullptr;
+    int warnings = warningCount();
+    ncclResult_t r = env.net.connect(env.ctx, env.dev, h, &sc);
+    if (r == ncclSuccess || sc != nullptr) fail("connect accepted a garbage handle (#" + std::to_string(i) + ")");
+    if (r != ncclInvalidUsage) fail(std::string("garbage handle: expected ncclInvalidUsage, got ") + resultName(r));
+    if (warningCount() == warnings) fail("a garbage handle was refused without a warning");
+  }
+  // Objects that are not (or no longer) ours are refused, not used.
+  int done = 0;
+  uint64_t junk[8] = {};
+  if (env.net.test(junk, &done, nullptr) == ncclSuccess) fail("test accepted a request that is not weft's");
+  void* req = nullptr;
+  if (env.net.isend(junk, junk, 8, 0, nullptr, &req) == ncclSuccess) fail("isend accepted a comm that is not weft's");
+  if (env.net.closeSend(junk) == ncclSuccess) fail("closeSend accepted a comm that is not weft's");
+}
+
+}  // namespace
+
+const std::vector<Check>& allChecks() {
+  static const std::vector<Check> kChecks = {
+      {"init.idempotent", "init runs again (another communicator) without changing devices; v11 finalize(NULL) ok",
+       initIdempotent},
+      {"devices.properties", "every device's properties are what NCCL's topology code accepts", devicesProperties},
+      {"connect.two_process", "listen/handle/connect/accept across processes, each call non-blocking",
+       connectTwoProcess},
+      {"connect.self_one_thread", "connect to our own listen from one thread, then a message to self", connectSelf},
+      {"listen.close_unaccepted", "listen comms closed without a connection, after fruitless accepts",
+       listenCloseUnaccepted},
+      {"data.sizes", "0 B to 4 MiB+3, receive exactly the send size, sizes reported, bytes verified", dataSizes},
+      {"data.recv_larger", "receives larger than the send report the real size", dataRecvLarger},
+      {"data.nccl_steps", "NCCL step patterns (SIMPLE ring/tree, LL, LL128, P2P) with NCCL_STEPS in flight",
+       dataNcclSteps},
+      {"data.request_hint", "irecv overwrites *request preset to NCCL_NET_OPTIONAL_RECV_COMPLETION (v9+)",
+       dataRequestHint},
+      {"data.grouped_receives", "irecv of n<=maxRecvs buffers, sends in any tag order, per-buffer sizes",
+       dataGroupedReceives},
+      {"data.max_requests", "32 receives outstanding on one comm, matched in posting order", dataMaxRequests},
+      {"data.send_larger_than_recv", "a send larger than its receive is an error, not silent truncation",
+       dataSendLargerThanRecv},
+      {"data.large_1GiB", "one 1 GiB message, verified", dataLarge},
+      {"mr.cache", "same range twice gives two handles; sub-range transfers; deregister in any order", mrCache},
+      {"iflush.host", "iflush on host memory: NULL request or one that completes (tested with NULL sizes)",
+       iflushHost},
+      {"threads.service_and_progress", "regMr/deregMr/listen on the service thread while data flows", threadsServiceAndProgress},
+      {"comms.many", "8 connections progressed round-robin from one thread", commsMany},
+      {"teardown.inflight", "deregMr and close with requests in flight (communicator abort)", teardownInflight},
+      {"weft.wrong_token", "a handle with a wrong token is refused with a warning; the real one still connects",
+       weftWrongToken},
+      {"weft.replayed_handle", "a second connect to a used handle is refused; the first connection still works",
+       weftReplayedHandle},
+      {"weft.garbage_handles", "garbage handles and foreign objects get ncclInvalidUsage/errors, never a crash",
+       weftGarbageHandles},
+  };
+  return kChecks;
+}
+
+}  // namespace weft::harness

@@ -1,0 +1,50 @@
+// The conformance checks: each semantic point NCCL relies on (spec §3) as its own named check. Every check runs
+// in both worker processes at once, one as the receiving rank and one as the sending rank, talking through the
+// plugin and through the out-of-band channel (NCCL's bootstrap).
+#pragma once
+
+#include <chrono>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "oob.h"
+#include "plugin_loader.h"
+
+namespace weft::harness {
+
+enum class Role { kRecv, kSend };
+
+struct CheckEnv {
+  Role role;
+  NetApi& net;
+  Oob& oob;
+  void* ctx = nullptr;  // v11+ per-communicator context
+  int dev = 0;
+  Props props;
+  bool isWeft = false;   // the plugin under test is weft (enables checks of weft's own guarantees)
+  bool quick = false;    // skip the 1 GiB and other long checks
+  std::chrono::seconds timeout{60};
+  bool recv() const { return role == Role::kRecv; }
+};
+
+struct CheckFailure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+struct CheckSkip : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+struct PeerAborted : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct Check {
+  std::string name;
+  std::string what;  // one line: the behaviour it proves
+  void (*run)(CheckEnv&);
+};
+
+const std::vector<Check>& allChecks();
+const char* resultName(ncclResult_t r);
+
+}  // namespace weft::harness

@@ -1,0 +1,255 @@
+#include "plugin_loader.h"
+
+#include <dlfcn.h>
+
+#include <atomic>
+#include <climits>
+#include <cstdarg>
+#include <cstdio>
+#include <mutex>
+
+namespace weft::harness {
+
+namespace {
+std::atomic<int> gWarnings{0};
+std::atomic<bool> gVerbose{false};
+std::mutex gLastMutex;
+std::string gLast;
+
+ncclResult_t profilerCallbackStub(void**, int, void*, int64_t, void*) { return ncclSuccess; }  // as NCCL without a profiler
+
+template <typename P>
+void copyProps(const P& in, Props* out) {
+  out->name = in.name ? in.name : "";
+  out->pciPath = in.pciPath ? in.pciPath : "";
+  out->guid = in.guid;
+  out->ptrSupport = in.ptrSupport;
+  out->speed = in.speed;
+  out->port = in.port;
+  out->latency = in.latency;
+  out->maxComms = in.maxComms;
+  out->maxRecvs = in.maxRecvs;
+  if constexpr (requires { in.netDeviceType; }) {
+    out->netDeviceType = in.netDeviceType;
+    out->netDeviceVersion = in.netDeviceVersion;
+  }
+  if constexpr (requires { in.regIsGlobal; }) out->regIsGlobal = in.regIsGlobal;
+  if constexpr (requires { in.forceFlush; }) {
+    out->forceFlush = in.forceFlush;
+    out->vNdevs = in.vProps.ndevs;
+    out->maxP2pBytes = in.maxP2pBytes;
+    out->maxCollBytes = in.maxCollBytes;
+  }
+  if constexpr (requires { in.maxMultiRequestSize; }) out->maxMultiRequestSize = in.maxMultiRequestSize;
+  if constexpr (requires { in.railId; }) {
+    out->railId = in.railId;
+    out->planeId = in.planeId;
+  }
+}
+
+// One adapter per table version. V is the version number; T the table type; P its properties type.
+template <int V, typename T, typename P>
+class TableApi final : public NetApi {
+ public:
+  explicit TableApi(T* t) : t_(t) {}
+  int version() const override { return V; }
+  const char* name() const override { return t_->name; }
+
+  ncclResult_t init(void** ctx, uint64_t commId) override {
+    *ctx = nullptr;
+    if constexpr (V >= 11) {
+      config_.trafficClass = NCCL_NET_TRAFFIC_CLASS_UNDEF;
+      return t_->init(ctx, commId, &config_, harnessLogger, profilerCallbackStub);
+    } else if constexpr (V == 10) {
+      return t_->init(harnessLogger, profilerCallbackStub);
+    } else {
+      return t_->init(harnessLogger);
+    }
+  }
+  ncclResult_t finalize(void* ctx) override {
+    if constexpr (V >= 11) {
+      return t_->finalize(ctx);
+    } else {
+      return ncclSuccess;
+    }
+  }
+  bool hasFinalize() const override { return V >= 11; }
+  ncclResult_t devices(int* n) override { return t_->devices(n); }
+  ncclResult_t getProperties(int dev, Props* p) override {
+    P raw{};
+    ncclResult_t r = t_->getProperties(dev, &raw);
+    if (r == ncclSuccess) copyProps(raw, p);
+    return r;
+  }
+  ncclResult_t listen(void* ctx, int dev, void* handle, void** lc) override {
+    if constexpr (V >= 11) {
+      return t_->listen(ctx, dev, handle, lc);
+    } else {
+      return t_->listen(dev, handle, lc);
+    }
+  }
+  ncclResult_t connect(void* ctx, int dev, void* handle, void** sc) override {
+    if constexpr (V >= 11) {
+      ncclNetDeviceHandle_v7_t* dh = nullptr;
+      return t_->connect(ctx, dev, handle, sc, &dh);
+    } else if constexpr (V == 10) {
+      ncclNetDeviceHandle_v7_t* dh = nullptr;
+      ncclNetCommConfig_v10_t cfg{NCCL_NET_TRAFFIC_CLASS_UNDEF};
+      return t_->connect(dev, &cfg, handle, sc, &dh);
+    } else if constexpr (V >= 7) {
+      ncclNetDeviceHandle_v7_t* dh = nullptr;  // NCCL passes a pointer to a NULL handle for HOST devices
+      return t_->connect(dev, handle, sc, &dh);
+    } else {
+      return t_->connect(dev, handle, sc);
+    }
+  }
+  ncclResult_t accept(void* lc, void** rc) override {
+    if constexpr (V >= 7) {
+      ncclNetDeviceHandle_v7_t* dh = nullptr;
+      return t_->accept(lc, rc, &dh);
+    } else {
+      return t_->accept(lc, rc);
+    }
+  }
+  ncclResult_t regMr(void* comm, void* data, size_t size, int type, void** mh) override {
+    if constexpr (V <= 7) {
+      if (size >= (size_t{1} << 31)) return ncclInternalError;  // what NCCL's shim does for v7
+      return t_->regMr(comm, data, static_cast<int>(size), type, mh);
+    } else {
+      return t_->regMr(comm, data, size, type, mh);
+    }
+  }
+  ncclResult_t deregMr(void* comm, void* mh) override { return t_->deregMr(comm, mh); }
+  ncclResult_t isend(void* sc, void* data, size_t size, int tag, void* mh, void** req) override {
+    if constexpr (V >= 10) {
+      return t_->isend(sc, data, size, tag, mh, nullptr, req);
+    } else if constexpr (V == 9) {
+      return t_->isend(sc, data, size, tag, mh, req);
+    } else {
+      if (size > (size_t{1} << 30)) return ncclInternalError;  // NCCL's shim limit for int-sized tables
+      return t_->isend(sc, data, static_cast<int>(size), tag, mh, req);
+    }
+  }
+  ncclResult_t irecv(void* rc, int n, void** data, size_t* sizes, int* tags, void** mhs, void** req) override {
+    if constexpr (V >= 10) {
+      void* phandles[NCCL_PROXY_MAX_SUBS] = {};
+      return t_->irecv(rc, n, data, sizes, tags, mhs, phandles, req);
+    } else if constexpr (V == 9) {
+      return t_->irecv(rc, n, data, sizes, tags, mhs, req);
+    } else {
+      int narrow[NCCL_PROXY_MAX_SUBS];
+      for (int i = 0; i < n && i < NCCL_PROXY_MAX_SUBS; ++i) {
+        if (sizes[i] > (size_t{1} << 30)) return ncclInternalError;
+        narrow[i] = static_cast<int>(sizes[i]);
+      }
+      *req = nullptr;  // the v6-v8 shims clear the optional-completion hint
+      return t_->irecv(rc, n, data, narrow, tags, mhs, req);
+    }
+  }
+  ncclResult_t iflush(void* rc, int n, void** data, int* sizes, void** mhs, void** req) override {
+    return t_->iflush(rc, n, data, sizes, mhs, req);
+  }
+  ncclResult_t test(void* req, int* done, int* sizes) override { return t_->test(req, done, sizes); }
+  ncclResult_t closeSend(void* c) override { return t_->closeSend(c); }
+  ncclResult_t closeRecv(void* c) override { return t_->closeRecv(c); }
+  ncclResult_t closeListen(void* c) override { return t_->closeListen(c); }
+  bool hasIrecvConsumed() const override {
+    if constexpr (V >= 7) {
+      return t_->irecvConsumed != nullptr;
+    } else {
+      return false;
+    }
+  }
+  ncclResult_t irecvConsumed(void* rc, int n, void* req) override {
+    if constexpr (V >= 7) {
+      if (t_->irecvConsumed != nullptr) return t_->irecvConsumed(rc, n, req);
+    }
+    return ncclSuccess;
+  }
+
+ private:
+  T* t_;
+  ncclNetCommConfig_v11_t config_{};
+};
+
+std::unique_ptr<NetApi> makeApi(void* sym, int v) {
+  switch (v) {
+    case 6: return std::make_unique<TableApi<6, ncclNet_v6_t, ncclNetProperties_v6_t>>(static_cast<ncclNet_v6_t*>(sym));
+    case 7: return std::make_unique<TableApi<7, ncclNet_v7_t, ncclNetProperties_v7_t>>(static_cast<ncclNet_v7_t*>(sym));
+    case 8: return std::make_unique<TableApi<8, ncclNet_v8_t, ncclNetProperties_v8_t>>(static_cast<ncclNet_v8_t*>(sym));
+    case 9: return std::make_unique<TableApi<9, ncclNet_v9_t, ncclNetProperties_v9_t>>(static_cast<ncclNet_v9_t*>(sym));
+    case 10:
+      return std::make_unique<TableApi<10, ncclNet_v10_t, ncclNetProperties_v10_t>>(static_cast<ncclNet_v10_t*>(sym));
+    case 11:
+      return std::make_unique<TableApi<11, ncclNet_v11_t, ncclNetProperties_v11_t>>(static_cast<ncclNet_v11_t*>(sym));
+    case 12:
+      return std::make_unique<TableApi<12, ncclNet_v12_t, ncclNetProperties_v12_t>>(static_cast<ncclNet_v12_t*>(sym));
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+void setVerbose(bool v) { gVerbose = v; }
+int warningCount() { return gWarnings.load(); }
+std::string lastWarning() {
+  std::lock_guard<std::mutex> lock(gLastMutex);
+  return gLast;
+}
+
+void harnessLogger(ncclDebugLogLevel level, unsigned long, const char* file, int line, const char* fmt, ...) {
+  char buf[2048];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof(buf), fmt, ap);
+  va_end(ap);
+  if (level == NCCL_LOG_WARN) {
+    ++gWarnings;
+    std::lock_guard<std::mutex> lock(gLastMutex);
+    gLast = buf;
+  }
+  if (level == NCCL_LOG_WARN || gVerbose) {
+    std::fprintf(stderr, "[plugin %s] %s:%d %s\n", level == NCCL_LOG_WARN ? "WARN" : "INFO", file ? file : "?", line,
+                 buf);
+  }
+}
+
+std::unique_ptr<LoadedPlugin> LoadedPlugin::open(const std::string& path, int version, std::string* error) {
+  auto p = std::unique_ptr<LoadedPlugin>(new LoadedPlugin());
+  p->path_ = path;
+  dlerror();
+  p->lib_ = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (p->lib_ == nullptr) {
+    const char* e = dlerror();
+    *error = path + " cannot be loaded as a shared library (RTLD_NOW|RTLD_LOCAL, as NCCL does): " + (e ? e : "?");
+    return nullptr;
+  }
+  for (int v = 12; v >= 6; --v) {
+    if (dlsym(p->lib_, ("ncclNetPlugin_v" + std::to_string(v)).c_str()) != nullptr) p->exported_.push_back(v);
+  }
+  if (p->exported_.empty()) {
+    *error = path + " is not an NCCL net plugin: it exports none of ncclNetPlugin_v6 ... ncclNetPlugin_v12";
+    return nullptr;
+  }
+  int v = version == 0 ? p->exported_.front() : version;
+  void* sym = dlsym(p->lib_, ("ncclNetPlugin_v" + std::to_string(v)).c_str());
+  if (sym == nullptr) {
+    std::string list;
+    for (int e : p->exported_) list += (list.empty() ? "v" : ", v") + std::to_string(e);
+    *error = path + " does not export ncclNetPlugin_v" + std::to_string(v) + " (it exports " + list + ")";
+    return nullptr;
+  }
+  p->api_ = makeApi(sym, v);
+  if (p->api_->name() == nullptr) {
+    *error = path + ": ncclNetPlugin_v" + std::to_string(v) + ".name is NULL (NCCL reads it before init)";
+    return nullptr;
+  }
+  return p;
+}
+
+LoadedPlugin::~LoadedPlugin() {
+  api_.reset();
+  // Never dlclose: a plugin built with -z nodelete stays anyway, and others may have threads running.
+}
+
+}  // namespace weft::harness

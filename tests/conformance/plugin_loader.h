@@ -1,0 +1,80 @@
+// Loads any NCCL net plugin file the way NCCL does (dlopen RTLD_NOW|RTLD_LOCAL, newest ncclNetPlugin_vN first)
+// and presents every table version through one interface, converting argument types the way NCCL's own
+// version shims do. The conformance checks and `weft bench` drive plugins only through this.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "weft/nccl/net.h"
+
+namespace weft::harness {
+
+struct Props {
+  std::string name;
+  std::string pciPath;
+  uint64_t guid = 0;
+  int ptrSupport = 0, speed = 0, port = 0, maxComms = 0, maxRecvs = 0;
+  float latency = 0;
+  int netDeviceType = -1, netDeviceVersion = -1;  // v7+
+  int regIsGlobal = -1;                            // v8+
+  int forceFlush = -1, vNdevs = -1;                // v9+
+  size_t maxP2pBytes = 0, maxCollBytes = 0;        // v9+
+  int maxMultiRequestSize = -1;                    // v11+
+  int railId = -2, planeId = -2;                   // v12
+};
+
+class NetApi {
+ public:
+  virtual ~NetApi() = default;
+  virtual int version() const = 0;
+  virtual const char* name() const = 0;
+  // ctx is written for v11+ (per-communicator init) and left NULL before.
+  virtual ncclResult_t init(void** ctx, uint64_t commId) = 0;
+  virtual ncclResult_t finalize(void* ctx) = 0;  // success and nothing for tables without finalize
+  virtual bool hasFinalize() const = 0;
+  virtual ncclResult_t devices(int* n) = 0;
+  virtual ncclResult_t getProperties(int dev, Props* p) = 0;
+  virtual ncclResult_t listen(void* ctx, int dev, void* handle, void** listenComm) = 0;
+  virtual ncclResult_t connect(void* ctx, int dev, void* handle, void** sendComm) = 0;
+  virtual ncclResult_t accept(void* listenComm, void** recvComm) = 0;
+  virtual ncclResult_t regMr(void* comm, void* data, size_t size, int type, void** mh) = 0;
+  virtual ncclResult_t deregMr(void* comm, void* mh) = 0;
+  virtual ncclResult_t isend(void* sendComm, void* data, size_t size, int tag, void* mh, void** req) = 0;
+  virtual ncclResult_t irecv(void* recvComm, int n, void** data, size_t* sizes, int* tags, void** mhs,
+                             void** req) = 0;
+  virtual ncclResult_t iflush(void* recvComm, int n, void** data, int* sizes, void** mhs, void** req) = 0;
+  virtual ncclResult_t test(void* req, int* done, int* sizes) = 0;
+  virtual ncclResult_t closeSend(void* c) = 0;
+  virtual ncclResult_t closeRecv(void* c) = 0;
+  virtual ncclResult_t closeListen(void* c) = 0;
+  virtual bool hasIrecvConsumed() const = 0;
+  virtual ncclResult_t irecvConsumed(void* recvComm, int n, void* req) = 0;
+};
+
+class LoadedPlugin {
+ public:
+  // version 0: the newest table the file exports, as NCCL would pick it.
+  static std::unique_ptr<LoadedPlugin> open(const std::string& path, int version, std::string* error);
+  ~LoadedPlugin();
+  NetApi& api() { return *api_; }
+  const std::vector<int>& exported() const { return exported_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  void* lib_ = nullptr;
+  std::string path_;
+  std::vector<int> exported_;
+  std::unique_ptr<NetApi> api_;
+};
+
+// Logger handed to plugins: counts warnings (checks use it to prove an error was explained) and prints them
+// when WEFT_TEST_VERBOSE is set, or always for warnings.
+void harnessLogger(ncclDebugLogLevel level, unsigned long flags, const char* file, int line, const char* fmt, ...);
+int warningCount();
+std::string lastWarning();
+void setVerbose(bool v);
+
+}  // namespace weft::harness

@@ -1,0 +1,30 @@
+// The conformance driver and its worker processes. The driver loads the plugin once to report clearly when the
+// file is not a usable net plugin, then starts two workers (receiving rank and sending rank), optionally each
+// inside its own network namespace and with its own environment, joined by a socketpair that plays NCCL's
+// bootstrap. Every check's verdict is printed as one line; the last line counts them.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace weft::harness {
+
+struct RunOptions {
+  std::string plugin;
+  int version = 0;  // 0: newest exported
+  std::vector<std::string> only;  // check names (or prefixes); empty: all
+  bool quick = false;
+  bool verbose = false;
+  int dev = -1;     // -1: device 0
+  int timeoutSec = 60;
+  std::string recvNetns, sendNetns;
+  std::vector<std::string> env, recvEnv, sendEnv;  // KEY=VALUE
+  std::string self;  // this executable
+};
+
+// Exit status: 0 all passed (skips allowed), 1 some check failed, 2 the plugin could not be used at all.
+int runConformance(const RunOptions& opts);
+int runWorker(int argc, char** argv);
+int listChecks();
+
+}  // namespace weft::harness

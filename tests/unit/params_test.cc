@@ -1,0 +1,78 @@
+// The WEFT_* table parses strictly: garbage is reported, never read as 0, and the default stays in effect.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+
+#include "weft/common/params.h"
+
+using namespace weft;
+
+TEST_CASE("integers parse only when the whole text is a number in range", "[params]") {
+  int64_t v = 0;
+  std::string err;
+  CHECK(params::parseInt("42", 0, 100, &v, &err));
+  CHECK(v == 42);
+  CHECK_FALSE(params::parseInt("", 0, 100, &v, &err));
+  CHECK_FALSE(params::parseInt("12abc", 0, 100, &v, &err));
+  CHECK(err.find("not an integer") != std::string::npos);
+  CHECK_FALSE(params::parseInt(" 7", 0, 100, &v, &err));
+  CHECK_FALSE(params::parseInt("101", 0, 100, &v, &err));
+  CHECK(err.find("outside") != std::string::npos);
+  CHECK_FALSE(params::parseInt("99999999999999999999999", 0, 100, &v, &err));
+}
+
+TEST_CASE("booleans accept the usual spellings and nothing else", "[params]") {
+  bool b = false;
+  std::string err;
+  for (const char* t : {"1", "true", "YES", "On"}) {
+    CHECK(params::parseBool(t, &b, &err));
+    CHECK(b);
+  }
+  for (const char* f : {"0", "false", "no", "OFF"}) {
+    CHECK(params::parseBool(f, &b, &err));
+    CHECK_FALSE(b);
+  }
+  CHECK_FALSE(params::parseBool("2", &b, &err));
+  CHECK_FALSE(params::parseBool("", &b, &err));
+}
+
+TEST_CASE("a bad environment value is a problem, and the default stays in effect", "[params]") {
+  setenv("WEFT_MAX_RECVS", "eight", 1);
+  setenv("WEFT_PROVIDR", "tcp", 1);  // a typo of WEFT_PROVIDER
+  params::reload();
+  CHECK(params::getInt("WEFT_MAX_RECVS") == 8);
+  auto problems = params::problems();
+  bool sawValue = false, sawTypo = false;
+  for (const auto& p : problems) {
+    sawValue |= p.find("WEFT_MAX_RECVS='eight'") != std::string::npos;
+    sawTypo |= p.find("WEFT_PROVIDR is not a weft variable") != std::string::npos;
+  }
+  CHECK(sawValue);
+  CHECK(sawTypo);
+  unsetenv("WEFT_MAX_RECVS");
+  unsetenv("WEFT_PROVIDR");
+  params::reload();
+  CHECK(params::problems().empty());
+}
+
+TEST_CASE("choices reject values outside their list", "[params]") {
+  setenv("WEFT_GDR", "maybe", 1);
+  params::reload();
+  CHECK(params::getString("WEFT_GDR") == "auto");
+  CHECK_FALSE(params::problems().empty());
+  setenv("WEFT_GDR", "0", 1);
+  params::reload();
+  CHECK(params::getString("WEFT_GDR") == "0");
+  unsetenv("WEFT_GDR");
+  params::reload();
+}
+
+TEST_CASE("every variable is documented and its default parses", "[params]") {
+  params::reload();
+  for (const auto& v : params::values()) {
+    INFO(v.def->name);
+    CHECK(std::string(v.def->doc).size() > 20);
+    CHECK(v.valid);
+    CHECK(std::string(v.def->name).rfind("WEFT_", 0) == 0);
+  }
+}

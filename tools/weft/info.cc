@@ -1,0 +1,85 @@
+// `weft info`: what this machine offers weft and how weft is configured, or what a plugin file exports.
+#include <rdma/fabric.h>
+
+#include <cstdio>
+#include <string>
+
+#include "fabric/fabric_backend.h"
+#include "plugin_loader.h"
+#include "weft/common/params.h"
+#include "weft/version.h"
+
+namespace weft::tool {
+namespace {
+
+int pluginInfo(const std::string& path) {
+  std::string error;
+  auto p = harness::LoadedPlugin::open(path, 0, &error);
+  if (!p) {
+    std::fprintf(stderr, "weft info: %s\n", error.c_str());
+    return 2;
+  }
+  std::printf("plugin %s: name '%s', tables", path.c_str(), p->api().name());
+  for (int v : p->exported()) std::printf(" v%d", v);
+  std::printf("\n");
+  void* ctx = nullptr;
+  int n = 0;
+  if (p->api().init(&ctx, 1) != ncclSuccess || p->api().devices(&n) != ncclSuccess) {
+    std::printf("init/devices failed\n");
+    return 1;
+  }
+  for (int d = 0; d < n; ++d) {
+    harness::Props pr;
+    if (p->api().getProperties(d, &pr) != ncclSuccess) continue;
+    std::printf("  dev %d: %s speed %d Mb/s latency %.1f us maxRecvs %d ptrSupport %#x pci %s\n", d, pr.name.c_str(),
+                pr.speed, pr.latency, pr.maxRecvs, pr.ptrSupport, pr.pciPath.empty() ? "-" : pr.pciPath.c_str());
+  }
+  if (p->api().hasFinalize()) p->api().finalize(ctx);
+  return 0;
+}
+
+}  // namespace
+
+int info(int argc, char** argv) {
+  for (int i = 2; i + 1 < argc; ++i) {
+    if (std::string(argv[i]) == "--plugin") return pluginInfo(argv[i + 1]);
+  }
+  uint32_t v = fi_version();
+  std::printf("weft %s; libfabric %u.%u at run time (built against %d.%d)\n\n", kVersionString, FI_MAJOR(v),
+              FI_MINOR(v), FI_MAJOR_VERSION, FI_MINOR_VERSION);
+  std::printf("providers with reliable tagged endpoints:\n");
+  for (const char* prov : {"efa", "verbs;ofi_rxm", "tcp;ofi_rxm", "tcp", "sockets", "shm"}) {
+    std::string why;
+    auto found = fabric::probe(prov, &why);
+    std::printf("  %-14s ", prov);
+    if (found.empty()) {
+      std::printf("-\n");
+      continue;
+    }
+    for (const auto& c : found) std::printf("%s ", c.props.name.c_str());
+    std::printf("\n");
+  }
+  std::printf("\ndevices weft offers NCCL with this environment:\n");
+  std::string why;
+  auto backend = fabric::FabricBackend::discover(&why);
+  if (!backend) {
+    std::printf("  none: %s\n", why.c_str());
+  } else {
+    for (int d = 0; d < backend->deviceCount(); ++d) {
+      const auto& p = backend->props(d);
+      std::printf("  %d: %-10s %-12s %6d Mb/s  maxRecvs %d  ptrSupport %#x  pci %s\n", d, p.name.c_str(),
+                  p.provider.c_str(), p.speedMbps, p.maxRecvs, p.ptrSupport, p.pciPath.empty() ? "-" : p.pciPath.c_str());
+    }
+  }
+  std::printf("\nvariables:\n");
+  for (const auto& val : params::values()) {
+    std::printf("  %-22s = %-14s (%s%s)\n      %s\n", val.def->name, ("'" + val.raw + "'").c_str(),
+                val.fromEnv ? "environment" : "default", val.valid ? "" : (", INVALID: " + val.error).c_str(),
+                val.def->doc);
+  }
+  auto problems = params::problems();
+  for (const auto& p : problems) std::printf("problem: %s\n", p.c_str());
+  return problems.empty() ? 0 : 1;
+}
+
+}  // namespace weft::tool
