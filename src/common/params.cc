@@ -27,7 +27,8 @@ const std::vector<Def> kDefs = {
    "Seconds a connect may wait for the peer's accept before failing with an error that names the peer. 0: wait "
    "forever (NCCL's own behaviour)."},
   {"WEFT_INJECT", Kind::kBool, "1", 0, 1, nullptr,
-   "Send messages up to the provider's inject size with fi_tinject (complete at once, no completion entry)."},
+   "Send messages up to the provider's inject size with fi_tinject (complete at once, no completion entry), "
+   "on providers that transmit without further progress calls (efa, verbs, automatic progress)."},
   {"WEFT_GDR", Kind::kChoice, "auto", 0, 0, "auto|0|1",
    "Advertise GPU memory (NCCL_PTR_CUDA) support: auto = when built with CUDA and the provider has FI_HMEM."},
 };

@@ -109,6 +109,7 @@ Status FabricBackend::connect(int dev, const CommConfig& config, void* handle, S
     if (Status st = Endpoint::open(*devices_[dev], &fresh->ep); st != Status::kOk) return st;
     fresh->peerName = fresh->ep->addrString(h.addr.data(), h.addrLen);
     if (Status st = fresh->ep->insert(h.addr.data(), h.addrLen, &fresh->peer); st != Status::kOk) return st;
+    fresh->token = h.token;
     if (Status st = fresh->ep->startConnect(fresh->peer, h.token); st != Status::kOk) return st;
     std::lock_guard<std::mutex> lock(pendingMutex_);
     pc = fresh.get();
@@ -135,9 +136,13 @@ Status FabricBackend::pollConnect(PendingConnect& pc, SendComm** out) {
   }
   ConnectReply reply;
   if (ep.takeReply(&reply)) {
-    if (reply.magic != ConnectReply::kMagic || reply.status != kAccepted) {
-      WEFT_WARN("connect to {} on {}: {}", pc.peerName, p.name,
-                reply.magic != ConnectReply::kMagic ? "malformed reply" : replyStatusName(reply.status));
+    if (reply.magic != ConnectReply::kMagic || reply.token != pc.token) {
+      WEFT_WARN("connect to {} on {}: ignored a reply that does not answer this connection", pc.peerName, p.name);
+      if (Status st = ep.repostReplyRecv(); st != Status::kOk) return st;
+      return Status::kOk;
+    }
+    if (reply.status != kAccepted) {
+      WEFT_WARN("connect to {} on {}: {}", pc.peerName, p.name, replyStatusName(reply.status));
       return Status::kRemote;
     }
     WEFT_INFO(NCCL_NET, "connected to {} on {} via {}", pc.peerName, p.name, p.provider);

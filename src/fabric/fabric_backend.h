@@ -29,6 +29,7 @@ class FabricBackend final : public Backend {
     std::unique_ptr<Endpoint> ep;
     fi_addr_t peer = FI_ADDR_UNSPEC;
     std::string peerName;
+    uint64_t token = 0;
     uint8_t handleBytes[kHandleSize];
     std::chrono::steady_clock::time_point started;
   };

@@ -281,27 +281,35 @@ Status FabricListenComm::accept(RecvComm** recvComm) {
     return Status::kInternal;
   }
   if (Status st = ep_->progress(nullptr); st != Status::kOk) return st;
-  ConnectRequest req;
-  if (!ep_->takeConnRequest(&req)) return Status::kOk;
-  std::string from = ep_->addrString(req.addr, req.addrLen);
-  uint16_t verdict = kAccepted;
-  if (req.version != ConnectRequest::kVersion) {
-    verdict = kBadVersion;
-  } else if (req.token != token_) {
-    verdict = kBadToken;
+  if (!replying_) {
+    ConnectRequest req;
+    if (!ep_->takeConnRequest(&req)) return Status::kOk;
+    std::string from = ep_->addrString(req.addr, req.addrLen);
+    uint16_t verdict = kAccepted;
+    if (req.version != ConnectRequest::kVersion) {
+      verdict = kBadVersion;
+    } else if (req.token != token_) {
+      verdict = kBadToken;
+    }
+    fi_addr_t peer;
+    if (Status st = ep_->insert(req.addr, req.addrLen, &peer); st != Status::kOk) return st;
+    if (Status st = ep_->sendReply(peer, verdict, req.token); st != Status::kOk) return st;
+    if (verdict != kAccepted) {
+      WEFT_WARN("listen on {}: connection from {} {}", dev_.props().name, from, replyStatusName(verdict));
+      return ep_->postConnRequestRecv();  // keep listening for the legitimate peer
+    }
+    ep_->setAccepted();
+    if (Status st = ep_->postConnRequestRecv(); st != Status::kOk) return st;
+    replying_ = true;
+    peer_ = peer;
+    peerName_ = from;
   }
-  fi_addr_t peer;
-  if (Status st = ep_->insert(req.addr, req.addrLen, &peer); st != Status::kOk) return st;
-  if (Status st = ep_->sendReply(peer, verdict, req.token); st != Status::kOk) return st;
-  if (verdict != kAccepted) {
-    WEFT_WARN("listen on {}: connection from {} {}", dev_.props().name, from, replyStatusName(verdict));
-    return ep_->postConnRequestRecv();  // keep listening for the legitimate peer
-  }
-  ep_->setAccepted();
-  if (Status st = ep_->postConnRequestRecv(); st != Status::kOk) return st;
-  WEFT_INFO(NCCL_NET, "accepted connection from {} on {}", from, dev_.props().name);
+  // Hand the comm out only once the reply has left this process: NCCL need not progress the new recv comm
+  // before the peer's connect completes, and some providers (sockets) send only while progressed.
+  if (!ep_->repliesDone()) return Status::kOk;
+  WEFT_INFO(NCCL_NET, "accepted connection from {} on {}", peerName_, dev_.props().name);
   accepted_ = true;
-  *recvComm = new FabricRecvComm(std::move(ep_), peer, from, maxRecvs_);
+  *recvComm = new FabricRecvComm(std::move(ep_), peer_, peerName_, maxRecvs_);
   return Status::kOk;
 }
 

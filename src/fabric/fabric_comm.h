@@ -98,6 +98,9 @@ class FabricListenComm final : public ListenComm {
   uint64_t token_;
   int maxRecvs_;
   bool accepted_ = false;
+  bool replying_ = false;  // accepted; waiting for the reply to leave before handing out the recv comm
+  fi_addr_t peer_ = FI_ADDR_UNSPEC;
+  std::string peerName_;
 };
 
 }  // namespace weft::fabric

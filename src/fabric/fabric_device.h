@@ -46,7 +46,10 @@ class FabricDevice final : public Registrar {
 
   bool localMr() const { return localMr_; }          // FI_MR_LOCAL: every buffer needs a descriptor
   bool directedRecv() const { return directedRecv_; } // receives can be restricted to the connected peer
-  size_t injectSize() const { return injectSize_; }
+  // Inject may complete a send at once only where the provider transmits without later progress calls
+  // (hardware queues: efa, verbs; or automatic progress). Elsewhere (tcp, sockets with manual progress) the
+  // bytes can sit in a software queue until the comm is progressed again, which NCCL need never do.
+  size_t injectSize() const { return injectSafe_ ? injectSize_ : 0; }
   size_t maxMsgSize() const { return maxMsgSize_; }
   uint32_t providerHash() const { return providerHash_; }
 
@@ -62,6 +65,7 @@ class FabricDevice final : public Registrar {
   bool localMr_;
   bool directedRecv_;
   size_t injectSize_;
+  bool injectSafe_;
   size_t maxMsgSize_;
   uint32_t providerHash_;
   std::mutex openMutex_;  // guards the one-time opening of fabric_ and domain_

@@ -279,6 +279,13 @@ Status Endpoint::sendReply(fi_addr_t to, uint16_t status, uint64_t token) {
   return Status::kOk;
 }
 
+bool Endpoint::repliesDone() const {
+  for (auto st : replySlot_) {
+    if (st != SlotState::kFree) return false;
+  }
+  return true;
+}
+
 // Control sends wait here until the provider takes them: rxm answers -FI_EAGAIN until its connection to the
 // peer is up, which needs the peer to make progress too, so they are retried on every later progress call.
 void Endpoint::flushControl() {
@@ -315,17 +322,8 @@ void Endpoint::flushControl() {
 }
 
 Status Endpoint::startConnect(fi_addr_t to, uint64_t token) {
-  replyRecvCtx_.kind = OpKind::kConnReply;
   requestSendCtx_.kind = OpKind::kCtrlSend;
-  ssize_t rc = postControl([&] {
-    return fi_trecv(ep_.get(), &ctl_->replyIn, sizeof(ConnectReply), ctlDesc_,
-                    dev_.directedRecv() ? to : FI_ADDR_UNSPEC, kTagConnReply, 0, &replyRecvCtx_.fi);
-  });
-  if (rc != 0) {
-    WEFT_WARN("posting the connection-reply receive on {} failed: {}", dev_.props().name,
-              fi_strerror(static_cast<int>(-rc)));
-    return Status::kSystem;
-  }
+  if (Status st = repostReplyRecv(); st != Status::kOk) return st;
   ConnectRequest& r = ctl_->requestOut;
   r.magic = ConnectRequest::kMagic;
   r.version = ConnectRequest::kVersion;
@@ -338,6 +336,23 @@ Status Endpoint::startConnect(fi_addr_t to, uint64_t token) {
   controlQueued_ = true;
   flushControl();
   return connectError_;
+}
+
+Status Endpoint::repostReplyRecv() {
+  replyRecvCtx_.kind = OpKind::kConnReply;
+  replyPending_ = false;
+  ssize_t rc = postControl([&] {
+    // From any source: some providers (sockets) see the reply arrive over a connection the listener opened
+    // back, under another address. The reply echoes our token, which the connector checks instead.
+    return fi_trecv(ep_.get(), &ctl_->replyIn, sizeof(ConnectReply), ctlDesc_, FI_ADDR_UNSPEC, kTagConnReply, 0,
+                    &replyRecvCtx_.fi);
+  });
+  if (rc != 0) {
+    WEFT_WARN("posting the connection-reply receive on {} failed: {}", dev_.props().name,
+              fi_strerror(static_cast<int>(-rc)));
+    return Status::kSystem;
+  }
+  return Status::kOk;
 }
 
 bool Endpoint::takeReply(ConnectReply* out) {

@@ -92,10 +92,13 @@ class Endpoint {
   bool takeConnRequest(ConnectRequest* out);
   void setAccepted() { accepted_ = true; }
   Status sendReply(fi_addr_t to, uint16_t status, uint64_t token);
+  // True when no reply is queued or in flight: the accept reply has left this process.
+  bool repliesDone() const;
 
   // Connector side.
   Status startConnect(fi_addr_t to, uint64_t token);
   bool takeReply(ConnectReply* out);
+  Status repostReplyRecv();
   Status connectError() const { return connectError_; }
 
  private:

@@ -317,6 +317,7 @@ void dataSendLargerThanRecv(CheckEnv& env) {
     int tags[1] = {0};
     void* mhs[1] = {reg.mh()};
     while (req == nullptr) expectOk(env.net.irecv(c.recvComm, 1, data, sz, tags, mhs, &req), "irecv");
+    env.oob.send("posted");
     ncclResult_t r = ncclSuccess;
     for (;;) {
       int done = 0, sizes[NCCL_PROXY_MAX_SUBS] = {};
@@ -326,15 +327,26 @@ void dataSendLargerThanRecv(CheckEnv& env) {
       if (d.expired()) fail("the oversized send was neither delivered nor reported within the time limit");
     }
     if (env.isWeft && r != ncclInvalidUsage) fail(std::string("expected ncclInvalidUsage, got ") + resultName(r));
+    env.oob.send("receiver-saw-error");
   } else {
     fillPattern(buf.data(), 64 << 10, 3);
+    if (env.oob.recvString(env.timeout) != "posted") fail("peer out of step");
     while (req == nullptr) expectOk(env.net.isend(c.sendComm, buf.data(), 64 << 10, 0, reg.mh(), &req), "isend");
-    // The sender may see success (the data left) or an error: both are acceptable; it must not hang.
+    // The sender may see success (the data left), an error, or nothing until the comm is closed: NCCL aborts
+    // the communicator on the receiver's error. What it must not do is claim a result it cannot have.
+    std::string m;
+    bool finished = false;  // once the send reported anything it may not be tested again
     for (;;) {
-      int done = 0, sz = 0;
-      if (env.net.test(req, &done, &sz) != ncclSuccess || done) break;
-      if (d.expired()) fail("the oversized send neither completed nor failed");
-      checkPeer(env);
+      if (!finished) {
+        int done = 0, sz = 0;
+        finished = env.net.test(req, &done, &sz) != ncclSuccess || done;
+      }
+      if (env.oob.tryRecv(&m)) {  // the comm stays open until the receiver has its answer
+        if (m == "receiver-saw-error") break;
+        env.oob.pushBack(m);
+        throw PeerAborted("the receiving side gave up on this check");
+      }
+      if (d.expired()) fail("neither side reported the oversized send");
     }
   }
   reg.release();

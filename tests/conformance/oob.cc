@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 
@@ -22,22 +23,37 @@ void Oob::send(const void* data, size_t len) {
   }
 }
 
-void Oob::readFully(void* buf, size_t len, std::chrono::steady_clock::time_point deadline) {
-  auto* p = static_cast<uint8_t*>(buf);
-  size_t off = 0;
-  while (off < len) {
+// Bytes are kept in inbuf_ until a whole message is there, so a timeout in the middle of a message loses
+// nothing and the stream never falls out of step.
+bool Oob::fill(std::chrono::steady_clock::time_point deadline) {
+  for (;;) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) throw std::runtime_error("timed out waiting for the peer process");
     pollfd pfd{fd_, POLLIN, 0};
-    int rc = ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
+    int rc = ::poll(&pfd, 1, static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1000)));
     if (rc < 0 && errno == EINTR) continue;
-    if (rc <= 0) continue;
-    ssize_t r = ::read(fd_, p + off, len - off);
+    if (rc == 0) {
+      if (left.count() <= 0) return false;
+      continue;
+    }
+    char buf[65536];
+    ssize_t r = ::read(fd_, buf, sizeof(buf));
     if (r < 0 && errno == EINTR) continue;
     if (r == 0) throw std::runtime_error("the peer process closed the channel (it exited or crashed)");
     if (r < 0) throw std::runtime_error(std::string("oob read failed: ") + std::strerror(errno));
-    off += static_cast<size_t>(r);
+    inbuf_.append(buf, static_cast<size_t>(r));
+    return true;
   }
+}
+
+bool Oob::takeMessage(std::string* out) {
+  if (inbuf_.size() < 4) return false;
+  uint32_t n;
+  std::memcpy(&n, inbuf_.data(), 4);
+  if (n > (64u << 20)) throw std::runtime_error("oob message too large: the channel is corrupted");
+  if (inbuf_.size() < 4 + static_cast<size_t>(n)) return false;
+  *out = inbuf_.substr(4, n);
+  inbuf_.erase(0, 4 + static_cast<size_t>(n));
+  return true;
 }
 
 std::vector<uint8_t> Oob::recv(std::chrono::milliseconds timeout) {
@@ -47,12 +63,11 @@ std::vector<uint8_t> Oob::recv(std::chrono::milliseconds timeout) {
     return std::vector<uint8_t>(m.begin(), m.end());
   }
   auto deadline = std::chrono::steady_clock::now() + timeout;
-  uint32_t n = 0;
-  readFully(&n, sizeof(n), deadline);
-  if (n > (64u << 20)) throw std::runtime_error("oob message too large");
-  std::vector<uint8_t> buf(n);
-  if (n) readFully(buf.data(), n, deadline);
-  return buf;
+  std::string m;
+  while (!takeMessage(&m)) {
+    if (!fill(deadline)) throw std::runtime_error("timed out waiting for the peer process");
+  }
+  return std::vector<uint8_t>(m.begin(), m.end());
 }
 
 std::string Oob::recvString(std::chrono::milliseconds timeout) {
@@ -68,9 +83,15 @@ bool Oob::tryRecv(std::string* out) {
     pending_.erase(pending_.begin());
     return true;
   }
-  pollfd pfd{fd_, POLLIN, 0};
-  if (::poll(&pfd, 1, 0) <= 0) return false;
-  *out = recvString(std::chrono::seconds(10));
+  std::string m;
+  if (!takeMessage(&m)) {
+    pollfd pfd{fd_, POLLIN, 0};
+    if (::poll(&pfd, 1, 0) <= 0) return false;
+    fill(std::chrono::steady_clock::now());
+    if (!takeMessage(&m)) return false;
+  }
+  if (m.rfind("verdict:", 0) == 0) lastVerdict_ = m;
+  *out = std::move(m);
   return true;
 }
 

@@ -28,9 +28,11 @@ class Oob {
   const std::string& lastVerdict() const { return lastVerdict_; }
 
  private:
-  void readFully(void* buf, size_t len, std::chrono::steady_clock::time_point deadline);
+  bool fill(std::chrono::steady_clock::time_point deadline);  // false: nothing arrived before the deadline
+  bool takeMessage(std::string* out);                          // a whole message from inbuf_, if there is one
   int fd_;
   std::vector<std::string> pending_;
+  std::string inbuf_;
   std::string lastVerdict_;
 };
 

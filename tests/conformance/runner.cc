@@ -128,9 +128,14 @@ int runConformance(const RunOptions& o) {
   opts.version = plugin->api().version();
   plugin.reset();
 
-  std::vector<std::string> checks;
+  std::vector<std::string> checks, excluded;
   for (const auto& c : allChecks()) {
-    if (selected(c.name, o.only)) checks.push_back(c.name);
+    if (!selected(c.name, o.only)) continue;
+    if (!o.skip.empty() && selected(c.name, o.skip)) {
+      excluded.push_back(c.name);
+    } else {
+      checks.push_back(c.name);
+    }
   }
   if (checks.empty()) {
     std::fprintf(stderr, "weft conformance: no check matches the selection\n");
@@ -215,6 +220,10 @@ int runConformance(const RunOptions& o) {
     if (verdict == "PASS") detail.clear();
     std::printf("[%s] %-30s %s\n", verdict.c_str(), name.c_str(), detail.c_str());
     (verdict == "PASS" ? passed : verdict == "FAIL" ? failed : skipped)++;
+  }
+  for (const auto& name : excluded) {
+    std::printf("[SKIP] %-30s excluded on the command line\n", name.c_str());
+    ++skipped;
   }
   std::printf("conformance: %d passed, %d failed, %d skipped\n", passed, failed, skipped);
   std::fflush(stdout);

@@ -13,6 +13,7 @@ struct RunOptions {
   std::string plugin;
   int version = 0;  // 0: newest exported
   std::vector<std::string> only;  // check names (or prefixes); empty: all
+  std::vector<std::string> skip;  // check names (or prefixes) reported as skipped without running
   bool quick = false;
   bool verbose = false;
   int dev = -1;     // -1: device 0

@@ -27,6 +27,7 @@ void usage() {
                "  conformance --plugin FILE     run the NCCL-faithful conformance checks against FILE\n"
                "      [--table N]               table version to drive (default: the newest exported)\n"
                "      [--only NAME[,NAME]]      checks to run (names or prefixes; see --list)\n"
+               "      [--skip NAME]             report a check as skipped instead of running it (repeatable)\n"
                "      [--list] [--quick] [--verbose] [--timeout SEC] [--dev N]\n"
                "      [--env K=V] [--recv-env K=V] [--send-env K=V]   environment for both / one worker\n"
                "      [--recv-netns NS] [--send-netns NS]           run a worker inside a network namespace\n");
@@ -73,6 +74,8 @@ int conformance(int argc, char** argv) {
         if (c == std::string::npos) break;
         start = c + 1;
       }
+    } else if (a == "--skip") {
+      o.skip.push_back(need());
     } else if (a == "--list") return weft::harness::listChecks();
     else if (a == "--quick") o.quick = true;
     else if (a == "--verbose") o.verbose = true;
