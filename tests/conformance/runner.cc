@@ -16,6 +16,7 @@
 
 #include "check_support.h"
 #include "checks.h"
+#include "process_pair.h"
 
 namespace weft::harness {
 namespace {
@@ -43,67 +44,6 @@ std::string oneLine(std::string s) {
     if (c == '\n' || c == '\t') c = ' ';
   }
   return s;
-}
-
-struct Worker {
-  pid_t pid = -1;
-  int out = -1;  // its stdout
-  std::string buffer;
-  std::map<std::string, std::pair<std::string, std::string>> results;  // check -> (verdict, message)
-  std::vector<std::string> info;
-  bool exited = false;
-  int status = 0;
-};
-
-void consumeLines(Worker& w) {
-  size_t nl;
-  while ((nl = w.buffer.find('\n')) != std::string::npos) {
-    std::string line = w.buffer.substr(0, nl);
-    w.buffer.erase(0, nl + 1);
-    auto f = split(line, '\t');
-    if (f.size() >= 3 && f[0] == "RESULT") {
-      w.results[f[1]] = {f[2], f.size() > 3 ? f[3] : ""};
-    } else if (f.size() >= 2 && f[0] == "INFO") {
-      w.info.push_back(line.substr(5));
-    }
-  }
-}
-
-Worker spawn(const RunOptions& o, const char* role, int oobFd, const std::vector<std::string>& checks,
-             const std::string& netns, const std::vector<std::string>& extraEnv) {
-  int pipefd[2];
-  if (pipe(pipefd) != 0) throw std::runtime_error("pipe failed");
-  std::vector<std::string> args;
-  if (!netns.empty()) args = {"ip", "netns", "exec", netns};
-  std::string names;
-  for (const auto& c : checks) names += (names.empty() ? "" : ",") + c;
-  std::vector<std::string> tail = {o.self, "conformance-worker", "--plugin", o.plugin, "--table",
-                                   std::to_string(o.version), "--role", role, "--oob-fd", "3", "--dev",
-                                   std::to_string(o.dev < 0 ? 0 : o.dev), "--timeout", std::to_string(o.timeoutSec),
-                                   "--checks", names};
-  if (o.quick) tail.push_back("--quick");
-  if (o.verbose) tail.push_back("--verbose");
-  args.insert(args.end(), tail.begin(), tail.end());
-  pid_t pid = fork();
-  if (pid < 0) throw std::runtime_error("fork failed");
-  if (pid == 0) {
-    dup2(pipefd[1], 1);
-    dup2(oobFd, 3);
-    for (int fd = 4; fd < 1024; ++fd) close(fd);
-    for (const auto& kv : o.env) putenv(strdup(kv.c_str()));
-    for (const auto& kv : extraEnv) putenv(strdup(kv.c_str()));
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    execvp(argv[0], argv.data());
-    std::fprintf(stderr, "cannot start %s: %s\n", argv[0], std::strerror(errno));
-    _exit(127);
-  }
-  close(pipefd[1]);
-  Worker w;
-  w.pid = pid;
-  w.out = pipefd[0];
-  return w;
 }
 
 }  // namespace
@@ -141,57 +81,31 @@ int runConformance(const RunOptions& o) {
     std::fprintf(stderr, "weft conformance: no check matches the selection\n");
     return 2;
   }
-  int sv[2];
-  if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) {
-    std::perror("socketpair");
-    return 2;
-  }
-  signal(SIGPIPE, SIG_IGN);
-  Worker workers[2] = {spawn(opts, "recv", sv[0], checks, o.recvNetns, o.recvEnv),
-                       spawn(opts, "send", sv[1], checks, o.sendNetns, o.sendEnv)};
-  close(sv[0]);
-  close(sv[1]);
-
+  PairOptions po{o.self, o.recvNetns, o.sendNetns, o.env, o.recvEnv, o.sendEnv};
+  std::string names;
+  for (const auto& c : checks) names += (names.empty() ? "" : ",") + c;
+  std::vector<std::string> args = {"conformance-worker", "--plugin", o.plugin, "--table", std::to_string(opts.version),
+                                   "--dev", std::to_string(o.dev < 0 ? 0 : o.dev), "--timeout",
+                                   std::to_string(o.timeoutSec), "--checks", names};
+  if (o.quick) args.push_back("--quick");
+  if (o.verbose) args.push_back("--verbose");
+  WorkerProcess procs[2];
+  spawnPair(po, args, procs);
+  std::map<std::string, std::pair<std::string, std::string>> results[2];  // check -> (verdict, message)
+  std::vector<std::string> info[2];
   // Each check is bounded inside the workers; this bound catches a worker stuck inside a plugin call.
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60 + checks.size() * (o.timeoutSec + 15));
-  while (!(workers[0].exited && workers[1].exited)) {
-    pollfd fds[2];
-    int nfds = 0;
-    for (auto& w : workers) {
-      if (w.out >= 0) fds[nfds++] = pollfd{w.out, POLLIN, 0};
+  bool inTime = collectPair(procs, deadline, [&](int i, const std::string& line) {
+    auto f = split(line, '\t');
+    if (f.size() >= 3 && f[0] == "RESULT") {
+      results[i][f[1]] = {f[2], f.size() > 3 ? f[3] : ""};
+    } else if (f.size() >= 2 && f[0] == "INFO") {
+      info[i].push_back(line.substr(5));
     }
-    if (nfds > 0) poll(fds, nfds, 200);
-    for (auto& w : workers) {
-      if (w.out < 0) continue;
-      pollfd p{w.out, POLLIN, 0};
-      if (poll(&p, 1, 0) > 0) {
-        char buf[4096];
-        ssize_t n = read(w.out, buf, sizeof(buf));
-        if (n > 0) {
-          w.buffer.append(buf, n);
-          consumeLines(w);
-        } else {
-          close(w.out);
-          w.out = -1;
-        }
-      }
-    }
-    for (auto& w : workers) {
-      if (!w.exited && w.out < 0 && waitpid(w.pid, &w.status, 0) == w.pid) w.exited = true;
-    }
-    if (std::chrono::steady_clock::now() > deadline) {
-      for (auto& w : workers) {
-        if (!w.exited) {
-          kill(w.pid, SIGKILL);
-          waitpid(w.pid, &w.status, 0);
-          w.exited = true;
-        }
-      }
-      std::printf("the workers exceeded the overall time limit and were killed (a plugin call hung)\n");
-    }
-  }
-  for (const auto& line : workers[0].info) std::printf("recv    %s\n", line.c_str());
-  for (const auto& line : workers[1].info) std::printf("send    %s\n", line.c_str());
+  });
+  if (!inTime) std::printf("the workers exceeded the overall time limit and were killed (a plugin call hung)\n");
+  for (const auto& line : info[0]) std::printf("recv    %s\n", line.c_str());
+  for (const auto& line : info[1]) std::printf("send    %s\n", line.c_str());
 
   int passed = 0, failed = 0, skipped = 0;
   const char* roles[2] = {"recv", "send"};
@@ -199,13 +113,11 @@ int runConformance(const RunOptions& o) {
     std::string verdict = "PASS", detail;
     bool anySkip = false;
     for (int i = 0; i < 2; ++i) {
-      auto it = workers[i].results.find(name);
-      if (it == workers[i].results.end()) {
+      auto it = results[i].find(name);
+      if (it == results[i].end()) {
         verdict = "FAIL";
-        int st = workers[i].status;
         detail += std::string(detail.empty() ? "" : "; ") + "[" + roles[i] + "] no verdict: worker " +
-                  (WIFSIGNALED(st) ? "killed by signal " + std::to_string(WTERMSIG(st))
-                                   : "exited with " + std::to_string(WEXITSTATUS(st)));
+                  procs[i].describeExit();
         continue;
       }
       if (it->second.first == "FAIL") {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "bench.h"
 #include "runner.h"
 #include "weft/common/log.h"
 #include "weft/common/params.h"
@@ -30,7 +31,9 @@ void usage() {
                "      [--skip NAME]             report a check as skipped instead of running it (repeatable)\n"
                "      [--list] [--quick] [--verbose] [--timeout SEC] [--dev N]\n"
                "      [--env K=V] [--recv-env K=V] [--send-env K=V]   environment for both / one worker\n"
-               "      [--recv-netns NS] [--send-netns NS]           run a worker inside a network namespace\n");
+               "      [--recv-netns NS] [--send-netns NS]           run a worker inside a network namespace\n"
+               "  bench --plugin FILE           latency and bandwidth through FILE's table, two processes\n"
+               "      [--table N] [--dev N] [--quick] [--json] and the --env/--netns options above\n");
 }
 
 std::string selfPath() {
@@ -105,6 +108,50 @@ int conformance(int argc, char** argv) {
   return weft::harness::runConformance(o);
 }
 
+int bench(int argc, char** argv) {
+  weft::harness::BenchOptions o;
+  o.pair.self = selfPath();
+  for (int i = 2; i < argc; ++i) {
+    std::string a = argv[i];
+    auto need = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "weft bench: %s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    auto number = [&](const std::string& v, int64_t lo, int64_t hi) {
+      int64_t x = 0;
+      std::string err;
+      if (!weft::params::parseInt(v, lo, hi, &x, &err)) {
+        std::fprintf(stderr, "weft bench: %s %s\n", a.c_str(), err.c_str());
+        std::exit(2);
+      }
+      return static_cast<int>(x);
+    };
+    if (a == "--plugin") o.plugin = need();
+    else if (a == "--table") o.version = number(need(), 6, 12);
+    else if (a == "--dev") o.dev = number(need(), 0, 1023);
+    else if (a == "--quick") o.quick = true;
+    else if (a == "--json") o.json = true;
+    else if (a == "--env") o.pair.env.push_back(need());
+    else if (a == "--recv-env") o.pair.recvEnv.push_back(need());
+    else if (a == "--send-env") o.pair.sendEnv.push_back(need());
+    else if (a == "--recv-netns") o.pair.recvNetns = need();
+    else if (a == "--send-netns") o.pair.sendNetns = need();
+    else {
+      std::fprintf(stderr, "weft bench: unknown option %s\n", a.c_str());
+      usage();
+      return 2;
+    }
+  }
+  if (o.plugin.empty()) {
+    std::fprintf(stderr, "weft bench: --plugin FILE is required\n");
+    return 2;
+  }
+  return weft::harness::runBench(o);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -118,6 +165,8 @@ int main(int argc, char** argv) {
   if (cmd == "info") return weft::tool::info(argc, argv);
   if (cmd == "conformance") return conformance(argc, argv);
   if (cmd == "conformance-worker") return weft::harness::runWorker(argc, argv);
+  if (cmd == "bench") return bench(argc, argv);
+  if (cmd == "bench-worker") return weft::harness::runBenchWorker(argc, argv);
   if (cmd == "-h" || cmd == "--help" || cmd == "help") {
     usage();
     return 0;

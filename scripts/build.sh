@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Configures and builds weft into build/ (libnccl-net-weft.so in build/lib, the weft tool in build/bin).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+cmake --preset default >/dev/null
+cmake --build --preset default

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The main job: build weft, then move data between two processes through libnccl-net-weft.so's C table, the
+# way NCCL's proxy threads do, over libfabric on loopback, and say what happened.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/build.sh >/dev/null
+weft=build/bin/weft
+so=build/lib/libnccl-net-weft.so
+provider=${WEFT_PROVIDER:-tcp;ofi_rxm}
+iface=${WEFT_IFACE:-lo}
+
+echo "== weft on this machine (WEFT_PROVIDER='$provider' WEFT_IFACE='$iface')"
+WEFT_PROVIDER="$provider" WEFT_IFACE="$iface" "$weft" info | sed -n '/^providers/,/^variables/p' | sed '$d'
+
+echo "== a two-process transfer through the plugin (NCCL_DEBUG=INFO shows the plugin's own log lines)"
+NCCL_DEBUG=INFO "$weft" bench --plugin "$so" --env "WEFT_PROVIDER=$provider" --env "WEFT_IFACE=$iface" 2>&1 |
+  grep -E "NET/weft : (NET/weft device|device 0|connected|accepted)" | sed 's/^\[plugin INFO\] [^ ]* /  /' | sort -u
+"$weft" bench --plugin "$so" --env "WEFT_PROVIDER=$provider" --env "WEFT_IFACE=$iface"
+
+echo
+echo "== the same through shared memory (shm provider)"
+"$weft" bench --quick --plugin "$so" --env WEFT_PROVIDER=shm | tail -n +2
+
+echo
+echo "== conformance of the plugin file, as NCCL would drive it (table v11, what NCCL 2.28 picks)"
+"$weft" conformance --plugin "$so" --table 11 --quick --env "WEFT_PROVIDER=$provider" --env "WEFT_IFACE=$iface" \
+  2>/dev/null | tail -n 1

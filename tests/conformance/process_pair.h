@@ -1,0 +1,38 @@
+// Two worker processes of this executable, one per rank (receiver and sender), each optionally inside its own
+// network namespace with its own environment, joined by a socketpair on fd 3 (NCCL's bootstrap, for them).
+// Used by `weft conformance` and `weft bench`.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace weft::harness {
+
+struct PairOptions {
+  std::string self;  // this executable
+  std::string recvNetns, sendNetns;
+  std::vector<std::string> env, recvEnv, sendEnv;  // KEY=VALUE
+};
+
+struct WorkerProcess {
+  pid_t pid = -1;
+  int out = -1;  // its stdout
+  std::string buffer;
+  bool exited = false;
+  int status = 0;
+  std::string describeExit() const;
+};
+
+// Starts `self <args...> --role recv|send --oob-fd 3` twice.
+void spawnPair(const PairOptions& o, const std::vector<std::string>& args, WorkerProcess workers[2]);
+
+// Reads both workers' output line by line until both exit or `deadline` passes (then kills them and returns
+// false). onLine(workerIndex, line) sees every complete line.
+bool collectPair(WorkerProcess workers[2], std::chrono::steady_clock::time_point deadline,
+                 const std::function<void(int, const std::string&)>& onLine);
+
+}  // namespace weft::harness
