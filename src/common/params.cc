@@ -26,6 +26,12 @@ const std::vector<Def> kDefs = {
   {"WEFT_CONNECT_TIMEOUT", Kind::kInt, "120", 0, 86400, nullptr,
    "Seconds a connect may wait for the peer's accept before failing with an error that names the peer. 0: wait "
    "forever (NCCL's own behaviour)."},
+  {"WEFT_PROBE_INTERVAL", Kind::kInt, "1000", 0, 3600000, nullptr,
+   "Milliseconds a connection may have requests outstanding with nothing completing before weft sends its peer "
+   "a liveness probe (a dead peer process then fails the requests at once). 0: never probe."},
+  {"WEFT_PEER_TIMEOUT", Kind::kInt, "10", 1, 86400, nullptr,
+   "Seconds a liveness probe may stay undelivered before the peer counts as unreachable (host or link down) and "
+   "the connection's requests fail with ncclRemoteError."},
   {"WEFT_INJECT", Kind::kBool, "1", 0, 1, nullptr,
    "Send messages up to the provider's inject size with fi_tinject (complete at once, no completion entry), "
    "on providers that transmit without further progress calls (efa, verbs, automatic progress)."},

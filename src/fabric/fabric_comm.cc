@@ -2,6 +2,8 @@
 
 #include <rdma/fi_errno.h>
 
+#include <time.h>
+
 #include <climits>
 #include <cstring>
 
@@ -19,7 +21,9 @@ FabricDataComm::FabricDataComm(std::unique_ptr<Endpoint> ep, fi_addr_t peer, std
       ep_(std::move(ep)),
       peer_(peer),
       peerName_(std::move(peerName)),
-      pool_(new FabricRequest[poolSize]) {
+      pool_(new FabricRequest[poolSize]),
+      probeIntervalMs_(params::getInt("WEFT_PROBE_INTERVAL")),
+      peerTimeoutMs_(params::getInt("WEFT_PEER_TIMEOUT") * 1000) {
   free_.reserve(poolSize);
   for (int i = poolSize - 1; i >= 0; --i) {
     pool_[i].comm = this;
@@ -42,6 +46,7 @@ FabricRequest* FabricDataComm::acquire() {
   FabricRequest* r = &pool_[free_.back()];
   free_.pop_back();
   r->magic_ = kRequestMagic;
+  ++outstanding_;
   r->n = 0;
   r->posted = 0;
   r->completed = 0;
@@ -51,22 +56,75 @@ FabricRequest* FabricDataComm::acquire() {
 
 void FabricDataComm::release(FabricRequest* r) {
   r->magic_ = 0;
+  --outstanding_;
   free_.push_back(r->poolIndex);
 }
 
 Status FabricDataComm::progress() {
+  uint32_t before = completions_;
   Status st = ep_->progress(this);
   if (st != Status::kOk && fatal_ == Status::kOk) fatal_ = st;
+  if (completions_ != before) {
+    activity_ = true;
+    emptyPolls_ = 0;
+  } else if (outstanding_ > 0 && probeIntervalMs_ > 0 && (++emptyPolls_ & 1023) == 0) {
+    checkPeer();
+  }
   return st;
 }
 
+namespace {
+int64_t coarseNowMs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);  // vDSO: no system call
+  return static_cast<int64_t>(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000;
+}
+}  // namespace
+
+// Requests have been outstanding with nothing completing. A live peer may simply be busy (NCCL posts receives
+// long before the data comes), so silence alone proves nothing: after WEFT_PROBE_INTERVAL ms of it, send the
+// peer a probe. A live peer's host takes it at once, whatever its process is doing; a dead process answers
+// with a connection error (reported by the provider on the probe's completion); a probe the provider cannot
+// even hand over within WEFT_PEER_TIMEOUT means the host or the link is gone.
+void FabricDataComm::checkPeer() {
+  if (fatal_ != Status::kOk) return;
+  int64_t now = coarseNowMs();
+  if (activity_ || lastActivityMs_ == 0) {
+    activity_ = false;
+    lastActivityMs_ = now;
+    return;
+  }
+  if (Status st = ep_->probeError(); st != Status::kOk) {
+    WEFT_WARN("peer {} on {} is gone: a liveness probe failed after {} ms without progress (process exited or "
+              "was killed, or the connection broke); its {} outstanding requests fail",
+              peerName_, dev_.props().name, now - lastActivityMs_, outstanding_);
+    fatal_ = Status::kRemote;
+    return;
+  }
+  if (ep_->probeInFlight()) {
+    if (now - probeSentMs_ > peerTimeoutMs_) {
+      WEFT_WARN("peer {} on {} unreachable: a liveness probe was not delivered within {} s (host down, link "
+                "down, or traffic filtered); its {} outstanding requests fail (WEFT_PEER_TIMEOUT)",
+                peerName_, dev_.props().name, peerTimeoutMs_ / 1000, outstanding_);
+      fatal_ = Status::kRemote;
+    }
+    return;
+  }
+  if (now - lastActivityMs_ >= probeIntervalMs_ && now - probeSentMs_ >= probeIntervalMs_) {
+    ep_->sendProbe(peer_);
+    probeSentMs_ = now;
+  }
+}
+
 void FabricDataComm::onComplete(OpContext* ctx, size_t len) noexcept {
+  ++completions_;
   auto* r = static_cast<FabricRequest*>(ctx->owner);
   if (r->recv) r->sizes[ctx->index] = static_cast<int>(len > INT_MAX ? INT_MAX : len);
   ++r->completed;
 }
 
 void FabricDataComm::onError(OpContext* ctx, Status st) noexcept {
+  ++completions_;
   auto* r = static_cast<FabricRequest*>(ctx->owner);
   ++r->completed;
   if (r->error == Status::kOk) r->error = st;

@@ -60,6 +60,17 @@ class FabricDataComm : public DataSink {
   std::vector<uint16_t> free_;  // capacity reserved up front: push/pop never allocate
   TagSequence seqs_;
   Status fatal_ = Status::kOk;  // once set, every call on this comm fails with it
+
+  // Liveness (see checkPeer): requests outstanding, polls that found nothing since the last look at the clock.
+  void checkPeer();
+  int outstanding_ = 0;
+  uint32_t completions_ = 0;
+  uint32_t emptyPolls_ = 0;
+  bool activity_ = false;
+  int64_t lastActivityMs_ = 0;
+  int64_t probeSentMs_ = 0;
+  int64_t probeIntervalMs_;
+  int64_t peerTimeoutMs_;
 };
 
 class FabricSendComm final : public SendComm, public FabricDataComm {

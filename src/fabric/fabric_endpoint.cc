@@ -99,6 +99,7 @@ Status Endpoint::open(FabricDevice& dev, std::unique_ptr<Endpoint>* out) {
   }
   name.resize(len);
   e->name_ = std::move(name);
+  if (Status st = e->postProbeRecv(); st != Status::kOk) return st;
   *out = std::move(e);
   return Status::kOk;
 }
@@ -203,7 +204,15 @@ void Endpoint::handleControl(OpContext* ctx, bool ok, Status st) {
       }
       replyPending_ = true;
       return;
+    case OpKind::kProbeRecv:
+      postProbeRecv();  // a probe from the peer: drained and discarded
+      return;
     case OpKind::kCtrlSend:
+      if (ctx == &probeSendCtx_) {
+        probeState_ = SlotState::kFree;
+        if (!ok && probeError_ == Status::kOk) probeError_ = st;
+        return;
+      }
       if (ctx == &requestSendCtx_) {
         requestState_ = SlotState::kFree;
         if (!ok) connectError_ = st;
@@ -279,6 +288,28 @@ Status Endpoint::sendReply(fi_addr_t to, uint16_t status, uint64_t token) {
   return Status::kOk;
 }
 
+Status Endpoint::postProbeRecv() {
+  probeRecvCtx_.kind = OpKind::kProbeRecv;
+  ssize_t rc = postControl([&] {
+    return fi_trecv(ep_.get(), ctl_->probeIn, sizeof(ctl_->probeIn), ctlDesc_, FI_ADDR_UNSPEC, kTagProbe, 0,
+                    &probeRecvCtx_.fi);
+  });
+  if (rc != 0) {
+    WEFT_WARN("posting the probe receive on {} failed: {}", dev_.props().name, fi_strerror(static_cast<int>(-rc)));
+    return Status::kSystem;
+  }
+  return Status::kOk;
+}
+
+void Endpoint::sendProbe(fi_addr_t to) {
+  if (probeState_ != SlotState::kFree) return;
+  probeSendCtx_.kind = OpKind::kCtrlSend;
+  probeTo_ = to;
+  probeState_ = SlotState::kQueued;
+  controlQueued_ = true;
+  flushControl();
+}
+
 bool Endpoint::repliesDone() const {
   for (auto st : replySlot_) {
     if (st != SlotState::kFree) return false;
@@ -303,6 +334,18 @@ void Endpoint::flushControl() {
                 fi_strerror(static_cast<int>(-rc)));
       requestState_ = SlotState::kFree;
       connectError_ = statusOfFiError(static_cast<int>(-rc));
+    }
+  }
+  if (probeState_ == SlotState::kQueued) {
+    ssize_t rc = fi_tsend(ep_.get(), ctl_->probeOut, sizeof(ctl_->probeOut), ctlDesc_, probeTo_, kTagProbe,
+                          &probeSendCtx_.fi);
+    if (rc == 0) {
+      probeState_ = SlotState::kInFlight;
+    } else if (rc == -FI_EAGAIN) {
+      still = true;
+    } else {
+      probeState_ = SlotState::kFree;
+      probeError_ = statusOfFiError(static_cast<int>(-rc));
     }
   }
   for (int i = 0; i < kReplySlots; ++i) {

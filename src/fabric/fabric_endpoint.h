@@ -21,7 +21,7 @@
 
 namespace weft::fabric {
 
-enum class OpKind : uint8_t { kData = 0, kConnRequest, kConnReply, kCtrlSend };
+enum class OpKind : uint8_t { kData = 0, kConnRequest, kConnReply, kCtrlSend, kProbeRecv };
 
 struct OpContext {
   fi_context2 fi;  // first: libfabric is handed &fi
@@ -33,6 +33,7 @@ struct OpContext {
 constexpr uint64_t kCtrlBit = 1ull << 63;
 constexpr uint64_t kTagConnRequest = kCtrlBit | 1;
 constexpr uint64_t kTagConnReply = kCtrlBit | 2;
+constexpr uint64_t kTagProbe = kCtrlBit | 3;
 
 // Data tag: NCCL tag (31 bits) above a 32-bit per-tag sequence number.
 inline uint64_t dataTag(int ncclTag, uint32_t seq) {
@@ -95,6 +96,13 @@ class Endpoint {
   // True when no reply is queued or in flight: the accept reply has left this process.
   bool repliesDone() const;
 
+  // Liveness: a small message the peer's endpoint drains and discards. Its send completing proves the path to
+  // a live peer works; an error proves the peer (or the way to it) is gone.
+  Status postProbeRecv();
+  bool probeInFlight() const { return probeState_ != SlotState::kFree; }
+  void sendProbe(fi_addr_t to);
+  Status probeError() const { return probeError_; }
+
   // Connector side.
   Status startConnect(fi_addr_t to, uint64_t token);
   bool takeReply(ConnectReply* out);
@@ -115,6 +123,8 @@ class Endpoint {
     ConnectRequest requestOut;
     ConnectReply replyIn;
     std::array<ConnectReply, kReplySlots> replyOut;
+    uint64_t probeOut[2];
+    uint64_t probeIn[2];
   };
 
   FabricDevice& dev_;
@@ -135,6 +145,10 @@ class Endpoint {
   SlotState requestState_ = SlotState::kFree;
   fi_addr_t requestTo_ = FI_ADDR_UNSPEC;
   bool controlQueued_ = false;  // a control send is waiting for the provider to accept it
+  OpContext probeSendCtx_, probeRecvCtx_;
+  SlotState probeState_ = SlotState::kFree;
+  fi_addr_t probeTo_ = FI_ADDR_UNSPEC;
+  Status probeError_ = Status::kOk;
   bool requestPending_ = false;  // a ConnectRequest arrived and is waiting for takeConnRequest()
   bool replyPending_ = false;
   bool accepted_ = false;

@@ -8,6 +8,9 @@
 #include <set>
 #include <thread>
 
+#include <signal.h>
+#include <unistd.h>
+
 #include "check_support.h"
 #include "weft/transport/handle.h"
 
@@ -527,6 +530,67 @@ void teardownInflight(CheckEnv& env) {
   closeConn(env, c);
 }
 
+// ---- faults (each runs alone: it ends one worker) ---------------------------------------------------------------
+
+// One rank dies (SIGKILL) with the other's requests outstanding: every pending test on the survivor must return
+// an error within a bounded time, and closing the broken comm must work.
+void peerKilled(CheckEnv& env, Role victim) {
+  Conn c = establish(env);
+  const size_t size = 1 << 20;  // large enough for rendezvous protocols, where a send waits on its receiver
+  Buffer buf(size * 8);
+  Registration reg(env.net, c.comm(), buf.data(), buf.size());
+  StreamSpec warm;  // the connection carries data first, as in a real job
+  for (int i = 0; i < 16; ++i) warm.sizes.push_back(size);
+  warm.slotSize = size;
+  stream(env, c, warm);
+  if (env.role == victim) {
+    env.oob.barrier("posted", env.timeout);
+    std::printf("RESULT\t%s\tPASS\t\n", victim == Role::kSend ? "faults.sender_killed" : "faults.receiver_killed");
+    std::fflush(stdout);
+    kill(getpid(), SIGKILL);
+  }
+  std::vector<void*> reqs;
+  for (int i = 0; i < 8; ++i) {
+    void* req = nullptr;
+    Deadline d(env.timeout);
+    while (req == nullptr && !d.expired()) {
+      if (env.recv()) {
+        void* data[1] = {buf.data() + i * size};
+        size_t sz[1] = {size};
+        int tags[1] = {0};
+        void* mhs[1] = {reg.mh()};
+        expectOk(env.net.irecv(c.recvComm, 1, data, sz, tags, mhs, &req), "irecv");
+      } else {
+        expectOk(env.net.isend(c.sendComm, buf.data() + i * size, size, 0, reg.mh(), &req), "isend");
+      }
+    }
+    if (req != nullptr) reqs.push_back(req);
+  }
+  env.oob.barrier("posted", env.timeout);
+  env.peerGone = true;
+  auto t0 = std::chrono::steady_clock::now();
+  Deadline d(env.timeout);
+  ncclResult_t r = ncclSuccess;
+  size_t k = 0;  // test the oldest first, as NCCL does; a send may complete if the data left before the kill
+  while (r == ncclSuccess && k < reqs.size()) {
+    int done = 0, sizes[NCCL_PROXY_MAX_SUBS];
+    r = env.net.test(reqs[k], &done, sizes);
+    if (done) ++k;
+    if (d.expired()) {
+      fail("test of a request to a killed peer neither failed nor completed within " +
+           std::to_string(env.timeout.count()) + " s");
+    }
+  }
+  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (r == ncclSuccess) fail("every request to a killed peer completed as success");
+  std::printf("INFO\tkilled peer detected after %.0f ms (%s)\n", ms, resultName(r));
+  reg.release();
+  closeConn(env, c);
+}
+
+void faultsSenderKilled(CheckEnv& env) { peerKilled(env, Role::kSend); }
+void faultsReceiverKilled(CheckEnv& env) { peerKilled(env, Role::kRecv); }
+
 // ---- weft's own guarantees (handle format known) ---------------------------------------------------------------
 
 void requireWeft(CheckEnv& env) {
@@ -696,6 +760,10 @@ const std::vector<Check>& allChecks() {
       {"threads.service_and_progress", "regMr/deregMr/listen on the service thread while data flows", threadsServiceAndProgress},
       {"comms.many", "8 connections progressed round-robin from one thread", commsMany},
       {"teardown.inflight", "deregMr and close with requests in flight (communicator abort)", teardownInflight},
+      {"faults.sender_killed", "the sending process is SIGKILLed: pending receives fail within a bound (alone)",
+       faultsSenderKilled},
+      {"faults.receiver_killed", "the receiving process is SIGKILLed: pending sends fail within a bound (alone)",
+       faultsReceiverKilled},
       {"weft.wrong_token", "a handle with a wrong token is refused with a warning; the real one still connects",
        weftWrongToken},
       {"weft.replayed_handle", "a second connect to a used handle is refused; the first connection still works",
