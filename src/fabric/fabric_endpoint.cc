@@ -2,6 +2,9 @@
 
 #include <rdma/fi_cm.h>
 #include <rdma/fi_errno.h>
+#include <rdma/fi_ext.h>
+
+#include "weft/nccl/net.h"
 
 #include <cerrno>
 #include <cstring>
@@ -33,6 +36,35 @@ Status statusOfFiError(int err) {
       return Status::kRemote;
     default: return Status::kSystem;
   }
+}
+
+// EFA settings NCCL jobs need, where this libfabric has them (1.18+; compiled out against 1.17):
+// - no CUDA calls from inside the provider: it runs on NCCL's proxy threads, where a CUDA call can deadlock
+//   against a capturing CUDA graph (the GPU buffers are registered through FI_HMEM instead);
+// - device RDMA for GPU buffers where the NIC offers it.
+void Endpoint::applyProviderOptions(FabricDevice& dev, fid_ep* ep) {
+  if (dev.props().provider != "efa") return;
+#if FI_VERSION_GE(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), FI_VERSION(1, 18))
+  bool no = false;
+  int rc = fi_setopt(&ep->fid, FI_OPT_ENDPOINT, FI_OPT_CUDA_API_PERMITTED, &no, sizeof(no));
+  if (rc != 0 && rc != -FI_EOPNOTSUPP) {
+    WEFT_WARN("efa: FI_OPT_CUDA_API_PERMITTED=false refused ({}); GPU buffers may not be usable", fi_strerror(-rc));
+  }
+  if ((dev.props().ptrSupport & NCCL_PTR_CUDA) != 0) {
+    bool yes = true;
+    rc = fi_setopt(&ep->fid, FI_OPT_ENDPOINT, FI_OPT_EFA_USE_DEVICE_RDMA, &yes, sizeof(yes));
+    if (rc != 0) WEFT_INFO(NCCL_NET, "efa: device RDMA not available ({})", fi_strerror(-rc));
+  }
+#else
+  (void)ep;
+  static bool once = [] {
+    WEFT_INFO(NCCL_INIT | NCCL_NET, "efa: built against libfabric {}.{}, which lacks FI_OPT_CUDA_API_PERMITTED and "
+              "FI_OPT_EFA_USE_DEVICE_RDMA; build against 1.18+ for GPU buffers on EFA",
+              FI_MAJOR_VERSION, FI_MINOR_VERSION);
+    return true;
+  }();
+  (void)once;
+#endif
 }
 
 Status Endpoint::open(FabricDevice& dev, std::unique_ptr<Endpoint>* out) {
@@ -85,6 +117,7 @@ Status Endpoint::open(FabricDevice& dev, std::unique_ptr<Endpoint>* out) {
     return Status::kSystem;
   }
   e->ep_.reset(ep);
+  applyProviderOptions(dev, ep);
   if ((rc = fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV)) != 0 || (rc = fi_ep_bind(ep, &av->fid, 0)) != 0 ||
       (rc = fi_enable(ep)) != 0) {
     WEFT_WARN("binding/enabling the endpoint on {} failed: {}", where, fi_strerror(-rc));

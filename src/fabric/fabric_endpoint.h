@@ -111,6 +111,7 @@ class Endpoint {
 
  private:
   explicit Endpoint(FabricDevice& dev) : dev_(dev) {}
+  static void applyProviderOptions(FabricDevice& dev, fid_ep* ep);
   void handleControl(OpContext* ctx, bool ok, Status st);
   void refuse(const ConnectRequest& req, uint16_t status);
   void flushControl();
