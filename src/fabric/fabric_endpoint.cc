@@ -268,31 +268,28 @@ void Endpoint::refuse(const ConnectRequest& r, uint16_t status) {
   if (insert(r.addr, r.addrLen, &to) == Status::kOk) sendReply(to, status, r.token);
 }
 
-// Control posts happen on an endpoint that carries almost nothing else, so a full queue clears after a few
-// progress calls; the bound keeps a broken provider from spinning here forever.
-template <typename Post>
-ssize_t Endpoint::postControl(Post post) {
-  for (int tries = 0; tries < 1000; ++tries) {
-    ssize_t rc = post();
-    if (rc != -FI_EAGAIN) return rc;
-    if (progress(nullptr) != Status::kOk) return -FI_EIO;
+// Control receives are posted on an endpoint that carries almost nothing else, so a full queue clears after a
+// few progress calls; the bound keeps a broken provider from spinning here forever. Always from any source:
+// some providers (sockets) see replies arrive over a connection the listener opened back, under another
+// address; replies echo the connector's token, which it checks instead.
+Status Endpoint::postControlRecv(void* buf, size_t len, uint64_t tag, OpContext& ctx, OpKind kind, const char* what) {
+  ctx.kind = kind;
+  ssize_t rc = -FI_EAGAIN;
+  for (int tries = 0; tries < 1000 && rc == -FI_EAGAIN; ++tries) {
+    rc = fi_trecv(ep_.get(), buf, len, ctlDesc_, FI_ADDR_UNSPEC, tag, 0, &ctx.fi);
+    if (rc == -FI_EAGAIN && progress(nullptr) != Status::kOk) rc = -FI_EIO;
   }
-  return -FI_EAGAIN;
-}
-
-Status Endpoint::postConnRequestRecv() {
-  requestRecvCtx_.kind = OpKind::kConnRequest;
-  requestPending_ = false;
-  ssize_t rc = postControl([&] {
-    return fi_trecv(ep_.get(), &ctl_->requestIn, sizeof(ConnectRequest), ctlDesc_, FI_ADDR_UNSPEC, kTagConnRequest,
-                    0, &requestRecvCtx_.fi);
-  });
   if (rc != 0) {
-    WEFT_WARN("posting the connection-request receive on {} failed: {}", dev_.props().name,
-              fi_strerror(static_cast<int>(-rc)));
+    WEFT_WARN("posting the {} receive on {} failed: {}", what, dev_.props().name, fi_strerror(static_cast<int>(-rc)));
     return Status::kSystem;
   }
   return Status::kOk;
+}
+
+Status Endpoint::postConnRequestRecv() {
+  requestPending_ = false;
+  return postControlRecv(&ctl_->requestIn, sizeof(ConnectRequest), kTagConnRequest, requestRecvCtx_,
+                         OpKind::kConnRequest, "connection-request");
 }
 
 bool Endpoint::takeConnRequest(ConnectRequest* out) {
@@ -322,16 +319,7 @@ Status Endpoint::sendReply(fi_addr_t to, uint16_t status, uint64_t token) {
 }
 
 Status Endpoint::postProbeRecv() {
-  probeRecvCtx_.kind = OpKind::kProbeRecv;
-  ssize_t rc = postControl([&] {
-    return fi_trecv(ep_.get(), ctl_->probeIn, sizeof(ctl_->probeIn), ctlDesc_, FI_ADDR_UNSPEC, kTagProbe, 0,
-                    &probeRecvCtx_.fi);
-  });
-  if (rc != 0) {
-    WEFT_WARN("posting the probe receive on {} failed: {}", dev_.props().name, fi_strerror(static_cast<int>(-rc)));
-    return Status::kSystem;
-  }
-  return Status::kOk;
+  return postControlRecv(ctl_->probeIn, sizeof(ctl_->probeIn), kTagProbe, probeRecvCtx_, OpKind::kProbeRecv, "probe");
 }
 
 void Endpoint::sendProbe(fi_addr_t to) {
@@ -415,20 +403,9 @@ Status Endpoint::startConnect(fi_addr_t to, uint64_t token) {
 }
 
 Status Endpoint::repostReplyRecv() {
-  replyRecvCtx_.kind = OpKind::kConnReply;
   replyPending_ = false;
-  ssize_t rc = postControl([&] {
-    // From any source: some providers (sockets) see the reply arrive over a connection the listener opened
-    // back, under another address. The reply echoes our token, which the connector checks instead.
-    return fi_trecv(ep_.get(), &ctl_->replyIn, sizeof(ConnectReply), ctlDesc_, FI_ADDR_UNSPEC, kTagConnReply, 0,
-                    &replyRecvCtx_.fi);
-  });
-  if (rc != 0) {
-    WEFT_WARN("posting the connection-reply receive on {} failed: {}", dev_.props().name,
-              fi_strerror(static_cast<int>(-rc)));
-    return Status::kSystem;
-  }
-  return Status::kOk;
+  return postControlRecv(&ctl_->replyIn, sizeof(ConnectReply), kTagConnReply, replyRecvCtx_, OpKind::kConnReply,
+                         "connection-reply");
 }
 
 bool Endpoint::takeReply(ConnectReply* out) {

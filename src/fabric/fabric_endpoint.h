@@ -115,8 +115,7 @@ class Endpoint {
   void handleControl(OpContext* ctx, bool ok, Status st);
   void refuse(const ConnectRequest& req, uint16_t status);
   void flushControl();
-  template <typename Post>
-  ssize_t postControl(Post post);
+  Status postControlRecv(void* buf, size_t len, uint64_t tag, OpContext& ctx, OpKind kind, const char* what);
 
   static constexpr int kReplySlots = 4;
   struct Control {

@@ -7,6 +7,7 @@
 #include <map>
 #include <sstream>
 
+#include "args.h"
 #include "check_support.h"
 #include "checks.h"
 #include "weft/common/params.h"
@@ -117,19 +118,11 @@ void bandwidth(CheckEnv& env, Conn& c, size_t size, int count) {
 }  // namespace
 
 int runBenchWorker(int argc, char** argv) {
-  std::string pluginPath, role;
-  int version = 0, oobFd = -1, dev = 0;
-  bool quick = false;
-  for (int i = 2; i < argc; ++i) {
-    std::string a = argv[i];
-    auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
-    if (a == "--plugin") pluginPath = next();
-    else if (a == "--table") version = std::atoi(next().c_str());
-    else if (a == "--role") role = next();
-    else if (a == "--oob-fd") oobFd = std::atoi(next().c_str());
-    else if (a == "--dev") dev = std::atoi(next().c_str());
-    else if (a == "--quick") quick = true;
-  }
+  WorkerArgs wa = parseWorkerArgs(argc, argv);
+  const std::string& pluginPath = wa.plugin;
+  const std::string& role = wa.role;
+  int version = wa.table, oobFd = wa.oobFd, dev = wa.dev;
+  bool quick = wa.quick;
   setvbuf(stdout, nullptr, _IOLBF, 0);
   const char* debug = params::foreign("NCCL_DEBUG");  // show the plugin's INFO lines as NCCL would
   setVerbose(debug != nullptr && (std::string(debug) == "INFO" || std::string(debug) == "TRACE"));

@@ -112,15 +112,14 @@ Registration::~Registration() {
   if (mh_ != nullptr) net_.deregMr(comm_, mh_);
 }
 
-Conn establish(CheckEnv& env, const std::string& label) {
+Conn establish(CheckEnv& env, const std::string& label, uint8_t* handleCopy) {
   Conn c;
-  const auto kSlow = std::chrono::milliseconds(500);
   auto timed = [&](auto&& call, const char* what) {
     auto t0 = std::chrono::steady_clock::now();
     ncclResult_t r = call();
     auto dt = std::chrono::steady_clock::now() - t0;
     expectOk(r, what);
-    if (dt > kSlow) {
+    if (dt > env.callLimit) {
       fail(std::string(what) + " blocked for " +
            std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(dt).count()) +
            " ms: NCCL polls connect/accept from one thread and needs them non-blocking");
@@ -152,6 +151,7 @@ Conn establish(CheckEnv& env, const std::string& label) {
     if (m.rfind(prefix, 0) != 0 || m.size() != prefix.size() + NCCL_NET_HANDLE_MAXSIZE) fail("bad handle message");
     uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
     std::memcpy(handle, m.data() + prefix.size(), sizeof(handle));
+    if (handleCopy != nullptr) std::memcpy(handleCopy, handle, sizeof(handle));
     while (c.sendComm == nullptr) {
       timed([&] { return env.net.connect(env.ctx, env.dev, handle, &c.sendComm); }, "connect");
       if (deadline.expired()) fail("connect did not complete within " + std::to_string(env.timeout.count()) + " s");

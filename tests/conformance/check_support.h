@@ -73,7 +73,8 @@ struct Conn {
 // listen (receiver) -> handle over the OOB channel -> connect/accept polled until both exist, each call
 // required to return quickly (NCCL polls them from one service thread). `label` keeps handles of several
 // connections apart.
-Conn establish(CheckEnv& env, const std::string& label = "conn");
+// handleCopy (sending rank only): receives the handle bytes it connected with.
+Conn establish(CheckEnv& env, const std::string& label = "conn", uint8_t* handleCopy = nullptr);
 void closeConn(CheckEnv& env, Conn& c);
 
 // Polls test() on one request until done; returns the sizes it reported (n entries).

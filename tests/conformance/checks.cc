@@ -597,6 +597,18 @@ void requireWeft(CheckEnv& env) {
   if (!env.isWeft) throw CheckSkip("checks weft's handle format; the plugin under test is not weft");
 }
 
+// Polls connect with a handle the listener must refuse; requires an error (with a warning) within 30 s.
+void connectRefused(CheckEnv& env, uint8_t* handle, const std::string& what) {
+  int warnings = warningCount();
+  void* sc = nullptr;
+  ncclResult_t r = ncclSuccess;
+  Deadline d(std::chrono::seconds(30));
+  while (r == ncclSuccess && sc == nullptr && !d.expired()) r = env.net.connect(env.ctx, env.dev, handle, &sc);
+  if (sc != nullptr) fail(what + " produced a connection");
+  if (r == ncclSuccess) fail(what + " was neither refused nor connected within 30 s");
+  if (warningCount() == warnings) fail(what + " was refused without a warning");
+}
+
 void weftWrongToken(CheckEnv& env) {
   requireWeft(env);
   if (env.recv()) {
@@ -632,20 +644,14 @@ void weftWrongToken(CheckEnv& env) {
     if (WireHandle::decode(real, &h, &why) != Status::kOk) fail("cannot decode weft's own handle: " + why);
     h.token ^= 0x1;  // a well-formed handle with the wrong token
     h.encode(forged);
-    int warnings = warningCount();
-    void* sc = nullptr;
-    ncclResult_t r = ncclSuccess;
-    Deadline d(std::chrono::seconds(30));
-    while (r == ncclSuccess && sc == nullptr && !d.expired()) r = env.net.connect(env.ctx, env.dev, forged, &sc);
-    if (sc != nullptr) fail("connect with a wrong token succeeded");
-    if (r == ncclSuccess) fail("connect with a wrong token neither failed nor succeeded within 30 s");
-    if (warningCount() == warnings) fail("the refused connection was not explained by a warning");
+    connectRefused(env, forged, "a connect with a wrong token");
     env.oob.send("forged-refused");
     if (env.oob.recvString(env.timeout) != "go") fail("peer out of step");
-    Deadline d2(env.timeout);
+    void* sc = nullptr;
+    Deadline d(env.timeout);
     while (sc == nullptr) {
       expectOk(env.net.connect(env.ctx, env.dev, real, &sc), "connect with the real handle after a forged one");
-      if (d2.expired()) fail("the legitimate connect did not complete");
+      if (d.expired()) fail("the legitimate connect did not complete");
     }
     Conn c{sc, nullptr};
     closeConn(env, c);
@@ -654,57 +660,17 @@ void weftWrongToken(CheckEnv& env) {
 
 void weftReplayedHandle(CheckEnv& env) {
   requireWeft(env);
-  if (env.recv()) {
-    uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
-    void* lc = nullptr;
-    expectOk(env.net.listen(env.ctx, env.dev, handle, &lc), "listen");
-    env.oob.send(std::string(reinterpret_cast<char*>(handle), sizeof(handle)));
-    void* rc = nullptr;
-    Deadline d(env.timeout);
-    while (rc == nullptr) {
-      expectOk(env.net.accept(lc, &rc), "accept");
-      if (d.expired()) fail("accept did not complete");
-    }
-    expectOk(env.net.closeListen(lc), "closeListen");
-    // Keep the recv comm progressing (NCCL tests its requests) while the replay is refused.
-    Buffer b(64);
-    Registration reg(env.net, rc, b.data(), b.size());
-    void* data[1] = {b.data()};
-    size_t sz[1] = {64};
-    int tags[1] = {0};
-    void* mhs[1] = {reg.mh()};
-    void* req = nullptr;
-    while (req == nullptr) expectOk(env.net.irecv(rc, 1, data, sz, tags, mhs, &req), "irecv");
-    waitRequest(env, req, 1, "receive after the replay");
-    reg.release();
-    Conn c{nullptr, rc};
-    closeConn(env, c);
-  } else {
-    std::string m = env.oob.recvString(env.timeout);
-    uint8_t handle[NCCL_NET_HANDLE_MAXSIZE], copy[NCCL_NET_HANDLE_MAXSIZE];
-    std::memcpy(handle, m.data(), sizeof(handle));
-    std::memcpy(copy, handle, sizeof(copy));
-    void* sc = nullptr;
-    Deadline d(env.timeout);
-    while (sc == nullptr) {
-      expectOk(env.net.connect(env.ctx, env.dev, handle, &sc), "connect");
-      if (d.expired()) fail("connect did not complete");
-    }
-    void* sc2 = nullptr;  // the same handle again, from another buffer: a replay
-    ncclResult_t r = ncclSuccess;
-    Deadline d2(std::chrono::seconds(30));
-    while (r == ncclSuccess && sc2 == nullptr && !d2.expired()) r = env.net.connect(env.ctx, env.dev, copy, &sc2);
-    if (sc2 != nullptr) fail("a replayed handle produced a second connection to one listen");
-    if (r == ncclSuccess) fail("a replayed handle was neither refused nor connected within 30 s");
-    Buffer b(64);
-    Registration reg(env.net, sc, b.data(), b.size());
-    void* req = nullptr;
-    while (req == nullptr) expectOk(env.net.isend(sc, b.data(), 64, 0, reg.mh(), &req), "isend");
-    waitRequest(env, req, 1, "send after the replay");
-    reg.release();
-    Conn c{sc, nullptr};
-    closeConn(env, c);
-  }
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
+  Conn c = establish(env, "replay", handle);
+  // The same handle again, from another buffer: a replay. The receiver keeps its comm progressing (NCCL tests
+  // its requests) while the replay is refused; the first connection must still carry data afterwards.
+  if (!env.recv()) connectRefused(env, handle, "a replayed handle");
+  StreamSpec s;
+  s.sizes = {64};
+  s.slotSize = 64;
+  s.inflight = 1;
+  stream(env, c, s);
+  closeConn(env, c);
 }
 
 void weftGarbageHandles(CheckEnv& env) {

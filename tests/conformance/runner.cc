@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "check_support.h"
+#include "args.h"
 #include "checks.h"
 #include "process_pair.h"
 
@@ -83,16 +84,16 @@ int runConformance(const RunOptions& o) {
     std::fprintf(stderr, "weft conformance: no check matches the selection\n");
     return 2;
   }
-  PairOptions po{o.self, o.recvNetns, o.sendNetns, o.env, o.recvEnv, o.sendEnv};
   std::string names;
   for (const auto& c : checks) names += (names.empty() ? "" : ",") + c;
   std::vector<std::string> args = {"conformance-worker", "--plugin", o.plugin, "--table", std::to_string(opts.version),
                                    "--dev", std::to_string(o.dev < 0 ? 0 : o.dev), "--timeout",
-                                   std::to_string(o.timeoutSec), "--checks", names};
+                                   std::to_string(o.timeoutSec), "--call-limit", std::to_string(o.callLimitMs),
+                                   "--checks", names};
   if (o.quick) args.push_back("--quick");
   if (o.verbose) args.push_back("--verbose");
   WorkerProcess procs[2];
-  spawnPair(po, args, procs);
+  spawnPair(o.pair, args, procs);
   std::map<std::string, std::pair<std::string, std::string>> results[2];  // check -> (verdict, message)
   std::vector<std::string> info[2];
   // Each check is bounded inside the workers; this bound catches a worker stuck inside a plugin call.
@@ -145,22 +146,12 @@ int runConformance(const RunOptions& o) {
 }
 
 int runWorker(int argc, char** argv) {
-  std::string pluginPath, roleName, checkList;
-  int version = 0, oobFd = -1, dev = 0, timeoutSec = 60;
-  bool quick = false, verbose = false;
-  for (int i = 2; i < argc; ++i) {
-    std::string a = argv[i];
-    auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
-    if (a == "--plugin") pluginPath = next();
-    else if (a == "--table") version = std::atoi(next().c_str());
-    else if (a == "--role") roleName = next();
-    else if (a == "--oob-fd") oobFd = std::atoi(next().c_str());
-    else if (a == "--dev") dev = std::atoi(next().c_str());
-    else if (a == "--timeout") timeoutSec = std::atoi(next().c_str());
-    else if (a == "--checks") checkList = next();
-    else if (a == "--quick") quick = true;
-    else if (a == "--verbose") verbose = true;
-  }
+  WorkerArgs wa = parseWorkerArgs(argc, argv);
+  const std::string& pluginPath = wa.plugin;
+  const std::string& roleName = wa.role;
+  const std::string& checkList = wa.checks;
+  int version = wa.table, oobFd = wa.oobFd, dev = wa.dev, timeoutSec = wa.timeoutSec;
+  bool quick = wa.quick, verbose = wa.verbose;
   setVerbose(verbose);
   setvbuf(stdout, nullptr, _IOLBF, 0);
   Oob oob(oobFd);
@@ -180,6 +171,7 @@ int runWorker(int argc, char** argv) {
   env.dev = dev;
   env.quick = quick;
   env.timeout = std::chrono::seconds(timeoutSec);
+  env.callLimit = std::chrono::milliseconds(wa.callLimitMs);
   env.isWeft = std::string(net.name()) == "weft";
   std::string setupError;
   int ndev = 0;

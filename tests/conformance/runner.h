@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "process_pair.h"
+
 namespace weft::harness {
 
 struct RunOptions {
@@ -18,9 +20,8 @@ struct RunOptions {
   bool verbose = false;
   int dev = -1;     // -1: device 0
   int timeoutSec = 60;
-  std::string recvNetns, sendNetns;
-  std::vector<std::string> env, recvEnv, sendEnv;  // KEY=VALUE
-  std::string self;  // this executable
+  int callLimitMs = 500;  // a connect/accept/listen call taking longer counts as blocking
+  PairOptions pair;  // this executable, namespaces and environments of the two workers
 };
 
 // Exit status: 0 all passed (skips allowed), 1 some check failed, 2 the plugin could not be used at all.

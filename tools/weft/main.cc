@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "args.h"
 #include "bench.h"
 #include "runner.h"
 #include "weft/common/log.h"
@@ -27,9 +28,10 @@ void usage() {
                "  info [--plugin FILE]          providers, devices and WEFT_* variables (or a plugin file's tables)\n"
                "  conformance --plugin FILE     run the NCCL-faithful conformance checks against FILE\n"
                "      [--table N]               table version to drive (default: the newest exported)\n"
-               "      [--only NAME[,NAME]]      checks to run (names or prefixes; see --list)\n"
+               "      [--only NAME]             run only this check (name or prefix; repeatable; see --list)\n"
                "      [--skip NAME]             report a check as skipped instead of running it (repeatable)\n"
                "      [--list] [--quick] [--verbose] [--timeout SEC] [--dev N]\n"
+               "      [--call-limit MS]         longest connect/accept/listen call before it counts as blocking (500)\n"
                "      [--env K=V] [--recv-env K=V] [--send-env K=V]   environment for both / one worker\n"
                "      [--recv-netns NS] [--send-netns NS]           run a worker inside a network namespace\n"
                "  bench --plugin FILE           latency and bandwidth through FILE's table, two processes\n"
@@ -46,64 +48,26 @@ std::string selfPath() {
 
 int conformance(int argc, char** argv) {
   weft::harness::RunOptions o;
-  o.self = selfPath();
-  for (int i = 2; i < argc; ++i) {
-    std::string a = argv[i];
-    auto need = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "weft conformance: %s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    auto number = [&](const std::string& v, int64_t lo, int64_t hi) {
-      int64_t x = 0;
-      std::string err;
-      if (!weft::params::parseInt(v, lo, hi, &x, &err)) {
-        std::fprintf(stderr, "weft conformance: %s %s\n", a.c_str(), err.c_str());
-        std::exit(2);
-      }
-      return static_cast<int>(x);
-    };
-    if (a == "--plugin") o.plugin = need();
-    else if (a == "--table") o.version = number(need(), 6, 12);
-    else if (a == "--only") {
-      std::string v = need();
-      size_t start = 0;
-      while (start <= v.size()) {
-        size_t c = v.find(',', start);
-        std::string item = v.substr(start, c == std::string::npos ? std::string::npos : c - start);
-        if (!item.empty()) o.only.push_back(item);
-        if (c == std::string::npos) break;
-        start = c + 1;
-      }
-    } else if (a == "--skip") {
-      o.skip.push_back(need());
-    } else if (a == "--list") return weft::harness::listChecks();
-    else if (a == "--quick") o.quick = true;
-    else if (a == "--verbose") o.verbose = true;
-    else if (a == "--timeout") o.timeoutSec = number(need(), 1, 3600);
-    else if (a == "--dev") o.dev = number(need(), 0, 1023);
-    else if (a == "--env") o.env.push_back(need());
-    else if (a == "--recv-env") o.recvEnv.push_back(need());
-    else if (a == "--send-env") o.sendEnv.push_back(need());
-    else if (a == "--recv-netns") o.recvNetns = need();
-    else if (a == "--send-netns") o.sendNetns = need();
-    else {
-      std::fprintf(stderr, "weft conformance: unknown option %s\n", a.c_str());
-      usage();
-      return 2;
-    }
+  o.pair.self = selfPath();
+  weft::harness::Args a("weft conformance", argc, argv, 2);
+  while (a.next()) {
+    const std::string& f = a.flag();
+    if (weft::harness::parsePairOption(a, o.pair)) continue;
+    if (f == "--plugin") o.plugin = a.value();
+    else if (f == "--table") o.version = a.number(6, 12);
+    else if (f == "--only") o.only.push_back(a.value());
+    else if (f == "--skip") o.skip.push_back(a.value());
+    else if (f == "--list") return weft::harness::listChecks();
+    else if (f == "--quick") o.quick = true;
+    else if (f == "--verbose") o.verbose = true;
+    else if (f == "--timeout") o.timeoutSec = a.number(1, 3600);
+    else if (f == "--call-limit") o.callLimitMs = a.number(1, 3600000);
+    else if (f == "--dev") o.dev = a.number(0, 1023);
+    else a.unknown();
   }
   if (o.plugin.empty()) {
     std::fprintf(stderr, "weft conformance: --plugin FILE is required\n");
     return 2;
-  }
-  for (const auto& kv : o.env) {
-    if (kv.find('=') == std::string::npos) {
-      std::fprintf(stderr, "weft conformance: --env wants KEY=VALUE, got '%s'\n", kv.c_str());
-      return 2;
-    }
   }
   return weft::harness::runConformance(o);
 }
@@ -111,39 +75,16 @@ int conformance(int argc, char** argv) {
 int bench(int argc, char** argv) {
   weft::harness::BenchOptions o;
   o.pair.self = selfPath();
-  for (int i = 2; i < argc; ++i) {
-    std::string a = argv[i];
-    auto need = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "weft bench: %s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    auto number = [&](const std::string& v, int64_t lo, int64_t hi) {
-      int64_t x = 0;
-      std::string err;
-      if (!weft::params::parseInt(v, lo, hi, &x, &err)) {
-        std::fprintf(stderr, "weft bench: %s %s\n", a.c_str(), err.c_str());
-        std::exit(2);
-      }
-      return static_cast<int>(x);
-    };
-    if (a == "--plugin") o.plugin = need();
-    else if (a == "--table") o.version = number(need(), 6, 12);
-    else if (a == "--dev") o.dev = number(need(), 0, 1023);
-    else if (a == "--quick") o.quick = true;
-    else if (a == "--json") o.json = true;
-    else if (a == "--env") o.pair.env.push_back(need());
-    else if (a == "--recv-env") o.pair.recvEnv.push_back(need());
-    else if (a == "--send-env") o.pair.sendEnv.push_back(need());
-    else if (a == "--recv-netns") o.pair.recvNetns = need();
-    else if (a == "--send-netns") o.pair.sendNetns = need();
-    else {
-      std::fprintf(stderr, "weft bench: unknown option %s\n", a.c_str());
-      usage();
-      return 2;
-    }
+  weft::harness::Args a("weft bench", argc, argv, 2);
+  while (a.next()) {
+    const std::string& f = a.flag();
+    if (weft::harness::parsePairOption(a, o.pair)) continue;
+    if (f == "--plugin") o.plugin = a.value();
+    else if (f == "--table") o.version = a.number(6, 12);
+    else if (f == "--dev") o.dev = a.number(0, 1023);
+    else if (f == "--quick") o.quick = true;
+    else if (f == "--json") o.json = true;
+    else a.unknown();
   }
   if (o.plugin.empty()) {
     std::fprintf(stderr, "weft bench: --plugin FILE is required\n");

@@ -1,0 +1,79 @@
+#include "args.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "weft/common/params.h"
+
+namespace weft::harness {
+
+bool Args::next() {
+  if (++i_ >= argc_) return false;
+  flag_ = argv_[i_];
+  return true;
+}
+
+std::string Args::value() {
+  if (i_ + 1 >= argc_) {
+    std::fprintf(stderr, "%s: %s needs a value\n", prog_, flag_.c_str());
+    std::exit(2);
+  }
+  return argv_[++i_];
+}
+
+int Args::number(int64_t lo, int64_t hi) {
+  std::string v = value();
+  int64_t x = 0;
+  std::string err;
+  if (!params::parseInt(v, lo, hi, &x, &err)) {
+    std::fprintf(stderr, "%s: %s %s\n", prog_, flag_.c_str(), err.c_str());
+    std::exit(2);
+  }
+  return static_cast<int>(x);
+}
+
+void Args::unknown() const {
+  std::fprintf(stderr, "%s: unknown option %s (see weft --help)\n", prog_, flag_.c_str());
+  std::exit(2);
+}
+
+bool parsePairOption(Args& a, PairOptions& pair) {
+  const std::string& f = a.flag();
+  auto keyValue = [&] {
+    std::string kv = a.value();
+    if (kv.find('=') == std::string::npos || kv[0] == '=') {
+      std::fprintf(stderr, "weft: %s wants KEY=VALUE, got '%s'\n", f.c_str(), kv.c_str());
+      std::exit(2);
+    }
+    return kv;
+  };
+  if (f == "--env") pair.env.push_back(keyValue());
+  else if (f == "--recv-env") pair.recvEnv.push_back(keyValue());
+  else if (f == "--send-env") pair.sendEnv.push_back(keyValue());
+  else if (f == "--recv-netns") pair.recvNetns = a.value();
+  else if (f == "--send-netns") pair.sendNetns = a.value();
+  else return false;
+  return true;
+}
+
+WorkerArgs parseWorkerArgs(int argc, char** argv) {
+  WorkerArgs w;
+  Args a("weft worker", argc, argv, 2);
+  while (a.next()) {
+    const std::string& f = a.flag();
+    if (f == "--plugin") w.plugin = a.value();
+    else if (f == "--table") w.table = a.number(0, 12);
+    else if (f == "--role") w.role = a.value();
+    else if (f == "--oob-fd") w.oobFd = a.number(0, 1 << 20);
+    else if (f == "--dev") w.dev = a.number(0, 1023);
+    else if (f == "--timeout") w.timeoutSec = a.number(1, 86400);
+    else if (f == "--checks") w.checks = a.value();
+    else if (f == "--call-limit") w.callLimitMs = a.number(1, 3600000);
+    else if (f == "--quick") w.quick = true;
+    else if (f == "--verbose") w.verbose = true;
+    else a.unknown();
+  }
+  return w;
+}
+
+}  // namespace weft::harness

@@ -1,0 +1,40 @@
+// Strict command-line parsing for the weft tool and its worker processes: a missing value or a number out of
+// range is a clear error (exit 2), never a silent default.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "process_pair.h"
+
+namespace weft::harness {
+
+class Args {
+ public:
+  Args(const char* prog, int argc, char** argv, int first) : prog_(prog), argc_(argc), argv_(argv), i_(first - 1) {}
+  bool next();                              // moves to the next flag; false at the end
+  const std::string& flag() const { return flag_; }
+  std::string value();                      // the current flag's value
+  int number(int64_t lo, int64_t hi);       // the current flag's value as an integer in [lo, hi]
+  [[noreturn]] void unknown() const;
+
+ private:
+  const char* prog_;
+  int argc_;
+  char** argv_;
+  int i_;
+  std::string flag_;
+};
+
+// --env, --recv-env, --send-env (KEY=VALUE), --recv-netns, --send-netns. True when the flag was one of them.
+bool parsePairOption(Args& a, PairOptions& pair);
+
+// What the driver passes to every worker it spawns.
+struct WorkerArgs {
+  std::string plugin, role, checks;
+  int table = 0, oobFd = -1, dev = 0, timeoutSec = 60, callLimitMs = 500;
+  bool quick = false, verbose = false;
+};
+WorkerArgs parseWorkerArgs(int argc, char** argv);
+
+}  // namespace weft::harness
