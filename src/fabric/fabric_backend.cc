@@ -95,10 +95,20 @@ Status FabricBackend::connect(int dev, const CommConfig& config, void* handle, S
     std::lock_guard<std::mutex> lock(pendingMutex_);
     auto it = pending_.find(handle);
     if (it != pending_.end()) {
-      if (std::memcmp(it->second->handleBytes, handle, kHandleSize) == 0) {
-        pc = it->second.get();
-      } else {
+      if (std::memcmp(it->second->handleBytes, handle, kHandleSize) != 0) {
         pending_.erase(it);  // the buffer was reused for another connection: the old attempt is abandoned
+      } else if (connectTimeoutSec_ > 0 &&
+                 std::chrono::steady_clock::now() - it->second->started > std::chrono::seconds(connectTimeoutSec_)) {
+        // Past its timeout: answered here, under the lock, so an entry old enough to be purged below is
+        // never in anyone's hands.
+        WEFT_WARN("connect to {} on {} timed out after {} s without an answer: likely a firewall or security "
+                  "group dropping traffic between the nodes, WEFT_IFACE choosing an interface the peer cannot "
+                  "reach, or the peer process is gone (WEFT_CONNECT_TIMEOUT sets the limit)",
+                  it->second->peerName, devices_[dev]->props().name, connectTimeoutSec_);
+        pending_.erase(it);
+        return Status::kRemote;
+      } else {
+        pc = it->second.get();
       }
     }
   }
@@ -124,6 +134,12 @@ Status FabricBackend::connect(int dev, const CommConfig& config, void* handle, S
     fresh->token = h.token;
     if (Status st = fresh->ep->startConnect(fresh->peer, h.token); st != Status::kOk) return st;
     std::lock_guard<std::mutex> lock(pendingMutex_);
+    // Attempts nobody polled past their timeout were abandoned (a communicator aborted mid-connect): free
+    // their endpoints instead of keeping them for the life of the process.
+    if (connectTimeoutSec_ > 0) {
+      auto stale = fresh->started - std::chrono::seconds(2 * connectTimeoutSec_);
+      std::erase_if(pending_, [&](const auto& kv) { return kv.second->started < stale; });
+    }
     pc = fresh.get();
     pending_[handle] = std::move(fresh);
   }
@@ -160,14 +176,6 @@ Status FabricBackend::pollConnect(PendingConnect& pc, SendComm** out) {
     WEFT_INFO(NCCL_NET, "connected to {} on {} via {}", pc.peerName, p.name, p.provider);
     *out = new FabricSendComm(std::move(pc.ep), pc.peer, pc.peerName, maxRecvs_);
     return Status::kOk;
-  }
-  if (connectTimeoutSec_ > 0 &&
-      std::chrono::steady_clock::now() - pc.started > std::chrono::seconds(connectTimeoutSec_)) {
-    WEFT_WARN("connect to {} via {} on {} timed out after {} s without an answer: likely a firewall or security "
-              "group dropping traffic between the nodes, WEFT_IFACE choosing an interface the peer cannot reach, "
-              "or the peer process is gone (WEFT_CONNECT_TIMEOUT sets the limit)",
-              pc.peerName, p.provider, p.name, connectTimeoutSec_);
-    return Status::kRemote;
   }
   return Status::kOk;
 }

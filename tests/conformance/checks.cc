@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "check_support.h"
+#include "weft/common/params.h"
 #include "weft/transport/handle.h"
 
 namespace weft::harness {
@@ -673,6 +674,42 @@ void weftReplayedHandle(CheckEnv& env) {
   closeConn(env, c);
 }
 
+void weftUnreachablePeer(CheckEnv& env) {
+  requireWeft(env);
+  int64_t limit = params::getInt("WEFT_CONNECT_TIMEOUT");
+  if (limit < 1 || limit > 10) throw CheckSkip("run with WEFT_CONNECT_TIMEOUT between 1 and 10 s");
+  // 1: the listen is gone (nothing answers at that address); 2: a listener that never accepts (a filtered or
+  // wedged peer). Either way connect must fail within the timeout, with a warning, and not spin forever.
+  for (int round = 0; round < 2; ++round) {
+    if (env.recv()) {
+      uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
+      void* lc = nullptr;
+      expectOk(env.net.listen(env.ctx, env.dev, handle, &lc), "listen");
+      if (round == 0) expectOk(env.net.closeListen(lc), "closeListen");
+      env.oob.send(std::string(reinterpret_cast<char*>(handle), sizeof(handle)));
+      if (env.oob.recvString(std::chrono::seconds(limit + 30)) != "done") fail("peer out of step");
+      if (round == 1) expectOk(env.net.closeListen(lc), "closeListen");
+    } else {
+      std::string m = env.oob.recvString(env.timeout);
+      uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
+      std::memcpy(handle, m.data(), sizeof(handle));
+      int warnings = warningCount();
+      auto t0 = std::chrono::steady_clock::now();
+      void* sc = nullptr;
+      ncclResult_t r = ncclSuccess;
+      Deadline d(std::chrono::seconds(limit + 15));
+      while (r == ncclSuccess && sc == nullptr && !d.expired()) r = env.net.connect(env.ctx, env.dev, handle, &sc);
+      double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      env.oob.send("done");
+      std::string what = round == 0 ? "connect to a closed listen" : "connect to a listener that never accepts";
+      if (sc != nullptr) fail(what + " succeeded");
+      if (r == ncclSuccess) fail(what + " did not fail within WEFT_CONNECT_TIMEOUT + 15 s");
+      if (warningCount() == warnings) fail(what + " failed without a warning");
+      std::printf("INFO\t%s failed after %.1f s (%s)\n", what.c_str(), s, resultName(r));
+    }
+  }
+}
+
 void weftGarbageHandles(CheckEnv& env) {
   requireWeft(env);
   std::mt19937_64 rng(env.recv() ? 11 : 12);
@@ -734,6 +771,8 @@ const std::vector<Check>& allChecks() {
        weftWrongToken},
       {"weft.replayed_handle", "a second connect to a used handle is refused; the first connection still works",
        weftReplayedHandle},
+      {"weft.unreachable_peer", "connect to a closed listen or a silent listener fails within WEFT_CONNECT_TIMEOUT",
+       weftUnreachablePeer},
       {"weft.garbage_handles", "garbage handles and foreign objects get ncclInvalidUsage/errors, never a crash",
        weftGarbageHandles},
   };
