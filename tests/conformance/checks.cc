@@ -266,44 +266,55 @@ void dataGroupedReceives(CheckEnv& env) {
 }
 
 void dataMaxRequests(CheckEnv& env) {
-  // NCCL_NET_MAX_REQUESTS (32) receives outstanding on one comm (shared comms), matched by 32 sends.
+  // NCCL_NET_MAX_REQUESTS (32) receives outstanding on one comm (shared comms), each of maxRecvs buffers when
+  // the device groups receives, matched by 32 x maxRecvs sends in flight on one send comm (spec §3.4).
+  int group = agreedMaxRecvs(env);
   Conn c = establish(env);
   const int kReq = NCCL_NET_MAX_REQUESTS;
+  const int kMsgs = kReq * group;
   const size_t slot = 8192;
-  Buffer buf(slot * kReq);
+  Buffer buf(slot * kMsgs);
   Registration reg(env.net, c.comm(), buf.data(), buf.size());
+  auto at = [&](int m) { return buf.data() + m * slot; };
+  auto len = [&](int m) { return slot - m % 4096; };
   std::vector<void*> reqs;
   if (env.recv()) {
     for (int i = 0; i < kReq; ++i) {
-      void* data[1] = {buf.data() + i * slot};
-      size_t sz[1] = {slot};
-      int tags[1] = {1};
-      void* mhs[1] = {reg.mh()};
+      std::vector<void*> data(group), mhs(group, reg.mh());
+      std::vector<size_t> sz(group, slot);
+      std::vector<int> tags(group);
+      for (int k = 0; k < group; ++k) {
+        data[k] = at(i * group + k);
+        tags[k] = 10 + k;
+      }
       void* req = nullptr;
-      expectOk(env.net.irecv(c.recvComm, 1, data, sz, tags, mhs, &req), "irecv");
+      expectOk(env.net.irecv(c.recvComm, group, data.data(), sz.data(), tags.data(), mhs.data(), &req), "irecv");
       if (req == nullptr) fail("irecv " + std::to_string(i) + " refused: a comm must hold 32 outstanding requests");
       reqs.push_back(req);
     }
     env.oob.barrier("posted", env.timeout);
     for (int i = 0; i < kReq; ++i) {
-      auto got = waitRequest(env, reqs[i], 1, "receive " + std::to_string(i));
-      if (static_cast<size_t>(got[0]) != slot - i || findMismatch(buf.data() + i * slot, slot - i, 9000 + i) != SIZE_MAX) {
-        fail("receive " + std::to_string(i) + " wrong");
+      auto got = waitRequest(env, reqs[i], group, "receive " + std::to_string(i));
+      for (int k = 0; k < group; ++k) {
+        int m = i * group + k;
+        if (static_cast<size_t>(got[k]) != len(m) || findMismatch(at(m), len(m), 9000 + m) != SIZE_MAX) {
+          fail("receive " + std::to_string(i) + " buffer " + std::to_string(k) + " wrong");
+        }
       }
     }
   } else {
     env.oob.barrier("posted", env.timeout);
-    for (int i = 0; i < kReq; ++i) {
-      fillPattern(buf.data() + i * slot, slot - i, 9000 + i);
+    for (int m = 0; m < kMsgs; ++m) {  // all posted before any is tested
+      fillPattern(at(m), len(m), 9000 + m);
       void* req = nullptr;
       Deadline d(env.timeout);
       while (req == nullptr) {  // a NULL request is legal back-pressure: NCCL retries
-        expectOk(env.net.isend(c.sendComm, buf.data() + i * slot, slot - i, 1, reg.mh(), &req), "isend");
-        if (d.expired()) fail("isend " + std::to_string(i) + " never accepted with 32 outstanding");
+        expectOk(env.net.isend(c.sendComm, at(m), len(m), 10 + m % group, reg.mh(), &req), "isend");
+        if (d.expired()) fail("isend " + std::to_string(m) + " never accepted with the others outstanding");
       }
       reqs.push_back(req);
     }
-    for (int i = 0; i < kReq; ++i) waitRequest(env, reqs[i], 1, "send " + std::to_string(i));
+    for (int m = 0; m < kMsgs; ++m) waitRequest(env, reqs[m], 1, "send " + std::to_string(m));
   }
   reg.release();
   closeConn(env, c);
