@@ -279,6 +279,14 @@ Status FabricDevice::open() {
   }
   domain_.reset(domain);
   opened_ = true;
+  // weft opens one endpoint per connection; a job connects nChannels x peers x 2 of them.
+  size_t epCnt = info_->domain_attr->ep_cnt;
+  if (epCnt > 0 && epCnt < 1024) {
+    WEFT_WARN("device {}: provider {} supports only {} endpoints per domain and weft opens one per connection; "
+              "jobs with many channels or peers may exhaust it (the sockets provider of libfabric 1.17 stops "
+              "connecting after {} endpoints even when they were closed): prefer tcp;ofi_rxm",
+              index_, props_.provider, epCnt, epCnt);
+  }
   WEFT_INFO(NCCL_INIT | NCCL_NET, "device {} ({}): domain {} open, mr_mode {:#x}, inject {} B{}, max msg {} B{}",
             index_, props_.provider, props_.name, info_->domain_attr->mr_mode, injectSize_,
             injectSafe_ ? "" : " (not used: manual progress)", maxMsgSize_,

@@ -1,6 +1,8 @@
 #include "checks.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <atomic>
 #include <cstring>
 #include <map>
@@ -8,6 +10,7 @@
 #include <set>
 #include <thread>
 
+#include <dirent.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -542,6 +545,77 @@ void teardownInflight(CheckEnv& env) {
   closeConn(env, c);
 }
 
+// ---- resource hygiene -------------------------------------------------------------------------------------------
+
+struct Usage {
+  int fds = 0;
+  long rssKiB = 0;
+};
+
+Usage usage() {
+  Usage u;
+  if (DIR* d = opendir("/proc/self/fd")) {
+    while (readdir(d) != nullptr) ++u.fds;
+    closedir(d);
+  }
+  if (FILE* f = std::fopen("/proc/self/status", "r")) {
+    char line[256];
+    while (std::fgets(line, sizeof(line), f)) {
+      if (std::strncmp(line, "VmRSS:", 6) == 0) u.rssKiB = std::strtol(line + 6, nullptr, 10);
+    }
+    std::fclose(f);
+  }
+  return u;
+}
+
+void expectNoGrowth(const Usage& before, const Usage& after, int cycles, const char* what) {
+  std::printf("INFO\t%d %s: fds %d -> %d, RSS %ld -> %ld KiB\n", cycles, what, before.fds, after.fds, before.rssKiB,
+              after.rssKiB);
+  if (after.fds > before.fds + 4) {
+    fail(std::to_string(cycles) + " " + what + " grew open file descriptors from " + std::to_string(before.fds) +
+         " to " + std::to_string(after.fds));
+  }
+  if (after.rssKiB > before.rssKiB + 16 * 1024) {
+    fail(std::to_string(cycles) + " " + what + " grew resident memory by " +
+         std::to_string((after.rssKiB - before.rssKiB) / 1024) + " MiB");
+  }
+}
+
+void hygieneConnectCycles(CheckEnv& env) {
+  // listen/connect/accept/close as NCCL does for every lazily created connection, many times over: nothing may
+  // accumulate (file descriptors, endpoints, memory).
+  const int cycles = env.quick ? 100 : 2000;
+  const int warmup = 50;
+  Usage before;
+  for (int i = 0; i < warmup + cycles; ++i) {
+    if (i == warmup) before = usage();
+    Conn c;
+    try {
+      c = establish(env, "cycle");
+    } catch (const CheckFailure& e) {
+      fail("cycle " + std::to_string(i) + ": " + e.what());
+    }
+    closeConn(env, c);
+  }
+  expectNoGrowth(before, usage(), cycles, "connect/accept/close cycles");
+}
+
+void hygieneRegisterCycles(CheckEnv& env) {
+  Conn c = establish(env);
+  const int cycles = env.quick ? 2000 : 10000;
+  Buffer buf(8 << 20);
+  Usage before;
+  for (int i = 0; i < 100 + cycles; ++i) {
+    if (i == 100) before = usage();
+    void* mh = nullptr;
+    size_t off = (i * 7919 % 1024) * 4096;
+    expectOk(env.net.regMr(c.comm(), buf.data() + off, 4096 * (1 + i % 256), NCCL_PTR_HOST, &mh), "regMr");
+    expectOk(env.net.deregMr(c.comm(), mh), "deregMr");
+  }
+  expectNoGrowth(before, usage(), cycles, "register/deregister cycles");
+  closeConn(env, c);
+}
+
 // ---- faults (each runs alone: it ends one worker) ---------------------------------------------------------------
 
 // One rank dies (SIGKILL) with the other's requests outstanding: every pending test on the survivor must return
@@ -774,6 +848,9 @@ const std::vector<Check>& allChecks() {
       {"threads.service_and_progress", "regMr/deregMr/listen on the service thread while data flows", threadsServiceAndProgress},
       {"comms.many", "8 connections progressed round-robin from one thread", commsMany},
       {"teardown.inflight", "deregMr and close with requests in flight (communicator abort)", teardownInflight},
+      {"hygiene.connect_cycles", "many listen/connect/accept/close cycles leave no fds or memory behind",
+       hygieneConnectCycles},
+      {"hygiene.register_cycles", "many regMr/deregMr cycles leave no fds or memory behind", hygieneRegisterCycles},
       {"faults.sender_killed", "the sending process is SIGKILLed: pending receives fail within a bound (alone)",
        faultsSenderKilled},
       {"faults.receiver_killed", "the receiving process is SIGKILLed: pending sends fail within a bound (alone)",
