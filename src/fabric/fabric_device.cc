@@ -282,10 +282,13 @@ Status FabricDevice::open() {
   // weft opens one endpoint per connection; a job connects nChannels x peers x 2 of them.
   size_t epCnt = info_->domain_attr->ep_cnt;
   if (epCnt > 0 && epCnt < 1024) {
-    WEFT_WARN("device {}: provider {} supports only {} endpoints per domain and weft opens one per connection; "
-              "jobs with many channels or peers may exhaust it (the sockets provider of libfabric 1.17 stops "
-              "connecting after {} endpoints even when they were closed): prefer tcp;ofi_rxm",
-              index_, props_.provider, epCnt, epCnt);
+    WEFT_WARN("device {}: provider {} advertises at most {} endpoints per domain and weft opens one per "
+              "connection, so jobs with many channels and peers may exhaust it{}",
+              index_, props_.provider, epCnt,
+              props_.provider == "sockets"
+                  ? " (libfabric 1.17's sockets provider stops connecting after that many were ever opened, even "
+                    "closed ones): prefer tcp;ofi_rxm"
+                  : "");
   }
   WEFT_INFO(NCCL_INIT | NCCL_NET, "device {} ({}): domain {} open, mr_mode {:#x}, inject {} B{}, max msg {} B{}",
             index_, props_.provider, props_.name, info_->domain_attr->mr_mode, injectSize_,
