@@ -61,15 +61,9 @@ void FabricDataComm::release(FabricRequest* r) {
 }
 
 Status FabricDataComm::progress() {
-  uint32_t before = completions_;
   Status st = ep_->progress(this);
   if (st != Status::kOk && fatal_ == Status::kOk) fatal_ = st;
-  if (completions_ != before) {
-    activity_ = true;
-    emptyPolls_ = 0;
-  } else if (outstanding_ > 0 && probeIntervalMs_ > 0 && (++emptyPolls_ & 1023) == 0) {
-    checkPeer();
-  }
+  if (outstanding_ > 0 && probeIntervalMs_ > 0 && (++polls_ & 1023) == 0) checkPeer();
   return st;
 }
 
@@ -89,8 +83,8 @@ int64_t coarseNowMs() {
 void FabricDataComm::checkPeer() {
   if (fatal_ != Status::kOk) return;
   int64_t now = coarseNowMs();
-  if (activity_ || lastActivityMs_ == 0) {
-    activity_ = false;
+  if (completions_ != completionsSeen_ || lastActivityMs_ == 0) {  // something completed since the last look
+    completionsSeen_ = completions_;
     lastActivityMs_ = now;
     return;
   }

@@ -61,12 +61,12 @@ class FabricDataComm : public DataSink {
   TagSequence seqs_;
   Status fatal_ = Status::kOk;  // once set, every call on this comm fails with it
 
-  // Liveness (see checkPeer): requests outstanding, polls that found nothing since the last look at the clock.
+  // Liveness (see checkPeer), looked at once per 1024 progress calls while requests are outstanding.
   void checkPeer();
   int outstanding_ = 0;
-  uint32_t completions_ = 0;
-  uint32_t emptyPolls_ = 0;
-  bool activity_ = false;
+  uint32_t completions_ = 0;      // every completion, success or error
+  uint32_t completionsSeen_ = 0;  // completions_ at checkPeer's last look
+  uint32_t polls_ = 0;
   int64_t lastActivityMs_ = 0;
   int64_t probeSentMs_ = 0;
   int64_t probeIntervalMs_;

@@ -342,45 +342,40 @@ bool Endpoint::repliesDone() const {
 // peer is up, which needs the peer to make progress too, so they are retried on every later progress call.
 void Endpoint::flushControl() {
   bool still = false;
-  if (requestState_ == SlotState::kQueued) {
-    ConnectRequest& r = ctl_->requestOut;
-    size_t len = offsetof(ConnectRequest, addr) + r.addrLen;
-    ssize_t rc = fi_tsend(ep_.get(), &r, len, ctlDesc_, requestTo_, kTagConnRequest, &requestSendCtx_.fi);
+  // Hands one queued control message to the provider: in flight, still queued (EAGAIN), or failed (returned as
+  // a status, the slot freed, a warning naming `what` when given).
+  auto trySend = [&](SlotState& state, const void* buf, size_t len, fi_addr_t to, uint64_t tag, OpContext& ctx,
+                     const char* what) {
+    if (state != SlotState::kQueued) return Status::kOk;
+    ssize_t rc = fi_tsend(ep_.get(), buf, len, ctlDesc_, to, tag, &ctx.fi);
     if (rc == 0) {
-      requestState_ = SlotState::kInFlight;
-    } else if (rc == -FI_EAGAIN) {
-      still = true;
-    } else {
-      WEFT_WARN("sending the connection request on {} failed: {}", dev_.props().name,
-                fi_strerror(static_cast<int>(-rc)));
-      requestState_ = SlotState::kFree;
-      connectError_ = statusOfFiError(static_cast<int>(-rc));
+      state = SlotState::kInFlight;
+      return Status::kOk;
     }
+    if (rc == -FI_EAGAIN) {
+      still = true;
+      return Status::kOk;
+    }
+    if (what != nullptr) {
+      WEFT_WARN("sending {} on {} failed: {}", what, dev_.props().name, fi_strerror(static_cast<int>(-rc)));
+    }
+    state = SlotState::kFree;
+    return statusOfFiError(static_cast<int>(-rc));
+  };
+  const ConnectRequest& r = ctl_->requestOut;
+  if (Status st = trySend(requestState_, &r, offsetof(ConnectRequest, addr) + r.addrLen, requestTo_, kTagConnRequest,
+                          requestSendCtx_, "the connection request");
+      st != Status::kOk) {
+    connectError_ = st;
   }
-  if (probeState_ == SlotState::kQueued) {
-    ssize_t rc = fi_tsend(ep_.get(), ctl_->probeOut, sizeof(ctl_->probeOut), ctlDesc_, probeTo_, kTagProbe,
-                          &probeSendCtx_.fi);
-    if (rc == 0) {
-      probeState_ = SlotState::kInFlight;
-    } else if (rc == -FI_EAGAIN) {
-      still = true;
-    } else {
-      probeState_ = SlotState::kFree;
-      probeError_ = statusOfFiError(static_cast<int>(-rc));
-    }
+  if (Status st = trySend(probeState_, ctl_->probeOut, sizeof(ctl_->probeOut), probeTo_, kTagProbe, probeSendCtx_,
+                          nullptr);  // a failed probe is reported by the comm that sent it
+      st != Status::kOk) {
+    probeError_ = st;
   }
   for (int i = 0; i < kReplySlots; ++i) {
-    if (replySlot_[i] != SlotState::kQueued) continue;
-    ssize_t rc = fi_tsend(ep_.get(), &ctl_->replyOut[i], sizeof(ConnectReply), ctlDesc_, replyTo_[i], kTagConnReply,
-                          &replySendCtx_[i].fi);
-    if (rc == 0) {
-      replySlot_[i] = SlotState::kInFlight;
-    } else if (rc == -FI_EAGAIN) {
-      still = true;
-    } else {
-      WEFT_WARN("sending a connection reply on {} failed: {}", dev_.props().name, fi_strerror(static_cast<int>(-rc)));
-      replySlot_[i] = SlotState::kFree;
-    }
+    trySend(replySlot_[i], &ctl_->replyOut[i], sizeof(ConnectReply), replyTo_[i], kTagConnReply, replySendCtx_[i],
+            "a connection reply");
   }
   controlQueued_ = still;
 }
