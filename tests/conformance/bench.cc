@@ -119,29 +119,18 @@ void bandwidth(CheckEnv& env, Conn& c, size_t size, int count) {
 
 int runBenchWorker(int argc, char** argv) {
   WorkerArgs wa = parseWorkerArgs(argc, argv);
-  const std::string& pluginPath = wa.plugin;
-  const std::string& role = wa.role;
-  int version = wa.table, oobFd = wa.oobFd, dev = wa.dev;
-  bool quick = wa.quick;
   setvbuf(stdout, nullptr, _IOLBF, 0);
   const char* debug = params::foreign("NCCL_DEBUG");  // show the plugin's INFO lines as NCCL would
   setVerbose(debug != nullptr && (std::string(debug) == "INFO" || std::string(debug) == "TRACE"));
+  WorkerSession session;
   std::string error;
-  auto plugin = LoadedPlugin::open(pluginPath, version, &error);
-  if (!plugin) {
+  if (!session.open(wa, &error)) {
     std::printf("ERROR\t%s\n", error.c_str());
     return 2;
   }
-  Oob oob(oobFd);
-  CheckEnv env{role == "recv" ? Role::kRecv : Role::kSend, plugin->api(), oob};
-  env.dev = dev;
-  env.timeout = std::chrono::seconds(60);
+  CheckEnv& env = session.env();
+  const bool quick = wa.quick;
   try {
-    int n = 0;
-    expectOk(env.net.init(&env.ctx, 0xBE7C4), "init");
-    expectOk(env.net.devices(&n), "devices");
-    if (n <= dev) fail("the plugin offers " + std::to_string(n) + " devices" + (warningCount() ? ": " + lastWarning() : ""));
-    expectOk(env.net.getProperties(dev, &env.props), "getProperties");
     std::printf("INFO\t%s\t%d\n", env.props.name.c_str(), env.props.speed);
     // One connection each way: the recv rank's "out" is the send rank's "in".
     Conn fwd = establish(env, "fwd");
@@ -162,7 +151,6 @@ int runBenchWorker(int argc, char** argv) {
     }
     closeConn(env, fwd);
     closeConn(env, bwd);
-    if (env.net.hasFinalize()) env.net.finalize(env.ctx);
   } catch (const std::exception& e) {
     std::printf("ERROR\t%s\n", e.what());
     return 1;

@@ -24,6 +24,43 @@ const char* resultName(ncclResult_t r) {
   return "unknown ncclResult_t";
 }
 
+bool WorkerSession::open(const WorkerArgs& wa, std::string* error) {
+  plugin_ = LoadedPlugin::open(wa.plugin, wa.table, error);
+  if (!plugin_) return false;
+  oob_ = std::make_unique<Oob>(wa.oobFd);
+  NetApi& net = plugin_->api();
+  env_ = std::make_unique<CheckEnv>(CheckEnv{wa.role == "recv" ? Role::kRecv : Role::kSend, net, *oob_});
+  CheckEnv& env = *env_;
+  env.dev = wa.dev;
+  env.quick = wa.quick;
+  env.timeout = std::chrono::seconds(wa.timeoutSec);
+  env.callLimit = std::chrono::milliseconds(wa.callLimitMs);
+  env.isWeft = std::string(net.name()) == "weft";
+  ncclResult_t r = net.init(&env.ctx, 0xC0FFEE);
+  if (r != ncclSuccess) {
+    *error = std::string("init returned ") + resultName(r);
+    return false;
+  }
+  if ((r = net.devices(&ndev_)) != ncclSuccess || ndev_ <= 0) {
+    *error = "the plugin offers no device (devices() = " + std::to_string(ndev_) + ", " + resultName(r) + ")" +
+             (warningCount() ? ": " + lastWarning() : "");
+    return false;
+  }
+  if (wa.dev >= ndev_) {
+    *error = "device " + std::to_string(wa.dev) + " does not exist";
+    return false;
+  }
+  if ((r = net.getProperties(wa.dev, &env.props)) != ncclSuccess) {
+    *error = std::string("getProperties returned ") + resultName(r);
+    return false;
+  }
+  return true;
+}
+
+WorkerSession::~WorkerSession() {
+  if (env_ && env_->ctx != nullptr && env_->net.hasFinalize()) env_->net.finalize(env_->ctx);
+}
+
 void fail(const std::string& why) { throw CheckFailure(why); }
 
 void expectOk(ncclResult_t r, const std::string& what) {

@@ -5,12 +5,34 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "args.h"
 #include "checks.h"
 
 namespace weft::harness {
+
+// A worker's hold on the plugin under test: loaded, initialised for one communicator, its device chosen. The
+// communicator is finalized on every way out of the worker, as NCCL's destroy would.
+class WorkerSession {
+ public:
+  WorkerSession() = default;
+  ~WorkerSession();
+  WorkerSession(const WorkerSession&) = delete;
+  WorkerSession& operator=(const WorkerSession&) = delete;
+  // False, with the reason, when the plugin cannot be used at all.
+  bool open(const WorkerArgs& wa, std::string* error);
+  CheckEnv& env() { return *env_; }
+  int deviceCount() const { return ndev_; }
+
+ private:
+  std::unique_ptr<LoadedPlugin> plugin_;
+  std::unique_ptr<Oob> oob_;
+  std::unique_ptr<CheckEnv> env_;
+  int ndev_ = 0;
+};
 
 [[noreturn]] void fail(const std::string& why);
 void expectOk(ncclResult_t r, const std::string& what);

@@ -147,58 +147,25 @@ int runConformance(const RunOptions& o) {
 
 int runWorker(int argc, char** argv) {
   WorkerArgs wa = parseWorkerArgs(argc, argv);
-  const std::string& pluginPath = wa.plugin;
-  const std::string& roleName = wa.role;
-  const std::string& checkList = wa.checks;
-  int version = wa.table, oobFd = wa.oobFd, dev = wa.dev, timeoutSec = wa.timeoutSec;
-  bool quick = wa.quick, verbose = wa.verbose;
-  setVerbose(verbose);
+  setVerbose(wa.verbose);
   setvbuf(stdout, nullptr, _IOLBF, 0);
-  Oob oob(oobFd);
-  std::string error;
-  auto plugin = LoadedPlugin::open(pluginPath, version, &error);
   auto report = [](const std::string& name, const char* verdict, const std::string& msg) {
     std::printf("RESULT\t%s\t%s\t%s\n", name.c_str(), verdict, oneLine(msg).c_str());
     std::fflush(stdout);
   };
-  std::vector<std::string> names = split(checkList, ',');
-  if (!plugin) {
+  std::vector<std::string> names = split(wa.checks, ',');
+  WorkerSession session;
+  std::string error;
+  if (!session.open(wa, &error)) {
     for (const auto& n : names) report(n, "FAIL", error);
     return 2;
   }
-  NetApi& net = plugin->api();
-  CheckEnv env{roleName == "recv" ? Role::kRecv : Role::kSend, net, oob};
-  env.dev = dev;
-  env.quick = quick;
-  env.timeout = std::chrono::seconds(timeoutSec);
-  env.callLimit = std::chrono::milliseconds(wa.callLimitMs);
-  env.isWeft = std::string(net.name()) == "weft";
-  std::string setupError;
-  int ndev = 0;
-  ncclResult_t r = net.init(&env.ctx, 0xC0FFEE);
-  struct Finalize {  // every way out of the worker ends the communicator, as NCCL's destroy would
-    NetApi& net;
-    CheckEnv& env;
-    ~Finalize() {
-      if (net.hasFinalize() && env.ctx != nullptr) net.finalize(env.ctx);
-    }
-  } finalizeOnExit{net, env};
-  if (r != ncclSuccess) setupError = std::string("init returned ") + resultName(r);
-  if (setupError.empty() && ((r = net.devices(&ndev)) != ncclSuccess || ndev <= 0)) {
-    setupError = "the plugin offers no device (devices() = " + std::to_string(ndev) + ", " + resultName(r) +
-                 ")" + (warningCount() ? ": " + lastWarning() : "");
-  }
-  if (setupError.empty() && dev >= ndev) setupError = "device " + std::to_string(dev) + " does not exist";
-  if (setupError.empty() && (r = net.getProperties(dev, &env.props)) != ncclSuccess) {
-    setupError = std::string("getProperties returned ") + resultName(r);
-  }
-  if (!setupError.empty()) {
-    for (const auto& n : names) report(n, "FAIL", setupError);
-    return 2;
-  }
-  std::printf("INFO\tdevice %d of %d: %s (speed %d Mb/s, maxRecvs %d, ptrSupport %#x%s%s)\n", dev, ndev,
-              env.props.name.c_str(), env.props.speed, env.props.maxRecvs, env.props.ptrSupport,
-              env.props.pciPath.empty() ? "" : ", pci ", env.props.pciPath.c_str());
+  CheckEnv& env = session.env();
+  Oob& oob = env.oob;
+  const int timeoutSec = wa.timeoutSec;
+  std::printf("INFO\tdevice %d of %d: %s (speed %d Mb/s, maxRecvs %d, ptrSupport %#x%s%s)\n", wa.dev,
+              session.deviceCount(), env.props.name.c_str(), env.props.speed, env.props.maxRecvs,
+              env.props.ptrSupport, env.props.pciPath.empty() ? "" : ", pci ", env.props.pciPath.c_str());
   for (const auto& name : names) {
     const Check* check = nullptr;
     for (const auto& c : allChecks()) {
