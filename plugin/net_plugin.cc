@@ -220,7 +220,8 @@ ncclResult_t irecvImpl(void* recvComm, int n, void** data, const size_t* sizes, 
                        void** request) {
   return guarded("irecv", [&] {
     if (request == nullptr) return Status::kInternal;
-    *request = nullptr;  // may hold NCCL_NET_OPTIONAL_RECV_COMPLETION on entry: always overwritten
+    const bool optional = *request == reinterpret_cast<void*>(NCCL_NET_OPTIONAL_RECV_COMPLETION);
+    *request = nullptr;  // always overwritten
     auto* rc = as<RecvComm, kRecvMagic>(recvComm, "irecv");
     if (rc == nullptr || n < 1 || n > kMaxRecvs || data == nullptr || sizes == nullptr || tags == nullptr) {
       return Status::kInternal;
@@ -228,7 +229,7 @@ ncclResult_t irecvImpl(void* recvComm, int n, void** data, const size_t* sizes, 
     MemHandle* mhs[kMaxRecvs];
     for (int i = 0; i < n; ++i) mhs[i] = mhandles ? asMr(mhandles[i]) : nullptr;
     Request* r = nullptr;
-    Status st = rc->irecv(n, data, sizes, tags, mhs, &r);
+    Status st = rc->irecv(n, data, sizes, tags, mhs, optional, &r);
     *request = r ? static_cast<Object*>(r) : nullptr;
     return st;
   });

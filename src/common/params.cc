@@ -35,6 +35,13 @@ const std::vector<Def> kDefs = {
   {"WEFT_INJECT", Kind::kBool, "1", 0, 1, nullptr,
    "Send messages up to the provider's inject size with fi_tinject (complete at once, no completion entry), "
    "on providers that transmit without further progress calls (efa, verbs, automatic progress)."},
+  {"WEFT_PROTOCOL", Kind::kChoice, "auto", 0, 0, "auto|rdma|sendrecv",
+   "Data protocol: rdma = the receiver sends its buffer address and the sender writes into it (RMA with remote "
+   "completion data; zero-copy on RDMA NICs); sendrecv = tagged messages only. auto = rdma where the provider "
+   "offers RMA with 8 bytes of completion data, else sendrecv. Both ends agree on the protocol at connect."},
+  {"WEFT_EAGER_MAX", Kind::kInt, "-1", -1, 1 << 20, nullptr,
+   "With the rdma protocol, messages up to this many bytes are sent at once as tagged messages, without "
+   "waiting for the receiver's buffer offer. -1: the built-in default (16384); 0: never."},
   {"WEFT_GDR", Kind::kChoice, "auto", 0, 0, "auto|0|1",
    "Advertise GPU memory (NCCL_PTR_CUDA) support: auto = when built with CUDA and the provider has FI_HMEM."},
 };

@@ -132,7 +132,11 @@ Status FabricBackend::connect(int dev, const CommConfig& config, void* handle, S
     fresh->peerName = fresh->ep->addrString(h.addr.data(), h.addrLen);
     if (Status st = fresh->ep->insert(h.addr.data(), h.addrLen, &fresh->peer); st != Status::kOk) return st;
     fresh->token = h.token;
-    if (Status st = fresh->ep->startConnect(fresh->peer, h.token); st != Status::kOk) return st;
+    if (Status st = fresh->ep->startConnect(fresh->peer, h.token, localProtocolFlags(*devices_[dev]),
+                                            static_cast<uint32_t>(devices_[dev]->eagerMax()));
+        st != Status::kOk) {
+      return st;
+    }
     std::lock_guard<std::mutex> lock(pendingMutex_);
     // Attempts nobody polled past their timeout were abandoned (a communicator aborted mid-connect): free
     // their endpoints instead of keeping them for the life of the process.
@@ -173,8 +177,14 @@ Status FabricBackend::pollConnect(PendingConnect& pc, SendComm** out) {
       WEFT_WARN("connect to {} on {}: {}", pc.peerName, p.name, replyStatusName(reply.status));
       return Status::kRemote;
     }
-    WEFT_INFO(NCCL_NET, "connected to {} on {} via {}", pc.peerName, p.name, p.provider);
-    *out = new FabricSendComm(std::move(pc.ep), pc.peer, pc.peerName, maxRecvs_);
+    Protocol proto;
+    proto.rdma = (reply.flags & localProtocolFlags(pc.ep->device()) & ConnectRequest::kFlagRdma) != 0;
+    proto.eagerMax = proto.rdma ? static_cast<uint32_t>(pc.ep->device().eagerMax()) : 0;
+    WEFT_INFO(NCCL_NET, "connected to {} on {} via {} ({} protocol, eager up to {} B)", pc.peerName, p.name,
+              p.provider, proto.rdma ? "rdma" : "sendrecv", proto.eagerMax);
+    auto sc = std::make_unique<FabricSendComm>(std::move(pc.ep), pc.peer, pc.peerName, maxRecvs_, proto);
+    if (Status st = sc->start(); st != Status::kOk) return st;
+    *out = sc.release();
     return Status::kOk;
   }
   return Status::kOk;

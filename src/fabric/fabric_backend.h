@@ -21,6 +21,7 @@ class FabricBackend final : public Backend {
   const char* name() const override { return "libfabric"; }
   int deviceCount() const override { return static_cast<int>(devices_.size()); }
   const DeviceProps& props(int dev) const override { return devices_[dev]->props(); }
+  const FabricDevice& device(int dev) const { return *devices_[dev]; }
   Status listen(int dev, void* handle, ListenComm** out) override;
   Status connect(int dev, const CommConfig& config, void* handle, SendComm** out) override;
 

@@ -1,6 +1,7 @@
 #include "fabric/fabric_comm.h"
 
 #include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
 
 #include <time.h>
 
@@ -16,23 +17,30 @@ Status FabricRequest::test(bool* done, int* sizesOut) { return comm->testRequest
 
 // ---- shared data-comm machinery --------------------------------------------------------------------------------
 
-FabricDataComm::FabricDataComm(std::unique_ptr<Endpoint> ep, fi_addr_t peer, std::string peerName, int poolSize)
+FabricDataComm::FabricDataComm(std::unique_ptr<Endpoint> ep, fi_addr_t peer, std::string peerName, int poolSize,
+                               Protocol proto)
     : dev_(ep->device()),
       ep_(std::move(ep)),
       peer_(peer),
       peerName_(std::move(peerName)),
+      proto_(proto),
+      poolSize_(poolSize),
       pool_(new FabricRequest[poolSize]),
       probeIntervalMs_(params::getInt("WEFT_PROBE_INTERVAL")),
       peerTimeoutMs_(params::getInt("WEFT_PEER_TIMEOUT") * 1000) {
   free_.reserve(poolSize);
   for (int i = poolSize - 1; i >= 0; --i) {
-    pool_[i].comm = this;
-    pool_[i].poolIndex = static_cast<uint16_t>(i);
+    FabricRequest& r = pool_[i];
+    r.comm = this;
+    r.poolIndex = static_cast<uint16_t>(i);
     for (int k = 0; k < kMaxRecvs; ++k) {
-      pool_[i].ctx[k].owner = &pool_[i];
-      pool_[i].ctx[k].index = static_cast<uint16_t>(k);
-      pool_[i].ctx[k].kind = OpKind::kData;
+      r.ctx[k].owner = &r;
+      r.ctx[k].index = static_cast<uint16_t>(k);
+      r.ctx[k].kind = OpKind::kData;
     }
+    r.offerCtx.owner = &r;
+    r.offerCtx.index = static_cast<uint16_t>(i);
+    r.offerCtx.kind = OpKind::kOfferSend;
     free_.push_back(static_cast<uint16_t>(i));
   }
 }
@@ -41,6 +49,22 @@ FabricDataComm::FabricDataComm(std::unique_ptr<Endpoint> ep, fi_addr_t peer, std
 // requests outstanding (communicator abort), and nothing of ours waits for the network here.
 FabricDataComm::~FabricDataComm() { ep_.reset(); }
 
+Status FabricDataComm::openOffers(int count) {
+  offers_.reset(new OfferMsg[count]);
+  std::memset(static_cast<void*>(offers_.get()), 0, sizeof(OfferMsg) * count);
+  if (!dev_.localMr()) return Status::kOk;
+  fid_mr* mr = nullptr;
+  int rc = fi_mr_reg(dev_.domain(), offers_.get(), sizeof(OfferMsg) * count, FI_SEND | FI_RECV, 0,
+                     dev_.nextKey(), 0, &mr, nullptr);
+  if (rc != 0) {
+    WEFT_WARN("fi_mr_reg of the offer buffers on {} failed: {}", dev_.props().name, fi_strerror(-rc));
+    return Status::kSystem;
+  }
+  offersMr_.reset(mr);
+  offersDesc_ = fi_mr_desc(mr);
+  return Status::kOk;
+}
+
 FabricRequest* FabricDataComm::acquire() {
   if (free_.empty()) return nullptr;
   FabricRequest* r = &pool_[free_.back()];
@@ -48,8 +72,11 @@ FabricRequest* FabricDataComm::acquire() {
   r->magic_ = kRequestMagic;
   ++outstanding_;
   r->n = 0;
-  r->posted = 0;
-  r->completed = 0;
+  r->doneBufs = 0;
+  r->ops = 0;
+  r->reported = false;
+  r->optional = false;
+  r->offerSent = false;
   r->error = Status::kOk;
   return r;
 }
@@ -60,10 +87,17 @@ void FabricDataComm::release(FabricRequest* r) {
   free_.push_back(r->poolIndex);
 }
 
+// A request goes back to the pool once NCCL has its answer and the provider holds none of its operations.
+void FabricDataComm::opDone(FabricRequest* r) {
+  --r->ops;
+  if (r->ops == 0 && r->reported) release(r);
+}
+
 Status FabricDataComm::progress() {
   Status st = ep_->progress(this);
   if (st != Status::kOk && fatal_ == Status::kOk) fatal_ = st;
-  if (outstanding_ > 0 && probeIntervalMs_ > 0 && (++polls_ & 1023) == 0) checkPeer();
+  flushOffers();
+  if ((outstanding_ > 0 || waitingOffer_) && probeIntervalMs_ > 0 && (++polls_ & 1023) == 0) checkPeer();
   return st;
 }
 
@@ -112,23 +146,90 @@ void FabricDataComm::checkPeer() {
 
 void FabricDataComm::onComplete(OpContext* ctx, size_t len) noexcept {
   ++completions_;
+  if (ctx->kind == OpKind::kOfferRecv) {
+    onOfferRecv(ctx->index);
+    return;
+  }
   auto* r = static_cast<FabricRequest*>(ctx->owner);
-  if (r->recv) r->sizes[ctx->index] = static_cast<int>(len > INT_MAX ? INT_MAX : len);
-  ++r->completed;
+  if (ctx->kind == OpKind::kOfferSend) {
+    r->offerSent = true;
+  } else if (!r->recv) {
+    r->doneBufs = 1;
+  } else {
+    int i = ctx->index;
+    r->flags[i] &= static_cast<uint8_t>(~FabricRequest::kPosted);
+    if ((r->flags[i] & FabricRequest::kDone) == 0) {
+      r->flags[i] |= FabricRequest::kDone;
+      r->sizes[i] = static_cast<int>(len > INT_MAX ? INT_MAX : len);
+      ++r->doneBufs;
+    }
+  }
+  opDone(r);
 }
 
-void FabricDataComm::onError(OpContext* ctx, Status st) noexcept {
+void FabricDataComm::onError(OpContext* ctx, int fiErr, Status st) noexcept {
   ++completions_;
+  if (ctx->kind == OpKind::kOfferRecv) {
+    // Only when the endpoint is torn down or the peer is gone; the comm is unusable either way.
+    if (fiErr != FI_ECANCELED && fatal_ == Status::kOk) fatal_ = st;
+    return;
+  }
   auto* r = static_cast<FabricRequest*>(ctx->owner);
-  ++r->completed;
+  if (fiErr == FI_ECANCELED && ctx->kind == OpKind::kData && r->recv &&
+      (r->flags[ctx->index] & FabricRequest::kCanceled) != 0) {
+    r->flags[ctx->index] &= static_cast<uint8_t>(~(FabricRequest::kPosted | FabricRequest::kCanceled));
+    opDone(r);  // our own cancel of a receive that RMA filled instead: not an error
+    return;
+  }
   if (r->error == Status::kOk) r->error = st;
   // A failed transfer breaks the ordered stream NCCL relies on: the connection is done for.
   if (fatal_ == Status::kOk) fatal_ = st;
+  opDone(r);
+}
+
+// The completion data names the (request, buffer) slot the sender wrote into. Anything that does not name a
+// live offered buffer is a protocol violation by the peer: the connection fails, nothing is touched.
+void FabricDataComm::onRemoteData(uint64_t d) noexcept {
+  ++completions_;
+  const int slot = WriteImm::slot(d);
+  const int index = slot / kMaxRecvs, i = slot % kMaxRecvs;
+  FabricRequest* r = index < poolSize_ ? &pool_[index] : nullptr;
+  if (r == nullptr || r->magic_ != kRequestMagic || !r->recv || i >= r->n ||
+      (r->flags[i] & (FabricRequest::kOffered | FabricRequest::kDone)) != FabricRequest::kOffered) {
+    WEFT_WARN("peer {} on {} wrote into receive slot {}, which it was not offered: connection closed for safety",
+              peerName_, dev_.props().name, slot);
+    if (fatal_ == Status::kOk) fatal_ = Status::kRemote;
+    return;
+  }
+  if ((WriteImm::flags(d) & WriteImm::kTruncated) != 0) {
+    WEFT_WARN("on {}: peer {} sent more than the {} B receive buffer holds: a send larger than its receive is "
+              "not allowed",
+              dev_.props().name, peerName_, r->len[i]);
+    if (r->error == Status::kOk) r->error = Status::kInvalidUsage;
+    if (fatal_ == Status::kOk) fatal_ = Status::kInvalidUsage;
+  }
+  r->rmaBytes[i] += WriteImm::bytes(d);
+  if (++r->rmaSegs[i] < WriteImm::segments(d)) return;  // more segments (rails) to come
+  r->flags[i] |= FabricRequest::kDone;
+  r->sizes[i] = static_cast<int>(r->rmaBytes[i] > INT_MAX ? INT_MAX : r->rmaBytes[i]);
+  ++r->doneBufs;
+  if ((r->flags[i] & FabricRequest::kNeedPost) != 0) {
+    r->flags[i] &= static_cast<uint8_t>(~FabricRequest::kNeedPost);  // never handed over: nothing to cancel
+  } else if ((r->flags[i] & FabricRequest::kPosted) != 0) {
+    int rc = fi_cancel(&ep_->ep()->fid, &r->ctx[i].fi);
+    if (rc == 0) {
+      r->flags[i] |= FabricRequest::kCanceled;
+    } else {
+      // The receive stays posted under a tag nothing will send; the request is kept out of the pool.
+      WEFT_WARN("on {}: canceling the unused tagged receive of slot {} failed: {}", dev_.props().name, slot,
+                fi_strerror(-rc));
+    }
+  }
 }
 
 Status FabricDataComm::postPending(FabricRequest* r) {
-  while (r->posted < r->n) {
-    int i = r->posted;
+  for (int i = 0; i < r->n; ++i) {
+    if ((r->flags[i] & FabricRequest::kNeedPost) == 0) continue;
     ssize_t rc = fi_trecv(ep_->ep(), r->data[i], r->len[i], r->desc[i],
                           dev_.directedRecv() ? peer_ : FI_ADDR_UNSPEC, r->tag[i], 0, &r->ctx[i].fi);
     if (rc == -FI_EAGAIN) return Status::kOk;
@@ -139,31 +240,41 @@ Status FabricDataComm::postPending(FabricRequest* r) {
       fatal_ = Status::kSystem;
       return Status::kSystem;
     }
-    ++r->posted;
+    r->flags[i] = static_cast<uint8_t>((r->flags[i] & ~FabricRequest::kNeedPost) | FabricRequest::kPosted);
+    ++r->ops;
   }
   return Status::kOk;
 }
 
 Status FabricDataComm::testRequest(FabricRequest* r, bool* done, int* sizesOut) {
   *done = false;
-  if (r->completed < r->n && r->error == Status::kOk) {
-    if (r->posted < r->n) postPending(r);
-    progress();
-    if (r->posted < r->n && r->error == Status::kOk) postPending(r);
+  if (r->reported) {
+    WEFT_WARN("test on a request that already completed");
+    return Status::kInternal;
   }
-  if (r->error != Status::kOk || (fatal_ != Status::kOk && r->completed < r->n)) {
+  if (r->doneBufs < r->n && r->error == Status::kOk) {
+    if (r->recv) postPending(r);
+    progress();
+    if (r->recv) postPending(r);
+  }
+  if (r->error != Status::kOk || (fatal_ != Status::kOk && r->doneBufs < r->n)) {
     Status st = r->error != Status::kOk ? r->error : fatal_;
-    // Operations of this request still in libfabric's hands would complete into a recycled request: keep it
-    // out of the pool (the comm is dead anyway; its memory goes with closeSend/closeRecv).
-    if (r->completed == r->posted) release(r);
+    // Operations of this request still in libfabric's hands would complete into a recycled request: the request
+    // stays out of the pool until they have (if ever: the comm is dead anyway; its memory goes with close).
+    r->reported = true;
+    if (r->ops == 0) release(r);
     return st;
   }
-  if (r->completed < r->n) return Status::kOk;
+  // LL/LL128 with NCCL_NET_OPTIONAL_RECV_COMPLETION: NCCL watches the data's own flags, so the receive may be
+  // reported done as soon as the sender can write (its offer has left).
+  bool early = r->optional && r->offerSent;
+  if (r->doneBufs < r->n && !early) return Status::kOk;
   *done = true;
   if (sizesOut != nullptr) {
     for (int i = 0; i < r->n; ++i) sizesOut[i] = r->sizes[i];
   }
-  release(r);
+  r->reported = true;
+  if (r->ops == 0) release(r);
   return Status::kOk;
 }
 
@@ -194,12 +305,99 @@ Status FabricDataComm::deregOnDevice(MemHandle* mh) { return dev_.mrCache().dere
 
 // ---- send ------------------------------------------------------------------------------------------------------
 
-FabricSendComm::FabricSendComm(std::unique_ptr<Endpoint> ep, fi_addr_t peer, std::string peerName, int maxRecvs)
-    : FabricDataComm(std::move(ep), peer, std::move(peerName), kMaxRequests * maxRecvs),
+FabricSendComm::FabricSendComm(std::unique_ptr<Endpoint> ep, fi_addr_t peer, std::string peerName, int maxRecvs,
+                               Protocol proto)
+    : FabricDataComm(std::move(ep), peer, std::move(peerName), kMaxRequests * maxRecvs, proto),
       inject_(params::getBool("WEFT_INJECT")) {}
+
+Status FabricSendComm::start() {
+  if (!proto_.rdma) return Status::kOk;
+  if (Status st = openOffers(kOfferRecvs); st != Status::kOk) return st;
+  offerRecvCtx_.reset(new OpContext[kOfferRecvs]);
+  for (int i = 0; i < kOfferRecvs; ++i) {
+    offerRecvCtx_[i].owner = this;
+    offerRecvCtx_[i].index = static_cast<uint16_t>(i);
+    offerRecvCtx_[i].kind = OpKind::kOfferRecv;
+    if (Status st = postOfferRecv(i); st != Status::kOk) return st;
+  }
+  return Status::kOk;
+}
+
+Status FabricSendComm::postOfferRecv(int index) {
+  ssize_t rc = -FI_EAGAIN;
+  for (int tries = 0; tries < 1000 && rc == -FI_EAGAIN; ++tries) {
+    rc = fi_trecv(ep_->ep(), &offers_[index], sizeof(OfferMsg), offersDesc_,
+                  dev_.directedRecv() ? peer_ : FI_ADDR_UNSPEC, kTagOffer, 0, &offerRecvCtx_[index].fi);
+    if (rc == -FI_EAGAIN) ep_->progress(this);
+  }
+  if (rc != 0) {
+    WEFT_WARN("posting an offer receive on {} failed: {}", dev_.props().name, fi_strerror(static_cast<int>(-rc)));
+    if (fatal_ == Status::kOk) fatal_ = Status::kSystem;
+    return Status::kSystem;
+  }
+  return Status::kOk;
+}
+
+void FabricSendComm::onOfferRecv(int index) noexcept {
+  const OfferMsg& m = offers_[index];
+  if (m.magic != OfferMsg::kMagic || m.count < 1 || m.count > kMaxRecvs) {
+    WEFT_WARN("peer {} on {} sent a malformed buffer offer: connection closed for safety", peerName_,
+              dev_.props().name);
+    if (fatal_ == Status::kOk) fatal_ = Status::kRemote;
+    return;
+  }
+  for (int i = 0; i < m.count; ++i) {
+    bool dropped = false;
+    if (!table_.addOffer(m.entry[i].tagSeq, m.entry[i], &dropped)) {
+      WEFT_WARN("peer {} on {} offered a buffer twice or more than NCCL can have outstanding: connection closed",
+                peerName_, dev_.props().name);
+      if (fatal_ == Status::kOk) fatal_ = Status::kRemote;
+      return;
+    }
+  }
+  postOfferRecv(index);
+}
 
 Status FabricSendComm::regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd, MemHandle** out) {
   return dev_.mrCache().regDmaBuf(data, size, type, offset, fd, out);
+}
+
+Status FabricSendComm::sendTagged(FabricRequest* r, void* data, size_t size, MemHandle* mh, uint64_t ftag,
+                                  bool* again) {
+  ssize_t rc;
+  if (inject_ && size <= dev_.injectSize()) {
+    // Copied out by the provider right away: the request is complete as soon as it is accepted.
+    rc = fi_tinject(ep_->ep(), data, size, peer_, ftag);
+    if (rc == 0) r->doneBufs = 1;
+  } else {
+    rc = fi_tsend(ep_->ep(), data, size, mh ? mh->desc() : nullptr, peer_, ftag, &r->ctx[0].fi);
+    if (rc == 0) r->ops = 1;
+  }
+  *again = rc == -FI_EAGAIN;
+  if (rc == 0 || rc == -FI_EAGAIN) return Status::kOk;
+  WEFT_WARN("fi_tsend ({} B) to {} on {} failed: {}", size, peerName_, dev_.props().name,
+            fi_strerror(static_cast<int>(-rc)));
+  return statusOfFiError(static_cast<int>(-rc));
+}
+
+Status FabricSendComm::write(FabricRequest* r, void* data, size_t size, MemHandle* mh, const OfferEntry& o,
+                             bool* again) {
+  uint64_t flags = 0;
+  if (size > o.len) {
+    // Tell the receiver (it fails its receive with ncclInvalidUsage, as a tagged receive would) and move nothing.
+    WEFT_WARN("isend of {} B to {} on {}: the matching receive buffer holds only {} B", size, peerName_,
+              dev_.props().name, o.len);
+    flags = WriteImm::kTruncated;
+    size = 0;
+  }
+  ssize_t rc = fi_writedata(ep_->ep(), data, size, mh ? mh->desc() : nullptr, WriteImm::encode(o.slot, flags, 1, size),
+                            peer_, o.addr, o.key, &r->ctx[0].fi);
+  *again = rc == -FI_EAGAIN;
+  if (rc == 0) r->ops = 1;
+  if (rc == 0 || rc == -FI_EAGAIN) return Status::kOk;
+  WEFT_WARN("fi_writedata ({} B) to {} on {} failed: {}", size, peerName_, dev_.props().name,
+            fi_strerror(static_cast<int>(-rc)));
+  return statusOfFiError(static_cast<int>(-rc));
 }
 
 Status FabricSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Request** request) {
@@ -216,35 +414,56 @@ Status FabricSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Re
     WEFT_WARN("isend: more than {} distinct tags on one connection", TagSequence::kCapacity);
     return Status::kInternal;
   }
+  const uint64_t ftag = dataTag(tag, seq);
+  const bool eager = !proto_.rdma || (proto_.eagerMax > 0 && size <= proto_.eagerMax);
+  const OfferEntry* offer = nullptr;
+  if (proto_.rdma) {
+    if (eager) {
+      if (!table_.eagerRoom()) {  // the receiver is far behind: wait for its offers to catch up
+        progress();
+        return Status::kOk;
+      }
+    } else {
+      offer = table_.findOffer(ftag);
+      if (offer == nullptr) {
+        progress();
+        offer = table_.findOffer(ftag);
+        // The receiver has not offered this buffer yet: NCCL retries. Waiting on the peer counts for liveness
+        // like an outstanding request does (a dead receiver never offers).
+        waitingOffer_ = offer == nullptr;
+        if (offer == nullptr) return fatal_;
+      }
+    }
+  }
+  waitingOffer_ = false;
   FabricRequest* r = acquire();
   if (r == nullptr) return Status::kOk;  // all requests in flight: NCCL retries later
   r->recv = false;
   r->n = 1;
   r->sizes[0] = static_cast<int>(size > INT_MAX ? INT_MAX : size);
-  uint64_t ftag = dataTag(tag, seq);
-  ssize_t rc;
-  if (inject_ && size <= dev_.injectSize()) {
-    // Copied out by the provider right away: the request is complete as soon as it is accepted.
-    rc = fi_tinject(ep_->ep(), data, size, peer_, ftag);
-    if (rc == 0) {
-      r->posted = 1;
-      r->completed = 1;
-    }
+  Status st;
+  bool again = false;
+  if (offer == nullptr || (offer->flags & kOfferTaggedOnly) != 0) {
+    st = sendTagged(r, data, size, mh, ftag, &again);
   } else {
-    rc = fi_tsend(ep_->ep(), data, size, mh ? mh->desc() : nullptr, peer_, ftag, &r->ctx[0].fi);
-    if (rc == 0) r->posted = 1;
+    st = write(r, data, size, mh, *offer, &again);
   }
-  if (rc == -FI_EAGAIN) {
+  if (again) {
     release(r);
     progress();
     return Status::kOk;
   }
-  if (rc != 0) {
+  if (st != Status::kOk) {
     release(r);
-    WEFT_WARN("fi_tsend ({} B) to {} on {} failed: {}", size, peerName_, dev_.props().name,
-              fi_strerror(static_cast<int>(-rc)));
-    fatal_ = statusOfFiError(static_cast<int>(-rc));
-    return fatal_;
+    fatal_ = st;
+    return st;
+  }
+  if (proto_.rdma) {
+    if (offer != nullptr) {
+      table_.eraseOffer(ftag);
+    } else {
+      table_.markEager(ftag);
+    }
   }
   seqs_.consume(tag);
   *request = r;
@@ -253,14 +472,43 @@ Status FabricSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Re
 
 // ---- receive ---------------------------------------------------------------------------------------------------
 
-FabricRecvComm::FabricRecvComm(std::unique_ptr<Endpoint> ep, fi_addr_t peer, std::string peerName, int maxRecvs)
-    : FabricDataComm(std::move(ep), peer, std::move(peerName), kMaxRequests), maxRecvs_(maxRecvs) {}
+FabricRecvComm::FabricRecvComm(std::unique_ptr<Endpoint> ep, fi_addr_t peer, std::string peerName, int maxRecvs,
+                               Protocol proto)
+    : FabricDataComm(std::move(ep), peer, std::move(peerName), 2 * kMaxRequests, proto), maxRecvs_(maxRecvs) {
+  offerQueue_.reserve(poolSize_);
+}
+
+Status FabricRecvComm::start() { return proto_.rdma ? openOffers(poolSize_) : Status::kOk; }
 
 Status FabricRecvComm::regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd, MemHandle** out) {
   return dev_.mrCache().regDmaBuf(data, size, type, offset, fd, out);
 }
 
-Status FabricRecvComm::irecv(int n, void** data, const size_t* sizes, const int* tags, MemHandle** mhs,
+bool FabricRecvComm::sendOffer(FabricRequest* r) {
+  const OfferMsg& m = offers_[r->poolIndex];
+  ssize_t rc = fi_tsend(ep_->ep(), &m, OfferMsg::bytes(m.count), offersDesc_, peer_, kTagOffer, &r->offerCtx.fi);
+  if (rc == 0) {
+    ++r->ops;
+    return true;
+  }
+  if (rc != -FI_EAGAIN) {
+    WEFT_WARN("sending a buffer offer to {} on {} failed: {}", peerName_, dev_.props().name,
+              fi_strerror(static_cast<int>(-rc)));
+    if (r->error == Status::kOk) r->error = statusOfFiError(static_cast<int>(-rc));
+    if (fatal_ == Status::kOk) fatal_ = r->error;
+    return true;
+  }
+  return false;
+}
+
+// Offers the provider pushed back on leave in irecv order (the sender matches by tag, so order is only fairness).
+void FabricRecvComm::flushOffers() {
+  size_t k = 0;
+  while (k < offerQueue_.size() && sendOffer(&pool_[offerQueue_[k]])) ++k;
+  if (k > 0) offerQueue_.erase(offerQueue_.begin(), offerQueue_.begin() + static_cast<std::ptrdiff_t>(k));
+}
+
+Status FabricRecvComm::irecv(int n, void** data, const size_t* sizes, const int* tags, MemHandle** mhs, bool optional,
                              Request** request) {
   *request = nullptr;
   if (fatal_ != Status::kOk) return fatal_;
@@ -275,32 +523,64 @@ Status FabricRecvComm::irecv(int n, void** data, const size_t* sizes, const int*
   if (r == nullptr) return Status::kOk;
   r->recv = true;
   r->n = static_cast<uint8_t>(n);
+  // Early completion is safe only where the provider places data without further calls from us (hardware
+  // RMA): with manual progress in software (tcp, sockets, shm) the data would land only when NCCL next calls
+  // test, which for an early-completed LL receive it never does.
+  r->optional = optional && n == 1 && proto_.rdma && dev_.hardwarePlacement();
+  OfferMsg* m = proto_.rdma ? &offers_[r->poolIndex] : nullptr;
   for (int i = 0; i < n; ++i) {
     uint32_t ahead = 0;  // the same tag twice in one group takes consecutive sequence numbers
     for (int j = 0; j < i; ++j) ahead += tags[j] == tags[i] ? 1 : 0;
     uint32_t seq;
     if (!seqs_.peek(tags[i], ahead, &seq)) {
+      r->reported = true;
       release(r);
       WEFT_WARN("irecv: more than {} distinct tags on one connection", TagSequence::kCapacity);
       return Status::kInternal;
     }
+    MemHandle* mh = mhs ? mhs[i] : nullptr;
     r->data[i] = data[i];
     r->len[i] = sizes[i];
     r->tag[i] = dataTag(tags[i], seq);
-    r->desc[i] = mhs && mhs[i] ? mhs[i]->desc() : nullptr;
+    r->desc[i] = mh ? mh->desc() : nullptr;
     r->sizes[i] = 0;
+    r->rmaBytes[i] = 0;
+    r->rmaSegs[i] = 0;
+    r->flags[i] = 0;
+    if (m == nullptr) {
+      r->flags[i] = FabricRequest::kNeedPost;
+      continue;
+    }
+    OfferEntry& e = m->entry[i];
+    const bool keyed = mh != nullptr && mh->entry != nullptr && mh->entry->backendMr != nullptr;
+    e.tagSeq = r->tag[i];
+    e.len = sizes[i];
+    e.slot = static_cast<uint16_t>(r->poolIndex * kMaxRecvs + i);
+    e.flags = keyed ? 0 : kOfferTaggedOnly;
+    e.addr = keyed ? dev_.remoteAddr(reinterpret_cast<uintptr_t>(data[i]), mh->entry->base) : 0;
+    e.key = keyed ? mh->entry->key : 0;
+    e.reserved = 0;
+    r->flags[i] = keyed ? FabricRequest::kOffered : 0;
+    if (!keyed || proto_.eagerMax > 0) r->flags[i] |= FabricRequest::kNeedPost;
   }
-  // The first buffer decides: if the provider has no room at all, hand the request back (NCCL retries).
-  // Later buffers that meet a full queue are posted from test().
-  Status st = postPending(r);
-  if (st != Status::kOk) {
-    release(r);
+  // The first tagged receive decides: if the provider has no room at all, hand the request back (NCCL retries).
+  // Later ones that meet a full queue are posted from test().
+  if (Status st = postPending(r); st != Status::kOk) {
+    r->reported = true;
+    if (r->ops == 0) release(r);
     return st;
   }
-  if (r->posted == 0) {
+  if (m == nullptr && r->ops == 0) {
+    r->reported = true;
     release(r);
     progress();
     return Status::kOk;
+  }
+  if (m != nullptr) {
+    m->magic = OfferMsg::kMagic;
+    m->count = static_cast<uint16_t>(n);
+    m->reserved = 0;
+    if (!sendOffer(r)) offerQueue_.push_back(r->poolIndex);  // capacity reserved: never allocates
   }
   for (int i = 0; i < n; ++i) seqs_.consume(tags[i]);
   *request = r;
@@ -343,9 +623,12 @@ Status FabricListenComm::accept(RecvComm** recvComm) {
     } else if (req.token != token_) {
       verdict = kBadToken;
     }
+    const uint32_t agreed = req.flags & localProtocolFlags(dev_);
+    proto_.rdma = (agreed & ConnectRequest::kFlagRdma) != 0;
+    proto_.eagerMax = proto_.rdma ? req.eagerMax : 0;
     fi_addr_t peer;
     if (Status st = ep_->insert(req.addr, req.addrLen, &peer); st != Status::kOk) return st;
-    if (Status st = ep_->sendReply(peer, verdict, req.token); st != Status::kOk) return st;
+    if (Status st = ep_->sendReply(peer, verdict, req.token, agreed); st != Status::kOk) return st;
     if (verdict != kAccepted) {
       WEFT_WARN("listen on {}: connection from {} {}", dev_.props().name, from, replyStatusName(verdict));
       return ep_->postConnRequestRecv();  // keep listening for the legitimate peer
@@ -359,10 +642,15 @@ Status FabricListenComm::accept(RecvComm** recvComm) {
   // Hand the comm out only once the reply has left this process: NCCL need not progress the new recv comm
   // before the peer's connect completes, and some providers (sockets) send only while progressed.
   if (!ep_->repliesDone()) return Status::kOk;
-  WEFT_INFO(NCCL_NET, "accepted connection from {} on {}", peerName_, dev_.props().name);
+  WEFT_INFO(NCCL_NET, "accepted connection from {} on {} ({} protocol, eager up to {} B)", peerName_,
+            dev_.props().name, proto_.rdma ? "rdma" : "sendrecv", proto_.eagerMax);
   accepted_ = true;
-  *recvComm = new FabricRecvComm(std::move(ep_), peer_, peerName_, maxRecvs_);
+  auto rc = std::make_unique<FabricRecvComm>(std::move(ep_), peer_, peerName_, maxRecvs_, proto_);
+  if (Status st = rc->start(); st != Status::kOk) return st;
+  *recvComm = rc.release();
   return Status::kOk;
 }
+
+uint32_t localProtocolFlags(const FabricDevice& dev) { return dev.rdma() ? ConnectRequest::kFlagRdma : 0; }
 
 }  // namespace weft::fabric

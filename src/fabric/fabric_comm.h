@@ -1,6 +1,18 @@
 // Listen, send and receive comms over one libfabric endpoint each, and their pooled requests.
 // Data path (isend/irecv/iflush/test): no allocation, no lock, no syscall of ours; one bounded batch of
 // completions per call.
+//
+// Two protocols (agreed per connection at connect, see Protocol):
+// - sendrecv: every message is a tagged send matched by tag = (NCCL tag, per-tag sequence number).
+// - rdma: each irecv sends the sender one offer (address, key, size, slot of every buffer; one message for a
+//   grouped receive). The sender RMA-writes the payload straight into the offered buffer with 8 bytes of remote
+//   completion data: [63:48] slot (request index * 8 + buffer), [47:44] flags, [43:40] segments, [39:0] bytes.
+//   The receiver completes the buffer when that data arrives. An isend whose offer has not come yet returns a
+//   NULL request (NCCL retries), like NCCL's own IB transport.
+// - eager (with rdma): messages up to Protocol::eagerMax go at once as tagged sends without waiting for the
+//   offer, into a tagged receive the receiver posted beside the offer; the offer, when it comes, is dropped.
+//   A buffer filled by RMA cancels its tagged receive (the request goes back to the pool when the cancel
+//   completes; NCCL already has its answer).
 #pragma once
 
 #include <memory>
@@ -8,62 +20,124 @@
 #include <vector>
 
 #include "fabric/fabric_endpoint.h"
+#include "weft/transport/offer_table.h"
 #include "weft/transport/tag_seq.h"
 
 namespace weft::fabric {
 
 class FabricDataComm;
 
+// One receive buffer as the receiver offers it.
+struct OfferEntry {
+  uint64_t addr;    // as the sender must name it (virtual address or offset into the registration)
+  uint64_t key;     // remote key of the registration
+  uint64_t len;     // buffer size
+  uint64_t tagSeq;  // dataTag(NCCL tag, sequence)
+  uint16_t slot;    // returned in the completion data
+  uint16_t flags;   // kOfferTaggedOnly: no key (unregistered buffer): send tagged whatever the size
+  uint32_t reserved;
+};
+constexpr uint16_t kOfferTaggedOnly = 1;
+
+struct OfferMsg {
+  static constexpr uint32_t kMagic = 0x57464f46;  // "WFOF"
+  uint32_t magic;
+  uint16_t count;
+  uint16_t reserved;
+  OfferEntry entry[kMaxRecvs];
+  static size_t bytes(int count) { return offsetof(OfferMsg, entry) + sizeof(OfferEntry) * count; }
+};
+
+// Remote completion data of an RMA write (rdma protocol).
+struct WriteImm {
+  static constexpr uint64_t kTruncated = 1;  // flag: the message was larger than the offered buffer
+  static uint64_t encode(uint16_t slot, uint64_t flags, uint64_t segments, uint64_t bytes) {
+    return (static_cast<uint64_t>(slot) << 48) | ((flags & 0xf) << 44) | ((segments & 0xf) << 40) |
+           (bytes & ((uint64_t{1} << 40) - 1));
+  }
+  static uint16_t slot(uint64_t d) { return static_cast<uint16_t>(d >> 48); }
+  static uint64_t flags(uint64_t d) { return (d >> 44) & 0xf; }
+  static uint64_t segments(uint64_t d) { return (d >> 40) & 0xf; }
+  static uint64_t bytes(uint64_t d) { return d & ((uint64_t{1} << 40) - 1); }
+};
+
 class FabricRequest final : public Request {
  public:
   Status test(bool* done, int* sizes) override;
 
+  // Per receive buffer.
+  enum BufFlags : uint8_t {
+    kNeedPost = 1,   // a tagged receive must still be handed to the provider (it pushed back)
+    kPosted = 2,     // a tagged receive is in the provider's hands
+    kOffered = 4,    // offered for RMA: completion data may fill it
+    kDone = 8,       // data arrived
+    kCanceled = 16,  // its tagged receive is being canceled
+  };
+
   FabricDataComm* comm = nullptr;
   uint16_t poolIndex = 0;
-  uint8_t n = 0;          // buffers (1 for sends)
-  uint8_t posted = 0;     // sub-operations handed to libfabric so far
-  uint8_t completed = 0;  // sub-operations finished (successfully or not)
+  uint8_t n = 0;        // buffers (1 for sends)
+  uint8_t doneBufs = 0;  // buffers whose data arrived (or, for a send, 1 when it completed)
+  int ops = 0;          // operations in the provider's hands (the request is reusable only at 0)
   bool recv = false;
+  bool reported = false;   // test() said done (or failed): the request is NCCL's no more
+  bool optional = false;   // NCCL_NET_OPTIONAL_RECV_COMPLETION: done once the offer has left
+  bool offerSent = false;  // the offer's send completed
   Status error = Status::kOk;
   int sizes[kMaxRecvs] = {};
   void* data[kMaxRecvs] = {};
   size_t len[kMaxRecvs] = {};
   uint64_t tag[kMaxRecvs] = {};
   void* desc[kMaxRecvs] = {};
+  uint8_t flags[kMaxRecvs] = {};
+  uint64_t rmaBytes[kMaxRecvs] = {};
+  uint8_t rmaSegs[kMaxRecvs] = {};
   OpContext ctx[kMaxRecvs];
+  OpContext offerCtx;
 };
 
 // What send and receive comms share: the endpoint, the peer, the request pool, progress and completion.
 class FabricDataComm : public DataSink {
  public:
-  FabricDataComm(std::unique_ptr<Endpoint> ep, fi_addr_t peer, std::string peerName, int poolSize);
+  FabricDataComm(std::unique_ptr<Endpoint> ep, fi_addr_t peer, std::string peerName, int poolSize, Protocol proto);
   ~FabricDataComm() override;
 
   Status testRequest(FabricRequest* r, bool* done, int* sizes);
   void onComplete(OpContext* ctx, size_t len) noexcept override;
-  void onError(OpContext* ctx, Status st) noexcept override;
+  void onError(OpContext* ctx, int fiErr, Status st) noexcept override;
+  void onRemoteData(uint64_t data) noexcept override;
 
  protected:
   FabricRequest* acquire();
   void release(FabricRequest* r);
+  void opDone(FabricRequest* r);  // one provider operation of r finished
   Status progress();
-  Status postPending(FabricRequest* r);  // receives only: sub-operations the provider pushed back on
+  Status postPending(FabricRequest* r);  // receives only: tagged receives the provider pushed back on
   Status regOnDevice(void* data, size_t size, int type, MemHandle** out);
   Status deregOnDevice(MemHandle* mh);
   Status checkHandle(const MemHandle* mh, const char* op) const;
+  Status openOffers(int count);  // registered array of `count` offer messages
+  virtual void onOfferRecv(int index) noexcept { (void)index; }
+  virtual void flushOffers() {}
 
   FabricDevice& dev_;
   std::unique_ptr<Endpoint> ep_;
   fi_addr_t peer_;
   std::string peerName_;
+  Protocol proto_;
+  int poolSize_;
   std::unique_ptr<FabricRequest[]> pool_;
   std::vector<uint16_t> free_;  // capacity reserved up front: push/pop never allocate
   TagSequence seqs_;
   Status fatal_ = Status::kOk;  // once set, every call on this comm fails with it
+  std::unique_ptr<OfferMsg[]> offers_;  // rdma: sent (receiver) or received (sender) offers
+  MrPtr offersMr_;
+  void* offersDesc_ = nullptr;
 
   // Liveness (see checkPeer), looked at once per 1024 progress calls while requests are outstanding.
   void checkPeer();
   int outstanding_ = 0;
+  bool waitingOffer_ = false;  // isend is waiting for the receiver's offer
   uint32_t completions_ = 0;      // every completion, success or error
   uint32_t completionsSeen_ = 0;  // completions_ at checkPeer's last look
   uint32_t polls_ = 0;
@@ -75,27 +149,44 @@ class FabricDataComm : public DataSink {
 
 class FabricSendComm final : public SendComm, public FabricDataComm {
  public:
-  FabricSendComm(std::unique_ptr<Endpoint> ep, fi_addr_t peer, std::string peerName, int maxRecvs);
+  FabricSendComm(std::unique_ptr<Endpoint> ep, fi_addr_t peer, std::string peerName, int maxRecvs, Protocol proto);
+  Status start();  // rdma: posts the offer receives
   Status isend(void* data, size_t size, int tag, MemHandle* mh, Request** request) override;
   Status regMr(void* data, size_t size, int type, MemHandle** out) override { return regOnDevice(data, size, type, out); }
   Status regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd, MemHandle** out) override;
   Status deregMr(MemHandle* mh) override { return deregOnDevice(mh); }
 
+  static constexpr int kOfferRecvs = 2 * kMaxRequests;
+
  private:
+  void onOfferRecv(int index) noexcept override;
+  Status postOfferRecv(int index);
+  // *again: the provider pushed back; nothing was posted.
+  Status sendTagged(FabricRequest* r, void* data, size_t size, MemHandle* mh, uint64_t ftag, bool* again);
+  Status write(FabricRequest* r, void* data, size_t size, MemHandle* mh, const OfferEntry& o, bool* again);
+
   bool inject_;
+  OfferTable<OfferEntry> table_;
+  std::unique_ptr<OpContext[]> offerRecvCtx_;
 };
 
 class FabricRecvComm final : public RecvComm, public FabricDataComm {
  public:
-  FabricRecvComm(std::unique_ptr<Endpoint> ep, fi_addr_t peer, std::string peerName, int maxRecvs);
-  Status irecv(int n, void** data, const size_t* sizes, const int* tags, MemHandle** mhs, Request** request) override;
+  FabricRecvComm(std::unique_ptr<Endpoint> ep, fi_addr_t peer, std::string peerName, int maxRecvs, Protocol proto);
+  Status start();  // rdma: opens the offer array
+  Status irecv(int n, void** data, const size_t* sizes, const int* tags, MemHandle** mhs, bool optional,
+               Request** request) override;
   Status iflush(int n, void** data, const int* sizes, MemHandle** mhs, Request** request) override;
   Status regMr(void* data, size_t size, int type, MemHandle** out) override { return regOnDevice(data, size, type, out); }
   Status regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd, MemHandle** out) override;
   Status deregMr(MemHandle* mh) override { return deregOnDevice(mh); }
 
  private:
+  void flushOffers() override;
+  bool sendOffer(FabricRequest* r);  // false: the provider pushed back (queued)
+
   int maxRecvs_;
+  std::vector<uint16_t> offerQueue_;  // requests whose offer waits for the provider (capacity reserved)
 };
 
 class FabricListenComm final : public ListenComm {
@@ -112,6 +203,10 @@ class FabricListenComm final : public ListenComm {
   bool replying_ = false;  // accepted; waiting for the reply to leave before handing out the recv comm
   fi_addr_t peer_ = FI_ADDR_UNSPEC;
   std::string peerName_;
+  Protocol proto_;
 };
+
+// What this process offers for a new connection (device capability and WEFT_EAGER_MAX).
+uint32_t localProtocolFlags(const FabricDevice& dev);
 
 }  // namespace weft::fabric

@@ -28,10 +28,11 @@ namespace {
 
 constexpr uint32_t kApiVersion = FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION);
 
-InfoPtr makeHints(const std::string& provider, bool directed, bool manualProgress, bool hmem) {
+InfoPtr makeHints(const std::string& provider, bool directed, bool manualProgress, bool hmem, bool rma) {
   InfoPtr hints(fi_allocinfo());
   if (!hints) return hints;
-  hints->caps = FI_TAGGED | FI_SEND | FI_RECV | (directed ? FI_DIRECTED_RECV : 0) | (hmem ? FI_HMEM : 0);
+  hints->caps = FI_TAGGED | FI_SEND | FI_RECV | (directed ? FI_DIRECTED_RECV : 0) | (hmem ? FI_HMEM : 0) |
+                (rma ? FI_RMA | FI_WRITE | FI_REMOTE_WRITE : 0);
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
   hints->ep_attr->type = FI_EP_RDM;
   hints->domain_attr->threading = FI_THREAD_SAFE;
@@ -134,13 +135,16 @@ std::vector<Candidate> probe(const std::string& provider, std::string* why) {
   std::vector<Candidate> out;
   fi_info* list = nullptr;
   int rc = -FI_ENODATA;
-  // Ask for the most we can use first, then relax: GPU memory, directed receives and manual progress are
-  // preferences, not requirements.
+  // Ask for the most we can use first, then relax: RMA (the rdma protocol), GPU memory, directed receives and
+  // manual progress are preferences, not requirements.
   const bool wantHmem = cuda::compiledIn() && params::getString("WEFT_GDR") != "0";
-  for (int attempt = 0; attempt < 8 && rc != 0; ++attempt) {
+  const bool wantRma = params::getString("WEFT_PROTOCOL") != "sendrecv";
+  for (int attempt = 0; attempt < 16 && rc != 0; ++attempt) {
     bool hmem = wantHmem && (attempt & 4) == 0;
     if (!wantHmem && (attempt & 4) == 0) continue;
-    InfoPtr hints = makeHints(provider, (attempt & 1) == 0, (attempt & 2) == 0, hmem);
+    bool rma = wantRma && (attempt & 8) == 0;
+    if (!wantRma && (attempt & 8) == 0) continue;
+    InfoPtr hints = makeHints(provider, (attempt & 1) == 0, (attempt & 2) == 0, hmem, rma);
     if (!hints) {
       *why = "fi_allocinfo failed";
       return out;
@@ -256,7 +260,24 @@ FabricDevice::FabricDevice(int index, Candidate c)
                   props_.provider.rfind("verbs", 0) == 0),
       maxMsgSize_(info_->ep_attr != nullptr ? info_->ep_attr->max_msg_size : 0),
       providerHash_(static_cast<uint32_t>(fnv1a64(props_.provider))),
-      cache_(this) {}
+      provKey_((info_->domain_attr->mr_mode & FI_MR_PROV_KEY) != 0),
+      virtAddr_((info_->domain_attr->mr_mode & FI_MR_VIRT_ADDR) != 0),
+      cache_(this) {
+  // The rdma protocol needs RMA writes that carry 8 bytes of remote completion data (a receive slot and the
+  // exact size; see fabric_comm.h).
+  const bool rmaCapable = (info_->caps & FI_RMA) != 0 && info_->domain_attr->cq_data_size >= 8;
+  const std::string& want = params::getString("WEFT_PROTOCOL");
+  rdma_ = rmaCapable && want != "sendrecv";
+  if (want == "rdma" && !rmaCapable) {
+    WEFT_WARN("WEFT_PROTOCOL=rdma, but provider {} on {} {}: using the sendrecv protocol", props_.provider,
+              props_.name,
+              (info_->caps & FI_RMA) == 0 ? "offers no RMA"
+                                          : fmt::format("carries only {} bytes of remote completion data (8 needed)",
+                                                        info_->domain_attr->cq_data_size));
+  }
+  const int64_t eager = params::getInt("WEFT_EAGER_MAX");
+  eagerMax_ = eager < 0 ? kDefaultEagerMax : static_cast<size_t>(eager);
+}
 
 FabricDevice::~FabricDevice() = default;
 
@@ -290,9 +311,11 @@ Status FabricDevice::open() {
                     "closed ones): prefer tcp;ofi_rxm"
                   : "");
   }
-  WEFT_INFO(NCCL_INIT | NCCL_NET, "device {} ({}): domain {} open, mr_mode {:#x}, inject {} B{}, max msg {} B{}",
-            index_, props_.provider, props_.name, info_->domain_attr->mr_mode, injectSize_,
-            injectSafe_ ? "" : " (not used: manual progress)", maxMsgSize_,
+  WEFT_INFO(NCCL_INIT | NCCL_NET,
+            "device {} ({}): domain {} open, protocol {}, eager up to {} B, mr_mode {:#x}, inject {} B{}, max msg {} "
+            "B{}",
+            index_, props_.provider, props_.name, rdma_ ? "rdma" : "sendrecv", eagerMax_,
+            info_->domain_attr->mr_mode, injectSize_, injectSafe_ ? "" : " (not used: manual progress)", maxMsgSize_,
             directedRecv_ ? ", directed receives" : "");
   return Status::kOk;
 }
@@ -303,7 +326,8 @@ Status FabricDevice::registerRange(uintptr_t base, size_t len, int type, int dma
   entry->desc = nullptr;
   entry->key = 0;
   bool hostOnly = type == NCCL_PTR_HOST && dmabufFd < 0;
-  if (hostOnly && !localMr_) return Status::kOk;  // provider needs no registration for host buffers
+  // Host buffers need no registration where the provider asks for none, unless the peer writes into them.
+  if (hostOnly && !localMr_ && !rdma_) return Status::kOk;
   Status st = open();
   if (st != Status::kOk) return st;
 
@@ -311,8 +335,10 @@ Status FabricDevice::registerRange(uintptr_t base, size_t len, int type, int dma
   iovec iov{reinterpret_cast<void*>(base), len};
   attr.mr_iov = &iov;
   attr.iov_count = 1;
-  attr.access = FI_SEND | FI_RECV;
+  attr.access = FI_SEND | FI_RECV | (rdma_ ? FI_WRITE | FI_REMOTE_WRITE : 0);
   attr.iface = FI_HMEM_SYSTEM;
+  // Keys are ours to choose unless the provider assigns them; they must be unique within the domain.
+  attr.requested_key = nextKey();
   uint64_t flags = 0;
   if (type == NCCL_PTR_CUDA) {
     if ((info_->caps & FI_HMEM) == 0) {

@@ -3,6 +3,7 @@
 // share them and its registration cache.
 #pragma once
 
+#include <atomic>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -50,8 +51,20 @@ class FabricDevice final : public Registrar {
   // (hardware queues: efa, verbs; or automatic progress). Elsewhere (tcp, sockets with manual progress) the
   // bytes can sit in a software queue until the comm is progressed again, which NCCL need never do.
   size_t injectSize() const { return injectSafe_ ? injectSize_ : 0; }
+  // Data lands in our buffers without progress calls of ours (NIC hardware or automatic progress).
+  bool hardwarePlacement() const { return injectSafe_; }
   size_t maxMsgSize() const { return maxMsgSize_; }
   uint32_t providerHash() const { return providerHash_; }
+
+  // Transfer protocol (WEFT_PROTOCOL): true = rdma (receiver offers buffers, sender RMA-writes with remote CQ
+  // data), false = sendrecv (tagged messages only). Messages up to eagerMax() go as tagged sends either way.
+  bool rdma() const { return rdma_; }
+  size_t eagerMax() const { return eagerMax_; }
+  // Remote address of `addr` inside registration `mh` as the peer must name it (FI_MR_VIRT_ADDR or offset).
+  uint64_t remoteAddr(uintptr_t addr, uintptr_t regBase) const { return virtAddr_ ? addr : addr - regBase; }
+  static constexpr size_t kDefaultEagerMax = 16384;
+  // A key for a registration of ours where the provider does not assign them (unique within the domain).
+  uint64_t nextKey() { return provKey_ ? 0 : nextKey_.fetch_add(1, std::memory_order_relaxed); }
 
   // Registrar
   Status registerRange(uintptr_t base, size_t len, int type, int dmabufFd, uint64_t dmabufOffset,
@@ -68,6 +81,11 @@ class FabricDevice final : public Registrar {
   bool injectSafe_;
   size_t maxMsgSize_;
   uint32_t providerHash_;
+  bool provKey_;
+  bool virtAddr_;
+  bool rdma_ = false;
+  size_t eagerMax_ = kDefaultEagerMax;
+  std::atomic<uint64_t> nextKey_{1};
   std::mutex openMutex_;  // guards the one-time opening of fabric_ and domain_
   bool opened_ = false;
   FabricPtr fabric_;

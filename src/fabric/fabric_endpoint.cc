@@ -167,8 +167,12 @@ Status Endpoint::progress(DataSink* sink) {
   if (n > 0) {
     for (ssize_t i = 0; i < n; ++i) {
       auto* ctx = static_cast<OpContext*>(entries[i].op_context);
-      if (ctx == nullptr) continue;
-      if (ctx->kind == OpKind::kData) {
+      if (ctx == nullptr) {
+        // Remote writes carry no context of ours; their completion data names the receive they fill.
+        if ((entries[i].flags & FI_REMOTE_CQ_DATA) != 0 && sink != nullptr) sink->onRemoteData(entries[i].data);
+        continue;
+      }
+      if (isCommOp(ctx->kind)) {
         if (sink != nullptr) sink->onComplete(ctx, entries[i].len);
       } else {
         handleControl(ctx, true, Status::kOk);
@@ -197,7 +201,7 @@ Status Endpoint::progress(DataSink* sink) {
               provMsg ? provMsg : "");
     return st;
   }
-  if (ctx->kind == OpKind::kData) {
+  if (isCommOp(ctx->kind)) {
     if (err.err == FI_ETRUNC) {
       WEFT_WARN("on {}: the peer sent {} bytes more than the posted receive buffer holds ({} B): a send larger "
                 "than its receive is not allowed",
@@ -206,7 +210,7 @@ Status Endpoint::progress(DataSink* sink) {
       WEFT_WARN("transfer failed on {} ({}): {} ({})", dev_.props().name, dev_.props().provider, fi_strerror(err.err),
                 provMsg ? provMsg : "");
     }
-    if (sink != nullptr) sink->onError(ctx, st);
+    if (sink != nullptr) sink->onError(ctx, err.err, st);
   } else {
     handleControl(ctx, false, st);
   }
@@ -254,7 +258,9 @@ void Endpoint::handleControl(OpContext* ctx, bool ok, Status st) {
         if (!ok) WEFT_WARN("on {}: sending a connection reply failed", dev_.props().name);
       }
       return;
-    case OpKind::kData: return;
+    case OpKind::kData:
+    case OpKind::kOfferSend:
+    case OpKind::kOfferRecv: return;
   }
 }
 
@@ -299,7 +305,7 @@ bool Endpoint::takeConnRequest(ConnectRequest* out) {
   return true;
 }
 
-Status Endpoint::sendReply(fi_addr_t to, uint16_t status, uint64_t token) {
+Status Endpoint::sendReply(fi_addr_t to, uint16_t status, uint64_t token, uint32_t flags) {
   int slot = -1;
   for (int i = 0; i < kReplySlots; ++i) {
     if (replySlot_[i] == SlotState::kFree) {
@@ -308,7 +314,7 @@ Status Endpoint::sendReply(fi_addr_t to, uint16_t status, uint64_t token) {
     }
   }
   if (slot < 0) return Status::kOk;  // replies are best effort; the connector times out instead
-  ctl_->replyOut[slot] = ConnectReply{ConnectReply::kMagic, ConnectRequest::kVersion, status, token};
+  ctl_->replyOut[slot] = ConnectReply{ConnectReply::kMagic, ConnectRequest::kVersion, status, token, flags, 0};
   replyTo_[slot] = to;
   replySendCtx_[slot].kind = OpKind::kCtrlSend;
   replySendCtx_[slot].index = static_cast<uint16_t>(slot);
@@ -380,7 +386,7 @@ void Endpoint::flushControl() {
   controlQueued_ = still;
 }
 
-Status Endpoint::startConnect(fi_addr_t to, uint64_t token) {
+Status Endpoint::startConnect(fi_addr_t to, uint64_t token, uint32_t flags, uint32_t eagerMax) {
   requestSendCtx_.kind = OpKind::kCtrlSend;
   if (Status st = repostReplyRecv(); st != Status::kOk) return st;
   ConnectRequest& r = ctl_->requestOut;
@@ -388,7 +394,8 @@ Status Endpoint::startConnect(fi_addr_t to, uint64_t token) {
   r.version = ConnectRequest::kVersion;
   r.addrLen = static_cast<uint16_t>(name_.size());
   r.token = token;
-  r.senderId = 0;
+  r.flags = flags;
+  r.eagerMax = eagerMax;
   std::memcpy(r.addr, name_.data(), name_.size());
   requestTo_ = to;
   requestState_ = SlotState::kQueued;

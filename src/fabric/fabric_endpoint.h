@@ -21,7 +21,8 @@
 
 namespace weft::fabric {
 
-enum class OpKind : uint8_t { kData = 0, kConnRequest, kConnReply, kCtrlSend, kProbeRecv };
+// kData, kOfferSend and kOfferRecv belong to the comm (delivered to its DataSink); the rest to the endpoint.
+enum class OpKind : uint8_t { kData = 0, kOfferSend, kOfferRecv, kConnRequest, kConnReply, kCtrlSend, kProbeRecv };
 
 struct OpContext {
   fi_context2 fi;  // first: libfabric is handed &fi
@@ -34,20 +35,30 @@ constexpr uint64_t kCtrlBit = 1ull << 63;
 constexpr uint64_t kTagConnRequest = kCtrlBit | 1;
 constexpr uint64_t kTagConnReply = kCtrlBit | 2;
 constexpr uint64_t kTagProbe = kCtrlBit | 3;
+constexpr uint64_t kTagOffer = kCtrlBit | 4;  // rdma protocol: the receiver's buffer offers
 
 // Data tag: NCCL tag (31 bits) above a 32-bit per-tag sequence number.
 inline uint64_t dataTag(int ncclTag, uint32_t seq) {
   return (static_cast<uint64_t>(static_cast<uint32_t>(ncclTag) & 0x7fffffffu) << 32) | seq;
 }
 
+// What both ends of a connection agree on at connect: the rdma protocol only if both offer it; eager up to the
+// connector's (the sender's) limit, since the receiver must post tagged receives whenever eager sends may come.
+struct Protocol {
+  bool rdma = false;
+  uint32_t eagerMax = 0;
+};
+
 struct ConnectRequest {
   static constexpr uint32_t kMagic = 0x57465251;  // "WFRQ"
-  static constexpr uint16_t kVersion = 1;
+  static constexpr uint16_t kVersion = 2;
+  static constexpr uint32_t kFlagRdma = 1;
   uint32_t magic;
   uint16_t version;
   uint16_t addrLen;
   uint64_t token;
-  uint64_t senderId;
+  uint32_t flags;     // kFlag*: what the connector can do
+  uint32_t eagerMax;  // the connector's eager limit (bytes)
   uint8_t addr[256];
 };
 
@@ -60,14 +71,21 @@ struct ConnectReply {
   uint16_t version;
   uint16_t status;
   uint64_t token;
+  uint32_t flags;  // the agreed ConnectRequest::kFlag* (the listener's answer)
+  uint32_t reserved;
 };
 
 class DataSink {
  public:
   virtual ~DataSink() = default;
   virtual void onComplete(OpContext* ctx, size_t len) noexcept = 0;
-  virtual void onError(OpContext* ctx, Status st) noexcept = 0;
+  // fiErr: libfabric's error number (FI_ECANCELED for a canceled receive); st: its NCCL-facing status.
+  virtual void onError(OpContext* ctx, int fiErr, Status st) noexcept = 0;
+  // An RMA write with remote completion data landed in one of our buffers.
+  virtual void onRemoteData(uint64_t data) noexcept = 0;
 };
+
+inline bool isCommOp(OpKind k) { return k == OpKind::kData || k == OpKind::kOfferSend || k == OpKind::kOfferRecv; }
 
 Status statusOfFiError(int err);
 
@@ -92,7 +110,7 @@ class Endpoint {
   Status postConnRequestRecv();
   bool takeConnRequest(ConnectRequest* out);
   void setAccepted() { accepted_ = true; }
-  Status sendReply(fi_addr_t to, uint16_t status, uint64_t token);
+  Status sendReply(fi_addr_t to, uint16_t status, uint64_t token, uint32_t flags = 0);
   // True when no reply is queued or in flight: the accept reply has left this process.
   bool repliesDone() const;
 
@@ -104,7 +122,7 @@ class Endpoint {
   Status probeError() const { return probeError_; }
 
   // Connector side.
-  Status startConnect(fi_addr_t to, uint64_t token);
+  Status startConnect(fi_addr_t to, uint64_t token, uint32_t flags, uint32_t eagerMax);
   bool takeReply(ConnectReply* out);
   Status repostReplyRecv();
   Status connectError() const { return connectError_; }

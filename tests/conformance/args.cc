@@ -71,6 +71,10 @@ WorkerArgs parseWorkerArgs(int argc, char** argv) {
     else if (f == "--call-limit") w.callLimitMs = a.number(1, 3600000);
     else if (f == "--quick") w.quick = true;
     else if (f == "--verbose") w.verbose = true;
+    else if (f == "--raw-provider") w.rawProvider = a.value();
+    else if (f == "--raw-iface") w.rawIface = a.value();
+    else if (f == "--rounds") w.rounds = a.number(1, 100);
+    else if (f == "--patterns") w.patterns = a.value();
     else a.unknown();
   }
   return w;

@@ -1,6 +1,8 @@
 // `weft bench`: moves data through any NCCL net plugin file from two processes, as NCCL's proxy would, and
-// reports ping-pong latency (half round trip, median and p99) and streaming bandwidth with NCCL_STEPS (8)
-// messages in flight. Every message's contents are verified on arrival outside the timed window.
+// reports ping-pong latency (half round trip, median and p99), streaming bandwidth with NCCL_STEPS (8)
+// messages in flight, N parallel connections, and NCCL's bidirectional step pattern. In the same run, the same
+// patterns go through raw libfabric (tagged and RMA) on the same provider, and every figure gets its ratio to
+// the better of the two. Every message's contents are verified outside the timed window.
 #pragma once
 
 #include <string>
@@ -16,6 +18,9 @@ struct BenchOptions {
   int dev = 0;
   bool quick = false;  // fewer iterations and sizes (the README's first command uses the full set)
   bool json = false;
+  int rounds = 3;                                 // each point: median over this many alternating runs
+  std::string patterns = "lat,bw,conns,steps";
+  std::string rawProvider, rawIface;              // the raw reference (empty provider: none)
   PairOptions pair;
 };
 

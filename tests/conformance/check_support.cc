@@ -267,6 +267,21 @@ bool StreamState::step() {
     if (done) {
       inflight_.pop_front();
       ++doneCount_;
+      if (env_.recv() && spec_.requestHint) {
+        // As NCCL's LL/LL128 do: the receive may have been reported done before its data came; the GPU then
+        // watches the data itself and nobody calls the plugin for this connection. A plugin whose data needs
+        // further progress calls to land must not complete early: this wait then times out.
+        const uint8_t* slot = buf_.data() + (i % spec_.inflight) * spec_.slotSize;
+        Deadline arrival(env_.timeout);
+        while (findMismatch(slot, spec_.sizes[i], spec_.seed * 1000003 + i) != SIZE_MAX) {
+          if (arrival.expired()) {
+            fail("receive " + std::to_string(i) + " was reported done under the optional-completion hint, but its "
+                 "data never arrived without further calls into the plugin (data that needs progress calls must "
+                 "not complete early)");
+          }
+        }
+        return doneCount_ == total;
+      }
       if (static_cast<size_t>(sizes[0]) != spec_.sizes[i]) {
         fail((env_.recv() ? "receive " : "send ") + std::to_string(i) + " reported " + std::to_string(sizes[0]) +
              " bytes, expected " + std::to_string(spec_.sizes[i]));

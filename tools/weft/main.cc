@@ -34,8 +34,24 @@ void usage() {
                "      [--call-limit MS]         longest connect/accept/listen call before it counts as blocking (500)\n"
                "      [--env K=V] [--recv-env K=V] [--send-env K=V]   environment for both / one worker\n"
                "      [--recv-netns NS] [--send-netns NS]           run a worker inside a network namespace\n"
-               "  bench --plugin FILE           latency and bandwidth through FILE's table, two processes\n"
+               "  bench [--plugin FILE]         latency, bandwidth, parallel connections and NCCL's step pattern\n"
+               "                                through FILE's table (default: this weft's plugin), two processes,\n"
+               "                                beside raw libfabric doing the same on the same provider\n"
+               "      [--raw PROVIDER] [--raw-iface IF] [--no-raw]  the reference (default: WEFT_PROVIDER/IFACE)\n"
+               "      [--patterns lat,bw,conns,steps] [--rounds N] (median of N alternating runs, default 3)\n"
                "      [--table N] [--dev N] [--quick] [--json] and the --env/--netns options above\n");
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t end = s.find(sep, start);
+    if (end == std::string::npos) end = s.size();
+    if (end > start) out.push_back(s.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
 }
 
 std::string selfPath() {
@@ -44,6 +60,14 @@ std::string selfPath() {
   if (n <= 0) return "weft";
   buf[n] = 0;
   return buf;
+}
+
+// The plugin built beside this tool: <prefix>/bin/weft -> <prefix>/lib/libnccl-net-weft.so.
+std::string defaultPlugin() {
+  std::string self = selfPath();
+  size_t slash = self.rfind('/');
+  std::string dir = slash == std::string::npos ? "." : self.substr(0, slash);
+  return dir + "/../lib/libnccl-net-weft.so";
 }
 
 int conformance(int argc, char** argv) {
@@ -74,6 +98,7 @@ int conformance(int argc, char** argv) {
 
 int bench(int argc, char** argv) {
   weft::harness::BenchOptions o;
+  bool noRaw = false;
   o.pair.self = selfPath();
   weft::harness::Args a("weft bench", argc, argv, 2);
   while (a.next()) {
@@ -84,11 +109,39 @@ int bench(int argc, char** argv) {
     else if (f == "--dev") o.dev = a.number(0, 1023);
     else if (f == "--quick") o.quick = true;
     else if (f == "--json") o.json = true;
+    else if (f == "--rounds") o.rounds = a.number(1, 100);
+    else if (f == "--patterns") o.patterns = a.value();
+    else if (f == "--raw") o.rawProvider = a.value();
+    else if (f == "--raw-iface") o.rawIface = a.value();
+    else if (f == "--no-raw") noRaw = true;
     else a.unknown();
   }
-  if (o.plugin.empty()) {
-    std::fprintf(stderr, "weft bench: --plugin FILE is required\n");
-    return 2;
+  if (o.plugin.empty()) o.plugin = defaultPlugin();
+  for (const auto& p : split(o.patterns, ',')) {
+    if (p != "lat" && p != "bw" && p != "conns" && p != "steps") {
+      std::fprintf(stderr, "weft bench: unknown pattern '%s' in --patterns (lat, bw, conns, steps)\n", p.c_str());
+      return 2;
+    }
+  }
+  // The raw reference runs on the provider and interface the plugin is told to use (--env WEFT_PROVIDER=...,
+  // WEFT_IFACE=...), unless --raw/--raw-iface say otherwise.
+  auto fromEnv = [&](const std::string& key) {
+    std::string v;
+    for (const auto& kv : o.pair.env) {
+      if (kv.rfind(key + "=", 0) == 0) v = kv.substr(key.size() + 1);
+    }
+    if (v.empty() && std::getenv(key.c_str()) != nullptr) v = std::getenv(key.c_str());
+    return v;
+  };
+  if (noRaw) {
+    o.rawProvider.clear();
+  } else {
+    if (o.rawProvider.empty()) o.rawProvider = fromEnv("WEFT_PROVIDER");
+    if (o.rawIface.empty()) o.rawIface = fromEnv("WEFT_IFACE");
+    if (o.rawProvider.empty()) {
+      std::fprintf(stderr, "weft bench: no raw libfabric reference (name its provider with --raw or --env "
+                           "WEFT_PROVIDER=...; --no-raw to run without)\n");
+    }
   }
   return weft::harness::runBench(o);
 }

@@ -84,7 +84,9 @@ class SendComm : public Comm {
 class RecvComm : public Comm {
  public:
   RecvComm() : Comm(kRecvMagic) {}
-  virtual Status irecv(int n, void** data, const size_t* sizes, const int* tags, MemHandle** mhs,
+  // optional: NCCL_NET_OPTIONAL_RECV_COMPLETION was in *request (LL/LL128, n == 1): the data carries its own
+  // arrival flags, so the request may be reported done early.
+  virtual Status irecv(int n, void** data, const size_t* sizes, const int* tags, MemHandle** mhs, bool optional,
                        Request** request) = 0;
   virtual Status iflush(int n, void** data, const int* sizes, MemHandle** mhs, Request** request) = 0;
 };
