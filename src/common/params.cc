@@ -37,8 +37,9 @@ const std::vector<Def> kDefs = {
    "on providers that transmit without further progress calls (efa, verbs, automatic progress)."},
   {"WEFT_PROTOCOL", Kind::kChoice, "auto", 0, 0, "auto|rdma|sendrecv",
    "Data protocol: rdma = the receiver sends its buffer address and the sender writes into it (RMA with remote "
-   "completion data; zero-copy on RDMA NICs); sendrecv = tagged messages only. auto = rdma where the provider "
-   "offers RMA with 8 bytes of completion data, else sendrecv. Both ends agree on the protocol at connect."},
+   "completion data; zero-copy on RDMA NICs); sendrecv = tagged messages only. auto = rdma on hardware providers "
+   "(efa, verbs, cxi, opx, psm3) that offer RMA with 8 bytes of completion data, else sendrecv (software "
+   "providers move RMA through the same stream; measured no faster). Both ends agree on the protocol at connect."},
   {"WEFT_EAGER_MAX", Kind::kInt, "-1", -1, 1 << 20, nullptr,
    "With the rdma protocol, messages up to this many bytes are sent at once as tagged messages, without "
    "waiting for the receiver's buffer offer. -1: the built-in default (16384); 0: never."},

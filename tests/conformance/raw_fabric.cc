@@ -86,46 +86,55 @@ struct Credit {
   uint32_t slot, pad;
 };
 
+struct RawEp {
+  fid_cq* cq = nullptr;
+  fid_av* av = nullptr;
+  fid_ep* ep = nullptr;
+  fi_addr_t peer = FI_ADDR_UNSPEC;
+};
+
 class RawLink final : public Link {
  public:
-  RawLink(std::shared_ptr<RawDomain> d, RawMode mode) : d_(std::move(d)), mode_(mode) {
-    fi_cq_attr cqa{};
-    cqa.format = FI_CQ_FORMAT_TAGGED;
-    cqa.wait_obj = FI_WAIT_NONE;
-    cqa.size = 1024;
-    int rc;
-    if ((rc = fi_cq_open(d_->domain, &cqa, &cq_, nullptr)) != 0) raise("fi_cq_open", rc);
-    fi_av_attr ava{};
-    ava.type = FI_AV_TABLE;
-    if ((rc = fi_av_open(d_->domain, &ava, &av_, nullptr)) != 0) raise("fi_av_open", rc);
-    if ((rc = fi_endpoint(d_->domain, d_->info, &ep_, nullptr)) != 0) raise("fi_endpoint", rc);
-    if ((rc = fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV)) != 0) raise("fi_ep_bind(cq)", rc);
-    if ((rc = fi_ep_bind(ep_, &av_->fid, 0)) != 0) raise("fi_ep_bind(av)", rc);
-    if ((rc = fi_enable(ep_)) != 0) raise("fi_enable", rc);
+  RawLink(std::shared_ptr<RawDomain> d, RawMode mode, bool split) : d_(std::move(d)), mode_(mode) {
+    nEps_ = split ? 2 : 1;
+    for (int k = 0; k < nEps_; ++k) openEp(eps_[k]);
     for (int i = kPool - 1; i >= 0; --i) free_.push_back(i);
     creditsIn_.reset(new Credit[kCredits]);
     std::memset(static_cast<void*>(creditsIn_.get()), 0, sizeof(Credit) * kCredits);
     creditsMr_ = regRaw(creditsIn_.get(), sizeof(Credit) * kCredits);
   }
   ~RawLink() override {
-    closeFid(ep_);
-    closeFid(av_);
-    closeFid(cq_);
+    for (int k = 0; k < nEps_; ++k) {
+      closeFid(eps_[k].ep);
+      closeFid(eps_[k].av);
+      closeFid(eps_[k].cq);
+    }
     closeFid(creditsMr_);
     closeFid(reqsMr_);
   }
 
-  std::vector<uint8_t> name() {
-    std::vector<uint8_t> n(256);
-    size_t len = n.size();
-    int rc = fi_getname(&ep_->fid, n.data(), &len);
-    if (rc != 0) raise("fi_getname", rc);
-    n.resize(len);
-    return n;
+  // Endpoint names to give the peer: [sending, receiving] when split, one otherwise.
+  std::vector<std::vector<uint8_t>> names() {
+    std::vector<std::vector<uint8_t>> out;
+    for (int k = 0; k < nEps_; ++k) {
+      std::vector<uint8_t> n(256);
+      size_t len = n.size();
+      int rc = fi_getname(&eps_[k].ep->fid, n.data(), &len);
+      if (rc != 0) raise("fi_getname", rc);
+      n.resize(len);
+      out.push_back(std::move(n));
+    }
+    return out;
   }
 
-  void connect(const std::vector<uint8_t>& peerName) {
-    if (fi_av_insert(av_, peerName.data(), 1, &peer_, 0, nullptr) != 1) throw std::runtime_error("fi_av_insert failed");
+  // The peer's names in the same order: our sender talks to its receiver and the other way round.
+  void connect(const std::vector<std::vector<uint8_t>>& peer) {
+    for (int k = 0; k < nEps_; ++k) {
+      const auto& name = peer[nEps_ == 2 ? 1 - k : 0];
+      if (fi_av_insert(eps_[k].av, name.data(), 1, &eps_[k].peer, 0, nullptr) != 1) {
+        throw std::runtime_error("fi_av_insert failed");
+      }
+    }
     if (mode_ == RawMode::kRma) {
       for (int i = 0; i < kCredits; ++i) postCreditRecv(i);
     }
@@ -149,16 +158,17 @@ class RawLink final : public Link {
     Credit c{};
     if (mode_ == RawMode::kRma) {
       if (credits_.empty()) {
-        poll();
-        if (credits_.empty()) return nullptr;
+        poll(tx());
+        if (credits_.empty()) return progressAndNull();
       }
       c = credits_.front();
     }
-    Req& r = take();
+    Req& r = take(true);
     r.size = static_cast<int>(size);
+    RawEp& e = tx();
     ssize_t rc = mode_ == RawMode::kTagged
-                     ? fi_tsend(ep_, data, size, desc(mh), peer_, kTagData, &r.ctx.fi)
-                     : fi_writedata(ep_, data, size, desc(mh), (uint64_t{c.slot} << 40) | size, peer_, c.addr, c.key,
+                     ? fi_tsend(e.ep, data, size, desc(mh), e.peer, kTagData, &r.ctx.fi)
+                     : fi_writedata(e.ep, data, size, desc(mh), (uint64_t{c.slot} << 40) | size, e.peer, c.addr, c.key,
                                     &r.ctx.fi);
     if (rc == -FI_EAGAIN) return giveBack(r);
     if (rc != 0) raise(mode_ == RawMode::kTagged ? "fi_tsend" : "fi_writedata", static_cast<int>(rc));
@@ -168,9 +178,10 @@ class RawLink final : public Link {
 
   void* postRecv(void* data, size_t size, void* mh) override {
     if (free_.empty()) return progressAndNull();
-    Req& r = take();
+    Req& r = take(false);
+    RawEp& e = rx();
     if (mode_ == RawMode::kTagged) {
-      ssize_t rc = fi_trecv(ep_, data, size, desc(mh), FI_ADDR_UNSPEC, kTagData, 0, &r.ctx.fi);
+      ssize_t rc = fi_trecv(e.ep, data, size, desc(mh), FI_ADDR_UNSPEC, kTagData, 0, &r.ctx.fi);
       if (rc == -FI_EAGAIN) return giveBack(r);
       if (rc != 0) raise("fi_trecv", static_cast<int>(rc));
       return &r;
@@ -180,7 +191,8 @@ class RawLink final : public Link {
     if ((d_->info->domain_attr->mr_mode & FI_MR_VIRT_ADDR) == 0) addr -= m->base;
     r.credit = Credit{addr, fi_mr_key(m->mr), size, static_cast<uint32_t>(r.index), 0};
     r.creditPending = true;
-    ssize_t rc = fi_tsend(ep_, &r.credit, sizeof(Credit), fi_mr_desc(creditMrOf(r)), peer_, kTagCredit, &r.creditCtx.fi);
+    ssize_t rc = fi_tsend(e.ep, &r.credit, sizeof(Credit), fi_mr_desc(creditMrOf(r)), e.peer, kTagCredit,
+                          &r.creditCtx.fi);
     if (rc == -FI_EAGAIN) return giveBack(r);
     if (rc != 0) raise("fi_tsend(credit)", static_cast<int>(rc));
     r.awaitingData = true;
@@ -189,7 +201,7 @@ class RawLink final : public Link {
 
   bool test(void* req, int* size) override {
     Req& r = *static_cast<Req*>(req);
-    if (!r.done) poll();
+    if (!r.done || r.creditPending) poll(r.onTx ? tx() : rx());
     if (!r.done || r.creditPending) return false;
     *size = r.size;
     free_.push_back(r.index);
@@ -210,17 +222,19 @@ class RawLink final : public Link {
     Ctx creditCtx;  // the credit send of an RMA receive
     int index = 0;
     int size = 0;
+    bool onTx = false;
     bool done = false;
     bool creditPending = false;
     bool awaitingData = false;
     Credit credit{};
   };
 
-  Req& take() {
+  Req& take(bool onTx) {
     int i = free_.back();
     free_.pop_back();
     Req& r = reqs_[i];
     r.index = i;
+    r.onTx = onTx;
     r.ctx.index = i;
     r.ctx.kind = Kind::kData;
     r.creditCtx.index = i;
@@ -230,14 +244,33 @@ class RawLink final : public Link {
     r.awaitingData = false;
     return r;
   }
+  // Pushed back: progress every endpoint of the link (an rxm connection comes up only while both its ends are
+  // progressed, and the peer may be waiting on our other endpoint).
   void* giveBack(Req& r) {
     free_.push_back(r.index);
-    poll();
-    return nullptr;
+    return progressAndNull();
   }
   void* progressAndNull() {
-    poll();
+    for (int k = 0; k < nEps_; ++k) poll(eps_[k]);
     return nullptr;
+  }
+  RawEp& tx() { return eps_[0]; }
+  RawEp& rx() { return eps_[nEps_ - 1]; }
+
+  void openEp(RawEp& e) {
+    fi_cq_attr cqa{};
+    cqa.format = FI_CQ_FORMAT_TAGGED;
+    cqa.wait_obj = FI_WAIT_NONE;
+    cqa.size = 1024;
+    int rc;
+    if ((rc = fi_cq_open(d_->domain, &cqa, &e.cq, nullptr)) != 0) raise("fi_cq_open", rc);
+    fi_av_attr ava{};
+    ava.type = FI_AV_TABLE;
+    if ((rc = fi_av_open(d_->domain, &ava, &e.av, nullptr)) != 0) raise("fi_av_open", rc);
+    if ((rc = fi_endpoint(d_->domain, d_->info, &e.ep, nullptr)) != 0) raise("fi_endpoint", rc);
+    if ((rc = fi_ep_bind(e.ep, &e.cq->fid, FI_TRANSMIT | FI_RECV)) != 0) raise("fi_ep_bind(cq)", rc);
+    if ((rc = fi_ep_bind(e.ep, &e.av->fid, 0)) != 0) raise("fi_ep_bind(av)", rc);
+    if ((rc = fi_enable(e.ep)) != 0) raise("fi_enable", rc);
   }
   void* desc(void* mh) const { return mh != nullptr ? fi_mr_desc(static_cast<RawMr*>(mh)->mr) : nullptr; }
   fid_mr* creditMrOf(Req&) {
@@ -254,24 +287,25 @@ class RawLink final : public Link {
   }
 
   void postCreditRecv(int i) {
+    RawEp& e = tx();  // credits come to the sending side
     ssize_t rc;
     do {
       creditRecvCtx_[i].index = i;
       creditRecvCtx_[i].kind = Kind::kCreditRecv;
-      rc = fi_trecv(ep_, &creditsIn_[i], sizeof(Credit), fi_mr_desc(creditsMr_), FI_ADDR_UNSPEC, kTagCredit, 0,
+      rc = fi_trecv(e.ep, &creditsIn_[i], sizeof(Credit), fi_mr_desc(creditsMr_), FI_ADDR_UNSPEC, kTagCredit, 0,
                     &creditRecvCtx_[i].fi);
-      if (rc == -FI_EAGAIN) fi_cq_read(cq_, nullptr, 0);
+      if (rc == -FI_EAGAIN) fi_cq_read(e.cq, nullptr, 0);
     } while (rc == -FI_EAGAIN);
     if (rc != 0) raise("fi_trecv(credit)", static_cast<int>(rc));
   }
 
-  void poll() {
+  void poll(RawEp& ep) {
     fi_cq_tagged_entry e[16];
-    ssize_t n = fi_cq_read(cq_, e, 16);
+    ssize_t n = fi_cq_read(ep.cq, e, 16);
     if (n == -FI_EAGAIN) return;
     if (n < 0) {
       fi_cq_err_entry err{};
-      fi_cq_readerr(cq_, &err, 0);
+      fi_cq_readerr(ep.cq, &err, 0);
       raise("completion", err.err);
     }
     for (ssize_t k = 0; k < n; ++k) {
@@ -301,10 +335,8 @@ class RawLink final : public Link {
 
   std::shared_ptr<RawDomain> d_;
   RawMode mode_;
-  fid_cq* cq_ = nullptr;
-  fid_av* av_ = nullptr;
-  fid_ep* ep_ = nullptr;
-  fi_addr_t peer_ = FI_ADDR_UNSPEC;
+  RawEp eps_[2];
+  int nEps_ = 1;
   Req reqs_[kPool];
   fid_mr* reqsMr_ = nullptr;
   std::vector<int> free_;
@@ -317,15 +349,18 @@ class RawLink final : public Link {
 }  // namespace
 
 std::vector<std::unique_ptr<Link>> openRawLinks(Oob& oob, const std::string& provider, const std::string& iface,
-                                                RawMode mode, int count, const std::string& label) {
+                                                RawMode mode, int count, bool split, const std::string& label) {
   auto d = openDomain(provider, iface);
   std::vector<std::unique_ptr<RawLink>> links;
   for (int i = 0; i < count; ++i) {
-    links.push_back(std::make_unique<RawLink>(d, mode));
-    auto n = links.back()->name();
-    oob.send(n.data(), n.size());
+    links.push_back(std::make_unique<RawLink>(d, mode, split));
+    for (const auto& n : links.back()->names()) oob.send(n.data(), n.size());
   }
-  for (int i = 0; i < count; ++i) links[i]->connect(oob.recv());
+  for (int i = 0; i < count; ++i) {
+    std::vector<std::vector<uint8_t>> peer;
+    for (int k = 0; k < (split ? 2 : 1); ++k) peer.push_back(oob.recv());
+    links[i]->connect(peer);
+  }
   oob.barrier("raw:" + label);
   std::vector<std::unique_ptr<Link>> out;
   for (auto& l : links) out.push_back(std::move(l));

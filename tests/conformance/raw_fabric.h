@@ -3,7 +3,9 @@
 // - tagged: fi_tsend / fi_trecv with pre-posted receives (what a plain send/receive transport can reach);
 // - rma: the receiver sends one small credit (address, key, slot) per receive and the sender RMA-writes with
 //   remote completion data (what an RDMA-write transport can reach; the minimum our rdma protocol adds to).
-// One endpoint, completion queue and address vector per link, manual progress, like the plugin's comms.
+// Manual progress, like the plugin. split: one endpoint (with its completion queue and address vector) per
+// direction, the layout a plugin gets from NCCL's separate send and receive comms when it opens one endpoint
+// per comm; otherwise one endpoint carries both directions (the best case for ping-pong: one queue to poll).
 #pragma once
 
 #include <cstddef>
@@ -35,6 +37,6 @@ const char* rawModeName(RawMode m);
 // Opens `count` raw links to the peer process, exchanging endpoint names over `oob` (both processes call this
 // with the same arguments). Throws with the reason on failure.
 std::vector<std::unique_ptr<Link>> openRawLinks(Oob& oob, const std::string& provider, const std::string& iface,
-                                                RawMode mode, int count, const std::string& label);
+                                                RawMode mode, int count, bool split, const std::string& label);
 
 }  // namespace weft::harness
