@@ -75,6 +75,8 @@ WorkerArgs parseWorkerArgs(int argc, char** argv) {
     else if (f == "--raw-iface") w.rawIface = a.value();
     else if (f == "--rounds") w.rounds = a.number(1, 100);
     else if (f == "--patterns") w.patterns = a.value();
+    else if (f == "--lat-sizes") w.latSizes = a.value();
+    else if (f == "--raw-modes") w.rawModes = a.value();
     else a.unknown();
   }
   return w;

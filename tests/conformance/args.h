@@ -35,7 +35,7 @@ struct WorkerArgs {
   int table = 0, oobFd = -1, dev = 0, timeoutSec = 60, callLimitMs = 500;
   bool quick = false, verbose = false;
   // weft bench only: the raw libfabric reference (empty provider: none), rounds per point, which patterns.
-  std::string rawProvider, rawIface, patterns = "lat,bw,conns,steps";
+  std::string rawProvider, rawIface, patterns = "lat,bw,conns,steps", latSizes, rawModes;
   int rounds = 3;
 };
 WorkerArgs parseWorkerArgs(int argc, char** argv);

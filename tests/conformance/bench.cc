@@ -250,6 +250,10 @@ int runBenchWorker(int argc, char** argv) {
   const bool quick = wa.quick;
   const auto patterns = split(wa.patterns, ',');
   auto want = [&](const char* p) { return std::find(patterns.begin(), patterns.end(), p) != patterns.end(); };
+  const auto rawModes = split(wa.rawModes, ',');
+  auto wantRaw = [&](const std::string& m) {
+    return rawModes.empty() || std::find(rawModes.begin(), rawModes.end(), m) != rawModes.end();
+  };
   try {
     std::printf("INFO\t%s\t%d\n", env.props.name.c_str(), env.props.speed);
     const int maxConns = want("conns") ? (quick ? 8 : 16) : want("steps") ? 8 : 1;
@@ -259,16 +263,17 @@ int runBenchWorker(int argc, char** argv) {
     if (!wa.rawProvider.empty()) {
       // Same layout as a plugin with one endpoint per comm: one endpoint per direction.
       for (RawMode m : {RawMode::kTagged, RawMode::kRma}) {
+        if (!wantRaw(rawModeName(m))) continue;
         impls.emplace_back(rawModeName(m), openRawLinks(env.oob, wa.rawProvider, wa.rawIface, m, maxConns, true,
                                                         rawModeName(m)));
       }
       // For latency only, and never in the ratio: one endpoint for both directions (one queue to poll).
-      if (want("lat")) {
+      if (want("lat") && wantRaw("raw-tagged-1ep")) {
         impls.emplace_back("raw-tagged-1ep",
                            openRawLinks(env.oob, wa.rawProvider, wa.rawIface, RawMode::kTagged, 1, false, "1ep"));
       }
     }
-    const size_t streamImpls = impls.size() - (impls.size() > 3 ? 1 : 0);
+    const size_t streamImpls = impls.size() - (impls.back().first == "raw-tagged-1ep" ? 1 : 0);
     const int rounds = wa.rounds;
     // Every point runs each implementation in turn, `rounds` times, and reports the median per implementation:
     // alternating keeps slow drifts of the machine out of the ratios.
@@ -283,6 +288,10 @@ int runBenchWorker(int argc, char** argv) {
     if (want("lat")) {
       std::vector<size_t> sizes = quick ? std::vector<size_t>{8, 65536, 1 << 20}
                                         : std::vector<size_t>{8, 64, 1024, 8192, 65536, 1 << 20};
+      if (!wa.latSizes.empty()) {
+        sizes.clear();
+        for (const auto& t : split(wa.latSizes, ',')) sizes.push_back(std::stoull(t));
+      }
       for (size_t s : sizes) {
         std::vector<std::vector<double>> med(impls.size()), p99(impls.size());
         int iters = s <= 65536 ? (quick ? 500 : 2000) : (quick ? 50 : 200);
@@ -365,6 +374,8 @@ int runBench(const BenchOptions& o) {
   if (!o.rawProvider.empty()) {
     args.insert(args.end(), {"--raw-provider", o.rawProvider, "--raw-iface", o.rawIface});
   }
+  if (!o.latSizes.empty()) args.insert(args.end(), {"--lat-sizes", o.latSizes});
+  if (!o.rawModes.empty()) args.insert(args.end(), {"--raw-modes", o.rawModes});
   if (o.quick) args.push_back("--quick");
   WorkerProcess procs[2];
   spawnPair(o.pair, args, procs);

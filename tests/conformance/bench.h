@@ -20,6 +20,8 @@ struct BenchOptions {
   bool json = false;
   int rounds = 3;                                 // each point: median over this many alternating runs
   std::string patterns = "lat,bw,conns,steps";
+  std::string latSizes;
+  std::string rawModes;                           // subset of raw-tagged,raw-rma,raw-tagged-1ep (empty: all)                           // comma-separated bytes (empty: the built-in list)
   std::string rawProvider, rawIface;              // the raw reference (empty provider: none)
   PairOptions pair;
 };

@@ -39,6 +39,8 @@ void usage() {
                "                                beside raw libfabric doing the same on the same provider\n"
                "      [--raw PROVIDER] [--raw-iface IF] [--no-raw]  the reference (default: WEFT_PROVIDER/IFACE)\n"
                "      [--patterns lat,bw,conns,steps] [--rounds N] (median of N alternating runs, default 3)\n"
+               "      [--lat-sizes 8,4096,...]  latency message sizes in bytes\n"
+               "      [--raw-modes raw-tagged,raw-rma,raw-tagged-1ep]  which references to run (default: all)\n"
                "      [--table N] [--dev N] [--quick] [--json] and the --env/--netns options above\n");
 }
 
@@ -111,8 +113,18 @@ int bench(int argc, char** argv) {
     else if (f == "--json") o.json = true;
     else if (f == "--rounds") o.rounds = a.number(1, 100);
     else if (f == "--patterns") o.patterns = a.value();
+    else if (f == "--lat-sizes") {
+      o.latSizes = a.value();
+      for (const auto& t : split(o.latSizes, ',')) {
+        if (t.find_first_not_of("0123456789") != std::string::npos || t.size() > 10) {
+          std::fprintf(stderr, "weft bench: --lat-sizes wants byte counts separated by commas, got '%s'\n", t.c_str());
+          return 2;
+        }
+      }
+    }
     else if (f == "--raw") o.rawProvider = a.value();
     else if (f == "--raw-iface") o.rawIface = a.value();
+    else if (f == "--raw-modes") o.rawModes = a.value();
     else if (f == "--no-raw") noRaw = true;
     else a.unknown();
   }
