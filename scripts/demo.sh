@@ -13,13 +13,15 @@ echo "== weft on this machine (WEFT_PROVIDER='$provider' WEFT_IFACE='$iface')"
 WEFT_PROVIDER="$provider" WEFT_IFACE="$iface" "$weft" info | sed -n '/^providers/,/^variables/p' | sed '$d'
 
 echo "== a two-process transfer through the plugin (NCCL_DEBUG=INFO shows the plugin's own log lines)"
-NCCL_DEBUG=INFO "$weft" bench --plugin "$so" --env "WEFT_PROVIDER=$provider" --env "WEFT_IFACE=$iface" 2>&1 |
+NCCL_DEBUG=INFO "$weft" bench --plugin "$so" --quick --rounds 1 --patterns lat --no-raw \
+  --env "WEFT_PROVIDER=$provider" --env "WEFT_IFACE=$iface" 2>&1 |
   grep -E "NET/weft : (NET/weft device|device 0|connected|accepted)" | sed 's/^\[plugin INFO\] [^ ]* /  /' | sort -u
-"$weft" bench --plugin "$so" --env "WEFT_PROVIDER=$provider" --env "WEFT_IFACE=$iface"
+echo "   (beside raw libfabric on the same provider; ratios are weft / raw)"
+"$weft" bench --plugin "$so" --quick --rounds 3 --env "WEFT_PROVIDER=$provider" --env "WEFT_IFACE=$iface"
 
 echo
 echo "== the same through shared memory (shm provider)"
-"$weft" bench --quick --plugin "$so" --env WEFT_PROVIDER=shm | tail -n +2
+"$weft" bench --quick --rounds 1 --patterns lat,bw --no-raw --plugin "$so" --env WEFT_PROVIDER=shm | tail -n +2
 
 echo
 echo "== conformance of the plugin file, as NCCL would drive it (table v11, what NCCL 2.28 picks)"

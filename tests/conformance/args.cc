@@ -1,5 +1,7 @@
 #include "args.h"
 
+#include <sstream>
+
 #include <cstdio>
 #include <cstdlib>
 
@@ -80,6 +82,16 @@ WorkerArgs parseWorkerArgs(int argc, char** argv) {
     else a.unknown();
   }
   return w;
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, sep)) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
 }
 
 }  // namespace weft::harness

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "process_pair.h"
 
@@ -39,5 +40,8 @@ struct WorkerArgs {
   int rounds = 3;
 };
 WorkerArgs parseWorkerArgs(int argc, char** argv);
+
+// `s` cut at every `sep`, empty pieces dropped.
+std::vector<std::string> split(const std::string& s, char sep);
 
 }  // namespace weft::harness

@@ -218,16 +218,6 @@ double stream(CheckEnv& env, std::vector<Link*>& links, size_t size, int count, 
   return static_cast<double>(size) * count * recvDirs * 8 / (us * 1e3);
 }
 
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, sep)) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
-
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];

@@ -30,16 +30,6 @@ bool selected(const std::string& name, const std::vector<std::string>& only) {
   return false;
 }
 
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, sep)) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
-
 std::string oneLine(std::string s) {
   for (char& c : s) {
     if (c == '\n' || c == '\t') c = ' ';

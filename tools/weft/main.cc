@@ -44,17 +44,6 @@ void usage() {
                "      [--table N] [--dev N] [--quick] [--json] and the --env/--netns options above\n");
 }
 
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= s.size()) {
-    size_t end = s.find(sep, start);
-    if (end == std::string::npos) end = s.size();
-    if (end > start) out.push_back(s.substr(start, end - start));
-    start = end + 1;
-  }
-  return out;
-}
 
 std::string selfPath() {
   char buf[PATH_MAX];
@@ -115,7 +104,7 @@ int bench(int argc, char** argv) {
     else if (f == "--patterns") o.patterns = a.value();
     else if (f == "--lat-sizes") {
       o.latSizes = a.value();
-      for (const auto& t : split(o.latSizes, ',')) {
+      for (const auto& t : weft::harness::split(o.latSizes, ',')) {
         if (t.find_first_not_of("0123456789") != std::string::npos || t.size() > 10) {
           std::fprintf(stderr, "weft bench: --lat-sizes wants byte counts separated by commas, got '%s'\n", t.c_str());
           return 2;
@@ -129,7 +118,7 @@ int bench(int argc, char** argv) {
     else a.unknown();
   }
   if (o.plugin.empty()) o.plugin = defaultPlugin();
-  for (const auto& p : split(o.patterns, ',')) {
+  for (const auto& p : weft::harness::split(o.patterns, ',')) {
     if (p != "lat" && p != "bw" && p != "conns" && p != "steps") {
       std::fprintf(stderr, "weft bench: unknown pattern '%s' in --patterns (lat, bw, conns, steps)\n", p.c_str());
       return 2;
