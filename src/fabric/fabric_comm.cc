@@ -52,17 +52,7 @@ FabricDataComm::~FabricDataComm() { ep_.reset(); }
 Status FabricDataComm::openOffers(int count) {
   offers_.reset(new OfferMsg[count]);
   std::memset(static_cast<void*>(offers_.get()), 0, sizeof(OfferMsg) * count);
-  if (!dev_.localMr()) return Status::kOk;
-  fid_mr* mr = nullptr;
-  int rc = fi_mr_reg(dev_.domain(), offers_.get(), sizeof(OfferMsg) * count, FI_SEND | FI_RECV, 0,
-                     dev_.nextKey(), 0, &mr, nullptr);
-  if (rc != 0) {
-    WEFT_WARN("fi_mr_reg of the offer buffers on {} failed: {}", dev_.props().name, fi_strerror(-rc));
-    return Status::kSystem;
-  }
-  offersMr_.reset(mr);
-  offersDesc_ = fi_mr_desc(mr);
-  return Status::kOk;
+  return dev_.registerInternal(offers_.get(), sizeof(OfferMsg) * count, "offer buffers", &offersMr_, &offersDesc_);
 }
 
 FabricRequest* FabricDataComm::acquire() {
@@ -324,18 +314,11 @@ Status FabricSendComm::start() {
 }
 
 Status FabricSendComm::postOfferRecv(int index) {
-  ssize_t rc = -FI_EAGAIN;
-  for (int tries = 0; tries < 1000 && rc == -FI_EAGAIN; ++tries) {
-    rc = fi_trecv(ep_->ep(), &offers_[index], sizeof(OfferMsg), offersDesc_,
-                  dev_.directedRecv() ? peer_ : FI_ADDR_UNSPEC, kTagOffer, 0, &offerRecvCtx_[index].fi);
-    if (rc == -FI_EAGAIN) ep_->progress(this);
-  }
-  if (rc != 0) {
-    WEFT_WARN("posting an offer receive on {} failed: {}", dev_.props().name, fi_strerror(static_cast<int>(-rc)));
-    if (fatal_ == Status::kOk) fatal_ = Status::kSystem;
-    return Status::kSystem;
-  }
-  return Status::kOk;
+  Status st = ep_->postOwnRecv(&offers_[index], sizeof(OfferMsg), offersDesc_,
+                               dev_.directedRecv() ? peer_ : FI_ADDR_UNSPEC, kTagOffer, offerRecvCtx_[index],
+                               "buffer-offer");
+  if (st != Status::kOk && fatal_ == Status::kOk) fatal_ = st;
+  return st;
 }
 
 void FabricSendComm::onOfferRecv(int index) noexcept {

@@ -327,6 +327,20 @@ Status FabricDevice::open() {
   return Status::kOk;
 }
 
+Status FabricDevice::registerInternal(void* buf, size_t len, const char* what, MrPtr* mr, void** desc) {
+  *desc = nullptr;
+  if (!localMr_) return Status::kOk;
+  fid_mr* m = nullptr;
+  int rc = fi_mr_reg(domain_.get(), buf, len, FI_SEND | FI_RECV, 0, nextKey(), 0, &m, nullptr);
+  if (rc != 0) {
+    WEFT_WARN("fi_mr_reg of the {} on {} failed: {}", what, props_.name, fi_strerror(-rc));
+    return Status::kSystem;
+  }
+  mr->reset(m);
+  *desc = fi_mr_desc(m);
+  return Status::kOk;
+}
+
 Status FabricDevice::registerRange(uintptr_t base, size_t len, int type, int dmabufFd, uint64_t dmabufOffset,
                                    MrEntry* entry) {
   entry->backendMr = nullptr;

@@ -66,6 +66,10 @@ class FabricDevice final : public Registrar {
   // A key for a registration of ours where the provider does not assign them (unique within the domain).
   uint64_t nextKey() { return provKey_ ? 0 : nextKey_.fetch_add(1, std::memory_order_relaxed); }
 
+  // Registers a buffer of weft's own (control messages, offers) for sends and receives where the provider needs
+  // local registration; otherwise leaves *mr empty and *desc NULL. `what` names it in the warning on failure.
+  Status registerInternal(void* buf, size_t len, const char* what, MrPtr* mr, void** desc);
+
   // Registrar
   Status registerRange(uintptr_t base, size_t len, int type, int dmabufFd, uint64_t dmabufOffset,
                        MrEntry* entry) override;

@@ -76,15 +76,9 @@ Status Endpoint::open(FabricDevice& dev, std::unique_ptr<Endpoint>* out) {
   const fi_info* info = dev.info();
   const char* where = dev.props().name.c_str();
 
-  if (dev.localMr()) {
-    fid_mr* mr = nullptr;
-    int rc = fi_mr_reg(dev.domain(), e->ctl_.get(), sizeof(Control), FI_SEND | FI_RECV, 0, 0, 0, &mr, nullptr);
-    if (rc != 0) {
-      WEFT_WARN("fi_mr_reg of control buffers on {} failed: {}", where, fi_strerror(-rc));
-      return Status::kSystem;
-    }
-    e->ctlMr_.reset(mr);
-    e->ctlDesc_ = fi_mr_desc(mr);
+  if (Status st = dev.registerInternal(e->ctl_.get(), sizeof(Control), "control buffers", &e->ctlMr_, &e->ctlDesc_);
+      st != Status::kOk) {
+    return st;
   }
 
   fi_cq_attr cqAttr{};
@@ -161,6 +155,7 @@ std::string Endpoint::addrString(const void* addr, size_t len) const {
 }
 
 Status Endpoint::progress(DataSink* sink) {
+  if (sink != nullptr) sink_ = sink;
   if (controlQueued_) flushControl();
   fi_cq_tagged_entry entries[16];
   ssize_t n = fi_cq_read(cq_.get(), entries, 16);
@@ -274,22 +269,29 @@ void Endpoint::refuse(const ConnectRequest& r, uint16_t status) {
   if (insert(r.addr, r.addrLen, &to) == Status::kOk) sendReply(to, status, r.token);
 }
 
-// Control receives are posted on an endpoint that carries almost nothing else, so a full queue clears after a
-// few progress calls; the bound keeps a broken provider from spinning here forever. Always from any source:
-// some providers (sockets) see replies arrive over a connection the listener opened back, under another
-// address; replies echo the connector's token, which it checks instead.
-Status Endpoint::postControlRecv(void* buf, size_t len, uint64_t tag, OpContext& ctx, OpKind kind, const char* what) {
-  ctx.kind = kind;
+// Receives of weft's own messages (handshake, probes, offers) are posted on an endpoint that carries little
+// else, so a full queue clears after a few progress calls; the bound keeps a broken provider from spinning here
+// forever. The progress calls hand completions to the comm's sink, if the endpoint has one by now: this may run
+// inside a progress call of that comm, and its data completions must not be dropped.
+Status Endpoint::postOwnRecv(void* buf, size_t len, void* desc, fi_addr_t from, uint64_t tag, OpContext& ctx,
+                             const char* what) {
   ssize_t rc = -FI_EAGAIN;
   for (int tries = 0; tries < 1000 && rc == -FI_EAGAIN; ++tries) {
-    rc = fi_trecv(ep_.get(), buf, len, ctlDesc_, FI_ADDR_UNSPEC, tag, 0, &ctx.fi);
-    if (rc == -FI_EAGAIN && progress(nullptr) != Status::kOk) rc = -FI_EIO;
+    rc = fi_trecv(ep_.get(), buf, len, desc, from, tag, 0, &ctx.fi);
+    if (rc == -FI_EAGAIN && progress(sink_) != Status::kOk) rc = -FI_EIO;
   }
   if (rc != 0) {
     WEFT_WARN("posting the {} receive on {} failed: {}", what, dev_.props().name, fi_strerror(static_cast<int>(-rc)));
     return Status::kSystem;
   }
   return Status::kOk;
+}
+
+// Control receives: always from any source; some providers (sockets) see replies arrive over a connection the
+// listener opened back, under another address; replies echo the connector's token, which it checks instead.
+Status Endpoint::postControlRecv(void* buf, size_t len, uint64_t tag, OpContext& ctx, OpKind kind, const char* what) {
+  ctx.kind = kind;
+  return postOwnRecv(buf, len, ctlDesc_, FI_ADDR_UNSPEC, tag, ctx, what);
 }
 
 Status Endpoint::postConnRequestRecv() {

@@ -114,6 +114,11 @@ class Endpoint {
   // True when no reply is queued or in flight: the accept reply has left this process.
   bool repliesDone() const;
 
+  // Posts a receive for a message of weft's own (not NCCL data), retrying a bounded number of times while the
+  // provider pushes back. A failure is logged naming `what`.
+  Status postOwnRecv(void* buf, size_t len, void* desc, fi_addr_t from, uint64_t tag, OpContext& ctx,
+                     const char* what);
+
   // Liveness: a small message the peer's endpoint drains and discards. Its send completing proves the path to
   // a live peer works; an error proves the peer (or the way to it) is gone.
   Status postProbeRecv();
@@ -146,6 +151,7 @@ class Endpoint {
   };
 
   FabricDevice& dev_;
+  DataSink* sink_ = nullptr;  // the comm that owns this endpoint, once it has progressed it
   // Acquisition order; destroyed in reverse (endpoint before its queues and control registration).
   std::unique_ptr<Control> ctl_;
   MrPtr ctlMr_;

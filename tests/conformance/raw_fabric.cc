@@ -102,6 +102,7 @@ class RawLink final : public Link {
     creditsIn_.reset(new Credit[kCredits]);
     std::memset(static_cast<void*>(creditsIn_.get()), 0, sizeof(Credit) * kCredits);
     creditsMr_ = regRaw(creditsIn_.get(), sizeof(Credit) * kCredits);
+    reqsMr_ = regRaw(reqs_, sizeof(reqs_));  // the credits RMA receives send live in their requests
   }
   ~RawLink() override {
     for (int k = 0; k < nEps_; ++k) {
@@ -191,7 +192,7 @@ class RawLink final : public Link {
     if ((d_->info->domain_attr->mr_mode & FI_MR_VIRT_ADDR) == 0) addr -= m->base;
     r.credit = Credit{addr, fi_mr_key(m->mr), size, static_cast<uint32_t>(r.index), 0};
     r.creditPending = true;
-    ssize_t rc = fi_tsend(e.ep, &r.credit, sizeof(Credit), fi_mr_desc(creditMrOf(r)), e.peer, kTagCredit,
+    ssize_t rc = fi_tsend(e.ep, &r.credit, sizeof(Credit), fi_mr_desc(reqsMr_), e.peer, kTagCredit,
                           &r.creditCtx.fi);
     if (rc == -FI_EAGAIN) return giveBack(r);
     if (rc != 0) raise("fi_tsend(credit)", static_cast<int>(rc));
@@ -273,10 +274,6 @@ class RawLink final : public Link {
     if ((rc = fi_enable(e.ep)) != 0) raise("fi_enable", rc);
   }
   void* desc(void* mh) const { return mh != nullptr ? fi_mr_desc(static_cast<RawMr*>(mh)->mr) : nullptr; }
-  fid_mr* creditMrOf(Req&) {
-    if (reqsMr_ == nullptr) reqsMr_ = regRaw(reqs_, sizeof(reqs_));
-    return reqsMr_;
-  }
 
   fid_mr* regRaw(void* buf, size_t size) {
     fid_mr* mr = nullptr;
