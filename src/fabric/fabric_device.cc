@@ -321,7 +321,7 @@ Status FabricDevice::open() {
   WEFT_INFO(NCCL_INIT | NCCL_NET,
             "device {} ({}): domain {} open, protocol {}, eager up to {} B, mr_mode {:#x}, inject {} B{}, max msg {} "
             "B{}",
-            index_, props_.provider, props_.name, rdma_ ? "rdma" : "sendrecv", eagerMax_,
+            index_, props_.provider, props_.name, rdma_ ? "rdma" : "sendrecv", rdma_ ? eagerMax_ : 0,
             info_->domain_attr->mr_mode, injectSize_, injectSafe_ ? "" : " (not used: manual progress)", maxMsgSize_,
             directedRecv_ ? ", directed receives" : "");
   return Status::kOk;
