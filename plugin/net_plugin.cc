@@ -104,8 +104,16 @@ ncclResult_t getPropertiesImpl(int dev, P* props) {
     if constexpr (requires { props->regIsGlobal; }) props->regIsGlobal = d.regIsGlobal ? 1 : 0;
     if constexpr (requires { props->forceFlush; }) {
       props->forceFlush = d.forceFlush ? 1 : 0;
-      props->vProps.ndevs = 1;
-      props->vProps.devs[0] = dev;
+      // A fused device lists its members; NCCL (2.28+ shims) copies only ndevs entries, and a pre-v12 table
+      // holds 4, which makeVDevice below never exceeds.
+      constexpr int kCap = static_cast<int>(sizeof(props->vProps.devs) / sizeof(props->vProps.devs[0]));
+      if (d.vdevCount > 0 && d.vdevCount <= kCap) {
+        props->vProps.ndevs = d.vdevCount;
+        for (int i = 0; i < d.vdevCount; ++i) props->vProps.devs[i] = d.vdevs[i];
+      } else {
+        props->vProps.ndevs = 1;
+        props->vProps.devs[0] = dev;
+      }
       props->maxP2pBytes = d.maxP2pBytes;
       props->maxCollBytes = d.maxCollBytes;
     }
@@ -115,6 +123,20 @@ ncclResult_t getPropertiesImpl(int dev, P* props) {
       props->planeId = NCCL_NET_ID_UNDEF;
     }
     return Status::kOk;
+  });
+}
+
+template <typename VP>
+ncclResult_t makeVDeviceImpl(int* d, VP* props) {
+  return guarded("makeVDevice", [&] {
+    Backend* b = backendOrWarn("makeVDevice");
+    if (b == nullptr || d == nullptr || props == nullptr) return Status::kInternal;
+    constexpr int kCap = static_cast<int>(sizeof(props->devs) / sizeof(props->devs[0]));
+    if (props->ndevs < 1 || props->ndevs > kCap) {
+      WEFT_WARN("makeVDevice: ndevs={} (1 to {} allowed)", props->ndevs, kCap);
+      return Status::kInternal;
+    }
+    return b->makeVDevice(props->devs, props->ndevs, d);
   });
 }
 
@@ -431,7 +453,7 @@ WEFT_EXPORT ncclNet_v9_t ncclNetPlugin_v9 = {
     listenImpl,    connect_v7,    accept_v7,       regMrImpl,
     regMrDmaBufImpl, deregMrImpl, isend_v9,        irecv_v9,
     iflushImpl,    testImpl,      closeSendImpl,   closeRecvImpl,
-    closeListenImpl, nullptr, nullptr, nullptr /*makeVDevice: no NIC fusion*/,
+    closeListenImpl, nullptr, nullptr, makeVDeviceImpl<ncclNetVDeviceProps_v9_t>,
 };
 
 WEFT_EXPORT ncclNet_v10_t ncclNetPlugin_v10 = {
@@ -439,7 +461,7 @@ WEFT_EXPORT ncclNet_v10_t ncclNetPlugin_v10 = {
     listenImpl,    connect_v10,   accept_v7,       regMrImpl,
     regMrDmaBufImpl, deregMrImpl, isend_v10,       irecv_v10,
     iflushImpl,    testImpl,      closeSendImpl,   closeRecvImpl,
-    closeListenImpl, nullptr, nullptr, nullptr,
+    closeListenImpl, nullptr, nullptr, makeVDeviceImpl<ncclNetVDeviceProps_v10_t>,
 };
 
 WEFT_EXPORT ncclNet_v11_t ncclNetPlugin_v11 = {
@@ -447,7 +469,8 @@ WEFT_EXPORT ncclNet_v11_t ncclNetPlugin_v11 = {
     listen_v11,    connect_v11,   accept_v7,       regMrImpl,
     regMrDmaBufImpl, deregMrImpl, isend_v10,       irecv_v10,
     iflushImpl,    testImpl,      closeSendImpl,   closeRecvImpl,
-    closeListenImpl, nullptr, nullptr, nullptr, finalize_v11, nullptr /*setNetAttr*/,
+    closeListenImpl, nullptr, nullptr, makeVDeviceImpl<ncclNetVDeviceProps_v11_t>, finalize_v11,
+    nullptr /*setNetAttr*/,
 };
 
 WEFT_EXPORT ncclNet_v12_t ncclNetPlugin_v12 = {
@@ -455,5 +478,5 @@ WEFT_EXPORT ncclNet_v12_t ncclNetPlugin_v12 = {
     listen_v11,    connect_v11,   accept_v7,       regMrImpl,
     regMrDmaBufImpl, deregMrImpl, isend_v10,       irecv_v10,
     iflushImpl,    testImpl,      closeSendImpl,   closeRecvImpl,
-    closeListenImpl, nullptr, nullptr, nullptr, finalize_v11, nullptr,
+    closeListenImpl, nullptr, nullptr, makeVDeviceImpl<ncclNetVDeviceProps_v12_t>, finalize_v11, nullptr,
 };

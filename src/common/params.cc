@@ -43,6 +43,16 @@ const std::vector<Def> kDefs = {
   {"WEFT_EAGER_MAX", Kind::kInt, "-1", -1, 1 << 20, nullptr,
    "With the rdma protocol, messages up to this many bytes are sent at once as tagged messages, without "
    "waiting for the receiver's buffer offer. -1: the built-in default (16384); 0: never."},
+  {"WEFT_RAILS", Kind::kString, "auto", 0, 0, nullptr,
+   "Which NICs form one NCCL device (rails): auto = NICs of equal speed below the same PCI root port as a GPU; "
+   "off = every NIC its own device; or groups such as eth0+eth1,eth2+eth3 (NICs joined by '+', groups by ','; "
+   "at most 4 per device; NICs not named stay alone). Both ends of a connection use the rails both have."},
+  {"WEFT_STRIPE_MIN", Kind::kInt, "262144", 4096, int64_t{1} << 40, nullptr,
+   "On a multi-rail device with the rdma protocol, messages of at least this many bytes are split across all "
+   "rails; smaller ones (and every tagged message) go to one rail, round-robin."},
+  {"WEFT_CQ_DATA", Kind::kChoice, "auto", 0, 0, "auto|4",
+   "Remote completion data of the rdma protocol: auto = 8 bytes where the provider carries them, the compact "
+   "4-byte form where it carries only 4 (EFA, verbs); 4 = the compact form everywhere (tests that path)."},
   {"WEFT_GDR", Kind::kChoice, "auto", 0, 0, "auto|0|1",
    "Advertise GPU memory (NCCL_PTR_CUDA) support: auto = when built with CUDA and the provider has FI_HMEM."},
 };

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "fabric/rails.h"
 #include "weft/common/params.h"
 #include "weft/transport/handle.h"
 
@@ -43,15 +44,116 @@ std::unique_ptr<FabricBackend> FabricBackend::discover(std::string* why) {
   auto b = std::unique_ptr<FabricBackend>(new FabricBackend());
   b->maxRecvs_ = static_cast<int>(params::getInt("WEFT_MAX_RECVS"));
   b->connectTimeoutSec_ = static_cast<int>(params::getInt("WEFT_CONNECT_TIMEOUT"));
+  std::vector<NicInfo> nics;
   for (auto& c : found) {
     c.props.maxRecvs = b->maxRecvs_;
-    int index = static_cast<int>(b->devices_.size());
-    b->devices_.push_back(std::make_unique<FabricDevice>(index, std::move(c)));
-    const DeviceProps& p = b->devices_.back()->props();
-    WEFT_INFO(NCCL_INIT | NCCL_NET, "NET/weft device {}: {} via {} (fabric {}), {} Mb/s, pci {}, ptrSupport {:#x}",
-              index, p.name, p.provider, p.fabric, p.speedMbps, p.pciPath.empty() ? "none" : p.pciPath, p.ptrSupport);
+    nics.push_back(NicInfo{c.props.name, c.props.pciPath, c.props.speedMbps});
+    int index = static_cast<int>(b->nics_.size());
+    b->nics_.push_back(std::make_unique<FabricDevice>(index, std::move(c)));
+  }
+  RailSpec spec;
+  std::string err;
+  if (!parseRailSpec(params::getString("WEFT_RAILS"), &spec, &err)) {
+    WEFT_WARN("WEFT_RAILS='{}': {}; every NIC stays a device of its own", params::getString("WEFT_RAILS"), err);
+    spec.mode = RailSpec::Mode::kOff;
+  }
+  std::vector<std::string> warnings;
+  auto groups = groupRails(nics, spec.mode == RailSpec::Mode::kAuto ? findGpuPciPaths() : std::vector<std::string>{},
+                           spec, &warnings);
+  for (const auto& w : warnings) WEFT_WARN("{}", w);
+  for (const auto& g : groups) {
+    std::vector<FabricDevice*> rails;
+    for (int i : g) rails.push_back(b->nics_[i].get());
+    if (!b->addGroup(std::move(rails), nullptr, 0)) break;
+    const int index = b->deviceCount() - 1;
+    const DeviceProps& p = b->props(index);
+    WEFT_INFO(NCCL_INIT | NCCL_NET, "NET/weft device {}: {} via {} (fabric {}), {} Mb/s, {} rail{}, pci {}, "
+              "ptrSupport {:#x}",
+              index, p.name, p.provider, p.fabric, p.speedMbps, g.size(), g.size() == 1 ? "" : "s",
+              p.pciPath.empty() ? "none" : p.pciPath, p.ptrSupport);
   }
   return b;
+}
+
+bool FabricBackend::addGroup(std::vector<FabricDevice*> rails, const int* vdevs, int nVdevs) {
+  std::lock_guard<std::mutex> lock(groupsMutex_);
+  const int n = groupCount_.load(std::memory_order_relaxed);
+  if (n >= kMaxDevices) {
+    WEFT_WARN("more than {} devices: the rest are left out", kMaxDevices);
+    return false;
+  }
+  auto g = std::make_unique<Group>();
+  g->props = rails[0]->props();
+  DeviceProps& p = g->props;
+  for (size_t k = 1; k < rails.size(); ++k) {
+    const DeviceProps& q = rails[k]->props();
+    p.name += "+" + q.name;
+    p.speedMbps += q.speedMbps;
+    p.maxComms = std::min(p.maxComms, q.maxComms);
+    p.ptrSupport &= q.ptrSupport;
+    p.latencyUs = std::max(p.latencyUs, q.latencyUs);
+    p.maxP2pBytes = std::min(p.maxP2pBytes, q.maxP2pBytes);
+    p.maxCollBytes = std::min(p.maxCollBytes, q.maxCollBytes);
+    p.guid ^= q.guid * 0x9e3779b97f4a7c15ull;  // distinct from each NIC's own
+  }
+  p.vdevCount = nVdevs;
+  for (int i = 0; i < nVdevs; ++i) p.vdevs[i] = vdevs[i];
+  g->rails = std::move(rails);
+  groups_[n] = std::move(g);
+  groupCount_.store(n + 1, std::memory_order_release);
+  return true;
+}
+
+// NCCL fuses devices it finds close together (ports of one NIC by default; NCCL_NET_FORCE_MERGE for more) and
+// from then on uses only the fused ones. A fused device's rails are its members' rails, in the order given.
+Status FabricBackend::makeVDevice(const int* devs, int n, int* out) {
+  const int count = deviceCount();
+  if (out == nullptr || devs == nullptr || n < 1 || n > 8) {
+    WEFT_WARN("makeVDevice: {} devices asked for (1 to 8 expected)", n);
+    return Status::kInternal;
+  }
+  std::vector<FabricDevice*> rails;
+  for (int i = 0; i < n; ++i) {
+    if (devs[i] < 0 || devs[i] >= count) {
+      WEFT_WARN("makeVDevice: device {} does not exist (there are {})", devs[i], count);
+      return Status::kInternal;
+    }
+    for (FabricDevice* r : groups_[devs[i]]->rails) {
+      if (std::find(rails.begin(), rails.end(), r) != rails.end()) {
+        WEFT_WARN("makeVDevice: NIC {} named twice", r->props().name);
+        return Status::kInvalidUsage;
+      }
+      rails.push_back(r);
+    }
+  }
+  if (static_cast<int>(rails.size()) > kMaxRails) {
+    WEFT_WARN("makeVDevice: fusing these {} devices gives {} NICs; weft drives at most {} per device "
+              "(NCCL_NET_FORCE_MERGE / NCCL_NET_MERGE_LEVEL choose smaller groups)",
+              n, rails.size(), kMaxRails);
+    return Status::kInvalidUsage;
+  }
+  if (!addGroup(std::move(rails), devs, n)) return Status::kInternal;
+  *out = deviceCount() - 1;
+  const DeviceProps& p = props(*out);
+  WEFT_INFO(NCCL_INIT | NCCL_NET, "NET/weft virtual device {}: {} ({} Mb/s, {} rail{})", *out, p.name, p.speedMbps,
+            railCount(*out), railCount(*out) == 1 ? "" : "s");
+  return Status::kOk;
+}
+
+// One endpoint per rail of the device; further rails' addresses must fit the handshake.
+Status FabricBackend::openEndpoints(int dev, std::vector<std::unique_ptr<Endpoint>>* out) {
+  out->clear();
+  for (int k = 0; k < railCount(dev); ++k) {
+    std::unique_ptr<Endpoint> ep;
+    if (Status st = Endpoint::open(*groups_[dev]->rails[k], &ep); st != Status::kOk) return st;
+    if (k > 0 && ep->name().size() > RailAddrs::kMaxAddr) {
+      WEFT_WARN("provider address of {} bytes on {} does not fit the rail handshake ({} B)", ep->name().size(),
+                ep->device().props().name, RailAddrs::kMaxAddr);
+      return Status::kInternal;
+    }
+    out->push_back(std::move(ep));
+  }
+  return Status::kOk;
 }
 
 FabricBackend::~FabricBackend() = default;
@@ -63,8 +165,9 @@ Status FabricBackend::listen(int dev, void* handle, ListenComm** out) {
     return Status::kInternal;
   }
   if (handle == nullptr) return Status::kInternal;
-  std::unique_ptr<Endpoint> ep;
-  if (Status st = Endpoint::open(*devices_[dev], &ep); st != Status::kOk) return st;
+  std::vector<std::unique_ptr<Endpoint>> eps;
+  if (Status st = openEndpoints(dev, &eps); st != Status::kOk) return st;
+  Endpoint* ep = eps[0].get();
   if (ep->name().size() > WireHandle::kMaxAddr) {
     WEFT_WARN("provider address of {} bytes does not fit the handle", ep->name().size());
     return Status::kInternal;
@@ -72,14 +175,13 @@ Status FabricBackend::listen(int dev, void* handle, ListenComm** out) {
   if (Status st = ep->postConnRequestRecv(); st != Status::kOk) return st;
   WireHandle h;
   h.backend = BackendId::kFabric;
-  h.providerHash = devices_[dev]->providerHash();
+  h.providerHash = device(dev).providerHash();
   h.token = randomToken();
   h.addrLen = static_cast<uint16_t>(ep->name().size());
   std::memcpy(h.addr.data(), ep->name().data(), h.addrLen);
   h.encode(handle);
-  WEFT_INFO(NCCL_NET, "listening on {} at {}", devices_[dev]->props().name,
-            ep->addrString(ep->name().data(), ep->name().size()));
-  *out = new FabricListenComm(std::move(ep), h.token, maxRecvs_);
+  WEFT_INFO(NCCL_NET, "listening on {} at {}", props(dev).name, ep->addrString(ep->name().data(), ep->name().size()));
+  *out = new FabricListenComm(std::move(eps), h.token, maxRecvs_);
   return Status::kOk;
 }
 
@@ -104,7 +206,7 @@ Status FabricBackend::connect(int dev, const CommConfig& config, void* handle, S
         WEFT_WARN("connect to {} on {} timed out after {} s without an answer: likely a firewall or security "
                   "group dropping traffic between the nodes, WEFT_IFACE choosing an interface the peer cannot "
                   "reach, or the peer process is gone (WEFT_CONNECT_TIMEOUT sets the limit)",
-                  it->second->peerName, devices_[dev]->props().name, connectTimeoutSec_);
+                  it->second->peerName, props(dev).name, connectTimeoutSec_);
         pending_.erase(it);
         return Status::kRemote;
       } else {
@@ -116,24 +218,25 @@ Status FabricBackend::connect(int dev, const CommConfig& config, void* handle, S
     WireHandle h;
     std::string why;
     if (Status st = WireHandle::decode(handle, &h, &why); st != Status::kOk) {
-      WEFT_WARN("connect on {}: {}", devices_[dev]->props().name, why);
+      WEFT_WARN("connect on {}: {}", props(dev).name, why);
       return st;
     }
-    if (h.backend != BackendId::kFabric || h.providerHash != devices_[dev]->providerHash()) {
+    if (h.backend != BackendId::kFabric || h.providerHash != device(dev).providerHash()) {
       WEFT_WARN("connect on {}: the handle comes from a different transport or provider than {} (every rank "
                 "must use the same WEFT_PROVIDER)",
-                devices_[dev]->props().name, devices_[dev]->props().provider);
+                props(dev).name, props(dev).provider);
       return Status::kInvalidUsage;
     }
     auto fresh = std::make_unique<PendingConnect>();
     std::memcpy(fresh->handleBytes, handle, kHandleSize);
     fresh->started = std::chrono::steady_clock::now();
-    if (Status st = Endpoint::open(*devices_[dev], &fresh->ep); st != Status::kOk) return st;
-    fresh->peerName = fresh->ep->addrString(h.addr.data(), h.addrLen);
-    if (Status st = fresh->ep->insert(h.addr.data(), h.addrLen, &fresh->peer); st != Status::kOk) return st;
+    if (Status st = openEndpoints(dev, &fresh->eps); st != Status::kOk) return st;
+    Endpoint& ep = *fresh->eps[0];
+    fresh->peerName = ep.addrString(h.addr.data(), h.addrLen);
+    if (Status st = ep.insert(h.addr.data(), h.addrLen, &fresh->peer); st != Status::kOk) return st;
     fresh->token = h.token;
-    if (Status st = fresh->ep->startConnect(fresh->peer, h.token, localProtocolFlags(*devices_[dev]),
-                                            static_cast<uint32_t>(devices_[dev]->eagerMax()));
+    if (Status st = ep.startConnect(fresh->peer, h.token, localProtocolFlags(device(dev)),
+                                    static_cast<uint32_t>(device(dev).eagerMax()), railAddrsOf(fresh->eps));
         st != Status::kOk) {
       return st;
     }
@@ -156,7 +259,7 @@ Status FabricBackend::connect(int dev, const CommConfig& config, void* handle, S
 }
 
 Status FabricBackend::pollConnect(PendingConnect& pc, SendComm** out) {
-  Endpoint& ep = *pc.ep;
+  Endpoint& ep = *pc.eps[0];
   const DeviceProps& p = ep.device().props();
   if (Status st = ep.progress(nullptr); st != Status::kOk) return st;
   if (ep.connectError() != Status::kOk) {
@@ -177,12 +280,29 @@ Status FabricBackend::pollConnect(PendingConnect& pc, SendComm** out) {
       WEFT_WARN("connect to {} on {}: {}", pc.peerName, p.name, replyStatusName(reply.status));
       return Status::kRemote;
     }
+    if (!reply.rails.valid() || reply.rails.count > pc.eps.size()) {
+      WEFT_WARN("connect to {} on {}: the reply names {} rails, this device has {}", pc.peerName, p.name,
+                reply.rails.count, pc.eps.size());
+      return Status::kRemote;
+    }
     Protocol proto;
-    proto.rdma = (reply.flags & localProtocolFlags(pc.ep->device()) & ConnectRequest::kFlagRdma) != 0;
-    proto.eagerMax = proto.rdma ? static_cast<uint32_t>(pc.ep->device().eagerMax()) : 0;
-    WEFT_INFO(NCCL_NET, "connected to {} on {} via {} ({} protocol, eager up to {} B)", pc.peerName, p.name,
-              p.provider, proto.rdma ? "rdma" : "sendrecv", proto.eagerMax);
-    auto sc = std::make_unique<FabricSendComm>(std::move(pc.ep), pc.peer, pc.peerName, maxRecvs_, proto);
+    proto.rdma = (reply.flags & localProtocolFlags(ep.device()) & ConnectRequest::kFlagRdma) != 0;
+    proto.imm4 = proto.rdma && (reply.flags & ConnectRequest::kFlagImm4) != 0;
+    proto.eagerMax = proto.rdma ? static_cast<uint32_t>(ep.device().eagerMax()) : 0;
+    const int nRails = reply.rails.count;
+    std::vector<Rail> rails(nRails);
+    rails[0].peer = pc.peer;
+    for (int k = 1; k < nRails; ++k) {
+      if (Status st = pc.eps[k]->insert(reply.rails.addr[k], reply.rails.len[k], &rails[k].peer);
+          st != Status::kOk) {
+        return st;
+      }
+    }
+    for (int k = 0; k < nRails; ++k) rails[k].ep = std::move(pc.eps[k]);
+    WEFT_INFO(NCCL_NET, "connected to {} on {} via {} ({} protocol, eager up to {} B, {} rail{})", pc.peerName,
+              p.name, p.provider, proto.rdma ? (proto.imm4 ? "rdma (4-byte completion data)" : "rdma") : "sendrecv",
+              proto.eagerMax, nRails, nRails == 1 ? "" : "s");
+    auto sc = std::make_unique<FabricSendComm>(std::move(rails), pc.peerName, maxRecvs_, proto);
     if (Status st = sc->start(); st != Status::kOk) return st;
     *out = sc.release();
     return Status::kOk;

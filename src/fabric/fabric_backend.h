@@ -1,6 +1,8 @@
 // The libfabric backend: discovery (provider and NIC choice), listen, and the non-blocking connect.
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -19,15 +21,28 @@ class FabricBackend final : public Backend {
   ~FabricBackend() override;
 
   const char* name() const override { return "libfabric"; }
-  int deviceCount() const override { return static_cast<int>(devices_.size()); }
-  const DeviceProps& props(int dev) const override { return devices_[dev]->props(); }
-  const FabricDevice& device(int dev) const { return *devices_[dev]; }
+  int deviceCount() const override { return groupCount_.load(std::memory_order_acquire); }
+  const DeviceProps& props(int dev) const override { return groups_[dev]->props; }
+  // NICs (rails) of NCCL device `dev`; rail 0 is the one the handle names.
+  int railCount(int dev) const { return static_cast<int>(groups_[dev]->rails.size()); }
+  const FabricDevice& device(int dev, int rail = 0) const { return *groups_[dev]->rails[rail]; }
   Status listen(int dev, void* handle, ListenComm** out) override;
   Status connect(int dev, const CommConfig& config, void* handle, SendComm** out) override;
+  Status makeVDevice(const int* devs, int n, int* out) override;
+
+  static constexpr int kMaxDevices = 256;
 
  private:
+  struct Group {
+    std::vector<FabricDevice*> rails;
+    DeviceProps props;
+  };
+  // Appends a device of these NICs (props: sum of speeds, the first NIC's PCI path). False when full.
+  bool addGroup(std::vector<FabricDevice*> rails, const int* vdevs, int nVdevs);
+  Status openEndpoints(int dev, std::vector<std::unique_ptr<Endpoint>>* out);
+
   struct PendingConnect {
-    std::unique_ptr<Endpoint> ep;
+    std::vector<std::unique_ptr<Endpoint>> eps;  // one per rail; eps[0] runs the handshake
     fi_addr_t peer = FI_ADDR_UNSPEC;
     std::string peerName;
     uint64_t token = 0;
@@ -36,7 +51,12 @@ class FabricBackend final : public Backend {
   };
   Status pollConnect(PendingConnect& pc, SendComm** out);
 
-  std::vector<std::unique_ptr<FabricDevice>> devices_;
+  std::vector<std::unique_ptr<FabricDevice>> nics_;
+  // Devices NCCL sees. makeVDevice appends while other communicators may read: slots are written before the
+  // count that publishes them, and never change afterwards.
+  std::array<std::unique_ptr<Group>, kMaxDevices> groups_;
+  std::atomic<int> groupCount_{0};
+  std::mutex groupsMutex_;  // serializes appends
   int maxRecvs_ = 1;
   int connectTimeoutSec_ = 0;
   std::mutex pendingMutex_;  // guards pending_ (the entries themselves are polled by their own caller only)

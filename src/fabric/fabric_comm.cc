@@ -5,6 +5,8 @@
 
 #include <time.h>
 
+#include <algorithm>
+#include <bit>
 #include <climits>
 #include <cstring>
 
@@ -17,11 +19,10 @@ Status FabricRequest::test(bool* done, int* sizesOut) { return comm->testRequest
 
 // ---- shared data-comm machinery --------------------------------------------------------------------------------
 
-FabricDataComm::FabricDataComm(std::unique_ptr<Endpoint> ep, fi_addr_t peer, std::string peerName, int poolSize,
-                               Protocol proto)
-    : dev_(ep->device()),
-      ep_(std::move(ep)),
-      peer_(peer),
+FabricDataComm::FabricDataComm(std::vector<Rail> rails, std::string peerName, int poolSize, Protocol proto)
+    : dev_(rails.at(0).ep->device()),
+      rails_(std::move(rails)),
+      nRails_(static_cast<int>(rails_.size())),
       peerName_(std::move(peerName)),
       proto_(proto),
       poolSize_(poolSize),
@@ -45,9 +46,19 @@ FabricDataComm::FabricDataComm(std::unique_ptr<Endpoint> ep, fi_addr_t peer, std
   }
 }
 
-// Closing the endpoint (first member to go) cancels whatever is still in flight: NCCL may close a comm with
-// requests outstanding (communicator abort), and nothing of ours waits for the network here.
-FabricDataComm::~FabricDataComm() { ep_.reset(); }
+// Closing the endpoints (before anything else goes) cancels whatever is still in flight: NCCL may close a comm
+// with requests outstanding (communicator abort), and nothing of ours waits for the network here.
+FabricDataComm::~FabricDataComm() {
+  if (nRails_ > 1) {
+    std::string per;
+    for (const Rail& r : rails_) {
+      per += fmt::format("{}{}: {} msgs {} B", per.empty() ? "" : ", ", r.ep->device().props().name, r.txMsgs,
+                         r.txBytes);
+    }
+    WEFT_INFO(NCCL_NET, "comm with {} closed; sent per rail: {}", peerName_, per);
+  }
+  for (Rail& r : rails_) r.ep.reset();
+}
 
 Status FabricDataComm::openOffers(int count) {
   offers_.reset(new OfferMsg[count]);
@@ -68,6 +79,7 @@ FabricRequest* FabricDataComm::acquire() {
   r->optional = false;
   r->offerSent = false;
   r->error = Status::kOk;
+  r->nSeg = r->nextSeg = r->segsLeft = 1;
   return r;
 }
 
@@ -84,7 +96,11 @@ void FabricDataComm::opDone(FabricRequest* r) {
 }
 
 Status FabricDataComm::progress() {
-  Status st = ep_->progress(this);
+  Status st = Status::kOk;
+  for (Rail& rail : rails_) {
+    Status s = rail.ep->progress(this);
+    if (s != Status::kOk && st == Status::kOk) st = s;
+  }
   if (st != Status::kOk && fatal_ == Status::kOk) fatal_ = st;
   flushOffers();
   if ((outstanding_ > 0 || waitingOffer_) && probeIntervalMs_ > 0 && (++polls_ & 1023) == 0) checkPeer();
@@ -112,24 +128,29 @@ void FabricDataComm::checkPeer() {
     lastActivityMs_ = now;
     return;
   }
-  if (Status st = ep_->probeError(); st != Status::kOk) {
-    WEFT_WARN("peer {} on {} is gone: a liveness probe failed after {} ms without progress (process exited or "
-              "was killed, or the connection broke); its {} outstanding requests fail",
-              peerName_, dev_.props().name, now - lastActivityMs_, outstanding_);
-    fatal_ = Status::kRemote;
-    return;
-  }
-  if (ep_->probeInFlight()) {
+  // Every rail is probed: a link down on one NIC of a device stalls the messages that rail carries.
+  bool inFlight = false;
+  for (Rail& rail : rails_) {
+    if (Status st = rail.ep->probeError(); st != Status::kOk) {
+      WEFT_WARN("peer {} on {} is gone: a liveness probe failed after {} ms without progress (process exited or "
+                "was killed, or the connection broke); its {} outstanding requests fail",
+                peerName_, rail.ep->device().props().name, now - lastActivityMs_, outstanding_);
+      fatal_ = Status::kRemote;
+      return;
+    }
+    if (!rail.ep->probeInFlight()) continue;
+    inFlight = true;
     if (now - probeSentMs_ > peerTimeoutMs_) {
       WEFT_WARN("peer {} on {} unreachable: a liveness probe was not delivered within {} s (host down, link "
                 "down, or traffic filtered); its {} outstanding requests fail (WEFT_PEER_TIMEOUT)",
-                peerName_, dev_.props().name, peerTimeoutMs_ / 1000, outstanding_);
+                peerName_, rail.ep->device().props().name, peerTimeoutMs_ / 1000, outstanding_);
       fatal_ = Status::kRemote;
+      return;
     }
-    return;
   }
+  if (inFlight) return;
   if (now - lastActivityMs_ >= probeIntervalMs_ && now - probeSentMs_ >= probeIntervalMs_) {
-    ep_->sendProbe(peer_);
+    for (Rail& rail : rails_) rail.ep->sendProbe(rail.peer);
     probeSentMs_ = now;
   }
 }
@@ -144,7 +165,7 @@ void FabricDataComm::onComplete(OpContext* ctx, size_t len) noexcept {
   if (ctx->kind == OpKind::kOfferSend) {
     r->offerSent = true;
   } else if (!r->recv) {
-    r->doneBufs = 1;
+    if (--r->segsLeft == 0) r->doneBufs = 1;
   } else {
     int i = ctx->index;
     r->flags[i] &= static_cast<uint8_t>(~FabricRequest::kPosted);
@@ -181,7 +202,11 @@ void FabricDataComm::onError(OpContext* ctx, int fiErr, Status st) noexcept {
 // live offered buffer is a protocol violation by the peer: the connection fails, nothing is touched.
 void FabricDataComm::onRemoteData(uint64_t d) noexcept {
   ++completions_;
-  const int slot = WriteImm::slot(d);
+  const bool c = proto_.imm4;
+  const int slot = c ? WriteImm32::slot(d) : WriteImm::slot(d);
+  const uint64_t flags = c ? WriteImm32::flags(d) : WriteImm::flags(d);
+  const uint64_t pieces = c ? WriteImm32::pieces(d) : WriteImm::segments(d);
+  const uint64_t bytes = c ? WriteImm32::bytes(d) : WriteImm::bytes(d);
   const int index = slot / kMaxRecvs, i = slot % kMaxRecvs;
   FabricRequest* r = index < poolSize_ ? &pool_[index] : nullptr;
   if (r == nullptr || r->magic_ != kRequestMagic || !r->recv || i >= r->n ||
@@ -191,22 +216,22 @@ void FabricDataComm::onRemoteData(uint64_t d) noexcept {
     if (fatal_ == Status::kOk) fatal_ = Status::kRemote;
     return;
   }
-  if ((WriteImm::flags(d) & WriteImm::kTruncated) != 0) {
+  if ((flags & WriteImm::kTruncated) != 0) {
     WEFT_WARN("on {}: peer {} sent more than the {} B receive buffer holds: a send larger than its receive is "
               "not allowed",
               dev_.props().name, peerName_, r->len[i]);
     if (r->error == Status::kOk) r->error = Status::kInvalidUsage;
     if (fatal_ == Status::kOk) fatal_ = Status::kInvalidUsage;
   }
-  r->rmaBytes[i] += WriteImm::bytes(d);
-  if (++r->rmaSegs[i] < WriteImm::segments(d)) return;  // more segments (rails) to come
+  r->rmaBytes[i] += bytes;
+  if (++r->rmaSegs[i] < pieces) return;  // more pieces (rails, or lengths split for compact data) to come
   r->flags[i] |= FabricRequest::kDone;
   r->sizes[i] = static_cast<int>(r->rmaBytes[i] > INT_MAX ? INT_MAX : r->rmaBytes[i]);
   ++r->doneBufs;
   if ((r->flags[i] & FabricRequest::kNeedPost) != 0) {
     r->flags[i] &= static_cast<uint8_t>(~FabricRequest::kNeedPost);  // never handed over: nothing to cancel
   } else if ((r->flags[i] & FabricRequest::kPosted) != 0) {
-    int rc = fi_cancel(&ep_->ep()->fid, &r->ctx[i].fi);
+    int rc = fi_cancel(&rails_[r->rail[i]].ep->ep()->fid, &r->ctx[i].fi);
     if (rc == 0) {
       r->flags[i] |= FabricRequest::kCanceled;
     } else {
@@ -220,8 +245,9 @@ void FabricDataComm::onRemoteData(uint64_t d) noexcept {
 Status FabricDataComm::postPending(FabricRequest* r) {
   for (int i = 0; i < r->n; ++i) {
     if ((r->flags[i] & FabricRequest::kNeedPost) == 0) continue;
-    ssize_t rc = fi_trecv(ep_->ep(), r->data[i], r->len[i], r->desc[i],
-                          dev_.directedRecv() ? peer_ : FI_ADDR_UNSPEC, r->tag[i], 0, &r->ctx[i].fi);
+    const Rail& rail = rails_[r->rail[i]];
+    ssize_t rc = fi_trecv(rail.ep->ep(), r->data[i], r->len[i], r->desc[i],
+                          dev_.directedRecv() ? rail.peer : FI_ADDR_UNSPEC, r->tag[i], 0, &r->ctx[i].fi);
     if (rc == -FI_EAGAIN) return Status::kOk;
     if (rc != 0) {
       WEFT_WARN("fi_trecv ({} B) from {} on {} failed: {}", r->len[i], peerName_, dev_.props().name,
@@ -243,7 +269,11 @@ Status FabricDataComm::testRequest(FabricRequest* r, bool* done, int* sizesOut) 
     return Status::kInternal;
   }
   if (r->doneBufs < r->n && r->error == Status::kOk) {
-    if (r->recv) postPending(r);
+    if (r->recv) {
+      postPending(r);
+    } else if (r->nextSeg < r->nSeg) {
+      resumeSend(r);
+    }
     progress();
     if (r->recv) postPending(r);
   }
@@ -280,25 +310,56 @@ Status FabricDataComm::checkHandle(const MemHandle* mh, const char* op) const {
     WEFT_WARN("{}: {} is not a live weft memory handle", op, static_cast<const void*>(mh));
     return Status::kInternal;
   }
+  if (nRails_ > 1 && mh->rail(nRails_ - 1) == nullptr) {
+    WEFT_WARN("{}: memory handle {} was registered on fewer NICs than this {}-rail comm uses (registered "
+              "through a comm of another device?)",
+              op, static_cast<const void*>(mh), nRails_);
+    return Status::kInternal;
+  }
   return Status::kOk;
 }
 
-Status FabricDataComm::regOnDevice(void* data, size_t size, int type, MemHandle** out) {
+Status FabricDataComm::regOnDevice(void* data, size_t size, int type, int fd, uint64_t offset, MemHandle** out) {
   if (type != NCCL_PTR_HOST && type != NCCL_PTR_CUDA) {
     WEFT_WARN("regMr: unknown memory type {:#x}", type);
     return Status::kInternal;
   }
-  return dev_.mrCache().reg(data, size, type, out);
+  *out = nullptr;
+  MemHandle* head = nullptr;
+  MemHandle** link = &head;
+  for (int k = 0; k < nRails_; ++k) {
+    MemHandle* h = nullptr;
+    MrCache& cache = rails_[k].ep->device().mrCache();
+    Status st = fd >= 0 ? cache.regDmaBuf(data, size, type, offset, fd, &h) : cache.reg(data, size, type, &h);
+    if (st != Status::kOk) {
+      if (head != nullptr) deregOnDevice(head);
+      return st;
+    }
+    *link = h;
+    link = &h->nextRail;
+  }
+  *out = head;
+  return Status::kOk;
 }
 
-Status FabricDataComm::deregOnDevice(MemHandle* mh) { return dev_.mrCache().dereg(mh); }
+Status FabricDataComm::deregOnDevice(MemHandle* mh) {
+  if (mh == nullptr || mh->magic_ != kMrMagic) return rails_[0].ep->device().mrCache().dereg(mh);  // it says why
+  Status first = Status::kOk;
+  for (int k = 0; k < nRails_ && mh != nullptr; ++k) {
+    MemHandle* next = mh->nextRail;
+    Status st = rails_[k].ep->device().mrCache().dereg(mh);
+    if (first == Status::kOk) first = st;
+    mh = next;
+  }
+  return first;
+}
 
 // ---- send ------------------------------------------------------------------------------------------------------
 
-FabricSendComm::FabricSendComm(std::unique_ptr<Endpoint> ep, fi_addr_t peer, std::string peerName, int maxRecvs,
-                               Protocol proto)
-    : FabricDataComm(std::move(ep), peer, std::move(peerName), kMaxRequests * maxRecvs, proto),
-      inject_(params::getBool("WEFT_INJECT")) {}
+FabricSendComm::FabricSendComm(std::vector<Rail> rails, std::string peerName, int maxRecvs, Protocol proto)
+    : FabricDataComm(std::move(rails), std::move(peerName), kMaxRequests * maxRecvs, proto),
+      inject_(params::getBool("WEFT_INJECT")),
+      stripeMin_(static_cast<size_t>(params::getInt("WEFT_STRIPE_MIN"))) {}
 
 Status FabricSendComm::start() {
   if (!proto_.rdma) return Status::kOk;
@@ -314,9 +375,9 @@ Status FabricSendComm::start() {
 }
 
 Status FabricSendComm::postOfferRecv(int index) {
-  Status st = ep_->postOwnRecv(&offers_[index], sizeof(OfferMsg), offersDesc_,
-                               dev_.directedRecv() ? peer_ : FI_ADDR_UNSPEC, kTagOffer, offerRecvCtx_[index],
-                               "buffer-offer");
+  Status st = ctl().postOwnRecv(&offers_[index], sizeof(OfferMsg), offersDesc_,
+                                dev_.directedRecv() ? rails_[0].peer : FI_ADDR_UNSPEC, kTagOffer,
+                                offerRecvCtx_[index], "buffer-offer");
   if (st != Status::kOk && fatal_ == Status::kOk) fatal_ = st;
   return st;
 }
@@ -341,30 +402,41 @@ void FabricSendComm::onOfferRecv(int index) noexcept {
   postOfferRecv(index);
 }
 
-Status FabricSendComm::regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd, MemHandle** out) {
-  return dev_.mrCache().regDmaBuf(data, size, type, offset, fd, out);
-}
-
 Status FabricSendComm::sendTagged(FabricRequest* r, void* data, size_t size, MemHandle* mh, uint64_t ftag,
                                   bool* again) {
+  const int k = railOf(static_cast<uint32_t>(ftag));  // the receiver posted this tag+sequence on the same rail
+  Rail& rail = rails_[k];
   ssize_t rc;
-  if (inject_ && size <= dev_.injectSize()) {
+  if (inject_ && size <= rail.ep->device().injectSize()) {
     // Copied out by the provider right away: the request is complete as soon as it is accepted.
-    rc = fi_tinject(ep_->ep(), data, size, peer_, ftag);
+    rc = fi_tinject(rail.ep->ep(), data, size, rail.peer, ftag);
     if (rc == 0) r->doneBufs = 1;
   } else {
-    rc = fi_tsend(ep_->ep(), data, size, mh ? mh->desc() : nullptr, peer_, ftag, &r->ctx[0].fi);
+    const MemHandle* h = mh ? mh->rail(k) : nullptr;
+    rc = fi_tsend(rail.ep->ep(), data, size, h ? h->desc() : nullptr, rail.peer, ftag, &r->ctx[0].fi);
     if (rc == 0) r->ops = 1;
   }
   *again = rc == -FI_EAGAIN;
+  if (rc == 0) {
+    ++rail.txMsgs;
+    rail.txBytes += size;
+  }
   if (rc == 0 || rc == -FI_EAGAIN) return Status::kOk;
   WEFT_WARN("fi_tsend ({} B) to {} on {} failed: {}", size, peerName_, dev_.props().name,
             fi_strerror(static_cast<int>(-rc)));
   return statusOfFiError(static_cast<int>(-rc));
 }
 
+// An RMA write into the offered buffer: on rail (seq % rails), or, from WEFT_STRIPE_MIN bytes on a multi-rail
+// comm, one segment per rail; with the compact completion data a segment whose length is not m * 2^e is written
+// as two or three pieces. The first piece decides whether the send is taken (*again: nothing was posted); later
+// ones the provider pushes back on are posted from test().
 Status FabricSendComm::write(FabricRequest* r, void* data, size_t size, MemHandle* mh, const OfferEntry& o,
-                             bool* again) {
+                             uint32_t seq, bool* again) {
+  *again = false;
+  r->offer = o;
+  r->src = static_cast<const char*>(data);
+  r->mh = mh;
   uint64_t flags = 0;
   if (size > o.len) {
     // Tell the receiver (it fails its receive with ncclInvalidUsage, as a tagged receive would) and move nothing.
@@ -373,14 +445,84 @@ Status FabricSendComm::write(FabricRequest* r, void* data, size_t size, MemHandl
     flags = WriteImm::kTruncated;
     size = 0;
   }
-  ssize_t rc = fi_writedata(ep_->ep(), data, size, mh ? mh->desc() : nullptr, WriteImm::encode(o.slot, flags, 1, size),
-                            peer_, o.addr, o.key, &r->ctx[0].fi);
-  *again = rc == -FI_EAGAIN;
-  if (rc == 0) r->ops = 1;
-  if (rc == 0 || rc == -FI_EAGAIN) return Status::kOk;
-  WEFT_WARN("fi_writedata ({} B) to {} on {} failed: {}", size, peerName_, dev_.props().name,
-            fi_strerror(static_cast<int>(-rc)));
-  return statusOfFiError(static_cast<int>(-rc));
+  const int n = planWrite(size, flags == 0 ? nRails_ : 1, stripeMin_, proto_.imm4, railOf(seq), r->pieceOff,
+                          r->pieceLen, r->pieceField, r->pieceRail);
+  if (n < 0) {
+    WEFT_WARN("isend of {} B to {}: more than the compact completion data of {} can describe in {} writes", size,
+              peerName_, dev_.props().provider, WriteImm32::kMaxPieces);
+    return Status::kInvalidUsage;
+  }
+  r->nSeg = static_cast<uint8_t>(n);
+  r->segsLeft = r->nSeg;
+  r->nextSeg = 0;
+  r->immFlags = static_cast<uint8_t>(flags);
+  return postSegments(r, again);
+}
+
+int planWrite(uint64_t size, int nRails, uint64_t stripeMin, bool imm4, int singleRail, uint64_t* off,
+              uint64_t* len, uint32_t* field, uint8_t* rail) {
+  int stripes = 1;
+  uint64_t segLen = size;
+  if (nRails > 1 && size >= stripeMin) {
+    constexpr uint64_t kAlign = 4096;
+    segLen = ((size + nRails - 1) / nRails + kAlign - 1) / kAlign * kAlign;  // never more stripes than rails
+    if (imm4) {  // a segment length of the form m * 2^e leaves only the last segment to split
+      int e = std::max(12, static_cast<int>(std::bit_width(segLen)) - 14);
+      e = std::min(e, WriteImm32::kMaxE);
+      segLen = (segLen + (uint64_t{1} << e) - 1) >> e << e;
+    }
+    stripes = static_cast<int>((size + segLen - 1) / segLen);
+  }
+  int n = 0;
+  for (int s = 0; s < stripes; ++s) {
+    uint64_t at = static_cast<uint64_t>(s) * segLen;
+    uint64_t left = std::min<uint64_t>(segLen, size - at);
+    do {
+      if (n == WriteImm32::kMaxPieces) return -1;
+      uint32_t f = 0;
+      uint64_t piece = imm4 ? WriteImm32::largestPiece(left, &f) : left;
+      off[n] = at;
+      len[n] = piece;
+      field[n] = f;
+      rail[n] = static_cast<uint8_t>(stripes > 1 ? s : singleRail);
+      ++n;
+      at += piece;
+      left -= piece;
+    } while (left > 0);
+  }
+  return n;
+}
+
+Status FabricSendComm::postSegments(FabricRequest* r, bool* again) {
+  *again = false;
+  while (r->nextSeg < r->nSeg) {
+    const int i = r->nextSeg;
+    const int k = r->pieceRail[i];
+    Rail& rail = rails_[k];
+    const uint64_t off = r->pieceOff[i], len = r->pieceLen[i];
+    const MemHandle* h = r->mh ? r->mh->rail(k) : nullptr;
+    const uint64_t imm = proto_.imm4 ? WriteImm32::encode(r->offer.slot, r->immFlags, r->nSeg, r->pieceField[i])
+                                     : WriteImm::encode(r->offer.slot, r->immFlags, r->nSeg, len);
+    ssize_t rc = fi_writedata(rail.ep->ep(), r->src + off, len, h ? h->desc() : nullptr, imm, rail.peer,
+                              r->offer.addr[k] + off, r->offer.key[k], &r->ctx[i].fi);
+    if (rc == -FI_EAGAIN) {
+      *again = true;
+      return Status::kOk;
+    }
+    if (rc != 0) {
+      WEFT_WARN("fi_writedata ({} B) to {} on {} failed: {}", len, peerName_, rail.ep->device().props().name,
+                fi_strerror(static_cast<int>(-rc)));
+      Status st = statusOfFiError(static_cast<int>(-rc));
+      if (r->error == Status::kOk) r->error = st;
+      if (fatal_ == Status::kOk) fatal_ = st;
+      return st;
+    }
+    ++r->ops;
+    ++r->nextSeg;
+    ++rail.txMsgs;
+    rail.txBytes += len;
+  }
+  return Status::kOk;
 }
 
 Status FabricSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Request** request) {
@@ -429,7 +571,8 @@ Status FabricSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Re
   if (offer == nullptr || (offer->flags & kOfferTaggedOnly) != 0) {
     st = sendTagged(r, data, size, mh, ftag, &again);
   } else {
-    st = write(r, data, size, mh, *offer, &again);
+    st = write(r, data, size, mh, *offer, seq, &again);
+    again = again && r->nextSeg == 0;  // pushed back before any segment left: not taken
   }
   if (again) {
     release(r);
@@ -455,21 +598,17 @@ Status FabricSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Re
 
 // ---- receive ---------------------------------------------------------------------------------------------------
 
-FabricRecvComm::FabricRecvComm(std::unique_ptr<Endpoint> ep, fi_addr_t peer, std::string peerName, int maxRecvs,
-                               Protocol proto)
-    : FabricDataComm(std::move(ep), peer, std::move(peerName), 2 * kMaxRequests, proto), maxRecvs_(maxRecvs) {
+FabricRecvComm::FabricRecvComm(std::vector<Rail> rails, std::string peerName, int maxRecvs, Protocol proto)
+    : FabricDataComm(std::move(rails), std::move(peerName), 2 * kMaxRequests, proto), maxRecvs_(maxRecvs) {
   offerQueue_.reserve(poolSize_);
 }
 
 Status FabricRecvComm::start() { return proto_.rdma ? openOffers(poolSize_) : Status::kOk; }
 
-Status FabricRecvComm::regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd, MemHandle** out) {
-  return dev_.mrCache().regDmaBuf(data, size, type, offset, fd, out);
-}
-
 bool FabricRecvComm::sendOffer(FabricRequest* r) {
   const OfferMsg& m = offers_[r->poolIndex];
-  ssize_t rc = fi_tsend(ep_->ep(), &m, OfferMsg::bytes(m.count), offersDesc_, peer_, kTagOffer, &r->offerCtx.fi);
+  ssize_t rc = fi_tsend(ctl().ep(), &m, OfferMsg::bytes(m.count), offersDesc_, rails_[0].peer, kTagOffer,
+                        &r->offerCtx.fi);
   if (rc == 0) {
     ++r->ops;
     return true;
@@ -522,10 +661,13 @@ Status FabricRecvComm::irecv(int n, void** data, const size_t* sizes, const int*
       return Status::kInternal;
     }
     MemHandle* mh = mhs ? mhs[i] : nullptr;
+    const int k = railOf(seq);  // where the sender's tagged message for this sequence travels
+    const MemHandle* h = mh ? mh->rail(k) : nullptr;
     r->data[i] = data[i];
     r->len[i] = sizes[i];
     r->tag[i] = dataTag(tags[i], seq);
-    r->desc[i] = mh ? mh->desc() : nullptr;
+    r->desc[i] = h ? h->desc() : nullptr;
+    r->rail[i] = static_cast<uint8_t>(k);
     r->sizes[i] = 0;
     r->rmaBytes[i] = 0;
     r->rmaSegs[i] = 0;
@@ -540,8 +682,11 @@ Status FabricRecvComm::irecv(int n, void** data, const size_t* sizes, const int*
     e.len = sizes[i];
     e.slot = static_cast<uint16_t>(r->poolIndex * kMaxRecvs + i);
     e.flags = keyed ? 0 : kOfferTaggedOnly;
-    e.addr = keyed ? dev_.remoteAddr(reinterpret_cast<uintptr_t>(data[i]), mh->entry->base) : 0;
-    e.key = keyed ? mh->entry->key : 0;
+    for (int q = 0; q < kMaxRails; ++q) {
+      const MemHandle* hq = keyed && q < nRails_ ? mh->rail(q) : nullptr;
+      e.addr[q] = hq ? rails_[q].ep->device().remoteAddr(reinterpret_cast<uintptr_t>(data[i]), hq->entry->base) : 0;
+      e.key[q] = hq ? hq->entry->key : 0;
+    }
     e.reserved = 0;
     r->flags[i] = keyed ? FabricRequest::kOffered : 0;
     if (!keyed || proto_.eagerMax > 0) r->flags[i] |= FabricRequest::kNeedPost;
@@ -586,8 +731,8 @@ Status FabricRecvComm::iflush(int n, void** data, const int* sizes, MemHandle** 
 
 // ---- listen ----------------------------------------------------------------------------------------------------
 
-FabricListenComm::FabricListenComm(std::unique_ptr<Endpoint> ep, uint64_t token, int maxRecvs)
-    : dev_(ep->device()), ep_(std::move(ep)), token_(token), maxRecvs_(maxRecvs) {}
+FabricListenComm::FabricListenComm(std::vector<std::unique_ptr<Endpoint>> eps, uint64_t token, int maxRecvs)
+    : dev_(eps.at(0)->device()), eps_(std::move(eps)), token_(token), maxRecvs_(maxRecvs) {}
 
 Status FabricListenComm::accept(RecvComm** recvComm) {
   *recvComm = nullptr;
@@ -595,45 +740,85 @@ Status FabricListenComm::accept(RecvComm** recvComm) {
     WEFT_WARN("accept called again on a listen comm that already produced its connection");
     return Status::kInternal;
   }
-  if (Status st = ep_->progress(nullptr); st != Status::kOk) return st;
+  Endpoint& ep = *eps_[0];
+  if (Status st = ep.progress(nullptr); st != Status::kOk) return st;
   if (!replying_) {
     ConnectRequest req;
-    if (!ep_->takeConnRequest(&req)) return Status::kOk;
-    std::string from = ep_->addrString(req.addr, req.addrLen);
+    if (!ep.takeConnRequest(&req)) return Status::kOk;
+    std::string from = ep.addrString(req.addr, req.addrLen);
     uint16_t verdict = kAccepted;
     if (req.version != ConnectRequest::kVersion) {
       verdict = kBadVersion;
     } else if (req.token != token_) {
       verdict = kBadToken;
     }
-    const uint32_t agreed = req.flags & localProtocolFlags(dev_);
+    // rdma only if both ends offer it; the compact completion data if either end needs it.
+    const uint32_t mine = localProtocolFlags(dev_);
+    uint32_t agreed = req.flags & mine & ConnectRequest::kFlagRdma;
+    if (agreed != 0) agreed |= (req.flags | mine) & ConnectRequest::kFlagImm4;
     proto_.rdma = (agreed & ConnectRequest::kFlagRdma) != 0;
+    proto_.imm4 = (agreed & ConnectRequest::kFlagImm4) != 0;
     proto_.eagerMax = proto_.rdma ? req.eagerMax : 0;
     fi_addr_t peer;
-    if (Status st = ep_->insert(req.addr, req.addrLen, &peer); st != Status::kOk) return st;
-    if (Status st = ep_->sendReply(peer, verdict, req.token, agreed); st != Status::kOk) return st;
+    if (Status st = ep.insert(req.addr, req.addrLen, &peer); st != Status::kOk) return st;
+    // Rails: as many as both ends have (a peer with fewer NICs in its device uses fewer); rail k pairs with rail k.
+    const int nRails = verdict == kAccepted ? std::min<int>(req.rails.count, static_cast<int>(eps_.size())) : 1;
+    RailAddrs ours = railAddrsOf(eps_);
+    ours.count = static_cast<uint8_t>(nRails);
+    peers_.assign(1, peer);
+    for (int k = 1; k < nRails; ++k) {
+      fi_addr_t a;
+      if (Status st = eps_[k]->insert(req.rails.addr[k], req.rails.len[k], &a); st != Status::kOk) return st;
+      peers_.push_back(a);
+    }
+    if (Status st = ep.sendReply(peer, verdict, req.token, agreed, &ours); st != Status::kOk) return st;
     if (verdict != kAccepted) {
       WEFT_WARN("listen on {}: connection from {} {}", dev_.props().name, from, replyStatusName(verdict));
-      return ep_->postConnRequestRecv();  // keep listening for the legitimate peer
+      return ep.postConnRequestRecv();  // keep listening for the legitimate peer
     }
-    ep_->setAccepted();
-    if (Status st = ep_->postConnRequestRecv(); st != Status::kOk) return st;
+    ep.setAccepted();
+    if (Status st = ep.postConnRequestRecv(); st != Status::kOk) return st;
+    if (nRails < static_cast<int>(eps_.size())) {
+      WEFT_INFO(NCCL_NET, "peer {} has {} rails, this device {}: using {}", from, req.rails.count, eps_.size(),
+                nRails);
+      eps_.resize(nRails);
+    }
     replying_ = true;
-    peer_ = peer;
     peerName_ = from;
   }
   // Hand the comm out only once the reply has left this process: NCCL need not progress the new recv comm
   // before the peer's connect completes, and some providers (sockets) send only while progressed.
-  if (!ep_->repliesDone()) return Status::kOk;
-  WEFT_INFO(NCCL_NET, "accepted connection from {} on {} ({} protocol, eager up to {} B)", peerName_,
-            dev_.props().name, proto_.rdma ? "rdma" : "sendrecv", proto_.eagerMax);
+  if (!ep.repliesDone()) return Status::kOk;
+  WEFT_INFO(NCCL_NET, "accepted connection from {} on {} ({} protocol, eager up to {} B, {} rail{})", peerName_,
+            dev_.props().name, proto_.rdma ? (proto_.imm4 ? "rdma (4-byte completion data)" : "rdma") : "sendrecv",
+            proto_.eagerMax, eps_.size(),
+            eps_.size() == 1 ? "" : "s");
   accepted_ = true;
-  auto rc = std::make_unique<FabricRecvComm>(std::move(ep_), peer_, peerName_, maxRecvs_, proto_);
+  std::vector<Rail> rails(eps_.size());
+  for (size_t k = 0; k < eps_.size(); ++k) {
+    rails[k].ep = std::move(eps_[k]);
+    rails[k].peer = peers_[k];
+  }
+  auto rc = std::make_unique<FabricRecvComm>(std::move(rails), peerName_, maxRecvs_, proto_);
   if (Status st = rc->start(); st != Status::kOk) return st;
   *recvComm = rc.release();
   return Status::kOk;
 }
 
-uint32_t localProtocolFlags(const FabricDevice& dev) { return dev.rdma() ? ConnectRequest::kFlagRdma : 0; }
+RailAddrs railAddrsOf(const std::vector<std::unique_ptr<Endpoint>>& eps) {
+  RailAddrs a;
+  a.count = static_cast<uint8_t>(eps.size());
+  for (size_t k = 1; k < eps.size(); ++k) {
+    const auto& name = eps[k]->name();  // length checked when the endpoints were opened for the device
+    a.len[k] = static_cast<uint8_t>(name.size());
+    std::memcpy(a.addr[k], name.data(), name.size());
+  }
+  return a;
+}
+
+uint32_t localProtocolFlags(const FabricDevice& dev) {
+  if (!dev.rdma()) return 0;
+  return ConnectRequest::kFlagRdma | (dev.compactImm() ? ConnectRequest::kFlagImm4 : 0);
+}
 
 }  // namespace weft::fabric

@@ -263,9 +263,12 @@ FabricDevice::FabricDevice(int index, Candidate c)
       provKey_((info_->domain_attr->mr_mode & FI_MR_PROV_KEY) != 0),
       virtAddr_((info_->domain_attr->mr_mode & FI_MR_VIRT_ADDR) != 0),
       cache_(this) {
-  // The rdma protocol needs RMA writes that carry 8 bytes of remote completion data (a receive slot and the
-  // exact size; see fabric_comm.h).
-  const bool rmaCapable = (info_->caps & FI_RMA) != 0 && info_->domain_attr->cq_data_size >= 8;
+  // The rdma protocol needs RMA writes that carry remote completion data: 8 bytes say a receive slot and the
+  // exact size; 4 bytes (EFA, verbs) the slot and a length of the form m * 2^e (see fabric_comm.h).
+  // WEFT_CQ_DATA=4 uses the 4-byte form where 8 bytes are available too (to test that path on any provider).
+  const size_t cqData = info_->domain_attr->cq_data_size;
+  const bool rmaCapable = (info_->caps & FI_RMA) != 0 && cqData >= 4;
+  compactImm_ = cqData < 8 || params::getString("WEFT_CQ_DATA") == "4";
   const std::string& want = params::getString("WEFT_PROTOCOL");
   // auto: rdma where the NIC places written data itself (zero-copy, no progress calls at the target). On
   // software providers (tcp, sockets, shm) an RMA write travels the same byte stream as a message and was
@@ -279,8 +282,14 @@ FabricDevice::FabricDevice(int index, Candidate c)
     WEFT_WARN("WEFT_PROTOCOL=rdma, but provider {} on {} {}: using the sendrecv protocol", props_.provider,
               props_.name,
               (info_->caps & FI_RMA) == 0 ? "offers no RMA"
-                                          : fmt::format("carries only {} bytes of remote completion data (8 needed)",
+                                          : fmt::format("carries only {} bytes of remote completion data (4 needed)",
                                                         info_->domain_attr->cq_data_size));
+  }
+  if (rdma_ && compactImm_) {
+    // The compact form describes a write in at most 8 pieces of up to 2^30 bytes; NCCL's own default limit for a
+    // single network operation is 1 GiB, kept here.
+    props_.maxP2pBytes = std::min<size_t>(props_.maxP2pBytes, size_t{1} << 30);
+    props_.maxCollBytes = std::min<size_t>(props_.maxCollBytes, size_t{1} << 30);
   }
   const int64_t eager = params::getInt("WEFT_EAGER_MAX");
   eagerMax_ = eager < 0 ? kDefaultEagerMax : static_cast<size_t>(eager);

@@ -60,6 +60,8 @@ class FabricDevice final : public Registrar {
   // data), false = sendrecv (tagged messages only). Messages up to eagerMax() go as tagged sends either way.
   bool rdma() const { return rdma_; }
   size_t eagerMax() const { return eagerMax_; }
+  // rdma with 4 bytes of remote completion data (the provider's limit, or WEFT_CQ_DATA=4).
+  bool compactImm() const { return compactImm_; }
   // Remote address of `addr` inside registration `mh` as the peer must name it (FI_MR_VIRT_ADDR or offset).
   uint64_t remoteAddr(uintptr_t addr, uintptr_t regBase) const { return virtAddr_ ? addr : addr - regBase; }
   static constexpr size_t kDefaultEagerMax = 16384;
@@ -88,6 +90,7 @@ class FabricDevice final : public Registrar {
   bool provKey_;
   bool virtAddr_;
   bool rdma_ = false;
+  bool compactImm_ = false;
   size_t eagerMax_ = kDefaultEagerMax;
   std::atomic<uint64_t> nextKey_{1};
   std::mutex openMutex_;  // guards the one-time opening of fabric_ and domain_

@@ -72,7 +72,7 @@ Status Endpoint::open(FabricDevice& dev, std::unique_ptr<Endpoint>* out) {
   if (st != Status::kOk) return st;
   std::unique_ptr<Endpoint> e(new Endpoint(dev));
   e->ctl_ = std::make_unique<Control>();
-  std::memset(e->ctl_.get(), 0, sizeof(Control));
+  // make_unique value-initializes: every byte sent from Control starts zeroed.
   const fi_info* info = dev.info();
   const char* where = dev.props().name.c_str();
 
@@ -216,7 +216,8 @@ void Endpoint::handleControl(OpContext* ctx, bool ok, Status st) {
   switch (ctx->kind) {
     case OpKind::kConnRequest: {
       const ConnectRequest& r = ctl_->requestIn;
-      if (!ok || r.magic != ConnectRequest::kMagic || r.addrLen == 0 || r.addrLen > sizeof(r.addr)) {
+      if (!ok || r.magic != ConnectRequest::kMagic || r.addrLen == 0 || r.addrLen > sizeof(r.addr) ||
+          (r.version == ConnectRequest::kVersion && !r.rails.valid())) {
         WEFT_WARN("on {}: ignored a malformed connection request", dev_.props().name);
         postConnRequestRecv();
         return;
@@ -307,7 +308,7 @@ bool Endpoint::takeConnRequest(ConnectRequest* out) {
   return true;
 }
 
-Status Endpoint::sendReply(fi_addr_t to, uint16_t status, uint64_t token, uint32_t flags) {
+Status Endpoint::sendReply(fi_addr_t to, uint16_t status, uint64_t token, uint32_t flags, const RailAddrs* rails) {
   int slot = -1;
   for (int i = 0; i < kReplySlots; ++i) {
     if (replySlot_[i] == SlotState::kFree) {
@@ -316,7 +317,8 @@ Status Endpoint::sendReply(fi_addr_t to, uint16_t status, uint64_t token, uint32
     }
   }
   if (slot < 0) return Status::kOk;  // replies are best effort; the connector times out instead
-  ctl_->replyOut[slot] = ConnectReply{ConnectReply::kMagic, ConnectRequest::kVersion, status, token, flags, 0};
+  ctl_->replyOut[slot] = ConnectReply{ConnectReply::kMagic, ConnectRequest::kVersion, status, token, flags, 0,
+                                      rails != nullptr ? *rails : RailAddrs{}};
   replyTo_[slot] = to;
   replySendCtx_[slot].kind = OpKind::kCtrlSend;
   replySendCtx_[slot].index = static_cast<uint16_t>(slot);
@@ -388,7 +390,8 @@ void Endpoint::flushControl() {
   controlQueued_ = still;
 }
 
-Status Endpoint::startConnect(fi_addr_t to, uint64_t token, uint32_t flags, uint32_t eagerMax) {
+Status Endpoint::startConnect(fi_addr_t to, uint64_t token, uint32_t flags, uint32_t eagerMax,
+                              const RailAddrs& rails) {
   requestSendCtx_.kind = OpKind::kCtrlSend;
   if (Status st = repostReplyRecv(); st != Status::kOk) return st;
   ConnectRequest& r = ctl_->requestOut;
@@ -398,6 +401,7 @@ Status Endpoint::startConnect(fi_addr_t to, uint64_t token, uint32_t flags, uint
   r.token = token;
   r.flags = flags;
   r.eagerMax = eagerMax;
+  r.rails = rails;
   std::memcpy(r.addr, name_.data(), name_.size());
   requestTo_ = to;
   requestState_ = SlotState::kQueued;

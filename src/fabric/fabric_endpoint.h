@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "fabric/fabric_device.h"
+#include "fabric/rails.h"
 
 namespace weft::fabric {
 
@@ -46,20 +47,39 @@ inline uint64_t dataTag(int ncclTag, uint32_t seq) {
 // connector's (the sender's) limit, since the receiver must post tagged receives whenever eager sends may come.
 struct Protocol {
   bool rdma = false;
+  bool imm4 = false;  // rdma with the 4-byte completion-data form (either end's NIC carries only 4 bytes)
   uint32_t eagerMax = 0;
+};
+
+// The addresses of a multi-rail device's further endpoints (rail 0's travels in the handle or the request).
+struct RailAddrs {
+  static constexpr size_t kMaxAddr = 64;
+  uint8_t count = 1;  // rails of the sender of this message (1: a single NIC)
+  uint8_t len[kMaxRails] = {};
+  uint8_t reserved[3] = {};
+  uint8_t addr[kMaxRails][kMaxAddr] = {};  // addr[0] unused
+  bool valid() const {
+    if (count < 1 || count > kMaxRails) return false;
+    for (int k = 1; k < count; ++k) {
+      if (len[k] == 0 || len[k] > kMaxAddr) return false;
+    }
+    return true;
+  }
 };
 
 struct ConnectRequest {
   static constexpr uint32_t kMagic = 0x57465251;  // "WFRQ"
-  static constexpr uint16_t kVersion = 2;
+  static constexpr uint16_t kVersion = 3;
   static constexpr uint32_t kFlagRdma = 1;
+  static constexpr uint32_t kFlagImm4 = 2;  // this end needs the 4-byte completion-data form
   uint32_t magic;
   uint16_t version;
   uint16_t addrLen;
   uint64_t token;
   uint32_t flags;     // kFlag*: what the connector can do
   uint32_t eagerMax;  // the connector's eager limit (bytes)
-  uint8_t addr[256];
+  RailAddrs rails;    // the connector's further rails
+  uint8_t addr[256];  // last: sent only up to addrLen
 };
 
 enum ReplyStatus : uint16_t { kAccepted = 0, kBadToken = 1, kAlreadyConnected = 2, kBadVersion = 3 };
@@ -73,6 +93,7 @@ struct ConnectReply {
   uint64_t token;
   uint32_t flags;  // the agreed ConnectRequest::kFlag* (the listener's answer)
   uint32_t reserved;
+  RailAddrs rails;  // the listener's further rails; rails.count = the rails both ends use
 };
 
 class DataSink {
@@ -110,7 +131,7 @@ class Endpoint {
   Status postConnRequestRecv();
   bool takeConnRequest(ConnectRequest* out);
   void setAccepted() { accepted_ = true; }
-  Status sendReply(fi_addr_t to, uint16_t status, uint64_t token, uint32_t flags = 0);
+  Status sendReply(fi_addr_t to, uint16_t status, uint64_t token, uint32_t flags = 0, const RailAddrs* rails = nullptr);
   // True when no reply is queued or in flight: the accept reply has left this process.
   bool repliesDone() const;
 
@@ -127,7 +148,7 @@ class Endpoint {
   Status probeError() const { return probeError_; }
 
   // Connector side.
-  Status startConnect(fi_addr_t to, uint64_t token, uint32_t flags, uint32_t eagerMax);
+  Status startConnect(fi_addr_t to, uint64_t token, uint32_t flags, uint32_t eagerMax, const RailAddrs& rails);
   bool takeReply(ConnectReply* out);
   Status repostReplyRecv();
   Status connectError() const { return connectError_; }

@@ -68,6 +68,7 @@ WorkerArgs parseWorkerArgs(int argc, char** argv) {
     else if (f == "--role") w.role = a.value();
     else if (f == "--oob-fd") w.oobFd = a.number(0, 1 << 20);
     else if (f == "--dev") w.dev = a.number(0, 1023);
+    else if (f == "--fuse") w.fuse = a.value();
     else if (f == "--timeout") w.timeoutSec = a.number(1, 86400);
     else if (f == "--checks") w.checks = a.value();
     else if (f == "--call-limit") w.callLimitMs = a.number(1, 3600000);

@@ -34,6 +34,7 @@ bool parsePairOption(Args& a, PairOptions& pair);
 struct WorkerArgs {
   std::string plugin, role, checks;
   int table = 0, oobFd = -1, dev = 0, timeoutSec = 60, callLimitMs = 500;
+  std::string fuse;  // devices to fuse with makeVDevice (as NCCL does at topology detection); the result is used
   bool quick = false, verbose = false;
   // weft bench only: the raw libfabric reference (empty provider: none), rounds per point, which patterns.
   std::string rawProvider, rawIface, patterns = "lat,bw,conns,steps", latSizes, rawModes;

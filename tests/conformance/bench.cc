@@ -367,6 +367,7 @@ int runBench(const BenchOptions& o) {
   if (!o.latSizes.empty()) args.insert(args.end(), {"--lat-sizes", o.latSizes});
   if (!o.rawModes.empty()) args.insert(args.end(), {"--raw-modes", o.rawModes});
   if (o.quick) args.push_back("--quick");
+  if (!o.fuse.empty()) args.insert(args.end(), {"--fuse", o.fuse});
   WorkerProcess procs[2];
   spawnPair(o.pair, args, procs);
   std::vector<Row> rows;

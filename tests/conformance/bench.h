@@ -16,6 +16,7 @@ struct BenchOptions {
   std::string plugin;
   int version = 0;
   int dev = 0;
+  std::string fuse;  // as RunOptions::fuse
   bool quick = false;  // fewer iterations and sizes (the README's first command uses the full set)
   bool json = false;
   int rounds = 3;                                 // each point: median over this many alternating runs

@@ -50,10 +50,51 @@ bool WorkerSession::open(const WorkerArgs& wa, std::string* error) {
     *error = "device " + std::to_string(wa.dev) + " does not exist";
     return false;
   }
-  if ((r = net.getProperties(wa.dev, &env.props)) != ncclSuccess) {
+  if (!wa.fuse.empty() && !fuse(wa.fuse, error)) return false;
+  if ((r = net.getProperties(env.dev, &env.props)) != ncclSuccess) {
     *error = std::string("getProperties returned ") + resultName(r);
     return false;
   }
+  return true;
+}
+
+// NIC fusion as NCCL 2.24+ runs it: makeVDevice with the member devices, then devices() again (physical +
+// virtual), then the new device's properties must list its members; from then on only the fused device is used.
+bool WorkerSession::fuse(const std::string& list, std::string* error) {
+  NetApi& net = env_->net;
+  std::vector<int> devs;
+  for (const auto& t : split(list, ',')) {
+    if (t.empty() || t.find_first_not_of("0123456789") != std::string::npos || t.size() > 4 ||
+        std::stoi(t) >= ndev_) {
+      *error = "--fuse wants existing device numbers separated by commas (there are " + std::to_string(ndev_) +
+               "), got '" + list + "'";
+      return false;
+    }
+    devs.push_back(std::stoi(t));
+  }
+  if (!net.hasMakeVDevice()) {
+    *error = "this table (v" + std::to_string(net.version()) + ") has no makeVDevice";
+    return false;
+  }
+  int vdev = -1, after = 0;
+  ncclResult_t r = net.makeVDevice(devs, &vdev);
+  if (r != ncclSuccess) {
+    *error = std::string("makeVDevice(") + list + ") returned " + resultName(r) +
+             (warningCount() ? ": " + lastWarning() : "");
+    return false;
+  }
+  if ((r = net.devices(&after)) != ncclSuccess || after != ndev_ + 1 || vdev < 0 || vdev >= after) {
+    *error = "after makeVDevice, devices() = " + std::to_string(after) + " (expected " + std::to_string(ndev_ + 1) +
+             ") and the new device is " + std::to_string(vdev);
+    return false;
+  }
+  Props p;
+  if ((r = net.getProperties(vdev, &p)) != ncclSuccess || p.vDevs != devs) {
+    *error = "getProperties of the fused device " + std::to_string(vdev) + " does not list its members in vProps";
+    return false;
+  }
+  ndev_ = after;
+  env_->dev = vdev;
   return true;
 }
 

@@ -28,6 +28,7 @@ class WorkerSession {
   int deviceCount() const { return ndev_; }
 
  private:
+  bool fuse(const std::string& list, std::string* error);
   std::unique_ptr<LoadedPlugin> plugin_;
   std::unique_ptr<Oob> oob_;
   std::unique_ptr<CheckEnv> env_;

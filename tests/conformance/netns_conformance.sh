@@ -1,9 +1,23 @@
 #!/usr/bin/env bash
-# Conformance between two network namespaces joined by a veth pair: the receiving worker in one namespace,
-# the sending worker in the other, traffic only over the veth (10.211.0.1 <-> 10.211.0.2, addresses that exist
-# only inside these namespaces). Creates and removes everything itself. Exit 77 (skipped) without root or ip.
-# usage: netns_conformance.sh WEFT_BINARY PLUGIN_SO [extra conformance args...]
+# Conformance (or a benchmark) between two network namespaces joined by veth pairs: the receiving worker in one
+# namespace, the sending worker in the other, traffic only over the veths (10.211.N.1 <-> 10.211.N.2, addresses
+# that exist only inside these namespaces). Creates and removes everything itself. Exit 77 (skipped) without
+# root or ip.
+#
+# usage: netns_conformance.sh [--rails explicit|fuse] [--bench] WEFT_BINARY PLUGIN_SO [extra weft args...]
+#   --rails explicit: two veth pairs, fused into one device with WEFT_RAILS on each side;
+#   --rails fuse:     two veth pairs, two devices each side, fused by the harness through makeVDevice (v9+).
+#   With --rails, every rail must carry at least a fifth of the bytes (read from the interfaces' own counters).
+#   --bench runs `weft bench` instead of `weft conformance`.
 set -u
+rails="" cmd=conformance
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --rails) rails=$2; shift 2 ;;
+    --bench) cmd=bench; shift ;;
+    *) break ;;
+  esac
+done
 weft=$1
 plugin=$2
 shift 2
@@ -22,18 +36,53 @@ if ! ip netns add "$a" 2>/dev/null || ! ip netns add "$b"; then
   echo "SKIP: cannot create network namespaces here"
   exit 77
 fi
-ip link add "v${tag}a" type veth peer name "v${tag}b" || { echo "SKIP: no veth support"; exit 77; }
-ip link set "v${tag}a" netns "$a"
-ip link set "v${tag}b" netns "$b"
-ip -n "$a" addr add 10.211.0.1/24 dev "v${tag}a"
-ip -n "$b" addr add 10.211.0.2/24 dev "v${tag}b"
+npairs=1
+[ -n "$rails" ] && npairs=2
+for i in $(seq 0 $((npairs - 1))); do
+  ia="v${tag}a$i" ib="v${tag}b$i"
+  ip link add "$ia" type veth peer name "$ib" || { echo "SKIP: no veth support"; exit 77; }
+  ip link set "$ia" netns "$a"
+  ip link set "$ib" netns "$b"
+  ip -n "$a" addr add "10.211.$i.1/24" dev "$ia"
+  ip -n "$b" addr add "10.211.$i.2/24" dev "$ib"
+  ip -n "$a" link set "$ia" up
+  ip -n "$b" link set "$ib" up
+done
 for ns in "$a" "$b"; do
   ip -n "$ns" link set lo up
 done
-ip -n "$a" link set "v${tag}a" up
-ip -n "$b" link set "v${tag}b" up
 
-"$weft" conformance --plugin "$plugin" \
+extra=()
+case "$rails" in
+  "") ;;
+  explicit) extra=(--recv-env "WEFT_RAILS=v${tag}a0+v${tag}a1" --send-env "WEFT_RAILS=v${tag}b0+v${tag}b1") ;;
+  fuse) extra=(--env WEFT_RAILS=off --fuse 0,1) ;;
+  *) echo "unknown --rails mode '$rails'"; exit 2 ;;
+esac
+
+# Bytes received by interface $2 in namespace $1.
+rxbytes() { ip netns exec "$1" cat "/sys/class/net/$2/statistics/rx_bytes"; }
+declare -a before
+for i in $(seq 0 $((npairs - 1))); do before[$i]=$(rxbytes "$a" "v${tag}a$i"); done
+
+"$weft" "$cmd" --plugin "$plugin" \
   --env 'WEFT_PROVIDER=tcp;ofi_rxm' \
   --recv-netns "$a" --recv-env "WEFT_IFACE=v${tag}a" \
-  --send-netns "$b" --send-env "WEFT_IFACE=v${tag}b" "$@"
+  --send-netns "$b" --send-env "WEFT_IFACE=v${tag}b" "${extra[@]}" "$@"
+rc=$?
+[ -z "$rails" ] && exit $rc
+
+total=0
+declare -a got
+for i in $(seq 0 $((npairs - 1))); do
+  got[$i]=$(( $(rxbytes "$a" "v${tag}a$i") - before[i] ))
+  total=$((total + got[i]))
+done
+for i in $(seq 0 $((npairs - 1))); do
+  echo "rail $i (v${tag}a$i): ${got[$i]} bytes received of $total"
+  if [ "$total" -le 0 ] || [ $((got[i] * 5)) -lt "$total" ]; then
+    echo "FAIL: rail $i carried less than a fifth of the traffic"
+    rc=1
+  fi
+done
+exit $rc

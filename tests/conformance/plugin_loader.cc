@@ -7,6 +7,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <mutex>
+#include <type_traits>
 
 namespace weft::harness {
 
@@ -37,6 +38,8 @@ void copyProps(const P& in, Props* out) {
   if constexpr (requires { in.forceFlush; }) {
     out->forceFlush = in.forceFlush;
     out->vNdevs = in.vProps.ndevs;
+    constexpr int kCap = static_cast<int>(sizeof(in.vProps.devs) / sizeof(in.vProps.devs[0]));
+    for (int i = 0; i < in.vProps.ndevs && i < kCap; ++i) out->vDevs.push_back(in.vProps.devs[i]);
     out->maxP2pBytes = in.maxP2pBytes;
     out->maxCollBytes = in.maxCollBytes;
   }
@@ -153,6 +156,27 @@ class TableApi final : public NetApi {
   ncclResult_t closeSend(void* c) override { return t_->closeSend(c); }
   ncclResult_t closeRecv(void* c) override { return t_->closeRecv(c); }
   ncclResult_t closeListen(void* c) override { return t_->closeListen(c); }
+  bool hasMakeVDevice() const override {
+    if constexpr (V >= 9) {
+      return t_->makeVDevice != nullptr;
+    } else {
+      return false;
+    }
+  }
+  ncclResult_t makeVDevice(const std::vector<int>& devs, int* d) override {
+    if constexpr (V >= 9) {
+      decltype(P{}.vProps) vp{};
+      constexpr int kCap = static_cast<int>(sizeof(vp.devs) / sizeof(vp.devs[0]));
+      if (devs.empty() || static_cast<int>(devs.size()) > kCap || t_->makeVDevice == nullptr) return ncclInvalidUsage;
+      vp.ndevs = static_cast<int>(devs.size());
+      for (size_t i = 0; i < devs.size(); ++i) vp.devs[i] = devs[i];
+      return t_->makeVDevice(d, &vp);
+    } else {
+      (void)devs;
+      (void)d;
+      return ncclInvalidUsage;
+    }
+  }
   bool hasIrecvConsumed() const override {
     if constexpr (V >= 7) {
       return t_->irecvConsumed != nullptr;

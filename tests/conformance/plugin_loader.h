@@ -21,6 +21,7 @@ struct Props {
   int netDeviceType = -1, netDeviceVersion = -1;  // v7+
   int regIsGlobal = -1;                            // v8+
   int forceFlush = -1, vNdevs = -1;                // v9+
+  std::vector<int> vDevs;                          // v9+: vProps.devs[0..vNdevs)
   size_t maxP2pBytes = 0, maxCollBytes = 0;        // v9+
   int maxMultiRequestSize = -1;                    // v11+
   int railId = -2, planeId = -2;                   // v12
@@ -50,6 +51,9 @@ class NetApi {
   virtual ncclResult_t closeSend(void* c) = 0;
   virtual ncclResult_t closeRecv(void* c) = 0;
   virtual ncclResult_t closeListen(void* c) = 0;
+  // NIC fusion (v9+): NCCL calls it during topology detection, before any comm exists.
+  virtual bool hasMakeVDevice() const = 0;
+  virtual ncclResult_t makeVDevice(const std::vector<int>& devs, int* d) = 0;
   virtual bool hasIrecvConsumed() const = 0;
   virtual ncclResult_t irecvConsumed(void* recvComm, int n, void* req) = 0;
 };

@@ -82,6 +82,7 @@ int runConformance(const RunOptions& o) {
                                    "--checks", names};
   if (o.quick) args.push_back("--quick");
   if (o.verbose) args.push_back("--verbose");
+  if (!o.fuse.empty()) args.insert(args.end(), {"--fuse", o.fuse});
   WorkerProcess procs[2];
   spawnPair(o.pair, args, procs);
   std::map<std::string, std::pair<std::string, std::string>> results[2];  // check -> (verdict, message)
@@ -153,7 +154,7 @@ int runWorker(int argc, char** argv) {
   CheckEnv& env = session.env();
   Oob& oob = env.oob;
   const int timeoutSec = wa.timeoutSec;
-  std::printf("INFO\tdevice %d of %d: %s (speed %d Mb/s, maxRecvs %d, ptrSupport %#x%s%s)\n", wa.dev,
+  std::printf("INFO\tdevice %d of %d: %s (speed %d Mb/s, maxRecvs %d, ptrSupport %#x%s%s)\n", env.dev,
               session.deviceCount(), env.props.name.c_str(), env.props.speed, env.props.maxRecvs,
               env.props.ptrSupport, env.props.pciPath.empty() ? "" : ", pci ", env.props.pciPath.c_str());
   for (const auto& name : names) {

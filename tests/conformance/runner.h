@@ -19,6 +19,7 @@ struct RunOptions {
   bool quick = false;
   bool verbose = false;
   int dev = -1;     // -1: device 0
+  std::string fuse;  // "0,1": the workers fuse these devices with makeVDevice and test the fused one
   int timeoutSec = 60;
   int callLimitMs = 500;  // a connect/accept/listen call taking longer counts as blocking
   PairOptions pair;  // this executable, namespaces and environments of the two workers

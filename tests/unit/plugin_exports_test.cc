@@ -20,6 +20,7 @@ std::string run(const std::string& cmd) {
   pclose(p);
   return out;
 }
+void quietLogger(ncclDebugLogLevel, unsigned long, const char*, int, const char*, ...) {}
 }  // namespace
 
 TEST_CASE("the plugin exports the net tables v7..v12 and no other symbol of ours", "[plugin]") {
@@ -43,7 +44,56 @@ TEST_CASE("the plugin loads as NCCL loads it and its name is readable before ini
   CHECK(v11->finalize != nullptr);  // required for v11: NCCL calls it unchecked
   CHECK(v11->getDeviceMr == nullptr);
   CHECK(v11->irecvConsumed == nullptr);
-  CHECK(v11->makeVDevice == nullptr);
+  CHECK(v11->makeVDevice != nullptr);  // NIC fusion (v9+)
+}
+
+// NIC fusion the way NCCL runs it at topology detection: every device becomes (the root of) a virtual device,
+// devices() then counts physical + virtual, and a virtual device's properties list its members.
+TEST_CASE("makeVDevice appends fused devices and refuses impossible ones", "[plugin]") {
+  setenv("WEFT_PROVIDER", "tcp;ofi_rxm", 1);
+  setenv("WEFT_IFACE", "lo", 1);
+  void* lib = dlopen(WEFT_PLUGIN_PATH, RTLD_NOW | RTLD_LOCAL);
+  REQUIRE(lib != nullptr);
+  auto* net = static_cast<ncclNet_v9_t*>(dlsym(lib, "ncclNetPlugin_v9"));
+  REQUIRE(net != nullptr);
+  REQUIRE(net->init(quietLogger) == ncclSuccess);
+  int n = 0;
+  REQUIRE(net->devices(&n) == ncclSuccess);
+  REQUIRE(n == 1);  // loopback only
+  ncclNetProperties_v9_t base{};
+  REQUIRE(net->getProperties(0, &base) == ncclSuccess);
+
+  ncclNetVDeviceProps_v9_t vp{};
+  vp.ndevs = 1;
+  vp.devs[0] = 0;
+  int d = -1;
+  REQUIRE(net->makeVDevice(&d, &vp) == ncclSuccess);
+  CHECK(d == 1);
+  REQUIRE(net->devices(&n) == ncclSuccess);
+  CHECK(n == 2);
+  ncclNetProperties_v9_t p{};
+  REQUIRE(net->getProperties(d, &p) == ncclSuccess);
+  CHECK(p.vProps.ndevs == 1);
+  CHECK(p.vProps.devs[0] == 0);
+  CHECK(p.speed == base.speed);
+  CHECK(std::string(p.name) == std::string(base.name));
+  CHECK(net->getProperties(0, &p) == ncclSuccess);
+  CHECK(p.vProps.ndevs == 1);  // a physical device is its own
+  CHECK(p.vProps.devs[0] == 0);
+
+  vp.ndevs = 2;
+  vp.devs[0] = 0;
+  vp.devs[1] = 1;  // the same NIC again, through the virtual device
+  CHECK(net->makeVDevice(&d, &vp) != ncclSuccess);
+  vp.ndevs = 1;
+  vp.devs[0] = 7;
+  CHECK(net->makeVDevice(&d, &vp) != ncclSuccess);
+  vp.ndevs = 0;
+  CHECK(net->makeVDevice(&d, &vp) != ncclSuccess);
+  vp.ndevs = 5;  // more than a v9 vProps holds
+  CHECK(net->makeVDevice(&d, &vp) != ncclSuccess);
+  REQUIRE(net->devices(&n) == ncclSuccess);
+  CHECK(n == 2);  // nothing was added by the refused calls
 }
 
 TEST_CASE("the library depends on nothing a GPU-less or CUDA-less machine lacks", "[plugin]") {

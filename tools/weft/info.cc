@@ -68,9 +68,9 @@ int info(int argc, char** argv) {
     for (int d = 0; d < backend->deviceCount(); ++d) {
       const auto& p = backend->props(d);
       const auto& dev = backend->device(d);
-      std::printf("  %d: %-10s %-12s %6d Mb/s  maxRecvs %d  ptrSupport %#x  protocol %s (eager <= %zu B)  pci %s\n",
-                  d, p.name.c_str(), p.provider.c_str(), p.speedMbps, p.maxRecvs, p.ptrSupport,
-                  dev.rdma() ? "rdma" : "sendrecv", dev.rdma() ? dev.eagerMax() : size_t{0},
+      std::printf("  %d: %-10s %-12s %6d Mb/s  rails %d  maxRecvs %d  ptrSupport %#x  protocol %s (eager <= %zu B)  pci %s\n",
+                  d, p.name.c_str(), p.provider.c_str(), p.speedMbps, backend->railCount(d), p.maxRecvs, p.ptrSupport,
+                  dev.rdma() ? (dev.compactImm() ? "rdma(cq4)" : "rdma") : "sendrecv", dev.rdma() ? dev.eagerMax() : size_t{0},
                   p.pciPath.empty() ? "-" : p.pciPath.c_str());
     }
   }

@@ -30,7 +30,7 @@ void usage() {
                "      [--table N]               table version to drive (default: the newest exported)\n"
                "      [--only NAME]             run only this check (name or prefix; repeatable; see --list)\n"
                "      [--skip NAME]             report a check as skipped instead of running it (repeatable)\n"
-               "      [--list] [--quick] [--verbose] [--timeout SEC] [--dev N]\n"
+               "      [--list] [--quick] [--verbose] [--timeout SEC] [--dev N] [--fuse 0,1]\n"
                "      [--call-limit MS]         longest connect/accept/listen call before it counts as blocking (500)\n"
                "      [--env K=V] [--recv-env K=V] [--send-env K=V]   environment for both / one worker\n"
                "      [--recv-netns NS] [--send-netns NS]           run a worker inside a network namespace\n"
@@ -41,7 +41,7 @@ void usage() {
                "      [--patterns lat,bw,conns,steps] [--rounds N] (median of N alternating runs, default 3)\n"
                "      [--lat-sizes 8,4096,...]  latency message sizes in bytes\n"
                "      [--raw-modes raw-tagged,raw-rma,raw-tagged-1ep]  which references to run (default: all)\n"
-               "      [--table N] [--dev N] [--quick] [--json] and the --env/--netns options above\n");
+               "      [--table N] [--dev N] [--fuse 0,1] [--quick] [--json] and the --env/--netns options above\n");
 }
 
 
@@ -78,6 +78,7 @@ int conformance(int argc, char** argv) {
     else if (f == "--timeout") o.timeoutSec = a.number(1, 3600);
     else if (f == "--call-limit") o.callLimitMs = a.number(1, 3600000);
     else if (f == "--dev") o.dev = a.number(0, 1023);
+    else if (f == "--fuse") o.fuse = a.value();
     else a.unknown();
   }
   if (o.plugin.empty()) {
@@ -98,6 +99,7 @@ int bench(int argc, char** argv) {
     if (f == "--plugin") o.plugin = a.value();
     else if (f == "--table") o.version = a.number(6, 12);
     else if (f == "--dev") o.dev = a.number(0, 1023);
+    else if (f == "--fuse") o.fuse = a.value();
     else if (f == "--quick") o.quick = true;
     else if (f == "--json") o.json = true;
     else if (f == "--rounds") o.rounds = a.number(1, 100);

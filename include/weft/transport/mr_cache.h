@@ -35,7 +35,15 @@ class MemHandle : public Object {
   size_t len = 0;
   int type = 0;
   bool cached = true;  // false: a one-off registration (DMA-BUF) owned by this handle alone
+  // A device spanning several NICs registers the range once per NIC: the handle NCCL holds is rail 0's, and
+  // chains the others (each owned by its own NIC's cache). Set before NCCL sees the handle, read-only after.
+  MemHandle* nextRail = nullptr;
   void* desc() const { return entry ? entry->desc : nullptr; }
+  const MemHandle* rail(int k) const {
+    const MemHandle* h = this;
+    while (k-- > 0 && h != nullptr) h = h->nextRail;
+    return h;
+  }
 };
 
 class Registrar {

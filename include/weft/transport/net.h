@@ -35,6 +35,9 @@ struct DeviceProps {
   bool forceFlush = false;
   size_t maxP2pBytes = size_t{1} << 30;
   size_t maxCollBytes = size_t{1} << 30;
+  // A device NCCL made with makeVDevice: the devices it fuses (vProps). 0: a device of its own.
+  int vdevCount = 0;
+  int vdevs[8] = {};
 };
 
 struct CommConfig {
@@ -109,6 +112,8 @@ class Backend {
   // Non-blocking: *out stays nullptr until the peer has accepted; the same `handle` pointer identifies the
   // attempt across calls (NCCL polls with the same buffer).
   virtual Status connect(int dev, const CommConfig& config, void* handle, SendComm** out) = 0;
+  // NCCL's NIC fusion (v9+): a new device made of `devs` (devices of ours); its index in *out.
+  virtual Status makeVDevice(const int* devs, int n, int* out) = 0;
 };
 
 }  // namespace weft

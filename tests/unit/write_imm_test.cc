@@ -1,0 +1,101 @@
+// The remote completion data of the rdma protocol: both forms round-trip, and the compact (4-byte) form splits
+// any length up to NCCL's 1 GiB limit into at most two pieces that add up exactly.
+#include <catch2/catch.hpp>
+
+#include <random>
+
+#include "fabric/fabric_comm.h"
+
+using namespace weft::fabric;
+
+namespace {
+// How the sender splits one segment (fabric_comm.cc FabricSendComm::write), checked through the decoder.
+int pieces(uint64_t len, uint64_t* sum) {
+  int n = 0;
+  *sum = 0;
+  do {
+    uint32_t field = 0;
+    uint64_t p = WriteImm32::largestPiece(len, &field);
+    uint64_t d = WriteImm32::encode(511, 0, 1, field);
+    REQUIRE(WriteImm32::bytes(d) == p);
+    *sum += p;
+    len -= p;
+    ++n;
+  } while (len > 0);
+  return n;
+}
+}  // namespace
+
+TEST_CASE("8-byte completion data round-trips slot, flags, pieces and 40-bit sizes", "[imm]") {
+  uint64_t d = WriteImm::encode(0xabcd, WriteImm::kTruncated, 4, (uint64_t{1} << 40) - 1);
+  CHECK(WriteImm::slot(d) == 0xabcd);
+  CHECK(WriteImm::flags(d) == WriteImm::kTruncated);
+  CHECK(WriteImm::segments(d) == 4);
+  CHECK(WriteImm::bytes(d) == (uint64_t{1} << 40) - 1);
+}
+
+TEST_CASE("4-byte completion data round-trips slot, flags and piece count", "[imm]") {
+  for (uint16_t slot : {0, 1, 255, 511}) {
+    for (uint64_t np : {1, 2, 5, 8}) {
+      uint32_t field = 0;
+      WriteImm32::largestPiece(12345, &field);
+      uint64_t d = WriteImm32::encode(slot, WriteImm::kTruncated, np, field);
+      CHECK(d <= 0xffffffffu);
+      CHECK(WriteImm32::slot(d) == slot);
+      CHECK(WriteImm32::pieces(d) == np);
+      CHECK(WriteImm32::flags(d) == WriteImm::kTruncated);
+      CHECK(WriteImm32::bytes(d) == 12345);
+    }
+  }
+  // 64 receive requests x 8 buffers: every slot fits the 9-bit field.
+  CHECK(2 * weft::kMaxRequests * weft::kMaxRecvs <= 512);
+}
+
+TEST_CASE("4-byte form: any length up to 1 GiB in at most two pieces, summing exactly", "[imm]") {
+  uint64_t sum = 0;
+  for (uint64_t len = 0; len < 70000; ++len) {
+    REQUIRE(pieces(len, &sum) <= (len <= WriteImm32::kMaxM ? 1 : 2));
+    REQUIRE(sum == len);
+  }
+  for (uint64_t len : {uint64_t{1} << 20, (uint64_t{1} << 20) + 1, (uint64_t{1} << 30) - 1, uint64_t{1} << 30}) {
+    CHECK(pieces(len, &sum) <= 2);
+    CHECK(sum == len);
+  }
+  CHECK(pieces(uint64_t{1} << 19, &sum) == 1);  // power-of-two sizes (NCCL's usual) are one piece
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < 200000; ++i) {
+    uint64_t len = rng() % ((uint64_t{1} << 30) + 1);
+    REQUIRE(pieces(len, &sum) <= 2);
+    REQUIRE(sum == len);
+  }
+}
+
+TEST_CASE("planWrite covers every byte once, never uses more rails than there are, and fits the piece limit",
+          "[imm]") {
+  std::mt19937_64 rng(11);
+  uint64_t off[8], len[8];
+  uint32_t field[8];
+  uint8_t rail[8];
+  for (int i = 0; i < 300000; ++i) {
+    const int nRails = 1 + static_cast<int>(rng() % kMaxRails);
+    const bool imm4 = (rng() & 1) != 0;
+    const uint64_t stripeMin = 4096u << (rng() % 8);
+    const uint64_t size = (rng() & 3) == 0 ? rng() % 70000 : rng() % ((uint64_t{1} << 30) + 1);
+    const int single = static_cast<int>(rng() % nRails);
+    const int n = planWrite(size, nRails, stripeMin, imm4, single, off, len, field, rail);
+    INFO("size " << size << " rails " << nRails << " imm4 " << imm4 << " stripeMin " << stripeMin);
+    REQUIRE(n >= 1);
+    REQUIRE(n <= WriteImm32::kMaxPieces);
+    uint64_t at = 0;
+    bool striped = nRails > 1 && size >= stripeMin;
+    for (int p = 0; p < n; ++p) {
+      REQUIRE(off[p] == at);  // contiguous, in order
+      REQUIRE(rail[p] < nRails);
+      if (!striped) REQUIRE(rail[p] == single);
+      if (imm4) REQUIRE(WriteImm32::bytes(WriteImm32::encode(0, 0, n, field[p])) == len[p]);
+      at += len[p];
+    }
+    REQUIRE(at == size);
+    if (striped && size >= uint64_t{1} << 20) REQUIRE(rail[n - 1] == nRails - 1);  // large writes use every rail
+  }
+}
