@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 
+#include "fabric/rails.h"
 #include "weft/common/cuda_shim.h"
 #include "weft/common/params.h"
 #include "weft/nccl/net.h"
@@ -50,26 +51,12 @@ InfoPtr makeHints(const std::string& provider, bool directed, bool manualProgres
   return hints;
 }
 
-std::string readSysfs(const std::string& path) {
-  std::ifstream in(path);
-  std::string s;
-  std::getline(in, s);
-  return s;
-}
-
 std::string realPath(const std::string& path) {
   char buf[PATH_MAX];
   if (::realpath(path.c_str(), buf) == nullptr) return {};
   return buf;
 }
 
-bool isPciBusId(const std::string& c) {  // dddd:bb:dd.f
-  if (c.size() != 12 || c[4] != ':' || c[7] != ':' || c[10] != '.') return false;
-  for (size_t i : {0, 1, 2, 3, 5, 6, 8, 9, 11}) {
-    if (!std::isxdigit(static_cast<unsigned char>(c[i]))) return false;
-  }
-  return true;
-}
 
 // NCCL wants a path whose last component is the PCI bus id (spec §3.10): walk up from virtio/usb children.
 std::string pciAncestor(std::string p) {
@@ -104,7 +91,7 @@ int speedMbpsOf(const fi_info* info) {
     return static_cast<int>(std::min<size_t>(info->nic->link_attr->speed / 1000000, INT_MAX));
   }
   if (info->domain_attr != nullptr && info->domain_attr->name != nullptr) {
-    std::string s = readSysfs(std::string("/sys/class/net/") + info->domain_attr->name + "/speed");
+    std::string s = readFirstLine(std::string("/sys/class/net/") + info->domain_attr->name + "/speed");
     int64_t v = 0;
     std::string err;
     if (params::parseInt(s, 1, INT_MAX, &v, &err)) return static_cast<int>(v);

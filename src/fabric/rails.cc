@@ -12,13 +12,6 @@ namespace weft::fabric {
 
 namespace {
 
-bool isBusId(const std::string& c) {  // dddd:bb:dd.f
-  if (c.size() != 12 || c[4] != ':' || c[7] != ':' || c[10] != '.') return false;
-  for (size_t i : {0, 1, 2, 3, 5, 6, 8, 9, 11}) {
-    if (!std::isxdigit(static_cast<unsigned char>(c[i]))) return false;
-  }
-  return true;
-}
 
 std::vector<std::string> splitOn(const std::string& s, char sep) {
   std::vector<std::string> out;
@@ -37,14 +30,23 @@ size_t commonPrefix(const std::vector<std::string>& a, const std::vector<std::st
   return n;
 }
 
-std::string readLine(const std::string& path) {
+
+}  // namespace
+
+bool isPciBusId(const std::string& c) {  // dddd:bb:dd.f
+  if (c.size() != 12 || c[4] != ':' || c[7] != ':' || c[10] != '.') return false;
+  for (size_t i : {0, 1, 2, 3, 5, 6, 8, 9, 11}) {
+    if (!std::isxdigit(static_cast<unsigned char>(c[i]))) return false;
+  }
+  return true;
+}
+
+std::string readFirstLine(const std::string& path) {
   std::ifstream in(path);
   std::string s;
   std::getline(in, s);
   return s;
 }
-
-}  // namespace
 
 bool parseRailSpec(const std::string& text, RailSpec* out, std::string* error) {
   *out = RailSpec{};
@@ -75,7 +77,7 @@ bool parseRailSpec(const std::string& text, RailSpec* out, std::string* error) {
 std::vector<std::string> pciChain(const std::string& sysfsPath) {
   std::vector<std::string> out;
   for (const auto& c : splitOn(sysfsPath, '/')) {
-    if (isBusId(c)) out.push_back(c);
+    if (isPciBusId(c)) out.push_back(c);
   }
   return out;
 }
@@ -150,8 +152,8 @@ std::vector<std::string> findGpuPciPaths() {
   if (d == nullptr) return out;
   while (dirent* e = readdir(d)) {
     std::string dev = root + "/" + e->d_name;
-    std::string cls = readLine(dev + "/class");       // 0x030200: 3D controller, 0x030000: VGA
-    std::string vendor = readLine(dev + "/vendor");   // 0x10de NVIDIA, 0x1002 AMD
+    std::string cls = readFirstLine(dev + "/class");       // 0x030200: 3D controller, 0x030000: VGA
+    std::string vendor = readFirstLine(dev + "/vendor");   // 0x10de NVIDIA, 0x1002 AMD
     if (cls.rfind("0x0302", 0) != 0 && cls.rfind("0x0300", 0) != 0) continue;
     if (vendor != "0x10de" && vendor != "0x1002") continue;
     char buf[PATH_MAX];
