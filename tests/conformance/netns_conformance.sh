@@ -4,17 +4,20 @@
 # that exist only inside these namespaces). Creates and removes everything itself. Exit 77 (skipped) without
 # root or ip.
 #
-# usage: netns_conformance.sh [--rails explicit|fuse] [--bench] WEFT_BINARY PLUGIN_SO [extra weft args...]
+# usage: netns_conformance.sh [--rails explicit|fuse] [--netem "SPEC"] [--bench] WEFT_BINARY PLUGIN_SO [args...]
 #   --rails explicit: two veth pairs, fused into one device with WEFT_RAILS on each side;
 #   --rails fuse:     two veth pairs, two devices each side, fused by the harness through makeVDevice (v9+).
 #   With --rails, every rail must carry at least a fifth of the bytes (read from the interfaces' own counters).
+#   --netem SPEC: tc netem on every veth, both directions (e.g. "delay 1ms loss 0.5% reorder 25% 50%"); the
+#   conformance checks verify every byte, so data must arrive intact whatever the link does.
 #   --bench runs `weft bench` instead of `weft conformance`.
 set -u
-rails="" cmd=conformance
+rails="" cmd=conformance netem=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --rails) rails=$2; shift 2 ;;
     --bench) cmd=bench; shift ;;
+    --netem) netem=$2; shift 2 ;;
     *) break ;;
   esac
 done
@@ -47,6 +50,11 @@ for i in $(seq 0 $((npairs - 1))); do
   ip -n "$b" addr add "10.211.$i.2/24" dev "$ib"
   ip -n "$a" link set "$ia" up
   ip -n "$b" link set "$ib" up
+  if [ -n "$netem" ]; then
+    # shellcheck disable=SC2086
+    ip netns exec "$a" tc qdisc add dev "$ia" root netem $netem &&
+      ip netns exec "$b" tc qdisc add dev "$ib" root netem $netem || { echo "SKIP: tc netem unavailable"; exit 77; }
+  fi
 done
 for ns in "$a" "$b"; do
   ip -n "$ns" link set lo up
