@@ -55,6 +55,17 @@ const std::vector<Def> kDefs = {
    "4-byte form where it carries only 4 (EFA, verbs); 4 = the compact form everywhere (tests that path)."},
   {"WEFT_GDR", Kind::kChoice, "auto", 0, 0, "auto|0|1",
    "Advertise GPU memory (NCCL_PTR_CUDA) support: auto = when built with CUDA and the provider has FI_HMEM."},
+  {"WEFT_TIMING", Kind::kChoice, "coll", 0, 0, "coll|1|0|proxy|net",
+   "Per-collective timing through NCCL's profiler interface: coll (= 1) records every collective and p2p "
+   "operation with GPU kernel time (NCCL 2.27+); proxy adds NCCL's proxy ops and steps (bytes and step latency per "
+   "peer); net adds the network events net plugins report; 0 turns timing off."},
+  {"WEFT_TELEMETRY_DIR", Kind::kString, "", 0, 0, nullptr,
+   "Directory for the timing records: one JSON-lines file per process, weft-<host>-<pid>.jsonl (created if "
+   "missing). Empty: no files (the summary at communicator finalize is still logged)."},
+  {"WEFT_PROM_FILE", Kind::kString, "", 0, 0, nullptr,
+   "Prometheus text file (node-exporter textfile collector) rewritten with the timing aggregates; empty: none."},
+  {"WEFT_PROM_INTERVAL", Kind::kInt, "30", 1, 86400, nullptr,
+   "Seconds between rewrites of WEFT_PROM_FILE (also written at communicator finalize and at exit)."},
 };
 // clang-format on
 

@@ -1,0 +1,441 @@
+// Our own declarations of NCCL's profiler plugin ABI, versions v1 to v6 (NCCL 2.23 -> 2.30).
+// Source of truth: ../shared/spec/nccl-plugin-abi.md §4 and §6, and ../shared/nccl-abi/layouts.tsv; every struct
+// here is checked field by field against that table by tests/unit/abi_layout_test.cc.
+#pragma once
+
+#include <sys/types.h>
+
+#include "weft/nccl/common.h"
+
+extern "C" {
+
+// Event types (activation-mask bits).
+enum {
+  ncclProfileGroup = 1 << 0,
+  ncclProfileColl = 1 << 1,
+  ncclProfileP2p = 1 << 2,
+  ncclProfileProxyOp = 1 << 3,
+  ncclProfileProxyStep = 1 << 4,
+  ncclProfileProxyCtrl = 1 << 5,
+  ncclProfileKernelCh = 1 << 6,     // v3+ (2.26)
+  ncclProfileNetPlugin = 1 << 7,    // v3+ (2.26)
+  ncclProfileGroupApi = 1 << 8,     // v5+ (2.28)
+  ncclProfileCollApi = 1 << 9,      // v5+
+  ncclProfileP2pApi = 1 << 10,      // v5+
+  ncclProfileKernelLaunch = 1 << 11,  // v5+
+  ncclProfileCeColl = 1 << 12,      // v6 (2.29)
+  ncclProfileCeSync = 1 << 13,      // v6
+  ncclProfileCeBatch = 1 << 14,     // v6
+};
+
+// Event states (stable numbering across versions).
+typedef enum {
+  ncclProfilerProxyOpSendPosted = 0,  // 0..7 deprecated in v4
+  ncclProfilerProxyOpSendRemFifoWait = 1,
+  ncclProfilerProxyOpSendTransmitted = 2,
+  ncclProfilerProxyOpSendDone = 3,
+  ncclProfilerProxyOpRecvPosted = 4,
+  ncclProfilerProxyOpRecvReceived = 5,
+  ncclProfilerProxyOpRecvTransmitted = 6,
+  ncclProfilerProxyOpRecvDone = 7,
+  ncclProfilerProxyStepSendGPUWait = 8,
+  ncclProfilerProxyStepSendWait = 9,
+  ncclProfilerProxyStepRecvWait = 10,
+  ncclProfilerProxyStepRecvFlushWait = 11,
+  ncclProfilerProxyStepRecvGPUWait = 12,
+  ncclProfilerProxyCtrlIdle = 13,
+  ncclProfilerProxyCtrlActive = 14,
+  ncclProfilerProxyCtrlSleep = 15,
+  ncclProfilerProxyCtrlWakeup = 16,
+  ncclProfilerProxyCtrlAppend = 17,
+  ncclProfilerProxyCtrlAppendEnd = 18,
+  ncclProfilerProxyOpInProgress_v4 = 19,
+  ncclProfilerProxyStepSendPeerWait_v4 = 20,
+  ncclProfilerNetPluginUpdate = 21,
+  ncclProfilerKernelChStop = 22,
+  ncclProfilerGroupStartApiStop = 23,
+  ncclProfilerGroupEndApiStart = 24,
+  // 25..30: copy-engine collective states (v6)
+} ncclProfilerEventState_t;
+typedef ncclProfilerEventState_t ncclProfilerEventState_v1_t;
+typedef ncclProfilerEventState_t ncclProfilerEventState_v2_t;
+typedef ncclProfilerEventState_t ncclProfilerEventState_v3_t;
+typedef ncclProfilerEventState_t ncclProfilerEventState_v4_t;
+typedef ncclProfilerEventState_t ncclProfilerEventState_v5_t;
+typedef ncclProfilerEventState_t ncclProfilerEventState_v6_t;
+
+// Net-plugin event callback types (§4): 0 start, 1 stop, 2 update (2.27+), 3 update then stop (2.27+).
+enum { ncclProfilerNetEventStart = 0, ncclProfilerNetEventStop = 1, ncclProfilerNetEventUpdate = 2,
+       ncclProfilerNetEventUpdateAndStop = 3 };
+#define NCCL_PROFILER_NET_VER_BITS 16
+#define NCCL_PROFILER_NET_VER_MASK (~0U >> NCCL_PROFILER_NET_VER_BITS)
+#define NCCL_PROFILER_NET_TYPE_MASK (~0U << NCCL_PROFILER_NET_VER_BITS)
+#define NCCL_PROFILER_NET_TYPE_IB (1U << NCCL_PROFILER_NET_VER_BITS)
+#define NCCL_PROFILER_NET_TYPE_SOCK (2U << NCCL_PROFILER_NET_VER_BITS)
+
+// The descriptors NCCL's own IB and Socket transports hand to the callback (version 1 of each).
+typedef struct {
+  uint8_t type;  // ncclProfileQp = 1
+  union {
+    struct {
+      int device;
+      uint64_t wr_id;
+      int opcode;
+      int qpNum;
+      size_t length;
+    } qp;
+  };
+} ncclProfilerNetIbDescr_v1_t;
+
+typedef struct {
+  uint8_t type;  // ncclProfileSocket = 1
+  union {
+    struct {
+      int fd;
+      int op;
+      size_t length;
+    } sock;
+  };
+} ncclProfilerNetSockDescr_v1_t;
+
+// ---- descriptors -----------------------------------------------------------------------------------------------
+
+struct ncclProfilerProxyOpArm {
+  pid_t pid;
+  uint8_t channelId;
+  int peer;
+  int nSteps;
+  int chunkSize;
+  int isSend;
+};
+struct ncclProfilerProxyStepArm {
+  int step;
+};
+struct ncclProfilerNetPluginArm {
+  int64_t id;
+  void* data;
+};
+
+typedef struct {
+  uint8_t type;
+  void* parentObj;
+  int rank;
+  union {
+    struct {
+      const char* name;
+      uint64_t commHash;
+      uint64_t seqNumber;
+      uint8_t func;
+      const void* sendBuff;
+      void* recvBuff;
+      size_t count;
+      int root;
+      uint8_t datatype;
+      uint32_t op;
+      size_t trafficBytes;
+      uint8_t nMaxChannels;
+      uint8_t nWarps;
+      uint8_t algo;
+      uint8_t proto;
+      int isCollnet;
+      int isNvls;
+    } coll;
+    struct {
+      const char* name;
+      uint64_t commHash;
+      uint8_t func;
+      void* buff;
+      uint8_t datatype;
+      size_t count;
+      int peer;
+    } p2p;
+    ncclProfilerProxyOpArm proxyOp;
+    ncclProfilerProxyStepArm proxyStep;
+  };
+} ncclProfilerEventDescr_v1_t;
+
+#define WEFT_PROFILER_P2P_V2                                                                                  \
+  struct {                                                                                                    \
+    const char* name;                                                                                         \
+    uint64_t commHash;                                                                                        \
+    const char* func;                                                                                         \
+    void* buff;                                                                                               \
+    const char* datatype;                                                                                     \
+    size_t count;                                                                                             \
+    int peer;                                                                                                 \
+  } p2p
+
+typedef struct {
+  uint8_t type;
+  void* parentObj;
+  int rank;
+  union {
+    struct {
+      const char* name;
+      uint64_t commHash;
+      uint64_t seqNumber;
+      const char* func;
+      const void* sendBuff;
+      void* recvBuff;
+      size_t count;
+      int root;
+      const char* datatype;
+      size_t trafficBytes;
+      uint8_t nMaxChannels;
+      uint8_t nWarps;
+      const char* algo;
+      const char* proto;
+    } coll;
+    WEFT_PROFILER_P2P_V2;
+    ncclProfilerProxyOpArm proxyOp;
+    ncclProfilerProxyStepArm proxyStep;
+  };
+} ncclProfilerEventDescr_v2_t;
+
+typedef struct {
+  uint8_t type;
+  void* parentObj;
+  int rank;
+  union {
+    struct {
+      const char* name;
+      uint64_t commHash;
+      uint64_t seqNumber;
+      const char* func;
+      const void* sendBuff;
+      void* recvBuff;
+      size_t count;
+      int root;
+      const char* datatype;
+      uint8_t nMaxChannels;
+      uint8_t nWarps;
+      const char* algo;
+      const char* proto;
+    } coll;
+    WEFT_PROFILER_P2P_V2;
+    ncclProfilerProxyOpArm proxyOp;
+    ncclProfilerProxyStepArm proxyStep;
+    struct {
+      uint8_t channelId;
+    } kernelCh;
+    ncclProfilerNetPluginArm netPlugin;
+  };
+} ncclProfilerEventDescr_v3_t;
+#undef WEFT_PROFILER_P2P_V2
+
+// The v4 collective arm; v5/v6 append parentGroup.
+#define WEFT_PROFILER_COLL_V4 \
+  uint64_t seqNumber;         \
+  const char* func;           \
+  void const* sendBuff;       \
+  void* recvBuff;             \
+  size_t count;               \
+  int root;                   \
+  const char* datatype;       \
+  uint8_t nChannels;          \
+  uint8_t nWarps;             \
+  const char* algo;           \
+  const char* proto
+#define WEFT_PROFILER_P2P_V4 \
+  const char* func;          \
+  void* buff;                \
+  const char* datatype;      \
+  size_t count;              \
+  int peer;                  \
+  uint8_t nChannels
+struct ncclProfilerKernelChArmV4 {
+  uint8_t channelId;
+  uint64_t pTimer;
+};
+
+typedef struct {
+  uint8_t type;
+  void* parentObj;
+  int rank;
+  union {
+    struct {
+      WEFT_PROFILER_COLL_V4;
+    } coll;
+    struct {
+      WEFT_PROFILER_P2P_V4;
+    } p2p;
+    ncclProfilerProxyOpArm proxyOp;
+    ncclProfilerProxyStepArm proxyStep;
+    ncclProfilerKernelChArmV4 kernelCh;
+    ncclProfilerNetPluginArm netPlugin;
+  };
+} ncclProfilerEventDescr_v4_t;
+
+// The arms v5 and v6 share (v6 adds the copy-engine arms).
+#define WEFT_PROFILER_ARMS_V5        \
+  struct {                           \
+    bool graphCaptured;              \
+    int groupDepth;                  \
+  } groupApi;                        \
+  struct {                           \
+    const char* func;                \
+    size_t count;                    \
+    const char* datatype;            \
+    int root;                        \
+    void* stream;                    \
+    bool graphCaptured;              \
+  } collApi;                         \
+  struct {                           \
+    const char* func;                \
+    size_t count;                    \
+    const char* datatype;            \
+    void* stream;                    \
+    bool graphCaptured;              \
+  } p2pApi;                          \
+  struct {                           \
+    void* stream;                    \
+  } kernelLaunch;                    \
+  struct {                           \
+    WEFT_PROFILER_COLL_V4;           \
+    void* parentGroup;               \
+  } coll;                            \
+  struct {                           \
+    WEFT_PROFILER_P2P_V4;            \
+    void* parentGroup;               \
+  } p2p;                             \
+  ncclProfilerProxyOpArm proxyOp;    \
+  ncclProfilerProxyStepArm proxyStep; \
+  ncclProfilerKernelChArmV4 kernelCh; \
+  ncclProfilerNetPluginArm netPlugin
+
+typedef struct {
+  uint64_t type;
+  void* parentObj;
+  int rank;
+  union {
+    WEFT_PROFILER_ARMS_V5;
+  };
+} ncclProfilerEventDescr_v5_t;
+
+typedef struct {
+  uint64_t type;
+  void* parentObj;
+  int rank;
+  union {
+    WEFT_PROFILER_ARMS_V5;
+    struct {
+      uint64_t seqNumber;
+      const char* func;
+      void const* sendBuff;
+      void* recvBuff;
+      size_t count;
+      int root;
+      const char* datatype;
+      uint64_t syncStrategy;
+      bool intraBatchSync;
+      uint32_t batchSize;
+      uint32_t numBatches;
+      uint32_t ceSeqNum;
+      void* stream;
+    } ceColl;
+    struct {
+      bool isComplete;
+      uint32_t nRanks;
+    } ceCollSync;
+    struct {
+      uint32_t numOps;
+      size_t totalBytes;
+      bool useIntraSync;
+    } ceCollBatch;
+  };
+} ncclProfilerEventDescr_v6_t;
+#undef WEFT_PROFILER_ARMS_V5
+#undef WEFT_PROFILER_COLL_V4
+#undef WEFT_PROFILER_P2P_V4
+
+// ---- state arguments -------------------------------------------------------------------------------------------
+
+typedef union {
+  struct {
+    size_t transSize;
+    int steps;
+  } proxyOp;
+  struct {
+    int appendedProxyOps;
+  } proxyCtrl;
+} ncclProfilerEventStateArgs_v1_t;
+typedef ncclProfilerEventStateArgs_v1_t ncclProfilerEventStateArgs_v2_t;
+typedef ncclProfilerEventStateArgs_v1_t ncclProfilerEventStateArgs_v3_t;
+
+typedef union {
+  struct {
+    size_t transSize;
+  } proxyStep;
+  struct {
+    int appendedProxyOps;
+  } proxyCtrl;
+  struct {
+    void* data;
+  } netPlugin;
+  struct {
+    uint64_t pTimer;
+  } kernelCh;
+} ncclProfilerEventStateArgs_v4_t;
+static_assert(sizeof(ncclProfilerEventStateArgs_v1_t) == 16, "v1-v3 state args: size_t + int");
+static_assert(sizeof(ncclProfilerEventStateArgs_v4_t) == 8, "v4+ state args are 8 bytes (spec §6.2)");
+typedef ncclProfilerEventStateArgs_v4_t ncclProfilerEventStateArgs_v5_t;
+typedef ncclProfilerEventStateArgs_v4_t ncclProfilerEventStateArgs_v6_t;
+
+// ---- function tables (48 bytes each; every member returns ncclResult_t) ----------------------------------------
+
+#define WEFT_PROFILER_TAIL(N)                                                                                 \
+  ncclResult_t (*startEvent)(void* context, void** eHandle, ncclProfilerEventDescr_v##N##_t* eDescr);         \
+  ncclResult_t (*stopEvent)(void* eHandle);                                                                   \
+  ncclResult_t (*recordEventState)(void* eHandle, ncclProfilerEventState_v##N##_t eState,                     \
+                                   ncclProfilerEventStateArgs_v##N##_t* eStateArgs);                          \
+  ncclResult_t (*finalize)(void* context)
+
+typedef struct {
+  const char* name;
+  ncclResult_t (*init)(void** context, int* eActivationMask);
+  WEFT_PROFILER_TAIL(1);
+} ncclProfiler_v1_t;
+typedef struct {
+  const char* name;
+  ncclResult_t (*init)(void** context, int* eActivationMask);
+  WEFT_PROFILER_TAIL(2);
+} ncclProfiler_v2_t;
+typedef struct {
+  const char* name;
+  ncclResult_t (*init)(void** context, int* eActivationMask);
+  WEFT_PROFILER_TAIL(3);
+} ncclProfiler_v3_t;
+typedef struct {
+  const char* name;
+  ncclResult_t (*init)(void** context, int* eActivationMask, const char* commName, uint64_t commHash, int nNodes,
+                       int nranks, int rank, ncclDebugLogger_t logfn);
+  WEFT_PROFILER_TAIL(4);
+} ncclProfiler_v4_t;
+typedef struct {
+  const char* name;
+  ncclResult_t (*init)(void** context, uint64_t commId, int* eActivationMask, const char* commName, int nNodes,
+                       int nranks, int rank, ncclDebugLogger_t logfn);
+  WEFT_PROFILER_TAIL(5);
+} ncclProfiler_v5_t;
+typedef struct {
+  const char* name;
+  ncclResult_t (*init)(void** context, uint64_t commId, int* eActivationMask, const char* commName, int nNodes,
+                       int nranks, int rank, ncclDebugLogger_t logfn);
+  WEFT_PROFILER_TAIL(6);
+} ncclProfiler_v6_t;
+#undef WEFT_PROFILER_TAIL
+
+}  // extern "C"
+
+// weft's own net-plugin event descriptor (pluginId = WEFT_PROFILER_NET_TYPE | WEFT_PROFILER_NET_VER): published
+// so that any profiler can decode netPlugin.data for events our transport opens. Layout is part of our ABI.
+#define WEFT_PROFILER_NET_TYPE (0x57U << NCCL_PROFILER_NET_VER_BITS)  // 'W'
+#define WEFT_PROFILER_NET_VER 1
+extern "C" typedef struct {
+  uint8_t type;      // 1 = one message (send or receive) on a connection
+  uint8_t isSend;    // 1 send, 0 receive
+  uint16_t rail;     // the rail the (first piece of the) message went on
+  uint32_t peerId;   // weft's connection id (the same as in weft's per-connection records)
+  uint64_t seq;      // message sequence number on the connection
+  size_t length;     // bytes posted (send size, or the receive buffer size)
+} weftProfilerNetDescr_v1_t;

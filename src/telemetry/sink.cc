@@ -1,0 +1,416 @@
+#include "telemetry/sink.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cerrno>
+#include <cstring>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "weft/common/log.h"
+#include "weft/common/params.h"
+
+namespace weft::telemetry {
+namespace {
+
+constexpr size_t kMaxSamples = 100000;  // per aggregate; a deterministic reservoir beyond
+constexpr auto kRound = std::chrono::milliseconds(100);
+
+double quantile(std::vector<double> v, double q) {
+  if (v.empty()) return 0.0;
+  size_t k = static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5);
+  std::nth_element(v.begin(), v.begin() + static_cast<long>(k), v.end());
+  return v[k];
+}
+
+void addSample(std::vector<double>& v, double x, uint64_t n) {
+  if (v.size() < kMaxSamples) {
+    v.push_back(x);
+    return;
+  }
+  uint64_t j = (n * 6364136223846793005ull + 1442695040888963407ull) % n;  // deterministic reservoir index
+  if (j < kMaxSamples) v[j] = x;
+}
+
+std::string hex(uint64_t v) { return fmt::format("0x{:016x}", v); }
+
+std::string hostName() {
+  char buf[256] = {0};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
+  return buf;
+}
+
+}  // namespace
+
+std::string jsonEscape(const std::string& s) {
+  std::string out;
+  out.reserve(s.size() + 2);
+  for (unsigned char ch : s) {
+    switch (ch) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (ch < 0x20) out += fmt::format("\\u{:04x}", ch);
+        else out += static_cast<char>(ch);
+    }
+  }
+  return out;
+}
+
+namespace {
+std::string promEscape(const std::string& s) {
+  std::string out;
+  for (char ch : s) {
+    if (ch == '"' || ch == '\\') out += '\\';
+    if (ch == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += ch;
+  }
+  return out;
+}
+}  // namespace
+
+Sink& Sink::instance() {
+  static Sink* s = new Sink;  // lives until exit; its flush runs from the exit hook below
+  return *s;
+}
+
+namespace {
+// At process exit (NCCL jobs often never finalize their communicators), write out what is left.
+struct ExitFlush {
+  ~ExitFlush() { Sink::instance().shutdown(); }
+};
+}  // namespace
+
+void Sink::shutdown() {
+  // A forked child (a data-loader worker) has neither the writer thread nor, perhaps, a usable lock: leave it.
+  if (ownerPid_ != getpid()) return;
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!started_) return;
+  stop_ = true;
+  lock.unlock();
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  lock.lock();
+  roundLocked(true, nullptr);
+  writePromLocked();
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  started_ = false;
+}
+
+void Sink::startLocked() {
+  if (started_) return;
+  started_ = true;
+  host_ = hostName();
+  promPath_ = params::getString("WEFT_PROM_FILE");
+  promIntervalS_ = static_cast<int>(params::getInt("WEFT_PROM_INTERVAL"));
+  ownerPid_ = getpid();
+  static ExitFlush exitFlush;  // destroyed at exit, after everything constructed before it
+  (void)exitFlush;
+  thread_ = std::thread([this] { run(); });
+}
+
+std::string Sink::jsonlPath() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return jsonlPath_;
+}
+
+void Sink::writeLineLocked(const std::string& line) {
+  if (!jsonlTried_) {
+    jsonlTried_ = true;
+    const std::string& dir = params::getString("WEFT_TELEMETRY_DIR");
+    if (!dir.empty()) {
+      if (mkdir(dir.c_str(), 0775) != 0 && errno != EEXIST) {
+        WEFT_WARN("timing: cannot create WEFT_TELEMETRY_DIR {}: {}; no JSON records will be written", dir,
+                  std::strerror(errno));
+      } else {
+        jsonlPath_ = fmt::format("{}/weft-{}-{}.jsonl", dir, host_, getpid());
+        fd_ = ::open(jsonlPath_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0664);
+        if (fd_ < 0) {
+          WEFT_WARN("timing: cannot open {}: {}; no JSON records will be written", jsonlPath_, std::strerror(errno));
+          jsonlPath_.clear();
+        } else {
+          WEFT_INFO(NCCL_INIT, "timing: records go to {}", jsonlPath_);
+        }
+      }
+    }
+  }
+  if (fd_ < 0) return;
+  pending_ += line;
+  pending_ += '\n';
+}
+
+void Sink::flushLocked() {
+  size_t off = 0;
+  while (fd_ >= 0 && off < pending_.size()) {
+    ssize_t n = ::write(fd_, pending_.data() + off, pending_.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      WEFT_WARN("timing: cannot write {}: {}; records from now on are dropped", jsonlPath_, std::strerror(errno));
+      ::close(fd_);
+      fd_ = -1;
+      break;
+    }
+    off += static_cast<size_t>(n);
+  }
+  pending_.clear();
+}
+
+void Sink::onInit(Context* c) {
+  std::lock_guard<std::mutex> lock(mu_);
+  startLocked();
+  Comm& m = comms_[c];
+  m = Comm{};
+  m.commHash = c->commHash.load();
+  m.name = c->name;
+  m.rank = c->rank.load();
+  m.nRanks = c->nRanks;
+  m.nNodes = c->nNodes;
+  m.version = c->version;
+  m.level = c->level;
+  writeLineLocked(fmt::format(
+      R"({{"v":1,"type":"comm","host":"{}","pid":{},"comm":"{}","comm_name":"{}","rank":{},"nranks":{},"nnodes":{},"profiler":{},"level":"{}","time_ns":{}}})",
+      jsonEscape(host_), getpid(), hex(m.commHash), jsonEscape(m.name), m.rank, m.nRanks, m.nNodes, m.version,
+      levelName(m.level), c->initNs));
+  flushLocked();
+  WEFT_INFO(NCCL_INIT, "timing: communicator {} rank {} of {} on profiler v{}, level {}", hex(m.commHash), m.rank,
+            m.nRanks, m.version, levelName(m.level));
+}
+
+void Sink::takeRecordLocked(const CollRecord& r, Context* c) {
+  auto it = comms_.find(c);
+  if (it == comms_.end()) return;
+  Comm& m = it->second;
+  if (m.commHash == 0 && r.commHash != 0) m.commHash = r.commHash;  // v1-v3: learnt from the events
+  if (m.rank < 0 && r.rank >= 0) m.rank = r.rank;
+  ++m.records;
+  if (r.flags & kRecPartial) ++m.partial;
+  double alg = algBwGBs(r.func, r.bytes, r.nRanks, r.execNs);
+  double bus = busBwGBs(r.func, r.bytes, r.nRanks, r.execNs);
+  bool p2p = (r.flags & kRecP2p) != 0;
+  writeLineLocked(fmt::format(
+      R"({{"v":1,"type":"{}","host":"{}","pid":{},"comm":"{}","rank":{},"nranks":{},"nnodes":{},"seq":{},"func":"{}","dtype":"{}","count":{},"bytes":{},"root":{},"peer":{},"algo":"{}","proto":"{}","channels":{},"warps":{},"start_ns":{},"enqueued_ns":{},"end_ns":{},"gpu_ns":{},"exec_ns":{},"timing":"{}","channels_timed":{},"algbw_gbs":{:.4f},"busbw_gbs":{:.4f},"graph":{},"partial":{}}})",
+      p2p ? "p2p" : "coll", jsonEscape(host_), getpid(), hex(r.commHash), r.rank, r.nRanks, r.nNodes, r.seq,
+      funcName(r.func), typeName(r.dtype), r.count, r.bytes, r.root, r.peer, p2p ? "" : algoName(r.algo),
+      p2p ? "" : protoName(r.proto), r.nChannels, r.nWarps, r.startNs, r.enqueuedNs, r.endNs, r.gpuNs, r.execNs,
+      timingSourceName(r.timing), r.channelsTimed, alg, bus, (r.flags & kRecGraphCaptured) ? "true" : "false",
+      (r.flags & kRecPartial) ? "true" : "false"));
+  Agg& a = m.aggs[AggKey{static_cast<int>(r.func), p2p ? 1 : 0, sizeBucket(r.bytes), p2p ? 255 : r.algo,
+                         p2p ? 255 : r.proto}];
+  ++a.count;
+  a.bytes += r.bytes;
+  a.execNs += r.execNs;
+  addSample(a.execUs, static_cast<double>(r.execNs) / 1e3, a.count);
+  addSample(a.busBw, bus, a.count);
+}
+
+void Sink::roundLocked(bool force, Context* only) {
+  drainOps(only, force, [&](const CollRecord& r, Context* c) { takeRecordLocked(r, c); });
+  flushLocked();
+}
+
+void Sink::flush() {
+  std::lock_guard<std::mutex> lock(mu_);
+  roundLocked(false, nullptr);
+  writePromLocked();
+}
+
+void Sink::run() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    cv_.wait_for(lock, kRound);
+    if (stop_) break;
+    roundLocked(false, nullptr);
+    uint64_t now = wallNs();
+    if (!promPath_.empty() && now - lastPromNs_ >= static_cast<uint64_t>(promIntervalS_) * 1000000000ull) {
+      writePromLocked();
+    }
+  }
+}
+
+void Sink::peerLinesLocked(const Comm& m, Context* c) {
+  if (c->peers == nullptr) return;
+  for (int i = 0; i < kMaxPeersPerComm; ++i) {
+    const PeerStats& p = c->peers[i];
+    int peer = p.peer.load();
+    if (peer == -1) continue;
+    writeLineLocked(fmt::format(
+        R"({{"v":1,"type":"peer","host":"{}","pid":{},"comm":"{}","rank":{},"peer":{},"ops":{},"send_bytes":{},"recv_bytes":{},"send_steps":{},"recv_steps":{},"step_p50_us":{:.3f},"step_p99_us":{:.3f},"net_msgs":{},"net_bytes":{},"net_p50_us":{:.3f},"net_p99_us":{:.3f}}})",
+        jsonEscape(host_), getpid(), hex(m.commHash), m.rank, peer, p.ops.load(), p.sendBytes.load(),
+        p.recvBytes.load(), p.sendSteps.load(), p.recvSteps.load(), p.stepLatency.quantileNs(0.5) / 1e3,
+        p.stepLatency.quantileNs(0.99) / 1e3, p.netMsgs.load(), p.netBytes.load(), p.netLatency.quantileNs(0.5) / 1e3,
+        p.netLatency.quantileNs(0.99) / 1e3));
+  }
+}
+
+void Sink::summaryLocked(const Comm& m, Context* c) {
+  uint64_t colls = 0, p2ps = 0;
+  // (func, p2p, bucket) -> everything across algo/proto
+  struct Row {
+    uint64_t count = 0;
+    std::vector<double> execUs, busBw;
+    std::map<std::pair<int, int>, uint64_t> mix;
+  };
+  std::map<std::tuple<int, int, int>, Row> rows;
+  for (const auto& [k, a] : m.aggs) {
+    auto [func, p2p, bucket, algo, proto] = k;
+    (p2p ? p2ps : colls) += a.count;
+    Row& r = rows[{func, p2p, bucket}];
+    r.count += a.count;
+    r.execUs.insert(r.execUs.end(), a.execUs.begin(), a.execUs.end());
+    r.busBw.insert(r.busBw.end(), a.busBw.begin(), a.busBw.end());
+    r.mix[{algo, proto}] += a.count;
+  }
+  WEFT_INFO(NCCL_INIT, "timing summary: comm {} \"{}\" rank {}/{} ({} nodes): {} collectives, {} p2p, {} partial, {} not recorded",
+            hex(m.commHash), m.name, m.rank, m.nRanks, m.nNodes, colls, p2ps, m.partial, c->dropped.load());
+  if (rows.empty()) return;
+  WEFT_INFO(NCCL_INIT, "timing summary:   {:<14} {:>6} {:>8} {:>11} {:>11} {:>10}  {}", "operation", "size", "count",
+            "median_us", "p99_us", "busbw_GB/s", "algorithm/protocol");
+  for (const auto& [k, r] : rows) {
+    auto [func, p2p, bucket] = k;
+    std::string mix;
+    for (const auto& [ap, n] : r.mix) {
+      if (!mix.empty()) mix += ", ";
+      if (ap.first == 255) mix += "p2p";
+      else mix += fmt::format("{}/{}", algoName(static_cast<uint8_t>(ap.first)), protoName(static_cast<uint8_t>(ap.second)));
+      mix += fmt::format(" {:.0f}%", 100.0 * static_cast<double>(n) / static_cast<double>(r.count));
+    }
+    WEFT_INFO(NCCL_INIT, "timing summary:   {:<14} {:>6} {:>8} {:>11.1f} {:>11.1f} {:>10.2f}  {}",
+              funcName(static_cast<Func>(func)), sizeBucketLabel(bucket), r.count, quantile(r.execUs, 0.5),
+              quantile(r.execUs, 0.99), quantile(r.busBw, 0.5), mix);
+  }
+}
+
+void Sink::onFinalize(Context* c) {
+  std::lock_guard<std::mutex> lock(mu_);
+  roundLocked(true, c);
+  auto it = comms_.find(c);
+  if (it == comms_.end()) return;
+  peerLinesLocked(it->second, c);
+  writeLineLocked(fmt::format(R"({{"v":1,"type":"comm_end","host":"{}","pid":{},"comm":"{}","rank":{},"records":{},"partial":{},"dropped":{},"time_ns":{}}})",
+                              jsonEscape(host_), getpid(), hex(it->second.commHash), it->second.rank,
+                              it->second.records, it->second.partial, c->dropped.load(), wallNs()));
+  flushLocked();
+  summaryLocked(it->second, c);
+  writePromLocked();  // with this communicator's final numbers; the next rewrite leaves it out
+  comms_.erase(it);
+}
+
+// ---- transport connections ----------------------------------------------------------------------------------
+
+ConnStats* registerConn(bool isSend, std::string peer, std::string device) {
+  Sink& s = Sink::instance();
+  auto* c = new ConnStats;
+  c->isSend = isSend;
+  c->peer = std::move(peer);
+  c->device = std::move(device);
+  s.connRecord(c, false);
+  return c;
+}
+
+void unregisterConn(ConnStats* c) {
+  if (c == nullptr) return;
+  Sink::instance().connRecord(c, true);
+  delete c;
+}
+
+void Sink::connRecord(ConnStats* c, bool final) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!final) {
+    startLocked();
+    c->id = nextConnId_++;
+    conns_.push_back(c);
+    return;
+  }
+  conns_.erase(std::remove(conns_.begin(), conns_.end(), c), conns_.end());
+  writeLineLocked(fmt::format(
+      R"({{"v":1,"type":"conn","host":"{}","pid":{},"conn":{},"dir":"{}","peer":"{}","device":"{}","msgs":{},"bytes":{},"lat_p50_us":{:.3f},"lat_p99_us":{:.3f},"time_ns":{}}})",
+      jsonEscape(host_), getpid(), c->id, c->isSend ? "send" : "recv", jsonEscape(c->peer), jsonEscape(c->device),
+      c->msgs.load(), c->bytes.load(), c->latency.quantileNs(0.5) / 1e3, c->latency.quantileNs(0.99) / 1e3,
+      wallNs()));
+  flushLocked();
+}
+
+// ---- Prometheus textfile ------------------------------------------------------------------------------------
+
+void Sink::writePromLocked() {
+  if (promPath_.empty()) return;
+  lastPromNs_ = wallNs();
+  std::string out;
+  out += "# HELP weft_collective_total Operations completed, per communicator, operation, size bucket and algorithm/protocol.\n"
+         "# TYPE weft_collective_total counter\n";
+  std::string bytes = "# HELP weft_collective_bytes_total Message bytes of those operations.\n# TYPE weft_collective_bytes_total counter\n";
+  std::string secs = "# HELP weft_collective_exec_seconds_total Execution time of those operations (GPU time where NCCL gives it).\n# TYPE weft_collective_exec_seconds_total counter\n";
+  std::string q = "# HELP weft_collective_exec_seconds Execution time quantiles.\n# TYPE weft_collective_exec_seconds gauge\n";
+  std::string bw = "# HELP weft_collective_busbw_gbs Median bus bandwidth (nccl-tests definition), GB/s.\n# TYPE weft_collective_busbw_gbs gauge\n";
+  std::string peers = "# HELP weft_peer_bytes_total Bytes moved by NCCL's proxy to and from each peer rank.\n# TYPE weft_peer_bytes_total counter\n";
+  std::string peerLat = "# HELP weft_peer_step_latency_seconds Proxy step time quantiles per peer rank.\n# TYPE weft_peer_step_latency_seconds gauge\n";
+  std::string dropped = "# HELP weft_timing_not_recorded_total Operations not recorded (event pools full).\n# TYPE weft_timing_not_recorded_total counter\n";
+  for (const auto& [ctx, m] : comms_) {
+    std::string base = fmt::format("comm=\"{}\",comm_name=\"{}\",rank=\"{}\",nranks=\"{}\",nnodes=\"{}\"",
+                                   hex(m.commHash), promEscape(m.name), m.rank, m.nRanks, m.nNodes);
+    for (const auto& [k, a] : m.aggs) {
+      auto [func, p2p, bucket, algo, proto] = k;
+      std::string ap = p2p ? "p2p" : fmt::format("{}_{}", algoName(static_cast<uint8_t>(algo)), protoName(static_cast<uint8_t>(proto)));
+      std::string l = fmt::format("{},collective=\"{}\",size=\"{}\",algo_proto=\"{}\"", base,
+                                  funcName(static_cast<Func>(func)), sizeBucketLabel(bucket), ap);
+      out += fmt::format("weft_collective_total{{{}}} {}\n", l, a.count);
+      bytes += fmt::format("weft_collective_bytes_total{{{}}} {}\n", l, a.bytes);
+      secs += fmt::format("weft_collective_exec_seconds_total{{{}}} {:.9f}\n", l, static_cast<double>(a.execNs) / 1e9);
+      q += fmt::format("weft_collective_exec_seconds{{{},quantile=\"0.5\"}} {:.9f}\n", l, quantile(a.execUs, 0.5) / 1e6);
+      q += fmt::format("weft_collective_exec_seconds{{{},quantile=\"0.99\"}} {:.9f}\n", l, quantile(a.execUs, 0.99) / 1e6);
+      bw += fmt::format("weft_collective_busbw_gbs{{{}}} {:.4f}\n", l, quantile(a.busBw, 0.5));
+    }
+    if (ctx->peers != nullptr) {
+      for (int i = 0; i < kMaxPeersPerComm; ++i) {
+        const PeerStats& p = ctx->peers[i];
+        int peer = p.peer.load();
+        if (peer == -1) continue;
+        std::string l = fmt::format("{},peer=\"{}\"", base, peer == -2 ? std::string("other") : std::to_string(peer));
+        peers += fmt::format("weft_peer_bytes_total{{{},direction=\"send\"}} {}\n", l, p.sendBytes.load());
+        peers += fmt::format("weft_peer_bytes_total{{{},direction=\"recv\"}} {}\n", l, p.recvBytes.load());
+        if (p.stepLatency.count() > 0) {
+          peerLat += fmt::format("weft_peer_step_latency_seconds{{{},quantile=\"0.5\"}} {:.9f}\n", l, p.stepLatency.quantileNs(0.5) / 1e9);
+          peerLat += fmt::format("weft_peer_step_latency_seconds{{{},quantile=\"0.99\"}} {:.9f}\n", l, p.stepLatency.quantileNs(0.99) / 1e9);
+        }
+      }
+    }
+    dropped += fmt::format("weft_timing_not_recorded_total{{{}}} {}\n", base, ctx->dropped.load());
+  }
+  std::string conns = "# HELP weft_conn_bytes_total Bytes through each weft connection.\n# TYPE weft_conn_bytes_total counter\n";
+  std::string connLat = "# HELP weft_conn_latency_seconds Post-to-completion time quantiles per weft connection.\n# TYPE weft_conn_latency_seconds gauge\n";
+  for (ConnStats* c : conns_) {
+    std::string l = fmt::format("conn=\"{}\",dir=\"{}\",peer=\"{}\",device=\"{}\"", c->id, c->isSend ? "send" : "recv",
+                                promEscape(c->peer), promEscape(c->device));
+    conns += fmt::format("weft_conn_bytes_total{{{}}} {}\n", l, c->bytes.load());
+    if (c->latency.count() > 0) {
+      connLat += fmt::format("weft_conn_latency_seconds{{{},quantile=\"0.5\"}} {:.9f}\n", l, c->latency.quantileNs(0.5) / 1e9);
+      connLat += fmt::format("weft_conn_latency_seconds{{{},quantile=\"0.99\"}} {:.9f}\n", l, c->latency.quantileNs(0.99) / 1e9);
+    }
+  }
+  out += bytes + secs + q + bw + peers + peerLat + dropped + conns + connLat;
+  std::string tmp = promPath_ + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  if (f == nullptr) {
+    static bool warned = false;
+    if (!warned) WEFT_WARN("timing: cannot write {}: {}", tmp, std::strerror(errno));
+    warned = true;
+    return;
+  }
+  std::fwrite(out.data(), 1, out.size(), f);
+  std::fclose(f);
+  if (std::rename(tmp.c_str(), promPath_.c_str()) != 0) WEFT_WARN("timing: cannot rename {} to {}: {}", tmp, promPath_, std::strerror(errno));
+}
+
+}  // namespace weft::telemetry

@@ -1,0 +1,93 @@
+// The writer side of weft's timing: a background thread (asleep between rounds, never spinning) that collects
+// finished operations from the profiler's slots, appends them as JSON lines under WEFT_TELEMETRY_DIR, keeps
+// per-communicator aggregates, rewrites the Prometheus textfile (WEFT_PROM_FILE) every WEFT_PROM_INTERVAL
+// seconds, and at communicator finalize prints the summary table into NCCL's log.
+#pragma once
+
+#include <condition_variable>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "telemetry/profiler_core.h"
+
+namespace weft::telemetry {
+
+// Connection counters registered by weft's own transport (one per send or receive comm).
+struct ConnStats {
+  uint32_t id = 0;
+  bool isSend = false;
+  std::string peer;     // the peer's address as the provider names it
+  std::string device;   // weft device name
+  std::atomic<uint64_t> bytes{0}, msgs{0};
+  LatencyHistogram latency;  // post (isend/irecv) -> completion seen in test
+};
+ConnStats* registerConn(bool isSend, std::string peer, std::string device);  // never null
+void unregisterConn(ConnStats* s);  // writes its final record; s is freed
+
+class Sink {
+ public:
+  static Sink& instance();
+  void onInit(Context* c);
+  void onFinalize(Context* c);
+  void flush();  // one writer round now (tests, tools)
+  void wake() noexcept { cv_.notify_one(); }  // a record ring is filling up
+  std::string jsonlPath();
+  void shutdown();  // stop the writer, write out everything (process exit)
+
+  struct Agg {
+    uint64_t count = 0, bytes = 0, execNs = 0;
+    std::vector<double> execUs;   // samples (reservoir beyond kMaxSamples)
+    std::vector<double> busBw;
+  };
+  // (func, p2p, size bucket, algo, proto)
+  using AggKey = std::tuple<int, int, int, int, int>;
+  struct Comm {
+    uint64_t commHash = 0;
+    std::string name;
+    int rank = -1, nRanks = 0, nNodes = 0, version = 0;
+    Level level = Level::kOff;
+    uint64_t records = 0, partial = 0;
+    std::map<AggKey, Agg> aggs;
+  };
+
+  void connRecord(ConnStats* s, bool final);
+
+ private:
+  Sink() = default;
+  void startLocked();
+  void run();
+  void roundLocked(bool force, Context* only);
+  void takeRecordLocked(const CollRecord& r, Context* c);
+  void writeLineLocked(const std::string& line);
+  void flushLocked();
+  void writePromLocked();
+  void summaryLocked(const Comm& m, Context* c);
+  void peerLinesLocked(const Comm& m, Context* c);
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::thread thread_;
+  pid_t ownerPid_ = 0;
+  bool stop_ = false;
+  bool started_ = false;
+  std::map<Context*, Comm> comms_;
+  std::vector<ConnStats*> conns_;
+  int fd_ = -1;
+  std::string pending_;
+  std::string jsonlPath_;
+  bool jsonlTried_ = false;
+  std::string promPath_;
+  int promIntervalS_ = 30;
+  uint64_t lastPromNs_ = 0;
+  std::string host_;
+  uint32_t nextConnId_ = 1;
+};
+
+// JSON string escaping (names come from users).
+std::string jsonEscape(const std::string& s);
+
+}  // namespace weft::telemetry
