@@ -556,7 +556,9 @@ void* startEvent(void* context, const EventDesc& d) noexcept {
     return nullptr;
   }
   Pools* pools = gPools.load(std::memory_order_acquire);
-  uint64_t now = wallNs();
+  bool timed = d.type == EvType::kColl || d.type == EvType::kP2p || d.type == EvType::kKernelCh ||
+               d.type == EvType::kProxyOp || d.type == EvType::kProxyStep || d.type == EvType::kNetPlugin;
+  uint64_t now = timed ? wallNs() : 0;
   switch (d.type) {
     case EvType::kColl:
     case EvType::kP2p:

@@ -23,16 +23,30 @@ std::string run(const std::string& cmd) {
 void quietLogger(ncclDebugLogLevel, unsigned long, const char*, int, const char*, ...) {}
 }  // namespace
 
-TEST_CASE("the plugin exports the net tables v7..v12 and no other symbol of ours", "[plugin]") {
+TEST_CASE("the plugin exports the net tables v7..v12, the profiler tables v1..v6 and no other symbol of ours",
+          "[plugin]") {
   std::string syms = run(std::string("nm -D --defined-only ") + WEFT_PLUGIN_PATH + " | awk '{print $3}'");
   for (int v = 7; v <= 12; ++v) CHECK(syms.find("ncclNetPlugin_v" + std::to_string(v) + "\n") != std::string::npos);
+  for (int v = 1; v <= 6; ++v) CHECK(syms.find("ncclProfiler_v" + std::to_string(v) + "\n") != std::string::npos);
   size_t lines = 0, pos = 0;
   while ((pos = syms.find('\n', pos)) != std::string::npos) {
     ++lines;
     ++pos;
   }
   INFO(syms);
-  CHECK(lines == 6);  // nothing of fmt, libstdc++ or weft's internals leaks out
+  CHECK(lines == 12);  // nothing of fmt, libstdc++ or weft's internals leaks out
+}
+
+TEST_CASE("libnccl-profiler-weft.so exports the profiler tables v1..v6 only and needs no libfabric", "[plugin]") {
+  std::string syms = run(std::string("nm -D --defined-only ") + WEFT_PROFILER_LIB_PATH + " | awk '{print $3}'");
+  INFO(syms);
+  CHECK(syms == "ncclProfiler_v1\nncclProfiler_v2\nncclProfiler_v3\nncclProfiler_v4\nncclProfiler_v5\nncclProfiler_v6\n");
+  std::string deps = run(std::string("objdump -p ") + WEFT_PROFILER_LIB_PATH + " | grep NEEDED");
+  INFO(deps);
+  CHECK(deps.find("fabric") == std::string::npos);
+  CHECK(deps.find("stdc++") == std::string::npos);
+  void* lib = dlopen(WEFT_PROFILER_LIB_PATH, RTLD_NOW | RTLD_LOCAL);
+  REQUIRE(lib != nullptr);
 }
 
 TEST_CASE("the plugin loads as NCCL loads it and its name is readable before init", "[plugin]") {

@@ -18,6 +18,8 @@
 
 namespace weft::tool {
 int info(int argc, char** argv);
+int replayCommand(int argc, char** argv, const std::string& defaultProfiler);
+int reportCommand(int argc, char** argv);
 }
 
 namespace {
@@ -41,7 +43,15 @@ void usage() {
                "      [--patterns lat,bw,conns,steps] [--rounds N] (median of N alternating runs, default 3)\n"
                "      [--lat-sizes 8,4096,...]  latency message sizes in bytes\n"
                "      [--raw-modes raw-tagged,raw-rma,raw-tagged-1ep]  which references to run (default: all)\n"
-               "      [--table N] [--dev N] [--fuse 0,1] [--quick] [--json] and the --env/--netns options above\n");
+               "      [--table N] [--dev N] [--fuse 0,1] [--quick] [--json] and the --env/--netns options above\n"
+               "  report DIR                    read the timing records of a job (WEFT_TELEMETRY_DIR of every rank):\n"
+               "                                busbw per operation and size, stragglers, traffic mix\n"
+               "      [--plot OUTDIR]           also write busbw_vs_size.svg and timeline.svg\n"
+               "      [--straggler-min-us N]    smallest wait that can make a straggler (default 20)\n"
+               "  replay [--profiler FILE]      drive a profiler plugin file (default: weft's) with a small multi-rank\n"
+               "                                job's events, one process per rank, as NCCL would; cost per event\n"
+               "      [--table N] [--ranks N] [--nodes N] [--steps N] [--straggler RANK] [--delay-us N]\n"
+               "      [--out DIR]               WEFT_TELEMETRY_DIR for the ranks (a job for `weft report`)\n");
 }
 
 
@@ -164,6 +174,14 @@ int main(int argc, char** argv) {
   if (cmd == "conformance-worker") return weft::harness::runWorker(argc, argv);
   if (cmd == "bench") return bench(argc, argv);
   if (cmd == "bench-worker") return weft::harness::runBenchWorker(argc, argv);
+  if (cmd == "report") return weft::tool::reportCommand(argc, argv);
+  if (cmd == "replay") {
+    std::string self = selfPath();
+    size_t slash = self.rfind('/');
+    return weft::tool::replayCommand(argc, argv,
+                                     (slash == std::string::npos ? std::string(".") : self.substr(0, slash)) +
+                                         "/../lib/libnccl-profiler-weft.so");
+  }
   if (cmd == "-h" || cmd == "--help" || cmd == "help") {
     usage();
     return 0;

@@ -1,0 +1,120 @@
+// The cost of weft's timing on NCCL's threads: what one profiler call costs, measured through the same
+// version-independent entry points every exported table calls (the table adapters add a descriptor copy).
+//   BM_CollectiveLifecycle: one collective as NCCL 2.27+ reports it with WEFT_TIMING=coll: Coll start/stop and
+//     two kernel channels (start, KernelChStop state, stop), the record handed to the writer's ring.
+//   BM_ProxyStep: one proxy step (start, state with transSize, stop) with WEFT_TIMING=proxy.
+//   BM_StartStopSentinel: an event weft does not time (group, API events).
+// Run: build/bin/weft_telemetry_bench [--benchmark_repetitions=5]
+#include <benchmark/benchmark.h>
+
+#include <cstdlib>
+
+#include "telemetry/profiler_core.h"
+#include "telemetry/sink.h"
+#include "weft/nccl/profiler.h"
+
+using namespace weft::telemetry;
+
+namespace {
+
+void* context(int version) {
+  static void* ctx = [version] {
+    setenv("WEFT_TIMING", "proxy", 1);
+    void* c = nullptr;
+    int mask = 0;
+    InitArgs a;
+    a.version = version;
+    a.hasComm = true;
+    a.commHash = 0xbe0c4;
+    a.commName = "bench";
+    a.nRanks = 8;
+    a.nNodes = 2;
+    a.rank = 0;
+    initContext(&c, &mask, a);
+    return c;
+  }();
+  return ctx;
+}
+
+EventDesc collDesc() {
+  EventDesc d;
+  d.type = EvType::kColl;
+  d.func = Func::kAllReduce;
+  d.dtype = 7;
+  d.count = 1 << 20;
+  d.algo = 1;
+  d.proto = 2;
+  d.nChannels = 2;
+  d.nWarps = 16;
+  return d;
+}
+
+void BM_CollectiveLifecycle(benchmark::State& state) {
+  void* ctx = context(5);
+  EventDesc coll = collDesc();
+  EventDesc kch;
+  kch.type = EvType::kKernelCh;
+  uint64_t seq = 0;
+  for (auto _ : state) {
+    coll.seq = seq++;
+    void* h = startEvent(ctx, coll);
+    stopEvent(h);
+    for (int ch = 0; ch < 2; ++ch) {
+      kch.parent = h;
+      kch.pTimer = 1000;
+      void* k = startEvent(ctx, kch);
+      recordState(k, ncclProfilerKernelChStop, 50000, true);
+      stopEvent(k);
+    }
+    benchmark::DoNotOptimize(h);
+    if ((seq & 1023) == 0) {
+      state.PauseTiming();
+      Sink::instance().flush();  // the writer's work, off the measured path
+      state.ResumeTiming();
+    }
+  }
+  state.counters["events_per_op"] = 7;  // 1 Coll (start+stop) + 2 kernel channels (start, state, stop)
+}
+BENCHMARK(BM_CollectiveLifecycle);
+
+void BM_ProxyStep(benchmark::State& state) {
+  void* ctx = context(5);
+  EventDesc op;
+  op.type = EvType::kProxyOp;
+  op.pid = getpid();
+  op.peer = 1;
+  op.isSend = 1;
+  void* opH = startEvent(ctx, op);
+  EventDesc step;
+  step.type = EvType::kProxyStep;
+  step.parent = opH;
+  for (auto _ : state) {
+    void* s = startEvent(ctx, step);
+    recordState(s, ncclProfilerProxyStepSendWait, 65536, true);
+    stopEvent(s);
+    benchmark::DoNotOptimize(s);
+  }
+  stopEvent(opH);
+}
+BENCHMARK(BM_ProxyStep);
+
+void BM_StartStopSentinel(benchmark::State& state) {
+  void* ctx = context(5);
+  EventDesc g;
+  g.type = EvType::kGroupApi;
+  for (auto _ : state) {
+    void* h = startEvent(ctx, g);
+    stopEvent(h);
+    benchmark::DoNotOptimize(h);
+  }
+}
+BENCHMARK(BM_StartStopSentinel);
+
+void BM_WallClock(benchmark::State& state) {
+  for (auto _ : state) benchmark::DoNotOptimize(wallNs());
+}
+BENCHMARK(BM_WallClock);
+
+}  // namespace
+
+BENCHMARK_MAIN();

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# weft report end to end: jobs recorded through weft's profiler by `weft replay` (one process per rank, as NCCL
+# would drive it), with and without a planted straggler, and a record directory with damaged lines.
+# usage: report_e2e.sh WEFT
+set -euo pipefail
+weft=$1
+dir=$(mktemp -d /tmp/weft-report-e2e-XXXXXX)
+trap 'rm -rf "$dir"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+# 1. straggler at rank 1 of 4: found, and no other rank is blamed
+"$weft" replay --out "$dir/a" --ranks 4 --steps 10 --straggler 1 --delay-us 3000 >/dev/null
+out=$("$weft" report "$dir/a" --plot "$dir/a/plots")
+echo "$out" | grep -q "STRAGGLER comm 0x000000005eed0000 rank 1 " || fail "straggler rank 1 not found: $out"
+echo "$out" | grep -E "STRAGGLER .* rank [023] " && fail "a punctual rank was blamed"
+grep -q "<svg" "$dir/a/plots/busbw_vs_size.svg" || fail "no busbw plot"
+grep -q "<circle" "$dir/a/plots/timeline.svg" || fail "no timeline points"
+
+# 2. no straggler: none reported
+"$weft" replay --out "$dir/b" --ranks 3 --steps 10 >/dev/null
+out=$("$weft" report "$dir/b")
+echo "$out" | grep -q "no straggler" || fail "a straggler was reported in a punctual job: $out"
+echo "$out" | grep -q "40 collectives joined" || fail "join by communicator and sequence number: $out"
+
+# 3. damaged files: bad lines are named and skipped, the rest is still read
+cp -r "$dir/b" "$dir/c"
+f=$(ls "$dir"/c/*.jsonl | head -1)
+printf '{"v":1,"type":"coll","comm":"x"\nnot json at all\n{"v":99,"type":"coll"}\n' >> "$f"
+out=$("$weft" report "$dir/c" 2>"$dir/c.err")
+grep -q "not a JSON object" "$dir/c.err" || fail "a malformed line was not reported"
+grep -q "schema version 99" "$dir/c.err" || fail "an unknown schema version was not reported"
+echo "$out" | grep -q "no straggler" || fail "the good records were not read after the bad ones"
+
+# 4. nothing to read: a clear error, exit 1
+mkdir "$dir/empty"
+if "$weft" report "$dir/empty" 2>"$dir/e.err"; then fail "an empty directory reported success"; fi
+grep -q "no collective or p2p records" "$dir/e.err" || fail "no clear error for an empty directory"
+echo "report end to end: ok"

@@ -1,0 +1,68 @@
+// The arithmetic every exporter and `weft report` share: size buckets, nccl-tests bandwidth factors, names,
+// and the latency histogram's quantiles.
+#include <catch2/catch.hpp>
+
+#include "weft/telemetry/histogram.h"
+#include "weft/telemetry/record.h"
+
+using namespace weft::telemetry;
+
+TEST_CASE("size buckets are powers of two, labelled by their upper bound", "[telemetry]") {
+  CHECK(sizeBucket(0) == 0);
+  CHECK(sizeBucket(1) == 0);
+  CHECK(sizeBucket(2) == 1);
+  CHECK(sizeBucket(3) == 2);
+  CHECK(sizeBucket(4096) == 12);
+  CHECK(sizeBucket(4097) == 13);
+  CHECK(std::string(sizeBucketLabel(12)) == "4K");
+  CHECK(std::string(sizeBucketLabel(20)) == "1M");
+  CHECK(std::string(sizeBucketLabel(9)) == "512");
+  CHECK(std::string(sizeBucketLabel(33)) == "8G");
+}
+
+TEST_CASE("bandwidths follow nccl-tests: traffic and bus factor per collective", "[telemetry]") {
+  // AllReduce 1 GB in 10 ms on 8 ranks: algBw 100 GB/s, busBw × 2·7/8
+  CHECK(algBwGBs(Func::kAllReduce, 1000000000, 8, 10000000) == Approx(100.0));
+  CHECK(busBwGBs(Func::kAllReduce, 1000000000, 8, 10000000) == Approx(175.0));
+  // AllGather: bytes is the per-rank part; traffic × n, factor (n−1)/n
+  CHECK(algBwGBs(Func::kAllGather, 1000000, 4, 1000000) == Approx(4.0));
+  CHECK(busBwGBs(Func::kAllGather, 1000000, 4, 1000000) == Approx(3.0));
+  CHECK(busBwGBs(Func::kReduceScatter, 1000000, 4, 1000000) == Approx(3.0));
+  CHECK(busBwGBs(Func::kAllToAll, 1000000, 4, 1000000) == Approx(3.0));
+  CHECK(busBwGBs(Func::kBroadcast, 1000000, 4, 1000000) == Approx(1.0));
+  CHECK(busBwGBs(Func::kSend, 1000000, 4, 1000000) == Approx(1.0));
+  CHECK(busBwGBs(Func::kAllReduce, 1000000, 4, 0) == 0.0);  // no time, no bandwidth
+  CHECK(busFactor(Func::kAllReduce, 0) == 1.0);               // ranks unknown (NCCL < 2.27)
+}
+
+TEST_CASE("names round-trip and unknown text maps to unknown", "[telemetry]") {
+  for (int f = 0; f < kNumFuncs - 1; ++f) CHECK(funcFromName(funcName(static_cast<Func>(f))) == static_cast<Func>(f));
+  CHECK(funcFromName("AllToAll") == Func::kAllToAll);
+  CHECK(funcFromName("Bogus") == Func::kUnknown);
+  CHECK(funcFromNumber(4) == Func::kAllReduce);
+  CHECK(funcFromNumber(99) == Func::kUnknown);
+  CHECK(typeFromName("ncclFloat32") == 7);
+  CHECK(typeFromName("float32") == 7);
+  CHECK(typeFromName("ncclHalf") == 6);
+  CHECK(typeSize(typeFromName("ncclBfloat16")) == 2);
+  CHECK(typeSize(kUnknownType) == 0);
+  CHECK(algoFromName("NVLS_TREE") == 5);
+  CHECK(std::string(algoName(6)) == "PAT");
+  CHECK(protoFromName("simple") == 2);
+  CHECK(protoFromName("LL256") == kUnknownAlgo);
+}
+
+TEST_CASE("the latency histogram's quantiles are within its bucket width", "[telemetry]") {
+  LatencyHistogram h;
+  CHECK(h.quantileNs(0.5) == 0.0);
+  for (uint64_t i = 1; i <= 10000; ++i) h.add(i * 1000);  // 1 us .. 10 ms, uniform
+  CHECK(h.count() == 10000);
+  CHECK(h.quantileNs(0.5) == Approx(5.0e6).epsilon(0.10));
+  CHECK(h.quantileNs(0.99) == Approx(9.9e6).epsilon(0.10));
+  CHECK(h.quantileNs(0.0) == Approx(1000).epsilon(0.10));
+  h.add(0);
+  h.add(UINT64_MAX);  // clamps into the last bucket, no overflow
+  CHECK(h.count() == 10002);
+  h.reset();
+  CHECK(h.count() == 0);
+}

@@ -1,0 +1,376 @@
+// weft report DIR: reads the timing records of every rank of a job (the JSON lines weft writes under
+// WEFT_TELEMETRY_DIR), joins them by communicator and sequence number, and says what they mean:
+//   - bus bandwidth per collective and message size, against the best seen for that size, per algorithm/protocol;
+//   - stragglers: who starts late, who finishes late, and whom the others wait for (from execution times, which
+//     needs no clock agreement between hosts: a rank that arrives late spends the least time in the collective);
+//   - the traffic mix (data-parallel large collectives, tensor-parallel small ones, pipeline send/recv,
+//     all-to-all) and the share of time each takes;
+//   - with --plot DIR: busbw_vs_size.svg and timeline.svg.
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "args.h"
+#include "svg.h"
+#include "weft/telemetry/record.h"
+
+namespace weft::tool {
+namespace {
+
+using nlohmann::json;
+using telemetry::Func;
+
+struct Rec {
+  std::string type, comm, host, func, algo, proto, timing;
+  int pid = 0, rank = -1, nRanks = 0, nNodes = 0, peer = -1;
+  uint64_t seq = 0, bytes = 0, startNs = 0, endNs = 0, execNs = 0;
+  bool partial = false;
+  double busBw = 0;
+};
+
+struct Loaded {
+  std::vector<Rec> recs;
+  std::map<std::string, std::string> commNames;
+  size_t files = 0, lines = 0, malformed = 0, otherSchema = 0;
+  std::vector<std::string> problems;
+};
+
+bool endsWith(const std::string& s, const std::string& t) {
+  return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
+}
+
+void loadFile(const std::string& path, Loaded& L) {
+  std::ifstream in(path);
+  if (!in) {
+    L.problems.push_back(path + ": cannot open");
+    return;
+  }
+  ++L.files;
+  std::string line;
+  size_t n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    if (line.empty()) continue;
+    ++L.lines;
+    json j = json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) {
+      if (L.malformed++ < 5) L.problems.push_back(fmt::format("{}:{}: not a JSON object; skipped", path, n));
+      continue;
+    }
+    if (j.value("v", 0) != 1) {
+      if (L.otherSchema++ < 5)
+        L.problems.push_back(fmt::format("{}:{}: record schema version {} (this weft reads 1); skipped", path, n,
+                                         j.contains("v") ? j["v"].dump() : std::string("missing")));
+      continue;
+    }
+    try {
+      std::string type = j.value("type", "");
+      if (type == "comm") {
+        std::string name = j.value("comm_name", "");
+        if (!name.empty()) L.commNames[j.value("comm", "")] = name;
+        continue;
+      }
+      if (type != "coll" && type != "p2p") continue;
+      Rec r;
+      r.type = type;
+      r.comm = j.at("comm").get<std::string>();
+      r.host = j.value("host", "?");
+      r.pid = j.value("pid", 0);
+      r.rank = j.at("rank").get<int>();
+      r.nRanks = j.value("nranks", 0);
+      r.nNodes = j.value("nnodes", 0);
+      r.peer = j.value("peer", -1);
+      r.seq = j.value("seq", uint64_t{0});
+      r.func = j.at("func").get<std::string>();
+      r.algo = j.value("algo", "");
+      r.proto = j.value("proto", "");
+      r.timing = j.value("timing", "");
+      r.bytes = j.at("bytes").get<uint64_t>();
+      r.startNs = j.value("start_ns", uint64_t{0});
+      r.endNs = j.value("end_ns", uint64_t{0});
+      r.execNs = j.at("exec_ns").get<uint64_t>();
+      r.partial = j.value("partial", false);
+      L.recs.push_back(std::move(r));
+    } catch (const std::exception& e) {
+      if (L.malformed++ < 5) L.problems.push_back(fmt::format("{}:{}: {}; skipped", path, n, e.what()));
+    }
+  }
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+std::string humanBytes(double b) {
+  const char* u[] = {"B", "KB", "MB", "GB", "TB", "PB"};
+  int i = 0;
+  while (b >= 1000 && i < 5) b /= 1000, ++i;
+  return i == 0 ? fmt::format("{:.0f} B", b) : fmt::format("{:.1f} {}", b, u[i]);
+}
+
+std::string fmtUs(double us) { return us >= 10000 ? fmt::format("{:.1f}ms", us / 1000) : fmt::format("{:.1f}us", us); }
+
+// The pattern a record belongs to (the README lists the rules).
+std::string patternOf(const Rec& r) {
+  Func f = telemetry::funcFromName(r.func);
+  if (r.type == "p2p" || f == Func::kSend || f == Func::kRecv) return "pipeline send/recv";
+  if (f == Func::kAllToAll || f == Func::kGather || f == Func::kScatter) return "all-to-all";
+  if ((f == Func::kAllReduce || f == Func::kReduceScatter || f == Func::kAllGather || f == Func::kAllGatherV) &&
+      r.bytes >= (1u << 20))
+    return "data-parallel (large collectives)";
+  if (f == Func::kAllReduce || f == Func::kReduceScatter || f == Func::kAllGather || f == Func::kAllGatherV)
+    return "tensor-parallel (small collectives)";
+  return "other (broadcast/reduce)";
+}
+
+}  // namespace
+
+int reportCommand(int argc, char** argv) {
+  std::string dir, plotDir;
+  double stragglerMinUs = 20;
+  harness::Args a("weft report", argc, argv, 2);
+  std::vector<std::string> positional;
+  // first non-flag argument is the directory
+  if (argc >= 3 && argv[2][0] != '-') {
+    dir = argv[2];
+    a = harness::Args("weft report", argc, argv, 3);
+  }
+  while (a.next()) {
+    const std::string& f = a.flag();
+    if (f == "--dir") dir = a.value();
+    else if (f == "--plot") plotDir = a.value();
+    else if (f == "--straggler-min-us") stragglerMinUs = a.number(0, 100000000);
+    else a.unknown();
+  }
+  if (dir.empty()) {
+    std::fprintf(stderr, "usage: weft report DIR [--plot OUTDIR] [--straggler-min-us N]\n");
+    return 2;
+  }
+  Loaded L;
+  struct stat st;
+  if (stat(dir.c_str(), &st) != 0) {
+    std::fprintf(stderr, "weft report: %s: no such file or directory\n", dir.c_str());
+    return 1;
+  }
+  if (S_ISDIR(st.st_mode)) {
+    DIR* d = opendir(dir.c_str());
+    std::vector<std::string> names;
+    while (dirent* e = d ? readdir(d) : nullptr) {
+      std::string n = e->d_name;
+      if (endsWith(n, ".jsonl")) names.push_back(n);
+    }
+    if (d) closedir(d);
+    std::sort(names.begin(), names.end());
+    for (const auto& n : names) loadFile(dir + "/" + n, L);
+  } else {
+    loadFile(dir, L);
+  }
+  for (const auto& p : L.problems) std::fprintf(stderr, "weft report: %s\n", p.c_str());
+  if (L.recs.empty()) {
+    std::fprintf(stderr, "weft report: no collective or p2p records in %s (%zu files, %zu lines)\n", dir.c_str(),
+                 L.files, L.lines);
+    return 1;
+  }
+
+  // nRanks is not known to NCCL < 2.27's profiler: take the number of ranks seen in the communicator.
+  std::map<std::string, std::set<int>> ranksOf;
+  for (const auto& r : L.recs) ranksOf[r.comm].insert(r.rank);
+  for (auto& r : L.recs) {
+    int n = r.nRanks > 0 ? r.nRanks : static_cast<int>(ranksOf[r.comm].size());
+    r.nRanks = n;
+    r.busBw = telemetry::busBwGBs(telemetry::funcFromName(r.func), r.bytes, n, r.execNs);
+  }
+  uint64_t t0 = UINT64_MAX, t1 = 0;
+  std::set<std::string> procs;
+  for (const auto& r : L.recs) {
+    if (r.startNs) t0 = std::min(t0, r.startNs);
+    t1 = std::max(t1, r.endNs);
+    procs.insert(r.host + ":" + std::to_string(r.pid));
+  }
+  std::printf("weft report: %zu records from %zu files (%zu processes, %zu communicators), %.3f s of job time\n",
+              L.recs.size(), L.files, procs.size(), ranksOf.size(), t1 > t0 ? (t1 - t0) / 1e9 : 0.0);
+  if (L.malformed || L.otherSchema)
+    std::printf("  (%zu malformed lines and %zu of another schema version skipped)\n", L.malformed, L.otherSchema);
+
+  // ---- bandwidth per collective and size ----
+  std::printf("\n== bus bandwidth per operation and size (GB/s, nccl-tests definition; GPU time where recorded)\n");
+  std::printf("  %-14s %6s %7s %10s %9s %9s %6s  %s\n", "operation", "size", "count", "median", "busbw", "best",
+              "ofbest", "by algorithm/protocol (median busbw, count)");
+  struct Cell {
+    std::vector<double> exec, bw;
+    std::map<std::string, std::vector<double>> byAp;
+  };
+  std::map<std::pair<std::string, int>, Cell> cells;
+  for (const auto& r : L.recs) {
+    if (r.execNs == 0) continue;
+    Cell& c = cells[{r.func, telemetry::sizeBucket(r.bytes)}];
+    c.exec.push_back(r.execNs / 1e3);
+    c.bw.push_back(r.busBw);
+    c.byAp[r.type == "p2p" ? std::string("p2p") : r.algo + "/" + r.proto].push_back(r.busBw);
+  }
+  std::vector<std::string> slow;
+  for (const auto& [k, c] : cells) {
+    double med = median(c.bw), best = *std::max_element(c.bw.begin(), c.bw.end());
+    std::string aps;
+    for (const auto& [ap, v] : c.byAp) aps += fmt::format("{}{} {:.2f} ({})", aps.empty() ? "" : ", ", ap, median(v), v.size());
+    std::printf("  %-14s %6s %7zu %10s %9.2f %9.2f %5.0f%%  %s\n", k.first.c_str(),
+                telemetry::sizeBucketLabel(k.second), c.bw.size(), fmtUs(median(c.exec)).c_str(), med, best,
+                best > 0 ? 100 * med / best : 0.0, aps.c_str());
+    if (best > 0 && med < 0.7 * best && c.bw.size() >= 5)
+      slow.push_back(fmt::format("{} {}: the median run reaches {:.0f}% of the best seen", k.first,
+                                 telemetry::sizeBucketLabel(k.second), 100 * med / best));
+    if (c.byAp.size() > 1) {
+      std::string bestAp;
+      double bestMed = -1, worstMed = 1e300;
+      for (const auto& [ap, v] : c.byAp) {
+        double m = median(v);
+        if (m > bestMed) bestMed = m, bestAp = ap;
+        worstMed = std::min(worstMed, m);
+      }
+      if (worstMed < 0.8 * bestMed)
+        slow.push_back(fmt::format("{} {}: {} is fastest here ({:.2f} GB/s); others reach {:.0f}%", k.first,
+                                   telemetry::sizeBucketLabel(k.second), bestAp, bestMed, 100 * worstMed / bestMed));
+    }
+  }
+  for (const auto& s : slow) std::printf("  note: %s\n", s.c_str());
+
+  // ---- stragglers ----
+  std::printf("\n== stragglers (collectives joined across ranks by communicator and sequence number)\n");
+  struct Who {
+    std::vector<double> lateStart, lateEnd, waited;
+    int lastToStart = 0, joined = 0;
+    std::string where;
+  };
+  std::map<std::pair<std::string, int>, Who> who;
+  std::map<std::tuple<std::string, std::string, uint64_t>, std::vector<const Rec*>> groups;
+  for (const auto& r : L.recs)
+    if (r.type == "coll") groups[{r.comm, r.func, r.seq}].push_back(&r);
+  size_t joinedGroups = 0;
+  for (const auto& [k, g] : groups) {
+    std::set<int> ranks;
+    for (auto* r : g) ranks.insert(r->rank);
+    if (ranks.size() < 2 || ranks.size() != g.size()) continue;  // one record per rank, at least two ranks
+    ++joinedGroups;
+    uint64_t minStart = UINT64_MAX, maxStart = 0, minEnd = UINT64_MAX, maxExec = 0;
+    for (auto* r : g) {
+      minStart = std::min(minStart, r->startNs);
+      maxStart = std::max(maxStart, r->startNs);
+      minEnd = std::min(minEnd, r->endNs);
+      maxExec = std::max(maxExec, r->execNs);
+    }
+    for (auto* r : g) {
+      Who& w = who[{r->comm, r->rank}];
+      w.where = r->host + ":" + std::to_string(r->pid);
+      ++w.joined;
+      w.lateStart.push_back((r->startNs - minStart) / 1e3);
+      w.lateEnd.push_back((r->endNs - minEnd) / 1e3);
+      w.waited.push_back((maxExec - r->execNs) / 1e3);
+      if (r->startNs == maxStart) ++w.lastToStart;
+    }
+  }
+  if (joinedGroups == 0) {
+    std::printf("  no collective was recorded on more than one rank: nothing to compare\n");
+  } else {
+    std::printf("  %zu collectives joined. Per rank: median late start and late finish (wall clock, needs synchronized"
+                " clocks across hosts),\n  and how long the others waited for it (from execution times: needs no clock"
+                " agreement).\n",
+                joinedGroups);
+    std::printf("  %-20s %5s %-22s %11s %11s %11s %9s\n", "communicator", "rank", "process", "late start",
+                "late end", "others wait", "last in");
+    std::vector<double> allWaited;
+    for (const auto& [k, w] : who) allWaited.push_back(median(w.waited));
+    double typical = median(allWaited);
+    std::vector<std::string> flagged;
+    for (const auto& [k, w] : who) {
+      double waited = median(w.waited);
+      std::printf("  %-20s %5d %-22s %11s %11s %11s %8.0f%%\n", k.first.c_str(), k.second, w.where.c_str(),
+                  fmtUs(median(w.lateStart)).c_str(), fmtUs(median(w.lateEnd)).c_str(), fmtUs(waited).c_str(),
+                  100.0 * w.lastToStart / std::max(1, w.joined));
+      if (waited >= stragglerMinUs && waited > 5 * typical)
+        flagged.push_back(fmt::format("STRAGGLER comm {} rank {} ({}): the others waited a median {} for it in {} "
+                                      "collectives; it started last in {:.0f}% of them",
+                                      k.first, k.second, w.where, fmtUs(waited), w.joined,
+                                      100.0 * w.lastToStart / std::max(1, w.joined)));
+    }
+    if (flagged.empty()) std::printf("  no straggler: no rank is waited for more than 5x the typical rank\n");
+    for (const auto& f : flagged) std::printf("  %s\n", f.c_str());
+  }
+
+  // ---- traffic mix ----
+  std::printf("\n== traffic mix (per record on each rank; time is execution time summed over ranks)\n");
+  struct Mix {
+    uint64_t count = 0, bytes = 0, ns = 0;
+  };
+  std::map<std::string, Mix> mix;
+  uint64_t totalNs = 0;
+  for (const auto& r : L.recs) {
+    Mix& m = mix[patternOf(r)];
+    ++m.count;
+    m.bytes += r.bytes;
+    m.ns += r.execNs;
+    totalNs += r.execNs;
+  }
+  std::printf("  %-38s %8s %12s %12s %6s\n", "pattern", "count", "bytes", "time", "share");
+  for (const auto& [k, m] : mix)
+    std::printf("  %-38s %8llu %12s %12s %5.1f%%\n", k.c_str(), static_cast<unsigned long long>(m.count),
+                humanBytes(static_cast<double>(m.bytes)).c_str(), fmtUs(m.ns / 1e3).c_str(),
+                totalNs ? 100.0 * m.ns / totalNs : 0.0);
+
+  // ---- plots ----
+  if (!plotDir.empty()) {
+    mkdir(plotDir.c_str(), 0775);
+    svg::Plot bw;
+    bw.title = "bus bandwidth vs message size";
+    bw.xLabel = "message size (bytes)";
+    bw.yLabel = "busbw (GB/s, median)";
+    bw.logX = bw.bytesX = true;
+    std::map<std::string, std::map<int, std::vector<double>>> byAlgo;
+    for (const auto& r : L.recs)
+      if (r.execNs > 0 && r.type == "coll")
+        byAlgo[r.func + " " + r.algo + "/" + r.proto][telemetry::sizeBucket(r.bytes)].push_back(r.busBw);
+    for (const auto& [name, buckets] : byAlgo) {
+      svg::Series s{name, {}, true};
+      for (const auto& [b, v] : buckets) s.points.push_back({std::ldexp(1.0, b), median(v)});
+      bw.series.push_back(s);
+    }
+    svg::Plot tl;
+    tl.title = "time per operation over the run";
+    tl.xLabel = "seconds since the first record";
+    tl.yLabel = "execution time (us)";
+    std::map<std::string, svg::Series> byFunc;
+    for (const auto& r : L.recs) {
+      auto& s = byFunc[r.func];
+      s.name = r.func;
+      s.lines = false;
+      s.points.push_back({(r.startNs - t0) / 1e9, r.execNs / 1e3});
+    }
+    for (auto& [k, s] : byFunc) tl.series.push_back(s);
+    std::string err;
+    for (auto [name, text] : {std::pair{"busbw_vs_size.svg", svg::render(bw)}, std::pair{"timeline.svg", svg::render(tl)}}) {
+      std::string path = plotDir + "/" + name;
+      if (!svg::writeFile(path, text, &err)) {
+        std::fprintf(stderr, "weft report: %s\n", err.c_str());
+        return 1;
+      }
+      std::printf("\nplot: %s", path.c_str());
+    }
+    std::printf("\n");
+  }
+  return 0;
+}
+
+}  // namespace weft::tool
