@@ -6,9 +6,15 @@
 #include <exception>
 #include <new>
 
+#include <time.h>
+
 #include "plugin/engine.h"
+#include "telemetry/profiler_core.h"
+#include "telemetry/sink.h"
 #include "weft/common/log.h"
+#include "weft/common/params.h"
 #include "weft/nccl/net.h"
+#include "weft/nccl/profiler.h"
 #include "weft/transport/mr_cache.h"
 
 namespace weft {
@@ -64,6 +70,91 @@ T* as(void* p, const char* what) {
     return nullptr;
   }
   return static_cast<T*>(o);
+}
+
+// ---- timing of weft's own connections -------------------------------------------------------------------------
+// With WEFT_TIMING on, every comm gets a per-connection record (bytes, messages, post-to-completion latency); with
+// WEFT_TIMING=net each message is also reported to NCCL's profiler as a net-plugin event (v10+ tables hand us the
+// callback and a per-step pHandle), decoded by any profiler through weftProfilerNetDescr_v1_t.
+
+std::atomic<ncclProfilerCallback_t> gProfCallback{nullptr};
+
+telemetry::Level timingLevel() {
+  static const telemetry::Level level = telemetry::levelFromParams();
+  return level;
+}
+
+uint64_t monoNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+void timingOpen(Comm* c, bool isSend) {
+  if (timingLevel() == telemetry::Level::kOff || c->telemetry != nullptr) return;
+  try {
+    c->telemetry = telemetry::registerConn(isSend, c->peerName(), c->deviceName());
+  } catch (...) {
+    c->telemetry = nullptr;  // no record for this comm; the data path is unaffected
+  }
+}
+
+void timingClose(Comm* c) {
+  auto* s = static_cast<telemetry::ConnStats*>(c->telemetry);
+  c->telemetry = nullptr;
+  if (s != nullptr) telemetry::unregisterConn(s);
+}
+
+// After a successful post. phandles: one per buffer (NULL entries, or NULL altogether, open no event: NCCL
+// dereferences them unchecked, spec §4).
+void timingPost(Comm* c, Request* r, uint64_t bytes, bool isSend, int n, void* const* phandles) {
+  RequestTelemetry& t = r->tel;
+  t.conn = c->telemetry;
+  t.nEvents = 0;
+  t.nBufs = static_cast<uint8_t>(n);
+  if (t.conn == nullptr) return;
+  t.postNs = monoNs();
+  t.bytes = bytes;
+  ncclProfilerCallback_t cb = gProfCallback.load(std::memory_order_relaxed);
+  if (cb == nullptr || phandles == nullptr || timingLevel() < telemetry::Level::kNet) return;
+  auto* stats = static_cast<telemetry::ConnStats*>(t.conn);
+  for (int i = 0; i < n && i < kMaxRecvs; ++i) {
+    if (phandles[i] == nullptr) continue;
+    weftProfilerNetDescr_v1_t d{};
+    d.type = 1;
+    d.isSend = isSend ? 1 : 0;
+    d.peerId = stats->id;
+    d.seq = stats->msgs.load(std::memory_order_relaxed);
+    d.length = bytes;
+    void* eh = nullptr;  // NCCL leaves it untouched when its mask does not ask for net events
+    cb(&eh, ncclProfilerNetEventStart, phandles[i], static_cast<int64_t>(WEFT_PROFILER_NET_TYPE | WEFT_PROFILER_NET_VER), &d);
+    if (eh != nullptr) t.events[t.nEvents++] = eh;
+  }
+}
+
+// When test() reported the request done (or failed).
+void timingDone(Request* r, const int* sizes) {
+  RequestTelemetry& t = r->tel;
+  auto* stats = static_cast<telemetry::ConnStats*>(t.conn);
+  if (stats == nullptr) return;
+  t.conn = nullptr;
+  uint64_t bytes = t.bytes;
+  if (!stats->isSend && sizes != nullptr) {
+    bytes = 0;
+    for (int i = 0; i < t.nBufs; ++i) bytes += sizes[i] > 0 ? static_cast<uint64_t>(sizes[i]) : 0;
+  }
+  stats->bytes.fetch_add(bytes, std::memory_order_relaxed);
+  stats->msgs.fetch_add(1, std::memory_order_relaxed);
+  uint64_t now = monoNs();
+  stats->latency.add(now > t.postNs ? now - t.postNs : 0);
+  if (t.nEvents != 0) {
+    ncclProfilerCallback_t cb = gProfCallback.load(std::memory_order_relaxed);
+    for (int i = 0; i < t.nEvents; ++i) {
+      void* eh = t.events[i];
+      if (cb != nullptr) cb(&eh, ncclProfilerNetEventStop, nullptr, 0, nullptr);
+    }
+    t.nEvents = 0;
+  }
 }
 
 // ---- one implementation ----------------------------------------------------------------------------------------
@@ -161,7 +252,10 @@ ncclResult_t connectImpl(int dev, const CommConfig& config, void* handle, void**
     if (b == nullptr) return Status::kInternal;
     SendComm* sc = nullptr;
     Status st = b->connect(dev, config, handle, &sc);
-    if (st == Status::kOk && sc != nullptr) *sendComm = static_cast<Object*>(sc);
+    if (st == Status::kOk && sc != nullptr) {
+      timingOpen(sc, true);
+      *sendComm = static_cast<Object*>(sc);
+    }
     return st;
   });
 }
@@ -174,7 +268,10 @@ ncclResult_t acceptImpl(void* listenComm, void** recvComm) {
     if (lc == nullptr) return Status::kInternal;
     RecvComm* rc = nullptr;
     Status st = lc->accept(&rc);
-    if (st == Status::kOk && rc != nullptr) *recvComm = static_cast<Object*>(rc);
+    if (st == Status::kOk && rc != nullptr) {
+      timingOpen(rc, false);
+      *recvComm = static_cast<Object*>(rc);
+    }
     return st;
   });
 }
@@ -225,7 +322,8 @@ ncclResult_t deregMrImpl(void* comm, void* mhandle) {
 
 MemHandle* asMr(void* p) { return static_cast<MemHandle*>(static_cast<Object*>(p)); }
 
-ncclResult_t isendImpl(void* sendComm, void* data, size_t size, int tag, void* mhandle, void** request) {
+ncclResult_t isendImpl(void* sendComm, void* data, size_t size, int tag, void* mhandle, void** request,
+                       void* phandle = nullptr) {
   return guarded("isend", [&] {
     if (request == nullptr) return Status::kInternal;
     *request = nullptr;
@@ -233,13 +331,14 @@ ncclResult_t isendImpl(void* sendComm, void* data, size_t size, int tag, void* m
     if (sc == nullptr) return Status::kInternal;
     Request* r = nullptr;
     Status st = sc->isend(data, size, tag, asMr(mhandle), &r);
+    if (r != nullptr) timingPost(sc, r, size, true, 1, &phandle);
     *request = r ? static_cast<Object*>(r) : nullptr;
     return st;
   });
 }
 
 ncclResult_t irecvImpl(void* recvComm, int n, void** data, const size_t* sizes, int* tags, void** mhandles,
-                       void** request) {
+                       void** request, void** phandles = nullptr) {
   return guarded("irecv", [&] {
     if (request == nullptr) return Status::kInternal;
     const bool optional = *request == reinterpret_cast<void*>(NCCL_NET_OPTIONAL_RECV_COMPLETION);
@@ -252,6 +351,11 @@ ncclResult_t irecvImpl(void* recvComm, int n, void** data, const size_t* sizes, 
     for (int i = 0; i < n; ++i) mhs[i] = mhandles ? asMr(mhandles[i]) : nullptr;
     Request* r = nullptr;
     Status st = rc->irecv(n, data, sizes, tags, mhs, optional, &r);
+    if (r != nullptr) {
+      uint64_t total = 0;
+      for (int i = 0; i < n; ++i) total += sizes[i];
+      timingPost(rc, r, total, false, n, phandles);
+    }
     *request = r ? static_cast<Object*>(r) : nullptr;
     return st;
   });
@@ -292,6 +396,7 @@ ncclResult_t testImpl(void* request, int* done, int* sizes) {
     if (r == nullptr) return Status::kInternal;
     bool d = false;
     Status st = r->test(&d, sizes);
+    if ((d || st != Status::kOk) && r->tel.conn != nullptr) timingDone(r, sizes);
     *done = d ? 1 : 0;
     return st;
   });
@@ -301,6 +406,7 @@ ncclResult_t closeSendImpl(void* sendComm) {
   return guarded("closeSend", [&] {
     auto* sc = as<SendComm, kSendMagic>(sendComm, "closeSend");
     if (sc == nullptr) return Status::kInternal;
+    timingClose(sc);
     delete sc;
     return Status::kOk;
   });
@@ -310,6 +416,7 @@ ncclResult_t closeRecvImpl(void* recvComm) {
   return guarded("closeRecv", [&] {
     auto* rc = as<RecvComm, kRecvMagic>(recvComm, "closeRecv");
     if (rc == nullptr) return Status::kInternal;
+    timingClose(rc);
     delete rc;
     return Status::kOk;
   });
@@ -327,11 +434,15 @@ ncclResult_t closeListenImpl(void* listenComm) {
 // ---- per-version adapters --------------------------------------------------------------------------------------
 
 ncclResult_t init_v7(ncclDebugLogger_t logger) { return initImpl(logger); }
-ncclResult_t init_v10(ncclDebugLogger_t logger, ncclProfilerCallback_t) { return initImpl(logger); }
+ncclResult_t init_v10(ncclDebugLogger_t logger, ncclProfilerCallback_t prof) {
+  if (prof != nullptr) gProfCallback.store(prof, std::memory_order_relaxed);
+  return initImpl(logger);
+}
 
 template <typename Config>
 ncclResult_t init_v11(void** ctx, uint64_t commId, Config* config, ncclDebugLogger_t logger,
-                      ncclProfilerCallback_t) {
+                      ncclProfilerCallback_t prof) {
+  if (prof != nullptr) gProfCallback.store(prof, std::memory_order_relaxed);
   if (ctx != nullptr) *ctx = nullptr;
   ncclResult_t r = initImpl(logger);
   if (r != ncclSuccess) return r;
@@ -409,9 +520,9 @@ ncclResult_t isend_v9(void* sendComm, void* data, size_t size, int tag, void* mh
   return isendImpl(sendComm, data, size, tag, mhandle, request);
 }
 
-ncclResult_t isend_v10(void* sendComm, void* data, size_t size, int tag, void* mhandle, void* /*phandle*/,
+ncclResult_t isend_v10(void* sendComm, void* data, size_t size, int tag, void* mhandle, void* phandle,
                        void** request) {
-  return isendImpl(sendComm, data, size, tag, mhandle, request);
+  return isendImpl(sendComm, data, size, tag, mhandle, request, phandle);
 }
 
 ncclResult_t irecv_v9(void* recvComm, int n, void** data, size_t* sizes, int* tags, void** mhandles,
@@ -420,8 +531,8 @@ ncclResult_t irecv_v9(void* recvComm, int n, void** data, size_t* sizes, int* ta
 }
 
 ncclResult_t irecv_v10(void* recvComm, int n, void** data, size_t* sizes, int* tags, void** mhandles,
-                       void** /*phandles*/, void** request) {
-  return irecvImpl(recvComm, n, data, sizes, tags, mhandles, request);
+                       void** phandles, void** request) {
+  return irecvImpl(recvComm, n, data, sizes, tags, mhandles, request, phandles);
 }
 
 }  // namespace
@@ -429,7 +540,9 @@ ncclResult_t irecv_v10(void* recvComm, int n, void** data, size_t* sizes, int* t
 
 using namespace weft;
 
-#define WEFT_EXPORT extern "C" __attribute__((visibility("default")))
+#define WEFT_EXPORT __attribute__((visibility("default")))
+
+extern "C" {
 
 // NCCL reads `name` right after dlsym, before init: it must be a static string.
 WEFT_EXPORT ncclNet_v7_t ncclNetPlugin_v7 = {
@@ -480,3 +593,5 @@ WEFT_EXPORT ncclNet_v12_t ncclNetPlugin_v12 = {
     iflushImpl,    testImpl,      closeSendImpl,   closeRecvImpl,
     closeListenImpl, nullptr, nullptr, makeVDeviceImpl<ncclNetVDeviceProps_v12_t>, finalize_v11, nullptr,
 };
+
+}  // extern "C"

@@ -822,3 +822,15 @@ uint32_t localProtocolFlags(const FabricDevice& dev) {
 }
 
 }  // namespace weft::fabric
+
+namespace weft::fabric {
+namespace {
+std::string railNames(const std::vector<Rail>& rails) {
+  std::string s;
+  for (const auto& r : rails) s += (s.empty() ? "" : "+") + r.ep->device().props().name;
+  return s;
+}
+}  // namespace
+std::string FabricSendComm::deviceName() const { return railNames(rails_); }
+std::string FabricRecvComm::deviceName() const { return railNames(rails_); }
+}  // namespace weft::fabric

@@ -211,6 +211,8 @@ class FabricSendComm final : public SendComm, public FabricDataComm {
   FabricSendComm(std::vector<Rail> rails, std::string peerName, int maxRecvs, Protocol proto);
   Status start();  // rdma: posts the offer receives
   Status isend(void* data, size_t size, int tag, MemHandle* mh, Request** request) override;
+  std::string peerName() const override { return peerName_; }
+  std::string deviceName() const override;
   Status regMr(void* data, size_t size, int type, MemHandle** out) override {
     return regOnDevice(data, size, type, -1, 0, out);
   }
@@ -244,6 +246,8 @@ class FabricRecvComm final : public RecvComm, public FabricDataComm {
  public:
   FabricRecvComm(std::vector<Rail> rails, std::string peerName, int maxRecvs, Protocol proto);
   Status start();  // rdma: opens the offer array
+  std::string peerName() const override { return peerName_; }
+  std::string deviceName() const override;
   Status irecv(int n, void** data, const size_t* sizes, const int* tags, MemHandle** mhs, bool optional,
                Request** request) override;
   Status iflush(int n, void** data, const int* sizes, MemHandle** mhs, Request** request) override;

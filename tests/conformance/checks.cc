@@ -23,6 +23,32 @@ namespace {
 
 using namespace std::chrono_literals;
 
+// ---- profiler events of the net plugin (v10+) ----------------------------------------------------------------
+
+void profilerNetEvents(CheckEnv& env) {
+  if (env.net.version() < 10) throw CheckSkip("net-plugin profiler events exist from table v10 (NCCL 2.26)");
+  resetNetEventStats();
+  Conn c = establish(env);
+  StreamSpec s;
+  s.sizes = {0, 8, 4096, 65536, 1 << 20};
+  s.inflight = 4;
+  s.slotSize = 1 << 20;
+  s.recvSize = 1 << 20;
+  s.seed = 31;
+  stream(env, c, s);
+  closeConn(env, c);
+  NetEventStats st = netEventStats();
+  if (st.nullPhandleStarts != 0)
+    fail(std::to_string(st.nullPhandleStarts) + " event starts with a NULL pHandle (NCCL dereferences it)");
+  if (st.badStops != 0) fail(std::to_string(st.badStops) + " stops of events never started or already stopped");
+  if (st.open != 0) fail(std::to_string(st.open) + " events started and never stopped");
+  const char* timing = std::getenv("WEFT_TIMING");
+  if (env.isWeft && timing != nullptr && std::string(timing) == "net") {
+    if (st.started == 0) fail("WEFT_TIMING=net, yet weft opened no net-plugin events");
+    if (st.weftBytes == 0) fail("weft's event descriptors carry no lengths");
+  }
+}
+
 // ---- set-up ----------------------------------------------------------------------------------------------------
 
 void initIdempotent(CheckEnv& env) {
@@ -870,6 +896,8 @@ const std::vector<Check>& allChecks() {
        faultsSenderKilled},
       {"faults.receiver_killed", "the receiving process is SIGKILLed: pending sends fail within a bound (alone)",
        faultsReceiverKilled},
+      {"profiler.net_events", "net-plugin profiler events (v10+): never a NULL pHandle, each started event stopped once",
+       profilerNetEvents},
       {"weft.wrong_token", "a handle with a wrong token is refused with a warning; the real one still connects",
        weftWrongToken},
       {"weft.replayed_handle", "a second connect to a used handle is refused; the first connection still works",

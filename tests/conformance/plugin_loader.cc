@@ -1,5 +1,7 @@
 #include "plugin_loader.h"
 
+#include "weft/nccl/profiler.h"
+
 #include <dlfcn.h>
 
 #include <atomic>
@@ -7,6 +9,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <mutex>
+#include <set>
 #include <type_traits>
 
 namespace weft::harness {
@@ -17,7 +20,49 @@ std::atomic<bool> gVerbose{false};
 std::mutex gLastMutex;
 std::string gLast;
 
-ncclResult_t profilerCallbackStub(void**, int, void*, int64_t, void*) { return ncclSuccess; }  // as NCCL without a profiler
+// NCCL's ncclProfilerCallback as it behaves with a profiler that asks for net-plugin events (spec §4): start (0)
+// dereferences pHandle (so a NULL one is a crash in NCCL: counted here) and writes an event handle; stop (1)
+// stops whatever handle it is given; 2 and 3 (2.27+) update / update-and-stop. Every event must be stopped once.
+std::mutex gNetEvMutex;
+std::set<uintptr_t> gNetEvOpen;
+NetEventStats gNetEv;
+uintptr_t gNetEvNext = 0x1000;
+
+ncclResult_t profilerCallback(void** eHandle, int type, void* pHandle, int64_t pluginId, void* extData) {
+  std::lock_guard<std::mutex> lock(gNetEvMutex);
+  if (type == 0) {
+    if (pHandle == nullptr) {
+      ++gNetEv.nullPhandleStarts;
+      return ncclSuccess;
+    }
+    if (eHandle == nullptr) {
+      ++gNetEv.badStops;
+      return ncclSuccess;
+    }
+    uintptr_t h = gNetEvNext += 16;
+    gNetEvOpen.insert(h);
+    *eHandle = reinterpret_cast<void*>(h);
+    ++gNetEv.started;
+    uint32_t netType = static_cast<uint32_t>(pluginId) & NCCL_PROFILER_NET_TYPE_MASK;
+    if (netType == WEFT_PROFILER_NET_TYPE && extData != nullptr)
+      gNetEv.weftBytes += static_cast<const weftProfilerNetDescr_v1_t*>(extData)->length;
+    return ncclSuccess;
+  }
+  if (type == 1 || type == 3) {
+    uintptr_t h = eHandle != nullptr ? reinterpret_cast<uintptr_t>(*eHandle) : 0;
+    if (h == 0) return ncclSuccess;  // NCCL forwards stopEvent(NULL); harmless
+    if (gNetEvOpen.erase(h) == 0) ++gNetEv.badStops;
+    else ++gNetEv.stopped;
+  }
+  return ncclSuccess;
+}
+
+// Per-step tokens NCCL passes as pHandle (2.27+: &sub->pHandles[step % NCCL_STEPS]).
+struct ProxyEventHandle {
+  void* stepEventHandle;
+  void* subArgPtr;
+};
+ProxyEventHandle gStepTokens[NCCL_PROXY_MAX_SUBS];
 
 template <typename P>
 void copyProps(const P& in, Props* out) {
@@ -62,9 +107,9 @@ class TableApi final : public NetApi {
     *ctx = nullptr;
     if constexpr (V >= 11) {
       config_.trafficClass = NCCL_NET_TRAFFIC_CLASS_UNDEF;
-      return t_->init(ctx, commId, &config_, harnessLogger, profilerCallbackStub);
+      return t_->init(ctx, commId, &config_, harnessLogger, profilerCallback);
     } else if constexpr (V == 10) {
-      return t_->init(harnessLogger, profilerCallbackStub);
+      return t_->init(harnessLogger, profilerCallback);
     } else {
       return t_->init(harnessLogger);
     }
@@ -125,7 +170,7 @@ class TableApi final : public NetApi {
   ncclResult_t deregMr(void* comm, void* mh) override { return t_->deregMr(comm, mh); }
   ncclResult_t isend(void* sc, void* data, size_t size, int tag, void* mh, void** req) override {
     if constexpr (V >= 10) {
-      return t_->isend(sc, data, size, tag, mh, nullptr, req);
+      return t_->isend(sc, data, size, tag, mh, &gStepTokens[0], req);
     } else if constexpr (V == 9) {
       return t_->isend(sc, data, size, tag, mh, req);
     } else {
@@ -136,6 +181,7 @@ class TableApi final : public NetApi {
   ncclResult_t irecv(void* rc, int n, void** data, size_t* sizes, int* tags, void** mhs, void** req) override {
     if constexpr (V >= 10) {
       void* phandles[NCCL_PROXY_MAX_SUBS] = {};
+      for (int i = 0; i < n && i < NCCL_PROXY_MAX_SUBS; ++i) phandles[i] = &gStepTokens[i];
       return t_->irecv(rc, n, data, sizes, tags, mhs, phandles, req);
     } else if constexpr (V == 9) {
       return t_->irecv(rc, n, data, sizes, tags, mhs, req);
@@ -213,6 +259,19 @@ std::unique_ptr<NetApi> makeApi(void* sym, int v) {
 }
 
 }  // namespace
+
+NetEventStats netEventStats() {
+  std::lock_guard<std::mutex> lock(gNetEvMutex);
+  NetEventStats s = gNetEv;
+  s.open = gNetEvOpen.size();
+  return s;
+}
+
+void resetNetEventStats() {
+  std::lock_guard<std::mutex> lock(gNetEvMutex);
+  gNetEv = NetEventStats{};
+  gNetEvOpen.clear();
+}
 
 void setVerbose(bool v) { gVerbose = v; }
 int warningCount() { return gWarnings.load(); }

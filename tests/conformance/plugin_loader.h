@@ -58,6 +58,17 @@ class NetApi {
   virtual ncclResult_t irecvConsumed(void* recvComm, int n, void* req) = 0;
 };
 
+// What the plugin did with the profiler callback the loader hands to v10+ init (the harness plays NCCL with a
+// profiler that asks for net-plugin events).
+struct NetEventStats {
+  uint64_t started = 0, stopped = 0, open = 0;
+  uint64_t nullPhandleStarts = 0;  // a start with pHandle NULL: NCCL would crash
+  uint64_t badStops = 0;           // a stop of an event never started, or stopped twice
+  uint64_t weftBytes = 0;          // lengths in weft's own descriptors
+};
+NetEventStats netEventStats();
+void resetNetEventStats();
+
 class LoadedPlugin {
  public:
   // version 0: the newest table the file exports, as NCCL would pick it.
