@@ -85,9 +85,10 @@ class IndexQueue {
 
 struct alignas(64) OpSlot {
   std::atomic<uint32_t> state{kFree};
-  Context* ctx = nullptr;
+  // Read by other threads before they own the slot (and then discarded if they lose the race): atomics.
+  std::atomic<Context*> ctx{nullptr};
+  std::atomic<int32_t> kernelsExpected{0};
   CollRecord rec;
-  int32_t kernelsExpected = 0;
   std::atomic<int32_t> inflight{0};
   std::atomic<int32_t> kernelsDone{0};
   std::atomic<uint32_t> gpuTimed{0};
@@ -103,7 +104,7 @@ struct alignas(64) SmallSlot {
   std::atomic<uint32_t> state{kFree};
   EvType type = EvType::kUnknown;
   uint8_t isSend = 0;
-  Context* ctx = nullptr;
+  std::atomic<Context*> ctx{nullptr};  // read by finalize's sweep of other threads' slots
   OpSlot* op = nullptr;       // KernelCh, ProxyOp: the operation they belong to (null when not ours)
   SmallSlot* up = nullptr;    // ProxyStep -> its ProxyOp, NetPlugin -> its ProxyStep
   PeerStats* peer = nullptr;  // ProxyOp, ProxyStep, NetPlugin
@@ -176,10 +177,10 @@ void atomicMin(std::atomic<uint64_t>& a, uint64_t v) noexcept {
 // writer (which flips Stopped -> Emitting, then checks in-flight) and the child never both proceed.
 OpSlot* attach(Pools* pools, Context* c, void* parent) noexcept {
   OpSlot* op = asOp(pools, parent);
-  if (op == nullptr || op->ctx != c) return nullptr;
+  if (op == nullptr || op->ctx.load(std::memory_order_relaxed) != c) return nullptr;
   op->inflight.fetch_add(1, std::memory_order_seq_cst);
   uint32_t st = op->state.load(std::memory_order_seq_cst);
-  if ((st != kActive && st != kStopped) || op->ctx != c) {
+  if ((st != kActive && st != kStopped) || op->ctx.load(std::memory_order_relaxed) != c) {
     op->inflight.fetch_sub(1, std::memory_order_release);
     return nullptr;
   }
@@ -216,7 +217,7 @@ SmallSlot* allocSmall(Pools* pools, Context* c, EvType t, uint64_t now) noexcept
   SmallSlot& s = pools->small[idx];
   s.type = t;
   s.isSend = 0;
-  s.ctx = c;
+  s.ctx.store(c, std::memory_order_relaxed);
   s.op = nullptr;
   s.up = nullptr;
   s.peer = nullptr;
@@ -277,9 +278,9 @@ void* startOp(Pools* pools, Context* c, const EventDesc& d, uint64_t now) noexce
   r.startNs = now;
   r.flags = static_cast<uint8_t>((d.type == EvType::kP2p ? kRecP2p : 0) |
                                  (d.parent == kSentinelApiCaptured ? kRecGraphCaptured : 0));
-  s.ctx = c;
+  s.ctx.store(c, std::memory_order_relaxed);
   // With KernelCh on (v4+: GPU timers), NCCL sends one kernel-channel event per channel the operation uses.
-  s.kernelsExpected = c->version >= 4 ? d.nChannels : 0;
+  s.kernelsExpected.store(c->version >= 4 ? d.nChannels : 0, std::memory_order_relaxed);
   s.inflight.store(0, std::memory_order_relaxed);
   s.kernelsDone.store(0, std::memory_order_relaxed);
   s.gpuTimed.store(0, std::memory_order_relaxed);
@@ -300,12 +301,13 @@ void* startOp(Pools* pools, Context* c, const EventDesc& d, uint64_t now) noexce
 bool tryFinish(Pools* pools, OpSlot& s, bool force, uint64_t now, CollRecord* out, Context** owner) noexcept {
   if (s.state.load(std::memory_order_acquire) != kStopped) return false;
   int32_t done = s.kernelsDone.load(std::memory_order_relaxed);
+  int32_t expected = s.kernelsExpected.load(std::memory_order_relaxed);
   uint64_t idle = now - std::min(now, s.lastActivityNs.load(std::memory_order_relaxed));
-  bool complete = s.kernelsExpected > 0 ? done >= s.kernelsExpected : idle >= kQuietNs;
+  bool complete = expected > 0 ? done >= expected : idle >= kQuietNs;
   bool partial = false;
   if (!complete) {
     if (!force && idle < kPartialNs) return false;
-    partial = s.kernelsExpected > 0;
+    partial = expected > 0;
   }
   if (s.inflight.load(std::memory_order_seq_cst) != 0 && !force) return false;
   uint32_t expect = kStopped;
@@ -336,7 +338,7 @@ bool tryFinish(Pools* pools, OpSlot& s, bool force, uint64_t now, CollRecord* ou
     r.timing = TimingSource::kCollectiveCpu;
   }
   if (partial) r.flags |= kRecPartial;
-  *owner = s.ctx;
+  *owner = s.ctx.load(std::memory_order_relaxed);
   s.state.store(kFree, std::memory_order_release);
   pools->opFree.push(static_cast<uint32_t>(&s - pools->ops.get()));
   return true;
@@ -426,7 +428,8 @@ size_t drainRings(void (*fn)(void*, const CollRecord&, Context*), void* arg) {
 // Called after a child stopped or the operation itself stopped: writes the operation out from this thread when
 // that completed it.
 void finishIfComplete(Pools* pools, OpSlot* op, uint64_t now) noexcept {
-  if (op->kernelsExpected <= 0 || op->kernelsDone.load(std::memory_order_relaxed) < op->kernelsExpected) return;
+  int32_t expected = op->kernelsExpected.load(std::memory_order_relaxed);
+  if (expected <= 0 || op->kernelsDone.load(std::memory_order_relaxed) < expected) return;
   CollRecord r;
   Context* owner = nullptr;
   if (tryFinish(pools, *op, false, now, &r, &owner)) ringPush(r, owner);
@@ -595,7 +598,7 @@ void* startEvent(void* context, const EventDesc& d) noexcept {
       SmallSlot* s = allocSmall(pools, c, EvType::kProxyStep, now);
       if (s == nullptr) return nullptr;
       SmallSlot* up = asSmall(pools, d.parent);
-      if (up != nullptr && up->type == EvType::kProxyOp && up->ctx == c &&
+      if (up != nullptr && up->type == EvType::kProxyOp && up->ctx.load(std::memory_order_relaxed) == c &&
           up->state.load(std::memory_order_acquire) == kActive) {
         s->up = up;
         s->peer = up->peer;
@@ -607,7 +610,7 @@ void* startEvent(void* context, const EventDesc& d) noexcept {
       SmallSlot* s = allocSmall(pools, c, EvType::kNetPlugin, now);
       if (s == nullptr) return nullptr;
       SmallSlot* up = asSmall(pools, d.parent);
-      if (up != nullptr && up->type == EvType::kProxyStep && up->ctx == c) s->peer = up->peer;
+      if (up != nullptr && up->type == EvType::kProxyStep && up->ctx.load(std::memory_order_relaxed) == c) s->peer = up->peer;
       s->bytes = netLength(d.netId, d.netData);
       return s;
     }
@@ -738,7 +741,10 @@ void finalizeContext(void* context) noexcept {
   Pools* pools = gPools.load(std::memory_order_acquire);
   for (uint32_t i = 0; i < kSmallSlots; ++i) {
     SmallSlot& s = pools->small[i];
-    if (s.ctx == c && s.state.load(std::memory_order_acquire) == kActive) freeSmall(pools, &s);
+    if (s.ctx.load(std::memory_order_relaxed) == c && s.state.load(std::memory_order_acquire) == kActive) {
+      uint32_t expect = kActive;
+      if (s.state.compare_exchange_strong(expect, kStopped, std::memory_order_acq_rel)) freeSmall(pools, &s);
+    }
   }
   std::lock_guard<std::mutex> lock(gContextMutex);
   c->live.store(0, std::memory_order_release);
@@ -757,7 +763,8 @@ size_t drainOpsImpl(Context* ctx, bool force, void (*fn)(void*, const CollRecord
   for (uint32_t i = 0; i < kOpSlots; ++i) {
     OpSlot& s = pools->ops[i];
     uint32_t st = s.state.load(std::memory_order_acquire);
-    if (st == kActive && force && ctx != nullptr && s.ctx == ctx) {
+    Context* owner0 = s.ctx.load(std::memory_order_relaxed);
+    if (st == kActive && force && ctx != nullptr && owner0 == ctx) {
       // Started and never stopped by the time the communicator is finalized: nothing to report.
       uint32_t expect = kActive;
       if (s.state.compare_exchange_strong(expect, kFree, std::memory_order_acq_rel)) {
@@ -766,7 +773,7 @@ size_t drainOpsImpl(Context* ctx, bool force, void (*fn)(void*, const CollRecord
       }
       continue;
     }
-    if (st != kStopped || (ctx != nullptr && s.ctx != ctx)) continue;
+    if (st != kStopped || (ctx != nullptr && owner0 != ctx)) continue;
     CollRecord r;
     Context* owner = nullptr;
     if (tryFinish(pools, s, force, now, &r, &owner)) {

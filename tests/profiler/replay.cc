@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdarg>
 #include <cstdio>
@@ -362,7 +363,7 @@ class Impl : public Profiler {
 
   void* lib_;
   const T* t_;
-  uint64_t events_ = 0;
+  std::atomic<uint64_t> events_{0};
 };
 
 template <int V>
