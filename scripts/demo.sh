@@ -27,3 +27,19 @@ echo
 echo "== conformance of the plugin file, as NCCL would drive it (table v11, what NCCL 2.28 picks)"
 "$weft" conformance --plugin "$so" --table 11 --quick --env "WEFT_PROVIDER=$provider" --env "WEFT_IFACE=$iface" \
   2>/dev/null | tail -n 1
+
+echo
+echo "== timing: weft's own connections (WEFT_TELEMETRY_DIR) during a two-process transfer"
+tel=$(mktemp -d /tmp/weft-demo-XXXXXX)
+trap 'rm -rf "$tel"' EXIT
+"$weft" conformance --plugin "$so" --table 11 --only data.sizes --env "WEFT_PROVIDER=$provider" \
+  --env "WEFT_IFACE=$iface" --env "WEFT_TELEMETRY_DIR=$tel/conn" >/dev/null 2>&1
+cat "$tel"/conn/*.jsonl | sed 's/^/  /'
+
+echo
+echo "== timing: a 4-rank job replayed through weft's profiler tables as NCCL calls them (rank 3 made late),"
+echo "   then weft report over the records of every rank"
+"$weft" replay --out "$tel/job" --ranks 4 --steps 20 --straggler 3 --delay-us 2000
+mkdir -p build/demo
+rm -rf build/demo/job && cp -r "$tel/job" build/demo/job
+"$weft" report build/demo/job --plot build/demo/plots | sed 's/^/  /'
