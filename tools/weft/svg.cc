@@ -38,6 +38,15 @@ std::string num(double v) {
   return fmt::format("{:.2f}", v);
 }
 
+// 1, 2 or 5 times a power of ten, at least `raw`.
+double niceStep(double raw) {
+  if (!(raw > 0)) return 1;
+  double p = std::pow(10.0, std::floor(std::log10(raw)));
+  for (double m : {1.0, 2.0, 5.0, 10.0})
+    if (m * p >= raw) return m * p;
+  return 10 * p;
+}
+
 }  // namespace
 
 std::string bytesLabel(double bytes) {
@@ -52,7 +61,7 @@ std::string bytesLabel(double bytes) {
 }
 
 std::string render(const Plot& p) {
-  const double W = 760, H = 440, L = 70, R = 170, T = 40, B = 55;
+  const double W = 800, H = 440, L = 70, R = 210, T = 40, B = 55;
   double x0 = std::numeric_limits<double>::max(), x1 = -x0, y0 = 0, y1 = -x0;
   auto tx = [&](double x) { return p.logX ? std::log2(std::max(x, 1e-12)) : x; };
   for (const auto& s : p.series)
@@ -63,6 +72,7 @@ std::string render(const Plot& p) {
       y0 = std::min(y0, y);
     }
   if (x0 > x1) x0 = 0, x1 = 1;
+  if (p.logX) x0 = std::floor(x0), x1 = std::ceil(x1);
   if (x1 == x0) x1 = x0 + 1;
   if (y1 <= y0) y1 = y0 + 1;
   y1 *= 1.05;
@@ -77,18 +87,25 @@ std::string render(const Plot& p) {
   // axes and ticks
   o += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n", L, H - B, W - R, H - B);
   o += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n", L, T, L, H - B);
-  int nx = 6;
-  for (int i = 0; i <= nx; ++i) {
-    double v = x0 + (x1 - x0) * i / nx;
-    double xv = p.logX ? std::pow(2.0, std::round(v)) : v;
-    double X = L + (W - L - R) * i / nx;
+  // x ticks: whole powers of two on a log axis (every k-th so that at most 8 show), else "nice" steps
+  std::vector<double> xt;
+  if (p.logX) {
+    int lo = static_cast<int>(std::ceil(x0 - 1e-9)), hi = static_cast<int>(std::floor(x1 + 1e-9));
+    int step = std::max(1, (hi - lo + 7) / 8);
+    for (int e = lo; e <= hi; e += step) xt.push_back(e);
+  } else {
+    double st = niceStep((x1 - x0) / 6);
+    for (double v = std::ceil(x0 / st) * st; v <= x1 + 1e-9 * st; v += st) xt.push_back(v);
+  }
+  for (double v : xt) {
+    double xv = p.logX ? std::pow(2.0, v) : v;
+    double X = L + (v - x0) / (x1 - x0) * (W - L - R);
     std::string label = p.bytesX ? bytesLabel(xv) : num(xv);
     o += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"#ddd\"/>\n", X, T, H - B);
     o += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", X, H - B + 16, esc(label));
   }
-  int ny = 5;
-  for (int i = 0; i <= ny; ++i) {
-    double v = y0 + (y1 - y0) * i / ny;
+  double ys = niceStep((y1 - y0) / 5);
+  for (double v = std::ceil(y0 / ys) * ys; v <= y1 + 1e-9 * ys; v += ys) {
     double Y = py(v);
     o += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"#ddd\"/>\n", L, Y, W - R);
     o += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>\n", L - 6, Y + 4, num(v));
