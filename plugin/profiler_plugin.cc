@@ -65,27 +65,37 @@ EventDesc convert(const ncclProfilerEventDescr_v1_t* d) {
 }
 
 // v2 and v3 share the collective and p2p arms (v3 drops trafficBytes and adds kernel-channel and net events).
+// The fields the string-named (v2+) collective and p2p arms share.
+template <typename C>
+void collStrings(EventDesc& e, const C& c) {
+  e.seq = c.seqNumber;
+  e.func = funcOf(c.func);
+  e.dtype = typeOf(c.datatype);
+  e.count = c.count;
+  e.root = c.root;
+  e.algo = algoOf(c.algo);
+  e.proto = protoOf(c.proto);
+  e.nWarps = c.nWarps;
+}
+template <typename P>
+void p2pStrings(EventDesc& e, const P& p) {
+  e.func = funcOf(p.func);
+  e.dtype = typeOf(p.datatype);
+  e.count = p.count;
+  e.peer = p.peer;
+}
+
 template <typename D>
 void stringArmsV2(EventDesc& e, const D* d) {
   if (e.type == EvType::kColl) {
     e.hasCommHash = true;
     e.commHash = d->coll.commHash;
-    e.seq = d->coll.seqNumber;
-    e.func = funcOf(d->coll.func);
-    e.dtype = typeOf(d->coll.datatype);
-    e.count = d->coll.count;
-    e.root = d->coll.root;
-    e.algo = algoOf(d->coll.algo);
-    e.proto = protoOf(d->coll.proto);
+    collStrings(e, d->coll);
     e.nChannels = d->coll.nMaxChannels;
-    e.nWarps = d->coll.nWarps;
   } else if (e.type == EvType::kP2p) {
     e.hasCommHash = true;
     e.commHash = d->p2p.commHash;
-    e.func = funcOf(d->p2p.func);
-    e.dtype = typeOf(d->p2p.datatype);
-    e.count = d->p2p.count;
-    e.peer = d->p2p.peer;
+    p2pStrings(e, d->p2p);
   }
   proxyArms(e, d);
 }
@@ -114,20 +124,10 @@ EventDesc convert(const ncclProfilerEventDescr_v3_t* d) {
 template <typename D>
 void armsV4(EventDesc& e, const D* d) {
   if (e.type == EvType::kColl) {
-    e.seq = d->coll.seqNumber;
-    e.func = funcOf(d->coll.func);
-    e.dtype = typeOf(d->coll.datatype);
-    e.count = d->coll.count;
-    e.root = d->coll.root;
-    e.algo = algoOf(d->coll.algo);
-    e.proto = protoOf(d->coll.proto);
+    collStrings(e, d->coll);
     e.nChannels = d->coll.nChannels;
-    e.nWarps = d->coll.nWarps;
   } else if (e.type == EvType::kP2p) {
-    e.func = funcOf(d->p2p.func);
-    e.dtype = typeOf(d->p2p.datatype);
-    e.count = d->p2p.count;
-    e.peer = d->p2p.peer;
+    p2pStrings(e, d->p2p);
     e.nChannels = d->p2p.nChannels;
   } else if (e.type == EvType::kKernelCh) {
     e.channelId = d->kernelCh.channelId;

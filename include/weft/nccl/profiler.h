@@ -165,26 +165,32 @@ typedef struct {
     int peer;                                                                                                 \
   } p2p
 
+// The v2/v3 collective arm (string names), around v2's trafficBytes.
+#define WEFT_PROFILER_COLL_V2_HEAD \
+  const char* name;                \
+  uint64_t commHash;               \
+  uint64_t seqNumber;              \
+  const char* func;                \
+  const void* sendBuff;            \
+  void* recvBuff;                  \
+  size_t count;                    \
+  int root;                        \
+  const char* datatype
+#define WEFT_PROFILER_COLL_V2_TAIL \
+  uint8_t nMaxChannels;            \
+  uint8_t nWarps;                  \
+  const char* algo;                \
+  const char* proto
+
 typedef struct {
   uint8_t type;
   void* parentObj;
   int rank;
   union {
     struct {
-      const char* name;
-      uint64_t commHash;
-      uint64_t seqNumber;
-      const char* func;
-      const void* sendBuff;
-      void* recvBuff;
-      size_t count;
-      int root;
-      const char* datatype;
+      WEFT_PROFILER_COLL_V2_HEAD;
       size_t trafficBytes;
-      uint8_t nMaxChannels;
-      uint8_t nWarps;
-      const char* algo;
-      const char* proto;
+      WEFT_PROFILER_COLL_V2_TAIL;
     } coll;
     WEFT_PROFILER_P2P_V2;
     ncclProfilerProxyOpArm proxyOp;
@@ -198,19 +204,8 @@ typedef struct {
   int rank;
   union {
     struct {
-      const char* name;
-      uint64_t commHash;
-      uint64_t seqNumber;
-      const char* func;
-      const void* sendBuff;
-      void* recvBuff;
-      size_t count;
-      int root;
-      const char* datatype;
-      uint8_t nMaxChannels;
-      uint8_t nWarps;
-      const char* algo;
-      const char* proto;
+      WEFT_PROFILER_COLL_V2_HEAD;  // v3 = v2 without trafficBytes
+      WEFT_PROFILER_COLL_V2_TAIL;
     } coll;
     WEFT_PROFILER_P2P_V2;
     ncclProfilerProxyOpArm proxyOp;
@@ -222,6 +217,8 @@ typedef struct {
   };
 } ncclProfilerEventDescr_v3_t;
 #undef WEFT_PROFILER_P2P_V2
+#undef WEFT_PROFILER_COLL_V2_HEAD
+#undef WEFT_PROFILER_COLL_V2_TAIL
 
 // The v4 collective arm; v5/v6 append parentGroup.
 #define WEFT_PROFILER_COLL_V4 \
