@@ -387,39 +387,27 @@ typedef ncclProfilerEventStateArgs_v4_t ncclProfilerEventStateArgs_v6_t;
                                    ncclProfilerEventStateArgs_v##N##_t* eStateArgs);                          \
   ncclResult_t (*finalize)(void* context)
 
-typedef struct {
-  const char* name;
-  ncclResult_t (*init)(void** context, int* eActivationMask);
-  WEFT_PROFILER_TAIL(1);
-} ncclProfiler_v1_t;
-typedef struct {
-  const char* name;
-  ncclResult_t (*init)(void** context, int* eActivationMask);
-  WEFT_PROFILER_TAIL(2);
-} ncclProfiler_v2_t;
-typedef struct {
-  const char* name;
-  ncclResult_t (*init)(void** context, int* eActivationMask);
-  WEFT_PROFILER_TAIL(3);
-} ncclProfiler_v3_t;
-typedef struct {
-  const char* name;
-  ncclResult_t (*init)(void** context, int* eActivationMask, const char* commName, uint64_t commHash, int nNodes,
-                       int nranks, int rank, ncclDebugLogger_t logfn);
-  WEFT_PROFILER_TAIL(4);
-} ncclProfiler_v4_t;
-typedef struct {
-  const char* name;
-  ncclResult_t (*init)(void** context, uint64_t commId, int* eActivationMask, const char* commName, int nNodes,
-                       int nranks, int rank, ncclDebugLogger_t logfn);
-  WEFT_PROFILER_TAIL(5);
-} ncclProfiler_v5_t;
-typedef struct {
-  const char* name;
-  ncclResult_t (*init)(void** context, uint64_t commId, int* eActivationMask, const char* commName, int nNodes,
-                       int nranks, int rank, ncclDebugLogger_t logfn);
-  WEFT_PROFILER_TAIL(6);
-} ncclProfiler_v6_t;
+// init's three signatures: v1-v3 (no communicator), v4 (commHash), v5/v6 (commId second).
+typedef ncclResult_t (*ncclProfilerInitV1_t)(void** context, int* eActivationMask);
+typedef ncclResult_t (*ncclProfilerInitV4_t)(void** context, int* eActivationMask, const char* commName,
+                                             uint64_t commHash, int nNodes, int nranks, int rank,
+                                             ncclDebugLogger_t logfn);
+typedef ncclResult_t (*ncclProfilerInitV5_t)(void** context, uint64_t commId, int* eActivationMask,
+                                             const char* commName, int nNodes, int nranks, int rank,
+                                             ncclDebugLogger_t logfn);
+#define WEFT_PROFILER_TABLE(N, INIT) \
+  typedef struct {                   \
+    const char* name;                \
+    INIT init;                       \
+    WEFT_PROFILER_TAIL(N);           \
+  } ncclProfiler_v##N##_t
+WEFT_PROFILER_TABLE(1, ncclProfilerInitV1_t);
+WEFT_PROFILER_TABLE(2, ncclProfilerInitV1_t);
+WEFT_PROFILER_TABLE(3, ncclProfilerInitV1_t);
+WEFT_PROFILER_TABLE(4, ncclProfilerInitV4_t);
+WEFT_PROFILER_TABLE(5, ncclProfilerInitV5_t);
+WEFT_PROFILER_TABLE(6, ncclProfilerInitV5_t);
+#undef WEFT_PROFILER_TABLE
 #undef WEFT_PROFILER_TAIL
 
 }  // extern "C"
@@ -431,7 +419,7 @@ typedef struct {
 extern "C" typedef struct {
   uint8_t type;      // 1 = one message (send or receive) on a connection
   uint8_t isSend;    // 1 send, 0 receive
-  uint16_t rail;     // the rail the (first piece of the) message went on
+  uint16_t reserved; // 0
   uint32_t peerId;   // weft's connection id (the same as in weft's per-connection records)
   uint64_t seq;      // message sequence number on the connection
   size_t length;     // bytes posted (send size, or the receive buffer size)
