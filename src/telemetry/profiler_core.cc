@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <mutex>
+#include <thread>
 
 #include "telemetry/sink.h"
 #include "weft/common/log.h"
@@ -26,8 +27,10 @@ constexpr uint64_t kPartialNs = 2'000'000'000;
 
 enum SlotState : uint32_t { kFree = 0, kActive = 1, kStopped = 2, kEmitting = 3 };
 
-// Bounded lock-free MPMC queue of free slot indices (D. Vyukov's design): FIFO, so a freed slot is reused as late
-// as possible, which keeps late events of an old operation from landing in a new one.
+// Bounded MPMC queue of free slot indices (D. Vyukov's design): FIFO, so a freed slot is reused as late as
+// possible, which keeps late events of an old operation from landing in a new one. Sized at twice the number of
+// indices, so pushes never fail; a push waits only for a consumer preempted between claiming and releasing the
+// very cell it needs.
 class IndexQueue {
  public:
   explicit IndexQueue(uint32_t capacity) : mask_(capacity - 1), cells_(new Cell[capacity]) {
@@ -46,7 +49,11 @@ class IndexQueue {
           return true;
         }
       } else if (dif < 0) {
-        return false;
+        // The cell's previous value is still being taken by a consumer that claimed it and was preempted
+        // before releasing it (the queue itself is never full: it has room for twice the indices there are).
+        // Wait for it: dropping the index would lose a slot for good.
+        std::this_thread::yield();
+        pos = enq_.load(std::memory_order_relaxed);
       } else {
         pos = enq_.load(std::memory_order_relaxed);
       }
@@ -117,8 +124,8 @@ struct alignas(64) SmallSlot {
 struct Pools {
   std::unique_ptr<OpSlot[]> ops{new OpSlot[kOpSlots]};
   std::unique_ptr<SmallSlot[]> small{new SmallSlot[kSmallSlots]};
-  IndexQueue opFree{kOpSlots};
-  IndexQueue smallFree{kSmallSlots};
+  IndexQueue opFree{2 * kOpSlots};  // twice the indices: a push never meets a full queue
+  IndexQueue smallFree{2 * kSmallSlots};
   Pools() {
     for (uint32_t i = 0; i < kOpSlots; ++i) opFree.push(i);
     for (uint32_t i = 0; i < kSmallSlots; ++i) smallFree.push(i);

@@ -290,7 +290,9 @@ TEST_CASE("every table version: records carry every field, GPU time and nccl-tes
 TEST_CASE("several communicators on several threads at once: nothing lost, nothing mixed up", "[replay]") {
   if (level() == "0") return;
   auto p = load(5);
-  constexpr int kComms = 4, kOps = 3000;
+  // 4 x 5000 operations cycle every slot of weft's event pools several times over (a lost slot would show as
+  // operations not recorded).
+  constexpr int kComms = 4, kOps = 5000;
   std::vector<Comm> comms(kComms);
   for (int i = 0; i < kComms; ++i) {
     comms[i].commHash = 0xc0ffee00 + i;
@@ -326,6 +328,10 @@ TEST_CASE("several communicators on several threads at once: nothing lost, nothi
     }
     CHECK(seqs.size() == kOps);
     CHECK(*seqs.rbegin() == kOps - 1);
+    auto ends = linesOf(comms[i].commHash, "comm_end");
+    REQUIRE(ends.size() == 1);
+    CHECK(ends[0]["dropped"] == 0);
+    CHECK(ends[0]["partial"] == 0);
   }
 }
 
