@@ -29,8 +29,9 @@ enum SlotState : uint32_t { kFree = 0, kActive = 1, kStopped = 2, kEmitting = 3 
 
 // Bounded MPMC queue of free slot indices (D. Vyukov's design): FIFO, so a freed slot is reused as late as
 // possible, which keeps late events of an old operation from landing in a new one. Sized at twice the number of
-// indices, so pushes never fail; a push waits only for a consumer preempted between claiming and releasing the
-// very cell it needs.
+// indices, so pushes never fail. One caveat of the design: a thread preempted inside its claim-then-publish window
+// (a few instructions) holds up the one thread that needs that very cell; that thread yields until it is
+// published rather than report a full or empty queue that is neither (both happened under load on 2 cores).
 class IndexQueue {
  public:
   explicit IndexQueue(uint32_t capacity) : mask_(capacity - 1), cells_(new Cell[capacity]) {
@@ -72,7 +73,11 @@ class IndexQueue {
           return true;
         }
       } else if (dif < 0) {
-        return false;
+        // Empty, or the producer that claimed this very cell was preempted before publishing it (later cells
+        // may be full: the queue is FIFO). Only the first means no index.
+        if (enq_.load(std::memory_order_acquire) <= pos) return false;
+        std::this_thread::yield();
+        pos = deq_.load(std::memory_order_relaxed);
       } else {
         pos = deq_.load(std::memory_order_relaxed);
       }
@@ -398,22 +403,15 @@ RecordRing* myRing() noexcept {
   }
 }
 
-void ringPush(const CollRecord& r, Context* c) noexcept {
-  RecordRing* ring = myRing();
-  if (ring == nullptr) {
-    c->dropped.fetch_add(1, std::memory_order_relaxed);
-    return;
-  }
+// The caller (the ring's only producer) has checked there is room.
+void ringPush(RecordRing* ring, const CollRecord& r, Context* c) noexcept {
   uint64_t h = ring->head.load(std::memory_order_relaxed);
-  if (h - ring->tail.load(std::memory_order_acquire) >= RecordRing::kCap) {
-    gRingFull.fetch_add(1, std::memory_order_relaxed);
-    c->dropped.fetch_add(1, std::memory_order_relaxed);
-    return;
-  }
   ring->recs[h % RecordRing::kCap] = r;
   ring->ctxs[h % RecordRing::kCap] = c;
   ring->head.store(h + 1, std::memory_order_release);
-  if (h - ring->tail.load(std::memory_order_relaxed) == RecordRing::kCap / 4) Sink::instance().wake();
+  // Filling up: ask the writer for a round now (at a quarter, half and three quarters, in case one is missed).
+  uint64_t pending = h + 1 - ring->tail.load(std::memory_order_relaxed);
+  if (pending % (RecordRing::kCap / 4) == 0) Sink::instance().wake();
 }
 
 size_t drainRings(void (*fn)(void*, const CollRecord&, Context*), void* arg) {
@@ -434,12 +432,21 @@ size_t drainRings(void (*fn)(void*, const CollRecord&, Context*), void* arg) {
 
 // Called after a child stopped or the operation itself stopped: writes the operation out from this thread when
 // that completed it.
+// When this thread's ring is full (the writer is behind), the operation stays in its slot, complete, and the
+// writer's own scan writes it out: nothing is lost while there are slots.
 void finishIfComplete(Pools* pools, OpSlot* op, uint64_t now) noexcept {
   int32_t expected = op->kernelsExpected.load(std::memory_order_relaxed);
   if (expected <= 0 || op->kernelsDone.load(std::memory_order_relaxed) < expected) return;
+  RecordRing* ring = myRing();
+  if (ring == nullptr ||
+      ring->head.load(std::memory_order_relaxed) - ring->tail.load(std::memory_order_acquire) >= RecordRing::kCap) {
+    gRingFull.fetch_add(1, std::memory_order_relaxed);
+    Sink::instance().wake();
+    return;
+  }
   CollRecord r;
   Context* owner = nullptr;
-  if (tryFinish(pools, *op, false, now, &r, &owner)) ringPush(r, owner);
+  if (tryFinish(pools, *op, false, now, &r, &owner)) ringPush(ring, r, owner);
 }
 
 }  // namespace

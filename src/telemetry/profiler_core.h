@@ -123,7 +123,7 @@ struct Anomalies {
   uint64_t nullContexts;
   uint64_t foreignParents;  // PXN proxy ops whose parent lives in another process
   uint64_t unknownTypes;
-  uint64_t ringFull;        // records lost because a thread's ring was full (the writer fell behind)
+  uint64_t ringFull;        // completions left to the writer's scan because a thread's ring was full
 };
 Anomalies anomalies() noexcept;
 

@@ -20,6 +20,7 @@ namespace {
 
 constexpr size_t kMaxSamples = 100000;  // per aggregate; a deterministic reservoir beyond
 constexpr auto kRound = std::chrono::milliseconds(100);
+constexpr auto kBusyRound = std::chrono::milliseconds(5);
 
 double quantile(std::vector<double> v, double q) {
   if (v.empty()) return 0.0;
@@ -215,9 +216,10 @@ void Sink::takeRecordLocked(const CollRecord& r, Context* c) {
   addSample(a.busBw, bus, a.count);
 }
 
-void Sink::roundLocked(bool force, Context* only) {
-  drainOps(only, force, [&](const CollRecord& r, Context* c) { takeRecordLocked(r, c); });
+size_t Sink::roundLocked(bool force, Context* only) {
+  size_t n = drainOps(only, force, [&](const CollRecord& r, Context* c) { takeRecordLocked(r, c); });
   flushLocked();
+  return n;
 }
 
 void Sink::flush() {
@@ -228,10 +230,14 @@ void Sink::flush() {
 
 void Sink::run() {
   std::unique_lock<std::mutex> lock(mu_);
+  size_t last = 0;
   while (!stop_) {
-    cv_.wait_for(lock, kRound);
+    // Asleep between rounds; while records are streaming in, rounds come every few milliseconds.
+    auto interval = last > 256 ? kBusyRound : kRound;
+    cv_.wait_for(lock, interval, [&] { return stop_ || wakeRequested_.load(std::memory_order_acquire); });
+    wakeRequested_.store(false, std::memory_order_release);
     if (stop_) break;
-    roundLocked(false, nullptr);
+    last = roundLocked(false, nullptr);
     uint64_t now = wallNs();
     if (!promPath_.empty() && now - lastPromNs_ >= static_cast<uint64_t>(promIntervalS_) * 1000000000ull) {
       writePromLocked();

@@ -34,7 +34,11 @@ class Sink {
   void onInit(Context* c);
   void onFinalize(Context* c);
   void flush();  // one writer round now (tests, tools)
-  void wake() noexcept { cv_.notify_one(); }  // a record ring is filling up
+  // A record ring is filling up: the writer runs a round now. Lock-free for the caller (a notify that races with
+  // the writer going to sleep can be lost; the flag and the writer's short sleep while busy bound the damage).
+  void wake() noexcept {
+    if (!wakeRequested_.exchange(true, std::memory_order_acq_rel)) cv_.notify_one();
+  }
   std::string jsonlPath();
   void shutdown();  // stop the writer, write out everything (process exit)
 
@@ -60,7 +64,7 @@ class Sink {
   Sink() = default;
   void startLocked();
   void run();
-  void roundLocked(bool force, Context* only);
+  size_t roundLocked(bool force, Context* only);  // records written
   void takeRecordLocked(const CollRecord& r, Context* c);
   void writeLineLocked(const std::string& line);
   void flushLocked();
@@ -73,6 +77,7 @@ class Sink {
   std::thread thread_;
   pid_t ownerPid_ = 0;
   bool stop_ = false;
+  std::atomic<bool> wakeRequested_{false};
   bool started_ = false;
   std::map<Context*, Comm> comms_;
   std::vector<ConnStats*> conns_;
