@@ -66,6 +66,25 @@ const std::vector<Def> kDefs = {
    "Prometheus text file (node-exporter textfile collector) rewritten with the timing aggregates; empty: none."},
   {"WEFT_PROM_INTERVAL", Kind::kInt, "30", 1, 86400, nullptr,
    "Seconds between rewrites of WEFT_PROM_FILE (also written at communicator finalize and at exit)."},
+  {"WEFT_TUNER", Kind::kBool, "1", 0, 0, nullptr,
+   "The tuner (NCCL 2.21+ finds it in this library when NCCL_TUNER_PLUGIN is unset): 0 = a pass-through that "
+   "leaves every NCCL choice as it is."},
+  {"WEFT_TUNER_PROFILE", Kind::kString, "", 0, 0, nullptr,
+   "Tuner profile (weft's JSON, or NCCL's example CSV rules) loaded at communicator init. Every rank must load the "
+   "same file. Empty: no profile (pass-through unless exploring or forcing)."},
+  {"WEFT_TUNER_EXPLORE", Kind::kBool, "0", 0, 0, nullptr,
+   "Opt-in exploration: per collective and size, the first calls try NCCL's valid algorithm/protocol pairs within "
+   "3x of its best model time, in a fixed order driven by the call count (identical on every rank)."},
+  {"WEFT_TUNER_FORCE", Kind::kString, "", 0, 0, nullptr,
+   "Sweep mode: ALGO/PROTO[/CHANNELS] (e.g. RING/LL128, TREE/SIMPLE/8) wherever NCCL's table allows it."},
+  {"WEFT_TUNER_MARGIN", Kind::kInt, "3", 0, 50, nullptr,
+   "Percent a measured winner must beat NCCL's own pick by (and by two standard errors) before the tuner changes it."},
+  {"WEFT_TUNER_LOG", Kind::kBool, "0", 0, 0, nullptr,
+   "Log the tuner's decision for the first call of each collective and size bucket (NCCL_DEBUG=INFO, "
+   "NCCL_DEBUG_SUBSYS=TUNING)."},
+  {"WEFT_TUNER_RECORD", Kind::kString, "", 0, 0, nullptr,
+   "At communicator finalize, write which algorithm/protocol pairs NCCL offered per collective (the profile "
+   "signature) to this file; weft tune sweep uses it."},
 };
 // clang-format on
 

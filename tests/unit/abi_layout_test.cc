@@ -13,6 +13,7 @@
 
 #include "weft/nccl/net.h"
 #include "weft/nccl/profiler.h"
+#include "weft/nccl/tuner.h"
 
 namespace {
 
@@ -96,6 +97,17 @@ const std::vector<Layout>& ourLayouts() {
       WEFT_S(ncclNetCommConfig_v12_t), WEFT_F(ncclNetCommConfig_v12_t, trafficClass),
       WEFT_COMM_ATTR(ncclNetCommAttr_v11_t), WEFT_COMM_ATTR(ncclNetCommAttr_v12_t),
       WEFT_ATTR(ncclNetAttr_v11_t), WEFT_ATTR(ncclNetAttr_v12_t),
+      // tuner tables and the model constants of v5+
+#define WEFT_TUNER4(T, last) WEFT_S(T), WEFT_F(T, name), WEFT_F(T, init), WEFT_F(T, getCollInfo), WEFT_F(T, last)
+      WEFT_TUNER4(ncclTuner_v1_t, destroy), WEFT_TUNER4(ncclTuner_v2_t, destroy), WEFT_TUNER4(ncclTuner_v3_t, destroy),
+      WEFT_TUNER4(ncclTuner_v4_t, destroy), WEFT_TUNER4(ncclTuner_v5_t, finalize),
+      WEFT_TUNER4(ncclTuner_v6_t, finalize), WEFT_F(ncclTuner_v6_t, getChunkSize),
+#undef WEFT_TUNER4
+      WEFT_S(ncclTunerConstants_v5_t), WEFT_A(ncclTunerConstants_v5_t, baseLatencies, 7][3),
+      WEFT_A(ncclTunerConstants_v5_t, hwLatencies, 3][7][3), WEFT_A(ncclTunerConstants_v5_t, llMaxBws, 4][3),
+      WEFT_A(ncclTunerConstants_v5_t, perChMaxRingLL128Bws, 4][3),
+      WEFT_A(ncclTunerConstants_v5_t, perChMaxTreeLL128Bws, 4][3),
+      WEFT_A(ncclTunerConstants_v5_t, perChMaxTreeBws, 4][3), WEFT_A(ncclTunerConstants_v5_t, perChMaxNVLSTreeBws, 4][3),
       // profiler tables, descriptors (every arm of every version) and NCCL's net-event descriptors
       WEFT_F(ncclProfilerEventDescr_v1_t, type), WEFT_F(ncclProfilerEventDescr_v1_t, parentObj), WEFT_F(ncclProfilerEventDescr_v1_t, rank),
       WEFT_F(ncclProfilerEventDescr_v1_t, coll), WEFT_F(ncclProfilerEventDescr_v1_t, coll.name), WEFT_F(ncclProfilerEventDescr_v1_t, coll.commHash),

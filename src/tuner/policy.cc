@@ -1,0 +1,247 @@
+#include "tuner/policy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include <fmt/format.h>
+
+namespace weft::tuner {
+
+int sizeBucket(uint64_t n) noexcept {
+  if (n <= 1) return 0;
+  int msb = 63 - __builtin_clzll(n);
+  int frac = msb >= 2 ? static_cast<int>((n >> (msb - 2)) & 3) : static_cast<int>((n << (2 - msb)) & 3);
+  // Each octave is cut into four equal (linear) quarters: the two bits after the leading one. Integer-only, so
+  // every rank computes the same bucket.
+  int b = 4 * msb + frac;
+  return b < kBuckets ? b : kBuckets - 1;
+}
+
+double bucketMiddleLog2(int b) noexcept { return (b / 4) + std::log2(1.0 + ((b % 4) + 0.5) / 4.0); }
+
+const char* outcomeName(Outcome o) noexcept {
+  switch (o) {
+    case Outcome::kNoValidEntry: return "no-valid-entry";
+    case Outcome::kRule: return "rule";
+    case Outcome::kForced: return "forced";
+    case Outcome::kExplored: return "explored";
+    case Outcome::kMeasured: return "measured";
+    case Outcome::kKeptNccl: return "kept-nccl";
+    case Outcome::kNotMeasured: return "not-measured";
+    case Outcome::kSignatureMismatch: return "signature-mismatch";
+    case Outcome::kForcedUnavailable: return "forced-unavailable";
+  }
+  return "?";
+}
+
+bool signatureMatches(const Signature& s, int nRanks, int nNodes, int nvlDomains, std::string* why) {
+  if (s.nRanks != nRanks || s.nNodes != nNodes) {
+    if (why) *why = fmt::format("profile is for {} ranks on {} nodes, this communicator has {} on {}", s.nRanks,
+                                s.nNodes, nRanks, nNodes);
+    return false;
+  }
+  if (s.nvlDomains >= 0 && nvlDomains >= 0 && s.nvlDomains != nvlDomains) {
+    if (why) *why = fmt::format("profile is for {} NVLink domains, this communicator has {}", s.nvlDomains, nvlDomains);
+    return false;
+  }
+  return true;
+}
+
+std::shared_ptr<const Policy> Policy::build(const Profile& p, const PolicyOptions& o) {
+  auto pol = std::make_shared<Policy>();
+  pol->opt_ = o;
+  pol->rules_ = p.rules;
+  for (int c = 0; c < kNumColls; ++c) pol->masks_[c] = p.sig.masks[c];
+  // Per (coll, arm): points (log2 bytes, log time, relative standard error), merged when a size repeats.
+  struct Pt {
+    double x, y, se;
+  };
+  std::map<std::pair<int, Arm>, std::map<uint64_t, Pt>> series;
+  for (const auto& m : p.measurements) {
+    double se = 1.4826 * m.spread / std::sqrt(std::max<double>(1.0, m.samples));
+    auto& s = series[{m.coll, m.arm}];
+    auto it = s.find(m.bytes);
+    Pt pt{std::log2(static_cast<double>(m.bytes)), std::log(m.timeUs), se};
+    if (it == s.end() || pt.y < it->second.y) s[m.bytes] = pt;  // the faster of repeated entries
+  }
+  std::vector<std::vector<Entry>> cells(kNumColls * kBuckets);
+  for (const auto& [key, pts] : series) {
+    auto [coll, arm] = key;
+    std::vector<Pt> v;
+    for (const auto& [b, pt] : pts) v.push_back(pt);
+    int lo = sizeBucket(pts.begin()->first) - o.maxExtrapolation;
+    int hi = sizeBucket(pts.rbegin()->first) + o.maxExtrapolation;
+    for (int b = std::max(0, lo); b <= std::min(kBuckets - 1, hi); ++b) {
+      double x = bucketMiddleLog2(b);
+      double y, se;
+      if (v.size() == 1) {
+        y = v[0].y;
+        se = v[0].se;
+      } else {
+        size_t i = 1;
+        while (i + 1 < v.size() && v[i].x < x) ++i;  // segment [i-1, i] (the end ones extrapolate)
+        const Pt &a = v[i - 1], &c = v[i];
+        double t = (x - a.x) / (c.x - a.x);
+        y = a.y + t * (c.y - a.y);
+        se = std::max(a.se, c.se);
+      }
+      cells[coll * kBuckets + b].push_back(Entry{arm, static_cast<float>(std::exp(y)), static_cast<float>(se)});
+    }
+  }
+  pol->start_.assign(kNumColls * kBuckets + 1, 0);
+  for (size_t i = 0; i < cells.size(); ++i) {
+    auto& c = cells[i];
+    std::stable_sort(c.begin(), c.end(), [](const Entry& a, const Entry& b) {
+      return a.timeUs < b.timeUs || (a.timeUs == b.timeUs && a.arm < b.arm);
+    });
+    pol->start_[i] = static_cast<uint32_t>(pol->entries_.size());
+    pol->entries_.insert(pol->entries_.end(), c.begin(), c.end());
+  }
+  pol->start_[cells.size()] = static_cast<uint32_t>(pol->entries_.size());
+  return pol;
+}
+
+std::pair<const Policy::Entry*, const Policy::Entry*> Policy::cell(int coll, int bucket) const noexcept {
+  if (coll < 0 || coll >= kNumColls || bucket < 0 || bucket >= kBuckets || start_.empty()) return {nullptr, nullptr};
+  size_t i = static_cast<size_t>(coll) * kBuckets + static_cast<size_t>(bucket);
+  return {entries_.data() + start_[i], entries_.data() + start_[i + 1]};
+}
+
+namespace {
+
+// Makes entry `pick` the one NCCL selects: strictly below every other valid entry, keeping its meaning as a
+// time estimate (the smallest change that wins), and never touching an IGNORE entry.
+void prefer(float* table, int numAlgo, int numProto, int pickA, int pickP, int ncclA, int ncclP) {
+  float& target = table[pickA * numProto + pickP];
+  float best = table[ncclA * numProto + ncclP];
+  if (pickA == ncclA && pickP == ncclP) return;
+  if (best > 0.0f) {
+    target = std::nextafter(best, 0.0f);
+    return;
+  }
+  // NCCL's best is already 0: give the pick 0 and lift the zero entries that come before it in NCCL's scan order
+  // to the smallest positive value, so the scan's first minimum is the pick.
+  target = 0.0f;
+  for (int a = 0; a < numAlgo; ++a)
+    for (int p = 0; p < numProto; ++p) {
+      if (a * numProto + p >= pickA * numProto + pickP) return;
+      float& e = table[a * numProto + p];
+      if (e == 0.0f) e = std::numeric_limits<float>::denorm_min();
+    }
+}
+
+}  // namespace
+
+Decision Policy::decide(int coll, uint64_t nBytes, int numPipeOps, float* table, int numAlgo, int numProto,
+                        uint32_t callIndex) const noexcept {
+  Decision d;
+  if (table == nullptr || numAlgo <= 0 || numProto <= 0 || numAlgo > kNumAlgos || numProto > kNumProtos) {
+    d.outcome = Outcome::kNoValidEntry;
+    return d;
+  }
+  // NCCL's own pick: the first minimum over entries >= 0, algorithms then protocols.
+  int na = -1, np = -1;
+  float best = 0;
+  uint32_t mask = 0;
+  for (int a = 0; a < numAlgo; ++a)
+    for (int p = 0; p < numProto; ++p) {
+      float v = table[a * numProto + p];
+      if (!(v >= 0.0f)) continue;  // IGNORE (and NaN)
+      mask |= 1u << (a * 3 + p);
+      if (na < 0 || v < best) na = a, np = p, best = v;
+    }
+  if (na < 0) {
+    d.outcome = Outcome::kNoValidEntry;
+    return d;
+  }
+  d.algo = na;
+  d.proto = np;
+  auto valid = [&](int a, int p) { return a >= 0 && a < numAlgo && p >= 0 && p < numProto && table[a * numProto + p] >= 0.0f; };
+  auto apply = [&](const Arm& arm, Outcome why) {
+    prefer(table, numAlgo, numProto, arm.algo, arm.proto, na, np);
+    d.algo = arm.algo;
+    d.proto = arm.proto;
+    d.channels = arm.channels;
+    d.chunk = arm.chunk;
+    d.outcome = why;
+    return d;
+  };
+  if (coll < 0 || coll >= kNumColls) {
+    d.outcome = Outcome::kNotMeasured;
+    return d;
+  }
+  if (opt_.force) {
+    if (!valid(opt_.forced.algo, opt_.forced.proto)) {
+      d.outcome = Outcome::kForcedUnavailable;
+      return d;
+    }
+    return apply(opt_.forced, Outcome::kForced);
+  }
+  for (const Rule& r : rules_) {
+    if (r.coll != coll || nBytes < r.minBytes || nBytes > r.maxBytes) continue;
+    if (r.numPipeOps >= 0 && r.numPipeOps != numPipeOps) continue;
+    if (!valid(r.arm.algo, r.arm.proto)) continue;  // as NCCL's example: a rule for an unavailable entry is skipped
+    return apply(r.arm, Outcome::kRule);
+  }
+  if (masks_[coll] != 0 && masks_[coll] != mask) {
+    d.outcome = Outcome::kSignatureMismatch;
+    return d;
+  }
+  int bucket = sizeBucket(nBytes);
+  if (opt_.explore) {
+    // Candidates: NCCL's valid entries within explorePrune x of its best, in index order (the same on every rank).
+    int cand[kNumAlgos * kNumProtos];
+    int n = 0;
+    for (int a = 0; a < numAlgo; ++a)
+      for (int p = 0; p < numProto; ++p) {
+        float v = table[a * numProto + p];
+        if (v >= 0.0f && v <= best * opt_.explorePrune + 1e-6f) cand[n++] = a * numProto + p;
+      }
+    uint64_t budget = static_cast<uint64_t>(n) * opt_.exploreRepeats * opt_.exploreRounds;
+    if (n > 1 && callIndex < budget) {
+      int k = cand[(callIndex / opt_.exploreRepeats) % n];
+      Arm arm;
+      arm.algo = static_cast<int8_t>(k / numProto);
+      arm.proto = static_cast<int8_t>(k % numProto);
+      return apply(arm, Outcome::kExplored);
+    }
+  }
+  auto [first, last] = cell(coll, bucket);
+  const Entry* ncclEntry = nullptr;
+  const Entry* winner = nullptr;
+  for (const Entry* e = first; e != last; ++e) {
+    if (!valid(e->arm.algo, e->arm.proto)) continue;
+    if (winner == nullptr) winner = e;
+    if (e->arm.algo == na && e->arm.proto == np && e->arm.channels == 0 && e->arm.chunk == 0) {
+      ncclEntry = e;
+      break;
+    }
+  }
+  if (winner == nullptr || ncclEntry == nullptr) {
+    d.outcome = Outcome::kNotMeasured;
+    return d;
+  }
+  if (winner == ncclEntry) {
+    d.outcome = Outcome::kKeptNccl;
+    return d;
+  }
+  double tw = winner->timeUs, tn = ncclEntry->timeUs;
+  double sd = std::sqrt(std::pow(winner->relErr * tw, 2) + std::pow(ncclEntry->relErr * tn, 2));
+  if (tw > (1.0 - opt_.margin) * tn || tn - tw < opt_.z * sd) {
+    d.outcome = Outcome::kKeptNccl;
+    return d;
+  }
+  return apply(winner->arm, Outcome::kMeasured);
+}
+
+uint32_t Policy::chunkFor(int coll, uint64_t nBytes, int algo, int proto, int channels) const noexcept {
+  auto [first, last] = cell(coll, sizeBucket(nBytes));
+  for (const Entry* e = first; e != last; ++e) {
+    if (e->arm.algo == algo && e->arm.proto == proto && (e->arm.channels == 0 || e->arm.channels == channels))
+      return e->arm.chunk;  // the fastest measured for this algorithm/protocol
+  }
+  return 0;
+}
+
+}  // namespace weft::tuner

@@ -1,0 +1,86 @@
+// The tuner's decisions: a table precomputed from a profile (per collective and quarter-octave size bucket, the
+// measured candidates sorted by interpolated time), and a decision function that is a pure function of what
+// every rank has in common: collective, nBytes, numPipeOps, NCCL's cost table, the per-key call counter and the
+// profile. No allocation, no lock, no I/O, no clock, no randomness, no regBuff.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "tuner/profile.h"
+
+namespace weft::tuner {
+
+constexpr int kBuckets = 4 * 48;  // four buckets per octave, from 1 B to 2^48 B
+int sizeBucket(uint64_t nBytes) noexcept;  // 4 * floor(log2 n) + the two bits after the leading one
+double bucketMiddleLog2(int bucket) noexcept;
+
+struct PolicyOptions {
+  double margin = 0.03;     // a measured winner must be at least this much faster than NCCL's own pick
+  double z = 2.0;           // ... and by this many standard errors of the difference
+  int maxExtrapolation = 4; // buckets (quarter octaves) beyond the measured sizes: one octave
+  // Exploration (WEFT_TUNER_EXPLORE): per key, the first `exploreRounds * |candidates| * exploreRepeats` calls
+  // go round-robin over NCCL's valid entries within `explorePrune` x of its best model time.
+  bool explore = false;
+  int exploreRepeats = 5;
+  int exploreRounds = 1;
+  double explorePrune = 3.0;
+  // Sweep mode (WEFT_TUNER_FORCE): this (algo, proto[, channels]) wherever NCCL's table allows it.
+  bool force = false;
+  Arm forced;
+};
+
+enum class Outcome : uint8_t {
+  kNoValidEntry,  // NCCL's table had no usable entry: untouched
+  kRule,          // an imported CSV rule applied
+  kForced,        // sweep mode
+  kExplored,      // exploration schedule
+  kMeasured,      // a measured winner beat NCCL's pick
+  kKeptNccl,      // measured, and NCCL's pick is best (or not beaten with confidence)
+  kNotMeasured,   // nothing measured here (or NCCL's pick not measured): untouched
+  kSignatureMismatch,  // NCCL offers other entries than when the profile was made: untouched
+  kForcedUnavailable,  // sweep mode, but the forced entry is IGNORE here: untouched
+};
+const char* outcomeName(Outcome o) noexcept;
+
+struct Decision {
+  Outcome outcome = Outcome::kNotMeasured;
+  int algo = -1, proto = -1;  // what NCCL will pick after the call
+  int channels = 0;           // written to *nChannels (0: NCCL's own)
+  uint32_t chunk = 0;         // for getChunkSize (0: NCCL's own)
+};
+
+class Policy {
+ public:
+  // A policy for one topology; the profile's signature must already match it (see signatureMatches).
+  static std::shared_ptr<const Policy> build(const Profile& p, const PolicyOptions& o);
+  // table: float[numAlgo][numProto] as NCCL passes it; modified in place only by lowering a valid entry.
+  // callIndex: how many times this (collective, size bucket) was asked before on this communicator.
+  Decision decide(int coll, uint64_t nBytes, int numPipeOps, float* table, int numAlgo, int numProto,
+                  uint32_t callIndex) const noexcept;
+  // The chunk size measured best for the arm NCCL ended up with (0: no opinion).
+  uint32_t chunkFor(int coll, uint64_t nBytes, int algo, int proto, int channels) const noexcept;
+  const PolicyOptions& options() const { return opt_; }
+  size_t cellCount() const { return entries_.size(); }
+
+  struct Entry {
+    Arm arm;
+    float timeUs;
+    float relErr;  // relative standard error of timeUs
+  };
+  // Measured/interpolated candidates for a collective and bucket, fastest first (empty span: nothing known).
+  std::pair<const Entry*, const Entry*> cell(int coll, int bucket) const noexcept;
+
+ private:
+  PolicyOptions opt_;
+  std::vector<Rule> rules_;
+  uint32_t masks_[kNumColls] = {};
+  std::vector<Entry> entries_;
+  std::vector<uint32_t> start_;  // (kNumColls * kBuckets + 1) offsets into entries_
+};
+
+// Whether a profile was made for this topology (nRanks, nNodes, NVLink domains when both know them).
+bool signatureMatches(const Signature& s, int nRanks, int nNodes, int nvlDomains, std::string* why);
+
+}  // namespace weft::tuner
