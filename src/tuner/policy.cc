@@ -18,7 +18,7 @@ int sizeBucket(uint64_t n) noexcept {
   return b < kBuckets ? b : kBuckets - 1;
 }
 
-double bucketMiddleLog2(int b) noexcept { return (b / 4) + std::log2(1.0 + ((b % 4) + 0.5) / 4.0); }
+double bucketLowLog2(int b) noexcept { return (b / 4) + std::log2(1.0 + (b % 4) / 4.0); }
 
 const char* outcomeName(Outcome o) noexcept {
   switch (o) {
@@ -73,7 +73,9 @@ std::shared_ptr<const Policy> Policy::build(const Profile& p, const PolicyOption
     int lo = sizeBucket(pts.begin()->first) - o.maxExtrapolation;
     int hi = sizeBucket(pts.rbegin()->first) + o.maxExtrapolation;
     for (int b = std::max(0, lo); b <= std::min(kBuckets - 1, hi); ++b) {
-      double x = bucketMiddleLog2(b);
+      // Evaluated at the bucket's lower edge, where the sizes people measure (powers of two) sit: a measured size
+      // gets exactly its measurement; the rest of the bucket (up to +25%) shares it.
+      double x = bucketLowLog2(b);
       double y, se;
       if (v.size() == 1) {
         y = v[0].y;

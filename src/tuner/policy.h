@@ -14,7 +14,7 @@ namespace weft::tuner {
 
 constexpr int kBuckets = 4 * 48;  // four buckets per octave, from 1 B to 2^48 B
 int sizeBucket(uint64_t nBytes) noexcept;  // 4 * floor(log2 n) + the two bits after the leading one
-double bucketMiddleLog2(int bucket) noexcept;
+double bucketLowLog2(int bucket) noexcept;  // log2 of the smallest size in the bucket
 
 struct PolicyOptions {
   double margin = 0.03;     // a measured winner must be at least this much faster than NCCL's own pick

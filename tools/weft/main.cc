@@ -20,6 +20,7 @@ namespace weft::tool {
 int info(int argc, char** argv);
 int replayCommand(int argc, char** argv, const std::string& defaultProfiler);
 int reportCommand(int argc, char** argv);
+int tuneCommand(int argc, char** argv);
 }
 
 namespace {
@@ -175,6 +176,7 @@ int main(int argc, char** argv) {
   if (cmd == "bench") return bench(argc, argv);
   if (cmd == "bench-worker") return weft::harness::runBenchWorker(argc, argv);
   if (cmd == "report") return weft::tool::reportCommand(argc, argv);
+  if (cmd == "tune") return weft::tool::tuneCommand(argc, argv);
   if (cmd == "replay") {
     std::string self = selfPath();
     size_t slash = self.rfind('/');
