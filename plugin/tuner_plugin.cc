@@ -31,12 +31,15 @@ struct TunerContext {
   bool logDecisions = false;
   std::atomic<uint32_t> counters[kNumColls][kBuckets];  // per-key call counter (same sequence on every rank)
   std::atomic<uint32_t> masksSeen[kNumColls];
+  std::atomic<uint8_t> forcedUnavailable[kNumColls][kBuckets];  // sweep mode: buckets where the forced entry was IGNORE
   std::atomic<uint64_t> calls{0}, changed{0};
   std::string recordPath;
   TunerContext() {
     for (auto& row : counters)
       for (auto& c : row) c.store(0, std::memory_order_relaxed);
     for (auto& m : masksSeen) m.store(0, std::memory_order_relaxed);
+    for (auto& row : forcedUnavailable)
+      for (auto& f : row) f.store(0, std::memory_order_relaxed);
   }
 };
 
@@ -162,6 +165,7 @@ ncclResult_t collInfo(void* context, ncclFunc_t collType, size_t nBytes, int num
   uint32_t index = counter.load(std::memory_order_relaxed);
   counter.store(index + 1, std::memory_order_relaxed);
   Decision d = c->policy->decide(coll, nBytes, numPipeOps, table, numAlgo, numProto, index);
+  if (d.outcome == Outcome::kForcedUnavailable) c->forcedUnavailable[coll][bucket].store(1, std::memory_order_relaxed);
   if (d.outcome == Outcome::kMeasured || d.outcome == Outcome::kRule || d.outcome == Outcome::kForced ||
       d.outcome == Outcome::kExplored) {
     c->changed.fetch_add(1, std::memory_order_relaxed);
@@ -183,6 +187,11 @@ void writeRecord(const TunerContext* c) {
   p.sig.nvlDomains = c->nvlDomains;
   for (int i = 0; i < kNumColls; ++i) p.sig.masks[i] = c->masksSeen[i].load(std::memory_order_relaxed);
   p.source["tool"] = "weft tuner record (WEFT_TUNER_RECORD)";
+  std::string fu;
+  for (int i = 0; i < kNumColls; ++i)
+    for (int b = 0; b < kBuckets; ++b)
+      if (c->forcedUnavailable[i][b].load(std::memory_order_relaxed)) fu += fmt::format("{}{}:{}", fu.empty() ? "" : ",", i, b);
+  if (!fu.empty()) p.source["forced_unavailable"] = fu;
   std::string tmp = c->recordPath + ".tmp";
   FILE* f = std::fopen(tmp.c_str(), "w");
   if (f == nullptr) {

@@ -21,6 +21,7 @@ int info(int argc, char** argv);
 int replayCommand(int argc, char** argv, const std::string& defaultProfiler);
 int reportCommand(int argc, char** argv);
 int tuneCommand(int argc, char** argv);
+int profileCommand(int argc, char** argv);
 }
 
 namespace {
@@ -52,7 +53,15 @@ void usage() {
                "  replay [--profiler FILE]      drive a profiler plugin file (default: weft's) with a small multi-rank\n"
                "                                job's events, one process per rank, as NCCL would; cost per event\n"
                "      [--table N] [--ranks N] [--nodes N] [--steps N] [--straggler RANK] [--delay-us N]\n"
-               "      [--out DIR]               WEFT_TELEMETRY_DIR for the ranks (a job for `weft report`)\n");
+               "      [--out DIR]               WEFT_TELEMETRY_DIR for the ranks (a job for `weft report`)\n"
+               "  tune sim                      simulated worlds: sweep, decide, score vs NCCL's default and the oracle\n"
+               "  tune show --profile F --ranks N --nodes M [--plot OUT.svg]   decision table vs NCCL's default\n"
+               "  tune sweep --command CMD --out F [--coll C] [--candidates A/P,...] [--channels 0,8] [--repeat N]\n"
+               "                                run CMD (nccl-tests) once per candidate forced through the tuner\n"
+               "                                (--via env: NCCL_ALGO/NCCL_PROTO), parse it, write a profile (resumable)\n"
+               "  tune nccl-sim --tuner SO      a simulated NCCL calling the tuner file, printing nccl-tests output\n"
+               "  tune eval --profile F         score a profile in a simulated world\n"
+               "  profile merge DIR --out F     a profile from the timing records of every rank (WEFT_TELEMETRY_DIR)\n");
 }
 
 
@@ -177,6 +186,7 @@ int main(int argc, char** argv) {
   if (cmd == "bench-worker") return weft::harness::runBenchWorker(argc, argv);
   if (cmd == "report") return weft::tool::reportCommand(argc, argv);
   if (cmd == "tune") return weft::tool::tuneCommand(argc, argv);
+  if (cmd == "profile") return weft::tool::profileCommand(argc, argv);
   if (cmd == "replay") {
     std::string self = selfPath();
     size_t slash = self.rfind('/');

@@ -4,6 +4,8 @@
 //   sweep  run a command (nccl-tests) once per candidate, forced through the tuner, parse it, write a profile
 //   import NCCL's example CSV rules into a profile
 // and weft profile merge: a profile from weft's per-rank timing records.
+#include <dirent.h>
+#include <dlfcn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -27,6 +29,7 @@
 #include "tuner/policy.h"
 #include "tuner/profile.h"
 #include "tuner/sim.h"
+#include "weft/nccl/tuner.h"
 
 namespace weft::tool {
 namespace {
@@ -194,16 +197,493 @@ int showCommand(int argc, char** argv) {
   return 0;
 }
 
+// ---- nccl-tests output ------------------------------------------------------------------------------------
+
+struct TestRow {
+  uint64_t bytes;
+  double timeUs;
+};
+
+// Rows of an nccl-tests table (both layouts: with and without the root column). The out-of-place time is taken,
+// as nccl-tests' own busbw column is. Lines that are not table rows are skipped.
+std::vector<TestRow> parseNcclTests(const std::string& out, std::string* error) {
+  std::vector<TestRow> rows;
+  int timeCol = -1;
+  std::istringstream in(out);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream ls(line);
+    std::vector<std::string> tok;
+    std::string t;
+    while (ls >> t) tok.push_back(t);
+    if (tok.empty()) continue;
+    if (tok[0] == "#") {
+      if (tok.size() > 4 && tok[1] == "size" && tok[2] == "count") {
+        for (size_t i = 1; i < tok.size(); ++i)
+          if (tok[i] == "time") {
+            timeCol = static_cast<int>(i) - 1;  // data rows have no leading '#'
+            break;
+          }
+      }
+      continue;
+    }
+    if (timeCol < 0 || static_cast<int>(tok.size()) <= timeCol + 2) continue;
+    char* end = nullptr;
+    unsigned long long bytes = std::strtoull(tok[0].c_str(), &end, 10);
+    if (*end != 0) continue;
+    double us = std::strtod(tok[timeCol].c_str(), &end);
+    if (*end != 0 || !(us > 0) || bytes == 0) continue;
+    rows.push_back({bytes, us});
+  }
+  if (rows.empty() && error) *error = timeCol < 0 ? "no nccl-tests table header (# size count ... time ...)" : "no rows";
+  return rows;
+}
+
+int collOfCommand(const std::string& cmd) {
+  if (cmd.find("all_reduce") != std::string::npos) return 4;
+  if (cmd.find("all_gather") != std::string::npos) return 2;
+  if (cmd.find("reduce_scatter") != std::string::npos) return 3;
+  if (cmd.find("broadcast") != std::string::npos) return 0;
+  if (cmd.find("reduce_perf") != std::string::npos) return 1;
+  return -1;
+}
+
+bool runCapture(const std::string& cmd, const std::vector<std::pair<std::string, std::string>>& env, std::string* out,
+                int* status) {
+  int pipefd[2];
+  if (pipe(pipefd) != 0) return false;
+  pid_t pid = fork();
+  if (pid < 0) return false;
+  if (pid == 0) {
+    for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+    dup2(pipefd[1], 1);
+    close(pipefd[0]);
+    close(pipefd[1]);
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(pipefd[1]);
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(pipefd[0], buf, sizeof(buf))) > 0) out->append(buf, static_cast<size_t>(n));
+  close(pipefd[0]);
+  waitpid(pid, status, 0);
+  return true;
+}
+
+int sweepCommand(int argc, char** argv) {
+  std::string command, outPath, candidates = "TREE/LL,TREE/LL128,TREE/SIMPLE,RING/LL,RING/LL128,RING/SIMPLE";
+  std::string channels = "0", via = "tuner";
+  int coll = -1, repeat = 3, ranks = 0, nodes = 0;
+  harness::Args a("weft tune sweep", argc, argv, 3);
+  while (a.next()) {
+    const std::string& f = a.flag();
+    if (f == "--command") command = a.value();
+    else if (f == "--out") outPath = a.value();
+    else if (f == "--coll") coll = collFromName(a.value());
+    else if (f == "--candidates") candidates = a.value();
+    else if (f == "--channels") channels = a.value();
+    else if (f == "--repeat") repeat = a.number(1, 100);
+    else if (f == "--via") via = a.value();
+    else if (f == "--ranks") ranks = a.number(1, 1 << 20);
+    else if (f == "--nodes") nodes = a.number(1, 1 << 20);
+    else a.unknown();
+  }
+  if (coll < 0) coll = collOfCommand(command);
+  if (command.empty() || outPath.empty() || coll < 0 || (via != "tuner" && via != "env")) {
+    std::fprintf(stderr, "usage: weft tune sweep --command 'CMD' --out PROFILE [--coll NAME (else from the command: "
+                         "all_reduce_perf ...)] [--candidates ALGO/PROTO,...] [--channels 0,8] [--repeat N] "
+                         "[--via tuner|env] [--ranks N --nodes M]\n");
+    return 2;
+  }
+  // Candidates x channel caps.
+  std::vector<Arm> arms;
+  for (const auto& c : harness::split(candidates, ',')) {
+    auto slash = c.find('/');
+    int al = algoFromName(c.substr(0, slash)), pr = slash == std::string::npos ? -1 : protoFromName(c.substr(slash + 1));
+    if (al < 0 || pr < 0) {
+      std::fprintf(stderr, "weft tune sweep: '%s' is not ALGO/PROTO\n", c.c_str());
+      return 2;
+    }
+    for (const auto& ch : harness::split(channels, ',')) {
+      Arm arm;
+      arm.algo = static_cast<int8_t>(al);
+      arm.proto = static_cast<int8_t>(pr);
+      arm.channels = static_cast<int16_t>(std::stoi(ch));
+      arms.push_back(arm);
+    }
+  }
+  // Resume: a profile already there keeps its measurements and says which candidates are done.
+  Profile prof;
+  std::set<std::string> done;
+  std::string err;
+  if (std::ifstream(outPath).good()) {
+    auto old = loadProfile(outPath, 0, 0, &err);
+    if (!old) {
+      std::fprintf(stderr, "weft tune sweep: %s exists but is not a profile (%s); not overwriting it\n", outPath.c_str(),
+                   err.c_str());
+      return 1;
+    }
+    prof = *old;
+    for (const auto& d : harness::split(prof.source["done"], ' ')) done.insert(d);
+  }
+  prof.source["tool"] = "weft tune sweep";
+  prof.source["command"] = command;
+  prof.source["via"] = via;
+  std::string envList;
+  for (const char* k : {"NCCL_NET_PLUGIN", "NCCL_TUNER_PLUGIN", "NCCL_ALGO", "NCCL_PROTO", "NCCL_IB_HCA",
+                        "NCCL_SOCKET_IFNAME", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "WEFT_PROVIDER"})
+    if (const char* v = std::getenv(k)) envList += fmt::format("{}{}={}", envList.empty() ? "" : " ", k, v);
+  prof.source["env"] = envList;
+  std::string recordPath = outPath + ".record.json";
+  size_t total = arms.size(), idx = 0;
+  const bool tty = isatty(2) != 0;
+  for (const Arm& arm : arms) {
+    ++idx;
+    std::string name = armName(arm);
+    std::string key = fmt::format("{}:{}", collName(coll), name);
+    if (done.count(key)) {
+      std::fprintf(stderr, "[%zu/%zu] %s: done before, skipped\n", idx, total, name.c_str());
+      continue;
+    }
+    std::map<uint64_t, std::vector<double>> times;
+    std::set<uint64_t> unavailable;
+    for (int r = 0; r < repeat; ++r) {
+      int bar = static_cast<int>(30.0 * ((idx - 1) * repeat + r) / (total * repeat));
+      if (tty) {
+        std::fprintf(stderr, "\r[%s%s] %zu/%zu %-20s run %d/%d ", std::string(bar, '#').c_str(),
+                     std::string(30 - bar, '.').c_str(), idx, total, name.c_str(), r + 1, repeat);
+      } else if (r == 0) {
+        std::fprintf(stderr, "[%zu/%zu] %s x %d\n", idx, total, name.c_str(), repeat);
+      }
+      std::vector<std::pair<std::string, std::string>> env = {{"WEFT_TUNER_RECORD", recordPath}};
+      if (via == "tuner") {
+        env.push_back({"WEFT_TUNER_FORCE", arm.channels > 0 ? fmt::format("{}/{}/{}", algoName(arm.algo), protoName(arm.proto), arm.channels)
+                                                            : fmt::format("{}/{}", algoName(arm.algo), protoName(arm.proto))});
+      } else {
+        std::string algo = arm.algo == 0 ? "Tree" : arm.algo == 1 ? "Ring" : algoName(arm.algo);
+        env.push_back({"NCCL_ALGO", algo});
+        env.push_back({"NCCL_PROTO", arm.proto == 2 ? "Simple" : protoName(arm.proto)});
+        if (arm.channels > 0) {
+          env.push_back({"NCCL_MIN_NCHANNELS", std::to_string(arm.channels)});
+          env.push_back({"NCCL_MAX_NCHANNELS", std::to_string(arm.channels)});
+        }
+      }
+      std::remove(recordPath.c_str());
+      std::string out;
+      int status = 0;
+      if (!runCapture(command, env, &out, &status) || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        std::fprintf(stderr, "\nweft tune sweep: the command failed for %s (exit %d); the profile keeps what is done\n",
+                     name.c_str(), WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+        return 1;
+      }
+      auto rows = parseNcclTests(out, &err);
+      if (rows.empty()) {
+        std::fprintf(stderr, "\nweft tune sweep: %s: %s\n", name.c_str(), err.c_str());
+        return 1;
+      }
+      for (const auto& row : rows) times[row.bytes].push_back(row.timeUs);
+      // What the tuner saw (masks, topology, sizes where the forced entry was not available).
+      std::string rerr;
+      if (auto rec = loadProfile(recordPath, 0, 0, &rerr)) {
+        if (prof.sig.nRanks == 0) prof.sig = rec->sig;
+        for (int c = 0; c < kNumColls; ++c)
+          if (rec->sig.masks[c] && !prof.sig.masks[c]) prof.sig.masks[c] = rec->sig.masks[c];
+        for (const auto& item : harness::split(rec->source["forced_unavailable"], ',')) {
+          auto colon = item.find(':');
+          if (colon != std::string::npos && std::stoi(item.substr(0, colon)) == coll)
+            for (const auto& [b, v] : times)
+              if (sizeBucket(b) == std::stoi(item.substr(colon + 1))) unavailable.insert(b);
+        }
+      }
+    }
+    for (auto& [bytes, v] : times) {
+      if (unavailable.count(bytes) || bytes == 0) continue;  // NCCL ran its own pick there, not this candidate
+      std::sort(v.begin(), v.end());
+      double med = v[v.size() / 2];
+      std::vector<double> dev;
+      for (double x : v) dev.push_back(std::fabs(x - med));
+      std::sort(dev.begin(), dev.end());
+      Measurement m;
+      m.coll = coll;
+      m.bytes = bytes;
+      m.arm = arm;
+      m.timeUs = med;
+      m.samples = static_cast<uint32_t>(v.size());
+      m.spread = std::max(0.02, dev[dev.size() / 2] / med);  // nccl-tests prints averages: at least 2%
+      prof.measurements.push_back(m);
+    }
+    done.insert(key);
+    std::string d;
+    for (const auto& x : done) d += (d.empty() ? "" : " ") + x;
+    prof.source["done"] = d;
+    if (ranks > 0) prof.sig.nRanks = ranks;
+    if (nodes > 0) prof.sig.nNodes = nodes;
+    if (prof.sig.nRanks == 0) {
+      std::fprintf(stderr, "\nweft tune sweep: no WEFT_TUNER_RECORD came back (is weft's tuner loaded?); give --ranks "
+                           "and --nodes\n");
+      return 1;
+    }
+    std::string tmp = outPath + ".tmp";
+    if (!svg::writeFile(tmp, writeProfile(prof), &err) || std::rename(tmp.c_str(), outPath.c_str()) != 0) {
+      std::fprintf(stderr, "\nweft tune sweep: cannot write %s: %s\n", outPath.c_str(), err.c_str());
+      return 1;
+    }
+  }
+  std::remove(recordPath.c_str());
+  if (tty) std::fprintf(stderr, "\r[%s] %zu/%zu done%30s\n", std::string(30, '#').c_str(), total, total, "");
+  std::printf("profile %s: %zu measurements for %d ranks on %d nodes\n", outPath.c_str(), prof.measurements.size(),
+              prof.sig.nRanks, prof.sig.nNodes);
+  return 0;
+}
+
+// An NCCL stand-in for tests and demos: for each size, NCCL's table from the reference model goes through the
+// real tuner plugin file (getCollInfo as enqueue.cc calls it), NCCL's argmin picks, and the simulated world
+// times the pick; printed as nccl-tests prints it.
+int ncclSimCommand(int argc, char** argv) {
+  model::Topology topo;
+  std::string tunerPath;
+  int coll = 4, seed = 1;
+  uint64_t lo = 64 << 10, hi = 256u << 20;
+  harness::Args a("weft tune nccl-sim", argc, argv, 3);
+  while (a.next()) {
+    if (topoOption(a, topo)) continue;
+    const std::string& f = a.flag();
+    if (f == "--tuner") tunerPath = a.value();
+    else if (f == "--coll") coll = collFromName(a.value());
+    else if (f == "--seed") seed = a.number(0, 1 << 30);
+    else if (f == "--min") lo = static_cast<uint64_t>(a.number(1, 1 << 30));
+    else if (f == "--max") hi = static_cast<uint64_t>(a.number(1, 1 << 30)) * 4;
+    else a.unknown();
+  }
+  if (tunerPath.empty() || coll < 0) {
+    std::fprintf(stderr, "usage: weft tune nccl-sim --tuner libnccl-tuner-weft.so [--coll AllReduce] [--seed N] [topology]\n");
+    return 2;
+  }
+  void* lib = dlopen(tunerPath.c_str(), RTLD_NOW | RTLD_LOCAL);
+  auto* tuner = lib ? static_cast<const ncclTuner_v5_t*>(dlsym(lib, "ncclTunerPlugin_v5")) : nullptr;
+  if (tuner == nullptr) {
+    std::fprintf(stderr, "weft tune nccl-sim: %s has no ncclTunerPlugin_v5\n", tunerPath.c_str());
+    return 1;
+  }
+  void* ctx = nullptr;
+  ncclNvlDomainInfo_v5_t nvl{topo.nNodes, topo.ppn(), topo.ppn()};
+  ncclTunerConstants_v5_t consts{};
+  tuner->init(&ctx, 0x51111, topo.nRanks, topo.nNodes, nullptr, &nvl, &consts);
+  sim::WorldOptions wo;
+  wo.seed = static_cast<uint64_t>(seed);
+  sim::World w(topo, wo);
+  std::mt19937_64 rng(static_cast<uint64_t>(seed) * 31 + static_cast<uint64_t>(getpid()));
+  std::printf("# weft tune nccl-sim (simulated NCCL; nccl-tests output format): %s, %d ranks, %d nodes\n",
+              collName(coll), topo.nRanks, topo.nNodes);
+  std::printf("#\n#                                                              out-of-place                       in-place\n");
+  std::printf("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong\n");
+  std::printf("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)\n");
+  for (uint64_t n = lo; n <= hi; n *= 2) {
+    model::Table m = model::costTable(topo, coll, n, 1);
+    float table[21];
+    for (int x = 0; x < 7; ++x)
+      for (int y = 0; y < 3; ++y) table[x * 3 + y] = m.t[x][y];
+    int nch = 0;
+    tuner->getCollInfo(ctx, static_cast<ncclFunc_t>(coll), n, 1, reinterpret_cast<float**>(table), 7, 3, 0, &nch);
+    model::Table after = m;
+    for (int x = 0; x < 7; ++x)
+      for (int y = 0; y < 3; ++y) after.t[x][y] = table[x * 3 + y];
+    model::Pick pk = model::pick(after);
+    Arm arm;
+    arm.algo = static_cast<int8_t>(pk.algo);
+    arm.proto = static_cast<int8_t>(pk.proto);
+    arm.channels = static_cast<int16_t>(nch);
+    double us = w.measureUs(coll, arm, n, rng), us2 = w.measureUs(coll, arm, n, rng);
+    double alg = n / 1000.0 / us;
+    std::printf("%12llu  %12llu     float     sum      -1  %7.2f %7.2f %7.2f      0  %7.2f %7.2f %7.2f      0\n",
+                static_cast<unsigned long long>(n), static_cast<unsigned long long>(n / 4), us, alg, alg, us2,
+                n / 1000.0 / us2, n / 1000.0 / us2);
+  }
+  tuner->finalize(ctx);
+  std::printf("# Out of bounds values : 0 OK\n");
+  return 0;
+}
+
+// Scores a profile in a simulated world (the same seed as nccl-sim) against NCCL's default and the oracle.
+int evalCommand(int argc, char** argv) {
+  model::Topology topo;
+  std::string profilePath;
+  int seed = 1;
+  harness::Args a("weft tune eval", argc, argv, 3);
+  while (a.next()) {
+    if (topoOption(a, topo)) continue;
+    const std::string& f = a.flag();
+    if (f == "--profile") profilePath = a.value();
+    else if (f == "--seed") seed = a.number(0, 1 << 30);
+    else a.unknown();
+  }
+  std::string err;
+  auto prof = loadProfile(profilePath, topo.nRanks, topo.nNodes, &err);
+  if (!prof) {
+    std::fprintf(stderr, "weft tune eval: %s: %s\n", profilePath.c_str(), err.c_str());
+    return 1;
+  }
+  sim::WorldOptions wo;
+  wo.seed = static_cast<uint64_t>(seed);
+  sim::World w(topo, wo);
+  std::set<int> colls;
+  std::set<uint64_t> sizes;
+  for (const auto& m : prof->measurements) colls.insert(m.coll), sizes.insert(m.bytes);
+  auto pol = Policy::build(*prof, PolicyOptions{});
+  sim::Score s = sim::evaluate(w, *pol, std::vector<int>(colls.begin(), colls.end()),
+                               std::vector<uint64_t>(sizes.begin(), sizes.end()));
+  std::printf("eval: %zu points: geomean speedup %.3fx over NCCL's default, min %.3fx, planted %.3fx, regret %.2f%% "
+              "(max %.2f%%), %d changed\n",
+              s.points.size(), s.geoSpeedup, s.minSpeedup, s.plantedGeoSpeedup, 100 * s.geoRegret, 100 * s.maxRegret,
+              s.changed);
+  return 0;
+}
+
+// weft profile merge DIR: a profile from weft's per-rank timing records (WEFT_TELEMETRY_DIR). Collectives are
+// joined across ranks by communicator, function and sequence number; the minimum over ranks estimates the
+// collective's own time (the others include waiting for the last rank to arrive).
+int mergeCommand(int argc, char** argv) {
+  std::string dir, outPath;
+  int ranks = 0, nodes = 0;
+  if (argc >= 4 && argv[3][0] != '-') dir = argv[3];
+  harness::Args a("weft profile merge", argc, argv, dir.empty() ? 3 : 4);
+  while (a.next()) {
+    const std::string& f = a.flag();
+    if (f == "--out" || f == "-o") outPath = a.value();
+    else if (f == "--ranks") ranks = a.number(1, 1 << 20);
+    else if (f == "--nodes") nodes = a.number(1, 1 << 20);
+    else a.unknown();
+  }
+  if (dir.empty() || outPath.empty()) {
+    std::fprintf(stderr, "usage: weft profile merge DIR --out PROFILE [--ranks N --nodes M]\n");
+    return 2;
+  }
+  struct Rec {
+    int rank, nRanks, nNodes;
+    std::string algo, proto;
+    uint64_t bytes, execNs;
+  };
+  std::map<std::tuple<std::string, std::string, uint64_t>, std::vector<Rec>> groups;  // (comm, func, seq)
+  size_t files = 0, bad = 0;
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) {
+    std::fprintf(stderr, "weft profile merge: cannot open %s\n", dir.c_str());
+    return 1;
+  }
+  while (dirent* e = readdir(d)) {
+    std::string n = e->d_name;
+    if (n.size() < 6 || n.substr(n.size() - 6) != ".jsonl") continue;
+    ++files;
+    std::ifstream in(dir + "/" + n);
+    std::string line;
+    while (std::getline(in, line)) {
+      auto j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_discarded() || !j.is_object()) {
+        ++bad;
+        continue;
+      }
+      if (j.value("v", 0) != 1 || j.value("type", "") != "coll" || j.value("partial", false)) continue;
+      try {
+        Rec r{j.at("rank").get<int>(), j.value("nranks", 0), j.value("nnodes", 0), j.value("algo", ""),
+              j.value("proto", ""), j.at("bytes").get<uint64_t>(), j.at("exec_ns").get<uint64_t>()};
+        if (r.execNs == 0) continue;
+        groups[{j.at("comm").get<std::string>(), j.at("func").get<std::string>(), j.value("seq", uint64_t{0})}].push_back(r);
+      } catch (...) {
+        ++bad;
+      }
+    }
+  }
+  closedir(d);
+  std::map<std::string, std::set<int>> ranksOf;
+  for (const auto& [k, g] : groups)
+    for (const auto& r : g) ranksOf[std::get<0>(k)].insert(r.rank);
+  // (nranks, nnodes, coll, bytes, arm) -> per-invocation minimum times (us)
+  std::map<std::pair<int, int>, std::map<std::tuple<int, uint64_t, Arm>, std::vector<double>>> byTopo;
+  for (const auto& [k, g] : groups) {
+    int coll = collFromName(std::get<1>(k));
+    if (coll < 0) continue;  // not a collective the tuner is asked about
+    const Rec& f = g.front();
+    int al = algoFromName(f.algo), pr = protoFromName(f.proto);
+    if (al < 0 || pr < 0) continue;
+    int n = f.nRanks > 0 ? f.nRanks : static_cast<int>(ranksOf[std::get<0>(k)].size());
+    uint64_t minNs = UINT64_MAX;
+    for (const auto& r : g) minNs = std::min(minNs, r.execNs);
+    uint64_t tunerBytes = (coll == 2 || coll == 3) ? f.bytes * static_cast<uint64_t>(n) : f.bytes;
+    Arm arm;
+    arm.algo = static_cast<int8_t>(al);
+    arm.proto = static_cast<int8_t>(pr);
+    byTopo[{n, f.nNodes}][{coll, tunerBytes, arm}].push_back(minNs / 1e3);
+  }
+  if (byTopo.empty()) {
+    std::fprintf(stderr, "weft profile merge: no complete collective records with algorithm and protocol in %s (%zu "
+                         "files, %zu unreadable lines)\n", dir.c_str(), files, bad);
+    return 1;
+  }
+  auto chosen = byTopo.end();
+  size_t most = 0;
+  for (auto it = byTopo.begin(); it != byTopo.end(); ++it) {
+    size_t c = 0;
+    for (const auto& [k, v] : it->second) c += v.size();
+    bool wanted = (ranks == 0 || it->first.first == ranks) && (nodes == 0 || it->first.second == nodes || it->first.second == 0);
+    if (wanted && c > most) most = c, chosen = it;
+  }
+  if (chosen == byTopo.end()) {
+    std::fprintf(stderr, "weft profile merge: no records for %d ranks on %d nodes\n", ranks, nodes);
+    return 1;
+  }
+  Profile p;
+  p.sig.nRanks = chosen->first.first;
+  p.sig.nNodes = chosen->first.second > 0 ? chosen->first.second : nodes;
+  if (p.sig.nNodes <= 0) {
+    std::fprintf(stderr, "weft profile merge: the records do not say the number of nodes (NCCL < 2.27): give --nodes\n");
+    return 1;
+  }
+  p.source["tool"] = "weft profile merge";
+  p.source["records"] = dir;
+  for (auto& [k, v] : chosen->second) {
+    std::sort(v.begin(), v.end());
+    double med = v[v.size() / 2];
+    std::vector<double> dev;
+    for (double x : v) dev.push_back(std::fabs(x - med));
+    std::sort(dev.begin(), dev.end());
+    Measurement m;
+    std::tie(m.coll, m.bytes, m.arm) = k;
+    m.timeUs = med;
+    m.samples = static_cast<uint32_t>(v.size());
+    m.spread = dev[dev.size() / 2] / med;
+    p.measurements.push_back(m);
+  }
+  std::string err;
+  if (!svg::writeFile(outPath, writeProfile(p), &err)) {
+    std::fprintf(stderr, "weft profile merge: %s\n", err.c_str());
+    return 1;
+  }
+  std::printf("profile %s: %zu measurements (%zu collectives joined) for %d ranks on %d nodes\n", outPath.c_str(),
+              p.measurements.size(), most, p.sig.nRanks, p.sig.nNodes);
+  return 0;
+}
+
 }  // namespace
 
 int tuneCommand(int argc, char** argv);
 int profileCommand(int argc, char** argv);
 
+int profileCommand(int argc, char** argv) {
+  std::string sub = argc >= 3 ? argv[2] : "";
+  if (sub == "merge") return mergeCommand(argc, argv);
+  std::fprintf(stderr, "usage: weft profile merge DIR --out PROFILE [--ranks N --nodes M]\n");
+  return 2;
+}
+
 int tuneCommand(int argc, char** argv) {
   std::string sub = argc >= 3 ? argv[2] : "";
   if (sub == "sim") return simCommand(argc, argv);
   if (sub == "show") return showCommand(argc, argv);
-  std::fprintf(stderr, "usage: weft tune sim|show ... (weft help)\n");
+  if (sub == "sweep") return sweepCommand(argc, argv);
+  if (sub == "nccl-sim") return ncclSimCommand(argc, argv);
+  if (sub == "eval") return evalCommand(argc, argv);
+  std::fprintf(stderr, "usage: weft tune sim|show|sweep|nccl-sim|eval ... (weft help)\n");
   return 2;
 }
 
