@@ -20,6 +20,7 @@ struct PolicyOptions {
   double margin = 0.03;     // a measured winner must be at least this much faster than NCCL's own pick
   double z = 2.0;           // ... and by this many standard errors of the difference
   int maxExtrapolation = 4; // buckets (quarter octaves) beyond the measured sizes: one octave
+  double minSampleNoise = 0.05;  // assumed relative noise of one sample, at least (spread floor)
   // Exploration (WEFT_TUNER_EXPLORE): per key, the first `exploreRounds * |candidates| * exploreRepeats` calls
   // go round-robin over NCCL's valid entries within `explorePrune` x of its best model time.
   bool explore = false;
