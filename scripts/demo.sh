@@ -26,7 +26,7 @@ echo "== the same through shared memory (shm provider)"
 echo
 echo "== conformance of the plugin file, as NCCL would drive it (table v11, what NCCL 2.28 picks)"
 "$weft" conformance --plugin "$so" --table 11 --quick --env "WEFT_PROVIDER=$provider" --env "WEFT_IFACE=$iface" \
-  2>/dev/null | tail -n 1
+  2>/dev/null | grep -E '^\[FAIL\]|^conformance:' 
 
 echo
 echo "== timing: weft's own connections (WEFT_TELEMETRY_DIR) during a two-process transfer"
@@ -43,3 +43,13 @@ echo "   then weft report over the records of every rank"
 mkdir -p build/demo
 rm -rf build/demo/job && cp -r "$tel/job" build/demo/job
 "$weft" report build/demo/job --plot build/demo/plots | sed 's/^/  /'
+
+echo
+echo "== tuner: a sweep of a simulated NCCL (weft tune nccl-sim calls the real tuner file as NCCL would and prints"
+echo "   nccl-tests output), the profile it makes, and what the tuner then decides beside NCCL's default"
+tuner=build/lib/libnccl-tuner-weft.so
+"$weft" tune sweep --coll AllReduce --command "$weft tune nccl-sim --tuner $tuner --coll AllReduce --seed 3" \
+  --out build/demo/profile.json --repeat 7 2>/dev/null
+"$weft" tune eval --profile build/demo/profile.json --seed 3
+"$weft" tune show --profile build/demo/profile.json --ranks 16 --nodes 2 --plot build/demo/tuner.svg |
+  grep -E "^(decisions|collective|AllReduce)" | sed 's/^/  /'
