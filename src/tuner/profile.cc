@@ -2,6 +2,7 @@
 
 #include <strings.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -42,6 +43,23 @@ int protoFromName(const std::string& s) noexcept {
   for (int i = 0; i < kNumProtos; ++i)
     if (same(s, kProtos[i])) return i;
   return -1;
+}
+
+Measurement summarize(int coll, uint64_t bytes, const Arm& arm, std::vector<double> v, double minSpread) {
+  Measurement m;
+  m.coll = coll;
+  m.bytes = bytes;
+  m.arm = arm;
+  if (v.empty()) return m;
+  std::sort(v.begin(), v.end());
+  double med = v[v.size() / 2];
+  std::vector<double> dev;
+  for (double x : v) dev.push_back(std::fabs(x - med));
+  std::sort(dev.begin(), dev.end());
+  m.timeUs = med;
+  m.samples = static_cast<uint32_t>(v.size());
+  m.spread = std::max(minSpread, med > 0 ? dev[dev.size() / 2] / med : 0.0);
+  return m;
 }
 
 std::string armName(const Arm& a) {

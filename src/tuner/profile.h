@@ -38,6 +38,11 @@ struct Arm {
 };
 std::string armName(const Arm& a);
 
+struct Measurement;
+// A measurement from raw samples (µs): median, MAD/median spread (at least minSpread), sample count.
+Measurement summarize(int coll, uint64_t bytes, const struct Arm& arm, std::vector<double> samplesUs,
+                      double minSpread = 0.0);
+
 struct Measurement {
   int coll = 4;
   uint64_t bytes = 0;  // nBytes as NCCL passes it to the tuner (AllGather/ReduceScatter: nRanks × per-rank bytes)

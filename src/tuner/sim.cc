@@ -106,19 +106,7 @@ Profile sweep(const World& w, const std::vector<int>& colls, const std::vector<u
       for (const Arm& arm : w.candidates(c, n)) {
         std::vector<double> v;
         for (int i = 0; i < samples; ++i) v.push_back(w.measureUs(c, arm, n, rng));
-        std::sort(v.begin(), v.end());
-        double med = v[v.size() / 2];
-        std::vector<double> dev;
-        for (double x : v) dev.push_back(std::fabs(x - med));
-        std::sort(dev.begin(), dev.end());
-        Measurement m;
-        m.coll = c;
-        m.bytes = n;
-        m.arm = arm;
-        m.timeUs = med;
-        m.samples = static_cast<uint32_t>(samples);
-        m.spread = dev[dev.size() / 2] / med;
-        p.measurements.push_back(m);
+        p.measurements.push_back(summarize(c, n, arm, std::move(v)));
       }
     }
   }

@@ -399,19 +399,7 @@ int sweepCommand(int argc, char** argv) {
     }
     for (auto& [bytes, v] : times) {
       if (unavailable.count(bytes) || bytes == 0) continue;  // NCCL ran its own pick there, not this candidate
-      std::sort(v.begin(), v.end());
-      double med = v[v.size() / 2];
-      std::vector<double> dev;
-      for (double x : v) dev.push_back(std::fabs(x - med));
-      std::sort(dev.begin(), dev.end());
-      Measurement m;
-      m.coll = coll;
-      m.bytes = bytes;
-      m.arm = arm;
-      m.timeUs = med;
-      m.samples = static_cast<uint32_t>(v.size());
-      m.spread = std::max(0.02, dev[dev.size() / 2] / med);  // nccl-tests prints averages: at least 2%
-      prof.measurements.push_back(m);
+      prof.measurements.push_back(summarize(coll, bytes, arm, v, 0.02));  // nccl-tests prints averages: >= 2%
     }
     done.insert(key);
     std::string d;
@@ -642,17 +630,8 @@ int mergeCommand(int argc, char** argv) {
   p.source["tool"] = "weft profile merge";
   p.source["records"] = dir;
   for (auto& [k, v] : chosen->second) {
-    std::sort(v.begin(), v.end());
-    double med = v[v.size() / 2];
-    std::vector<double> dev;
-    for (double x : v) dev.push_back(std::fabs(x - med));
-    std::sort(dev.begin(), dev.end());
-    Measurement m;
-    std::tie(m.coll, m.bytes, m.arm) = k;
-    m.timeUs = med;
-    m.samples = static_cast<uint32_t>(v.size());
-    m.spread = dev[dev.size() / 2] / med;
-    p.measurements.push_back(m);
+    auto [coll, bytes, arm] = k;
+    p.measurements.push_back(summarize(coll, bytes, arm, v));
   }
   std::string err;
   if (!svg::writeFile(outPath, writeProfile(p), &err)) {
