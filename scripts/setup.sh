@@ -3,7 +3,7 @@
 # Does nothing when everything is present; needs root (or sudo) otherwise.
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config libfabric-dev libfabric-bin libhwloc-dev libfmt-dev catch2
-      libibverbs-dev rdma-core libbenchmark-dev nlohmann-json3-dev iproute2 binutils)
+      libibverbs-dev rdma-core libbenchmark-dev nlohmann-json3-dev iproute2 binutils python3)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
