@@ -115,6 +115,26 @@ int64_t coarseNowMs() {
 }
 }  // namespace
 
+// Whether a NIC's link is up, from sysfs: a network interface's operstate (up, or unknown as loopback reports),
+// or an RDMA device's port state; a name sysfs does not know counts as up.
+bool linkUp(const std::string& nic) {
+  char buf[64] = {0};
+  std::string path = "/sys/class/net/" + nic + "/operstate";
+  if (FILE* f = std::fopen(path.c_str(), "r")) {
+    size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+    std::fclose(f);
+    std::string st(buf, n);
+    return st.rfind("up", 0) == 0 || st.rfind("unknown", 0) == 0;
+  }
+  path = "/sys/class/infiniband/" + nic + "/ports/1/state";
+  if (FILE* f = std::fopen(path.c_str(), "r")) {
+    size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+    std::fclose(f);
+    return std::string(buf, n).find("ACTIVE") != std::string::npos;
+  }
+  return true;
+}
+
 // Requests have been outstanding with nothing completing. A live peer may simply be busy (NCCL posts receives
 // long before the data comes), so silence alone proves nothing: after WEFT_PROBE_INTERVAL ms of it, send the
 // peer a probe. A live peer's host takes it at once, whatever its process is doing; a dead process answers
@@ -127,6 +147,25 @@ void FabricDataComm::checkPeer() {
     completionsSeen_ = completions_;
     lastActivityMs_ = now;
     return;
+  }
+  // Stalled past the probe interval: a NIC whose link is down (its own cable, or for a veth the peer end) fails
+  // the connection once it has stayed down for WEFT_PEER_TIMEOUT. A probe cannot show that over TCP: it is
+  // "delivered" into the socket buffer and retransmitted for minutes.
+  if (now - lastActivityMs_ >= probeIntervalMs_) {
+    bool allUp = true;
+    for (Rail& rail : rails_) {
+      const std::string& nic = rail.ep->device().props().name;
+      if (linkUp(nic)) continue;
+      allUp = false;
+      if (linkDownSinceMs_ == 0) linkDownSinceMs_ = now;
+      if (now - linkDownSinceMs_ > peerTimeoutMs_) {
+        WEFT_WARN("peer {} unreachable: the link of {} has been down for {} s with {} requests outstanding; they fail "
+                  "(WEFT_PEER_TIMEOUT)", peerName_, nic, (now - linkDownSinceMs_) / 1000, outstanding_);
+        fatal_ = Status::kRemote;
+        return;
+      }
+    }
+    if (allUp) linkDownSinceMs_ = 0;
   }
   // Every rail is probed: a link down on one NIC of a device stalls the messages that rail carries.
   bool inFlight = false;

@@ -33,6 +33,7 @@ bool WorkerSession::open(const WorkerArgs& wa, std::string* error) {
   CheckEnv& env = *env_;
   env.dev = wa.dev;
   env.quick = wa.quick;
+  env.soakMessages = wa.soakMessages;
   env.timeout = std::chrono::seconds(wa.timeoutSec);
   env.callLimit = std::chrono::milliseconds(wa.callLimitMs);
   env.isWeft = std::string(net.name()) == "weft";

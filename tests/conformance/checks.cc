@@ -4,7 +4,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <atomic>
+#include <cmath>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <random>
 #include <set>
@@ -12,6 +14,7 @@
 
 #include <dirent.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "check_support.h"
@@ -47,6 +50,177 @@ void profilerNetEvents(CheckEnv& env) {
     if (st.started == 0) fail("WEFT_TIMING=net, yet weft opened no net-plugin events");
     if (st.weftBytes == 0) fail("weft's event descriptors carry no lengths");
   }
+}
+
+// ---- soak ------------------------------------------------------------------------------------------------------
+
+// 16 connections progressed round-robin from one thread (as NCCL's proxy does), each a stream of groups: a
+// grouped receive of 1..maxRecvs buffers matched by as many sends with distinct tags, posted in a shuffled order,
+// sizes log-uniform from 0 to 128 KiB, up to 4 groups in flight per connection. Every byte of every message is
+// checked. Both processes derive the same groups from a per-connection seed.
+int agreedMaxRecvs(CheckEnv& env);
+
+struct SoakGroup {
+  std::vector<size_t> sizes;
+  std::vector<int> tags, order;
+};
+
+SoakGroup soakGroup(uint64_t seed, int maxRecvs) {
+  std::mt19937_64 rng(seed);
+  SoakGroup g;
+  int n = 1 + static_cast<int>(rng() % static_cast<uint64_t>(maxRecvs));
+  for (int k = 0; k < n; ++k) {
+    double l = std::uniform_real_distribution<double>(0.0, 17.0)(rng);  // 2^0 .. 2^17 bytes
+    size_t sz = rng() % 50 == 0 ? 0 : static_cast<size_t>(std::pow(2.0, l)) - 1;
+    g.sizes.push_back(std::min<size_t>(sz, 128 << 10));
+    g.tags.push_back(static_cast<int>(1 + k * 7 + (rng() % 5) * 100));
+    g.order.push_back(k);
+  }
+  std::shuffle(g.order.begin(), g.order.end(), rng);
+  return g;
+}
+
+class SoakConn {
+ public:
+  static constexpr int kWindow = 4;
+  static constexpr size_t kSlot = 128 << 10;
+  SoakConn(CheckEnv& env, Conn& c, int id, int maxRecvs, int64_t groups)
+      : env_(env), c_(c), id_(id), maxRecvs_(maxRecvs), groups_(groups), buf_(kSlot * maxRecvs * kWindow),
+        reg_(env.net, c.comm(), buf_.data(), buf_.size()) {}
+  uint64_t messages = 0, bytes = 0;
+  bool done() const { return next_ == groups_ && inflight_.empty(); }
+
+  void step() {
+    // post
+    if (next_ < groups_ && static_cast<int>(inflight_.size()) < kWindow) {
+      if (env_.recv()) {
+        postRecv();
+      } else {
+        postSends();
+      }
+    }
+    // test the oldest group
+    if (inflight_.empty()) return;
+    Pending& p = inflight_.front();
+    if (p.reqs.empty() || (!env_.recv() && p.posted < p.g.sizes.size())) return;
+    int n = static_cast<int>(p.g.sizes.size());
+    while (p.tested < p.reqs.size()) {
+      int sizes[NCCL_PROXY_MAX_SUBS] = {};
+      int d = 0;
+      expectOk(env_.net.test(p.reqs[p.tested], &d, sizes), "test");
+      if (!d) return;
+      if (env_.recv()) {
+        for (int k = 0; k < n; ++k) {
+          uint8_t* at = slot(p.index, k);
+          if (static_cast<size_t>(sizes[k]) != p.g.sizes[k])
+            fail(where(p.index, k) + " reported " + std::to_string(sizes[k]) + " bytes, sent " + std::to_string(p.g.sizes[k]));
+          size_t bad = findMismatch(at, p.g.sizes[k], patternSeed(p.index, k));
+          if (bad != SIZE_MAX) fail(where(p.index, k) + " (" + fmtSize(p.g.sizes[k]) + ") corrupted at byte " + std::to_string(bad));
+          ++messages;
+          bytes += p.g.sizes[k];
+        }
+      } else {
+        ++messages;
+        bytes += p.g.sizes[p.g.order[p.tested]];
+      }
+      ++p.tested;
+    }
+    inflight_.pop_front();
+  }
+
+ private:
+  struct Pending {
+    int64_t index;
+    SoakGroup g;
+    std::vector<void*> reqs;
+    size_t posted = 0, tested = 0;
+  };
+  uint64_t patternSeed(int64_t g, int k) const { return (static_cast<uint64_t>(id_) << 48) ^ (static_cast<uint64_t>(g) << 8) ^ k; }
+  uint8_t* slot(int64_t g, int k) { return buf_.data() + ((g % kWindow) * maxRecvs_ + k) * kSlot; }
+  std::string where(int64_t g, int k) const {
+    return "connection " + std::to_string(id_) + " group " + std::to_string(g) + " buffer " + std::to_string(k);
+  }
+  void postRecv() {
+    SoakGroup g = soakGroup(seed(next_), maxRecvs_);
+    int n = static_cast<int>(g.sizes.size());
+    std::vector<void*> data(n), mhs(n, reg_.mh());
+    std::vector<size_t> want(n, kSlot);
+    for (int k = 0; k < n; ++k) data[k] = slot(next_, k);
+    void* req = nullptr;
+    expectOk(env_.net.irecv(c_.recvComm, n, data.data(), want.data(), g.tags.data(), mhs.data(), &req), "irecv");
+    if (req == nullptr) return;  // back-pressure: again next time
+    Pending p{next_, std::move(g), {req}, 1, 0};
+    inflight_.push_back(std::move(p));
+    ++next_;
+  }
+  void postSends() {
+    if (inflight_.empty() || inflight_.back().posted == inflight_.back().g.sizes.size()) {
+      Pending p{next_, soakGroup(seed(next_), maxRecvs_), {}, 0, 0};
+      p.reqs.assign(p.g.sizes.size(), nullptr);
+      for (size_t k = 0; k < p.g.sizes.size(); ++k) fillPattern(slot(next_, static_cast<int>(k)), p.g.sizes[k], patternSeed(next_, static_cast<int>(k)));
+      inflight_.push_back(std::move(p));
+      ++next_;
+    }
+    Pending& p = inflight_.back();
+    while (p.posted < p.g.sizes.size()) {
+      int k = p.g.order[p.posted];
+      void* req = nullptr;
+      expectOk(env_.net.isend(c_.sendComm, slot(p.index, k), p.g.sizes[k], p.g.tags[k], reg_.mh(), &req), "isend");
+      if (req == nullptr) return;
+      p.reqs[p.posted++] = req;
+    }
+  }
+  uint64_t seed(int64_t g) const { return 0x50a50a50ull * (id_ + 1) + static_cast<uint64_t>(g) * 1000003ull; }
+
+  CheckEnv& env_;
+  Conn& c_;
+  int id_, maxRecvs_;
+  int64_t groups_, next_ = 0;
+  Buffer buf_;
+  Registration reg_;
+  std::deque<Pending> inflight_;
+};
+
+void soakRandom(CheckEnv& env) {
+  int maxRecvs = std::max(1, std::min(agreedMaxRecvs(env), 8));
+  const int kConns = 16;
+  int64_t target = env.soakMessages > 0 ? env.soakMessages : (env.quick ? 2000 : 20000);
+  // groups average (maxRecvs + 1) / 2 messages
+  int64_t groupsPerConn = std::max<int64_t>(1, target * 2 / ((maxRecvs + 1) * kConns));
+  std::vector<Conn> conns;
+  for (int i = 0; i < kConns; ++i) conns.push_back(establish(env, "soak" + std::to_string(i)));
+  uint64_t messages = 0, bytes = 0;
+  auto t0 = std::chrono::steady_clock::now();
+  {
+    std::vector<std::unique_ptr<SoakConn>> s;
+    for (int i = 0; i < kConns; ++i) s.push_back(std::make_unique<SoakConn>(env, conns[i], i, maxRecvs, groupsPerConn));
+    // Bounded by progress, not by total time: a long soak may run for hours, but never sits still.
+    auto lastProgress = std::chrono::steady_clock::now();
+    uint64_t lastCount = 0;
+    for (uint64_t it = 0;; ++it) {
+      bool all = true;
+      uint64_t count = 0;
+      for (auto& c : s) {
+        if (!c->done()) c->step();
+        all = all && c->done();
+        count += c->messages;
+      }
+      if (all) break;
+      if (count != lastCount) {
+        lastCount = count;
+        lastProgress = std::chrono::steady_clock::now();
+      } else if (std::chrono::steady_clock::now() - lastProgress > env.timeout) {
+        fail("no message completed for " + std::to_string(env.timeout.count()) + " s (" + std::to_string(count) + " done)");
+      }
+      if (it % 4096 == 0) checkPeer(env);
+    }
+    for (auto& c : s) messages += c->messages, bytes += c->bytes;
+  }
+  for (auto& c : conns) closeConn(env, c);
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("INFO\tsoak: %llu messages (%s) %s over %d connections in %.1f s, grouped receives of up to %d\n",
+              static_cast<unsigned long long>(messages), fmtSize(bytes).c_str(), env.recv() ? "received and checked" : "sent",
+              kConns, secs, maxRecvs);
 }
 
 // ---- set-up ----------------------------------------------------------------------------------------------------
@@ -715,6 +889,105 @@ void peerKilled(CheckEnv& env, Role victim) {
   closeConn(env, c);
 }
 
+
+// The link between the two namespaces goes down mid-stream (the sender takes its own veth down): pending requests
+// on both ends must fail within a bound; the link comes back, the broken comms close without hanging, and a new
+// connection works. Only inside a private network namespace (netns_conformance.sh --link-down), never on a host.
+// The worker was started in its own namespace by the driver (ip netns exec ... execs it): its network namespace
+// must differ from the driver's.
+bool privateNetns() {
+  struct stat self {}, parent {};
+  std::string p = "/proc/" + std::to_string(getppid()) + "/ns/net";
+  if (stat("/proc/self/ns/net", &self) != 0 || stat(p.c_str(), &parent) != 0) return false;
+  return self.st_ino != parent.st_ino || self.st_dev != parent.st_dev;
+}
+
+void setLinks(bool up) {
+  DIR* d = opendir("/sys/class/net");
+  if (d == nullptr) fail("cannot list /sys/class/net");
+  while (dirent* e = readdir(d)) {
+    std::string n = e->d_name;
+    if (n == "." || n == ".." || n == "lo") continue;
+    std::string cmd = "ip link set dev " + n + (up ? " up" : " down");
+    if (std::system(cmd.c_str()) != 0) fail("'" + cmd + "' failed");
+  }
+  closedir(d);
+}
+
+void faultsLinkDown(CheckEnv& env) {
+  if (std::getenv("CONFORMANCE_LINK_DOWN_OK") == nullptr)
+    throw CheckSkip("takes a link down: only under netns_conformance.sh --link-down");
+  if (!privateNetns()) throw CheckSkip("refusing to take links down outside a private network namespace");
+  Conn c = establish(env, "link");
+  const size_t size = 1 << 20;
+  Buffer buf(size * 8);
+  Registration reg(env.net, c.comm(), buf.data(), buf.size());
+  StreamSpec warm;
+  for (int i = 0; i < 16; ++i) warm.sizes.push_back(size);
+  warm.slotSize = size;
+  stream(env, c, warm);
+  std::vector<void*> reqs;
+  if (env.recv()) {
+    for (int i = 0; i < 4; ++i) {
+      void* data[1] = {buf.data() + i * size};
+      size_t sz[1] = {size};
+      int tags[1] = {0};
+      void* mhs[1] = {reg.mh()};
+      void* req = nullptr;
+      Deadline d(env.timeout);
+      while (req == nullptr && !d.expired()) expectOk(env.net.irecv(c.recvComm, 1, data, sz, tags, mhs, &req), "irecv");
+      if (req) reqs.push_back(req);
+    }
+  }
+  env.oob.barrier("posted", env.timeout);
+  if (!env.recv()) setLinks(false);
+  env.oob.barrier("down", env.timeout);
+  auto t0 = std::chrono::steady_clock::now();
+  ncclResult_t r = ncclSuccess;
+  size_t k = 0;
+  Deadline d(env.timeout);
+  while (r == ncclSuccess && !d.expired()) {
+    if (env.recv()) {
+      if (k >= reqs.size()) break;
+      int done = 0, sizes[NCCL_PROXY_MAX_SUBS];
+      r = env.net.test(reqs[k], &done, sizes);
+      if (done) ++k;
+    } else {
+      // keep sending, as NCCL's proxy would; the sends cannot be delivered
+      if (reqs.size() < 4) {
+        void* req = nullptr;
+        r = env.net.isend(c.sendComm, buf.data() + reqs.size() * size, size, 0, reg.mh(), &req);
+        if (req) reqs.push_back(req);
+      } else {
+        int done = 0, sizes[NCCL_PROXY_MAX_SUBS];
+        r = env.net.test(reqs[k % reqs.size()], &done, sizes);
+        if (done) reqs.erase(reqs.begin() + static_cast<long>(k % reqs.size()));
+      }
+    }
+  }
+  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  bool failedInTime = r != ncclSuccess;
+  if (!env.recv()) setLinks(true);
+  env.oob.barrier("up", env.timeout);
+  if (!failedInTime)
+    fail("pending requests over a link that went down neither failed nor completed within " +
+         std::to_string(env.timeout.count()) + " s");
+  std::printf("INFO\tlink down detected after %.0f ms (%s)\n", ms, resultName(r));
+  reg.release();
+  Deadline closing(std::chrono::seconds(10));
+  closeConn(env, c);
+  if (closing.expired()) fail("closing the broken connection took more than 10 s");
+  // the link is back: a new connection carries data
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  Conn fresh = establish(env, "after");
+  StreamSpec again;
+  for (int i = 0; i < 8; ++i) again.sizes.push_back(size);
+  again.slotSize = size;
+  again.seed = 77;
+  stream(env, fresh, again);
+  closeConn(env, fresh);
+}
+
 void faultsSenderKilled(CheckEnv& env) { peerKilled(env, Role::kSend); }
 void faultsReceiverKilled(CheckEnv& env) { peerKilled(env, Role::kRecv); }
 
@@ -898,6 +1171,10 @@ const std::vector<Check>& allChecks() {
        faultsReceiverKilled},
       {"profiler.net_events", "net-plugin profiler events (v10+): never a NULL pHandle, each started event stopped once",
        profilerNetEvents},
+      {"faults.link_down", "the link goes down mid-stream: pending requests fail within a bound; back up, a new "
+       "connection works (alone, under netns_conformance.sh --link-down)", faultsLinkDown},
+      {"soak.random", "16 connections, grouped receives of random sizes and tags in shuffled send order, every byte "
+       "checked (--soak N messages)", soakRandom},
       {"weft.wrong_token", "a handle with a wrong token is refused with a warning; the real one still connects",
        weftWrongToken},
       {"weft.replayed_handle", "a second connect to a used handle is refused; the first connection still works",

@@ -11,13 +11,15 @@
 #   --netem SPEC: tc netem on every veth, both directions (e.g. "delay 1ms loss 0.5% reorder 25% 50%"); the
 #   conformance checks verify every byte, so data must arrive intact whatever the link does.
 #   --bench runs `weft bench` instead of `weft conformance`.
+#   --link-down lets the checks take the veths down and up (faults.link_down; only ever inside these namespaces).
 set -u
-rails="" cmd=conformance netem=""
+rails="" cmd=conformance netem="" linkdown=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --rails) rails=$2; shift 2 ;;
     --bench) cmd=bench; shift ;;
     --netem) netem=$2; shift 2 ;;
+    --link-down) linkdown=1; shift ;;
     *) break ;;
   esac
 done
@@ -61,10 +63,11 @@ for ns in "$a" "$b"; do
 done
 
 extra=()
+[ $linkdown = 1 ] && extra+=(--env CONFORMANCE_LINK_DOWN_OK=1)
 case "$rails" in
   "") ;;
-  explicit) extra=(--recv-env "WEFT_RAILS=v${tag}a0+v${tag}a1" --send-env "WEFT_RAILS=v${tag}b0+v${tag}b1") ;;
-  fuse) extra=(--env WEFT_RAILS=off --fuse 0,1) ;;
+  explicit) extra+=(--recv-env "WEFT_RAILS=v${tag}a0+v${tag}a1" --send-env "WEFT_RAILS=v${tag}b0+v${tag}b1") ;;
+  fuse) extra+=(--env WEFT_RAILS=off --fuse 0,1) ;;
   *) echo "unknown --rails mode '$rails'"; exit 2 ;;
 esac
 

@@ -18,6 +18,7 @@ struct RunOptions {
   std::vector<std::string> skip;  // check names (or prefixes) reported as skipped without running
   bool quick = false;
   bool verbose = false;
+  int64_t soakMessages = 0;  // soak.random: how many messages (0: 20,000; 2,000 with --quick)
   int dev = -1;     // -1: device 0
   std::string fuse;  // "0,1": the workers fuse these devices with makeVDevice and test the fused one
   int timeoutSec = 60;

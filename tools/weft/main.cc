@@ -35,6 +35,7 @@ void usage() {
                "      [--only NAME]             run only this check (name or prefix; repeatable; see --list)\n"
                "      [--skip NAME]             report a check as skipped instead of running it (repeatable)\n"
                "      [--list] [--quick] [--verbose] [--timeout SEC] [--dev N] [--fuse 0,1]\n"
+               "      [--soak N]                messages for soak.random (default 20,000; 2,000 with --quick)\n"
                "      [--call-limit MS]         longest connect/accept/listen call before it counts as blocking (500)\n"
                "      [--env K=V] [--recv-env K=V] [--send-env K=V]   environment for both / one worker\n"
                "      [--recv-netns NS] [--send-netns NS]           run a worker inside a network namespace\n"
@@ -94,6 +95,7 @@ int conformance(int argc, char** argv) {
     else if (f == "--skip") o.skip.push_back(a.value());
     else if (f == "--list") return weft::harness::listChecks();
     else if (f == "--quick") o.quick = true;
+    else if (f == "--soak") o.soakMessages = a.number(1, 2000000000);
     else if (f == "--verbose") o.verbose = true;
     else if (f == "--timeout") o.timeoutSec = a.number(1, 3600);
     else if (f == "--call-limit") o.callLimitMs = a.number(1, 3600000);
