@@ -4,7 +4,9 @@
 #include <climits>
 #include <cstring>
 #include <exception>
+#include <mutex>
 #include <new>
+#include <unordered_set>
 
 #include <time.h>
 
@@ -48,6 +50,33 @@ ncclResult_t guarded(const char* what, F&& f) noexcept {
   }
 }
 
+// Objects handed to NCCL by the calls that are not on the data path (listen, connect, accept, regMr), so that
+// close and deregister can refuse an object that is closed already or was never ours without touching freed
+// memory. The data path (isend/irecv/test) checks the object's magic word only: it runs for every message.
+class LiveObjects {
+ public:
+  void add(const void* p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    live_.insert(p);
+  }
+  bool contains(const void* p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return live_.count(p) != 0;
+  }
+  bool remove(const void* p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return live_.erase(p) != 0;
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_set<const void*> live_;
+};
+LiveObjects& live() {
+  static LiveObjects* l = new LiveObjects;  // never destroyed: NCCL may close comms during exit
+  return *l;
+}
+
 Backend* backendOrWarn(const char* what) {
   Backend* b = Engine::instance().backend();
   if (b == nullptr) WEFT_WARN("{} called, but weft offers no devices ({})", what, Engine::instance().declineReason());
@@ -56,7 +85,7 @@ Backend* backendOrWarn(const char* what) {
 
 Comm* asComm(void* p) {
   auto* o = static_cast<Object*>(p);
-  if (o == nullptr) return nullptr;
+  if (o == nullptr || !live().contains(p)) return nullptr;
   if (o->magic_ == kSendMagic) return static_cast<SendComm*>(o);
   if (o->magic_ == kRecvMagic) return static_cast<RecvComm*>(o);
   return nullptr;
@@ -239,7 +268,10 @@ ncclResult_t listenImpl(int dev, void* handle, void** listenComm) {
     if (b == nullptr) return Status::kInternal;
     ListenComm* lc = nullptr;
     Status st = b->listen(dev, handle, &lc);
-    if (st == Status::kOk) *listenComm = static_cast<Object*>(lc);
+    if (st == Status::kOk) {
+      *listenComm = static_cast<Object*>(lc);
+      live().add(*listenComm);
+    }
     return st;
   });
 }
@@ -255,6 +287,7 @@ ncclResult_t connectImpl(int dev, const CommConfig& config, void* handle, void**
     if (st == Status::kOk && sc != nullptr) {
       timingOpen(sc, true);
       *sendComm = static_cast<Object*>(sc);
+      live().add(*sendComm);
     }
     return st;
   });
@@ -264,6 +297,10 @@ ncclResult_t acceptImpl(void* listenComm, void** recvComm) {
   return guarded("accept", [&] {
     if (recvComm == nullptr) return Status::kInternal;
     *recvComm = nullptr;
+    if (!live().contains(listenComm)) {
+      WEFT_WARN("accept: {} is not a live weft listen comm (closed already, or not ours)", listenComm);
+      return Status::kInternal;
+    }
     auto* lc = as<ListenComm, kListenMagic>(listenComm, "accept");
     if (lc == nullptr) return Status::kInternal;
     RecvComm* rc = nullptr;
@@ -271,6 +308,7 @@ ncclResult_t acceptImpl(void* listenComm, void** recvComm) {
     if (st == Status::kOk && rc != nullptr) {
       timingOpen(rc, false);
       *recvComm = static_cast<Object*>(rc);
+      live().add(*recvComm);
     }
     return st;
   });
@@ -287,7 +325,10 @@ ncclResult_t regMrImpl(void* comm, void* data, size_t size, int type, void** mha
     }
     MemHandle* mh = nullptr;
     Status st = c->regMr(data, size, type, &mh);
-    if (st == Status::kOk) *mhandle = static_cast<Object*>(mh);
+    if (st == Status::kOk) {
+      *mhandle = static_cast<Object*>(mh);
+      live().add(*mhandle);
+    }
     return st;
   });
 }
@@ -304,7 +345,10 @@ ncclResult_t regMrDmaBufImpl(void* comm, void* data, size_t size, int type, uint
     }
     MemHandle* mh = nullptr;
     Status st = c->regMrDmaBuf(data, size, type, offset, fd, &mh);
-    if (st == Status::kOk) *mhandle = static_cast<Object*>(mh);
+    if (st == Status::kOk) {
+      *mhandle = static_cast<Object*>(mh);
+      live().add(*mhandle);
+    }
     return st;
   });
 }
@@ -314,6 +358,10 @@ ncclResult_t deregMrImpl(void* comm, void* mhandle) {
     Comm* c = asComm(comm);
     if (c == nullptr) {
       WEFT_WARN("deregMr: {} is not a live weft send or receive comm", comm);
+      return Status::kInternal;
+    }
+    if (!live().remove(mhandle)) {
+      WEFT_WARN("deregMr: {} is not a live weft memory handle (deregistered already, or not ours)", mhandle);
       return Status::kInternal;
     }
     return c->deregMr(static_cast<MemHandle*>(static_cast<Object*>(mhandle)));
@@ -404,8 +452,13 @@ ncclResult_t testImpl(void* request, int* done, int* sizes) {
 
 ncclResult_t closeSendImpl(void* sendComm) {
   return guarded("closeSend", [&] {
+    if (!live().contains(sendComm)) {
+      WEFT_WARN("closeSend: {} is not a live weft send comm (closed already, or not ours)", sendComm);
+      return Status::kInternal;
+    }
     auto* sc = as<SendComm, kSendMagic>(sendComm, "closeSend");
     if (sc == nullptr) return Status::kInternal;
+    live().remove(sendComm);
     timingClose(sc);
     delete sc;
     return Status::kOk;
@@ -414,8 +467,13 @@ ncclResult_t closeSendImpl(void* sendComm) {
 
 ncclResult_t closeRecvImpl(void* recvComm) {
   return guarded("closeRecv", [&] {
+    if (!live().contains(recvComm)) {
+      WEFT_WARN("closeRecv: {} is not a live weft receive comm (closed already, or not ours)", recvComm);
+      return Status::kInternal;
+    }
     auto* rc = as<RecvComm, kRecvMagic>(recvComm, "closeRecv");
     if (rc == nullptr) return Status::kInternal;
+    live().remove(recvComm);
     timingClose(rc);
     delete rc;
     return Status::kOk;
@@ -424,8 +482,13 @@ ncclResult_t closeRecvImpl(void* recvComm) {
 
 ncclResult_t closeListenImpl(void* listenComm) {
   return guarded("closeListen", [&] {
+    if (!live().contains(listenComm)) {
+      WEFT_WARN("closeListen: {} is not a live weft listen comm (closed already, or not ours)", listenComm);
+      return Status::kInternal;
+    }
     auto* lc = as<ListenComm, kListenMagic>(listenComm, "closeListen");
     if (lc == nullptr) return Status::kInternal;
+    live().remove(listenComm);
     delete lc;
     return Status::kOk;
   });

@@ -37,6 +37,7 @@ struct WorkerArgs {
   std::string fuse;  // devices to fuse with makeVDevice (as NCCL does at topology detection); the result is used
   bool quick = false, verbose = false;
   int64_t soakMessages = 0;  // soak.random: messages in all (0: the check's default)
+  int cycles = 0;            // hygiene.*: cycles (0: the checks' defaults)
   // weft bench only: the raw libfabric reference (empty provider: none), rounds per point, which patterns.
   std::string rawProvider, rawIface, patterns = "lat,bw,conns,steps", latSizes, rawModes;
   int rounds = 3;

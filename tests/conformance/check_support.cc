@@ -34,6 +34,7 @@ bool WorkerSession::open(const WorkerArgs& wa, std::string* error) {
   env.dev = wa.dev;
   env.quick = wa.quick;
   env.soakMessages = wa.soakMessages;
+  env.cycles = wa.cycles;
   env.timeout = std::chrono::seconds(wa.timeoutSec);
   env.callLimit = std::chrono::milliseconds(wa.callLimitMs);
   env.isWeft = std::string(net.name()) == "weft";

@@ -784,7 +784,7 @@ void expectNoGrowth(const Usage& before, const Usage& after, int cycles, const c
 void hygieneConnectCycles(CheckEnv& env) {
   // listen/connect/accept/close as NCCL does for every lazily created connection, many times over: nothing may
   // accumulate (file descriptors, endpoints, memory).
-  const int cycles = env.quick ? 100 : 2000;
+  const int cycles = env.cycles > 0 ? env.cycles : (env.quick ? 100 : 2000);
   const int warmup = 50;
   Usage before;
   for (int i = 0; i < warmup + cycles; ++i) {
@@ -802,7 +802,7 @@ void hygieneConnectCycles(CheckEnv& env) {
 
 void hygieneRegisterCycles(CheckEnv& env) {
   Conn c = establish(env);
-  const int cycles = env.quick ? 2000 : 10000;
+  const int cycles = env.cycles > 0 ? env.cycles : (env.quick ? 2000 : 10000);
   Buffer buf(8 << 20);
   Usage before;
   for (int i = 0; i < 100 + cycles; ++i) {
@@ -1109,6 +1109,78 @@ void weftUnreachablePeer(CheckEnv& env) {
   }
 }
 
+// NCCL never does these; a plugin must survive them with an error and a warning, not a crash: closing twice,
+// deregistering twice, testing a request after it reported done, NULL out-pointers, a memory handle that is not
+// one, a comm of the wrong kind.
+void weftMisuse(CheckEnv& env) {
+  requireWeft(env);
+  Conn c = establish(env);
+  Buffer buf(1 << 16);
+  // a registration deregistered twice
+  void* mh = nullptr;
+  expectOk(env.net.regMr(c.comm(), buf.data(), buf.size(), NCCL_PTR_HOST, &mh), "regMr");
+  expectOk(env.net.deregMr(c.comm(), mh), "deregMr");
+  int w = warningCount();
+  if (env.net.deregMr(c.comm(), mh) == ncclSuccess) fail("a second deregMr of the same handle succeeded");
+  if (warningCount() == w) fail("a second deregMr was refused without a warning");
+  uint64_t junk[16] = {};
+  if (env.net.deregMr(c.comm(), junk) == ncclSuccess) fail("deregMr accepted a handle that is not weft's");
+  // NULL out-pointers
+  if (env.net.regMr(c.comm(), buf.data(), buf.size(), NCCL_PTR_HOST, nullptr) == ncclSuccess)
+    fail("regMr accepted a NULL handle pointer");
+  // a message exchanged, then its request tested again
+  Registration reg(env.net, c.comm(), buf.data(), buf.size());
+  void* req = nullptr;
+  if (env.recv()) {
+    void* data[1] = {buf.data()};
+    size_t sz[1] = {4096};
+    int tags[1] = {3};
+    void* mhs[1] = {reg.mh()};
+    Deadline d(env.timeout);
+    while (req == nullptr && !d.expired()) expectOk(env.net.irecv(c.recvComm, 1, data, sz, tags, mhs, &req), "irecv");
+    // a foreign memory handle in a receive
+    void* bad[1] = {junk};
+    void* r2 = nullptr;
+    if (env.net.irecv(c.recvComm, 1, data, sz, tags, bad, &r2) == ncclSuccess && r2 != nullptr)
+      fail("irecv accepted a memory handle that is not weft's");
+  } else {
+    // a foreign memory handle in a send
+    void* r2 = nullptr;
+    if (env.net.isend(c.sendComm, buf.data(), 4096, 3, junk, &r2) == ncclSuccess && r2 != nullptr)
+      fail("isend accepted a memory handle that is not weft's");
+    fillPattern(buf.data(), 4096, 99);
+    Deadline d(env.timeout);
+    while (req == nullptr && !d.expired()) expectOk(env.net.isend(c.sendComm, buf.data(), 4096, 3, reg.mh(), &req), "isend");
+  }
+  waitRequest(env, req, 1, "the exchanged message");
+  int done = 0, sizes[NCCL_PROXY_MAX_SUBS] = {};
+  w = warningCount();
+  if (env.net.test(req, &done, sizes) == ncclSuccess && done) fail("a request tested again after it reported done");
+  if (warningCount() == w) fail("testing a completed request gave no warning");
+  // a comm of the wrong kind
+  void* r3 = nullptr;
+  if (env.recv()) {
+    if (env.net.isend(c.recvComm, buf.data(), 8, 0, reg.mh(), &r3) == ncclSuccess) fail("isend accepted a receive comm");
+  } else {
+    if (env.net.closeRecv(c.sendComm) == ncclSuccess) fail("closeRecv accepted a send comm");
+  }
+  reg.release();
+  env.oob.barrier("misuse-done", env.timeout);
+  // closed twice
+  void* comm = c.comm();
+  closeConn(env, c);
+  w = warningCount();
+  ncclResult_t again = env.recv() ? env.net.closeRecv(comm) : env.net.closeSend(comm);
+  if (again == ncclSuccess) fail("a comm closed twice: the second close succeeded");
+  if (warningCount() == w) fail("a second close was refused without a warning");
+  // a listen comm closed twice
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
+  void* lc = nullptr;
+  expectOk(env.net.listen(env.ctx, env.dev, handle, &lc), "listen");
+  expectOk(env.net.closeListen(lc), "closeListen");
+  if (env.net.closeListen(lc) == ncclSuccess) fail("a listen comm closed twice: the second close succeeded");
+}
+
 void weftGarbageHandles(CheckEnv& env) {
   requireWeft(env);
   std::mt19937_64 rng(env.recv() ? 11 : 12);
@@ -1181,6 +1253,8 @@ const std::vector<Check>& allChecks() {
        weftReplayedHandle},
       {"weft.unreachable_peer", "connect to a closed listen or a silent listener fails within WEFT_CONNECT_TIMEOUT",
        weftUnreachablePeer},
+      {"weft.misuse", "double close and deregister, test after completion, NULL out-pointers, foreign memory "
+       "handles, comms of the wrong kind: errors with warnings, never a crash", weftMisuse},
       {"weft.garbage_handles", "garbage handles and foreign objects get ncclInvalidUsage/errors, never a crash",
        weftGarbageHandles},
   };

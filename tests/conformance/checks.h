@@ -25,6 +25,7 @@ struct CheckEnv {
   bool isWeft = false;   // the plugin under test is weft (enables checks of weft's own guarantees)
   bool quick = false;    // skip the 1 GiB and other long checks
   int64_t soakMessages = 0;  // soak.random: messages in all (0: default)
+  int cycles = 0;            // hygiene.*: cycles (0: default)
   std::chrono::seconds timeout{60};
   std::chrono::milliseconds callLimit{500};  // longest a connect/accept/listen call may take (non-blocking)
   bool peerGone = false;  // set by a check that ends the peer process: no verdict exchange, no further checks

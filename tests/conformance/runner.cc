@@ -82,6 +82,7 @@ int runConformance(const RunOptions& o) {
                                    "--checks", names};
   if (o.quick) args.push_back("--quick");
   if (o.soakMessages > 0) args.insert(args.end(), {"--soak", std::to_string(o.soakMessages)});
+  if (o.cycles > 0) args.insert(args.end(), {"--cycles", std::to_string(o.cycles)});
   if (o.verbose) args.push_back("--verbose");
   if (!o.fuse.empty()) args.insert(args.end(), {"--fuse", o.fuse});
   WorkerProcess procs[2];

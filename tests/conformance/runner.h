@@ -19,6 +19,7 @@ struct RunOptions {
   bool quick = false;
   bool verbose = false;
   int64_t soakMessages = 0;  // soak.random: how many messages (0: 20,000; 2,000 with --quick)
+  int cycles = 0;            // hygiene.*: cycles (0: 2,000 connect and 10,000 register cycles; fewer with --quick)
   int dev = -1;     // -1: device 0
   std::string fuse;  // "0,1": the workers fuse these devices with makeVDevice and test the fused one
   int timeoutSec = 60;
