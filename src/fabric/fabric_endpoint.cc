@@ -162,8 +162,9 @@ Status Endpoint::progress(DataSink* sink) {
   if (n > 0) {
     for (ssize_t i = 0; i < n; ++i) {
       auto* ctx = static_cast<OpContext*>(entries[i].op_context);
-      if (ctx == nullptr) {
-        // Remote writes carry no context of ours; their completion data names the receive they fill.
+      // Remote writes carry no context of ours (libfabric leaves op_context undefined for them: shm 1.17 hands
+      // back a stale pointer, found by soak.random); their completion data names the receive they fill.
+      if (ctx == nullptr || (entries[i].flags & FI_REMOTE_WRITE) != 0) {
         if ((entries[i].flags & FI_REMOTE_CQ_DATA) != 0 && sink != nullptr) sink->onRemoteData(entries[i].data);
         continue;
       }

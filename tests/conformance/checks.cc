@@ -91,13 +91,13 @@ class SoakConn {
   bool done() const { return next_ == groups_ && inflight_.empty(); }
 
   void step() {
-    // post
-    if (next_ < groups_ && static_cast<int>(inflight_.size()) < kWindow) {
-      if (env_.recv()) {
-        postRecv();
-      } else {
-        postSends();
-      }
+    // post: a new group while the window allows; a sender also finishes posting a group the provider pushed back on
+    bool room = next_ < groups_ && static_cast<int>(inflight_.size()) < kWindow;
+    if (env_.recv()) {
+      if (room) postRecv();
+    } else {
+      bool partial = !inflight_.empty() && inflight_.back().posted < inflight_.back().g.sizes.size();
+      if (room || partial) postSends();
     }
     // test the oldest group
     if (inflight_.empty()) return;
@@ -154,7 +154,9 @@ class SoakConn {
     ++next_;
   }
   void postSends() {
-    if (inflight_.empty() || inflight_.back().posted == inflight_.back().g.sizes.size()) {
+    bool partial = !inflight_.empty() && inflight_.back().posted < inflight_.back().g.sizes.size();
+    if (!partial) {
+      if (next_ >= groups_ || static_cast<int>(inflight_.size()) >= kWindow) return;
       Pending p{next_, soakGroup(seed(next_), maxRecvs_), {}, 0, 0};
       p.reqs.assign(p.g.sizes.size(), nullptr);
       for (size_t k = 0; k < p.g.sizes.size(); ++k) fillPattern(slot(next_, static_cast<int>(k)), p.g.sizes[k], patternSeed(next_, static_cast<int>(k)));
