@@ -11,7 +11,7 @@ trap 'rm -rf "$dir"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 cmd="$weft tune nccl-sim --tuner $tuner --coll AllReduce --seed 3"
 
-"$weft" tune sweep --coll AllReduce --command "$cmd" --out "$dir/p.json" --repeat 3 --channels 0,8 2>"$dir/sweep.err"
+"$weft" tune sweep --coll AllReduce --command "$cmd" --out "$dir/p.json" --repeat 7 --channels 0,8 2>"$dir/sweep.err"
 grep -q '"nranks": 16' "$dir/p.json" || fail "the signature did not come from the tuner's record"
 grep -q '"masks"' "$dir/p.json" || fail "no availability masks recorded"
 grep -q '"done"' "$dir/p.json" || fail "no resume state"
@@ -22,7 +22,7 @@ minsp=$(echo "$out" | sed -n 's/.*min \([0-9.]*\)x.*/\1/p')
 awk -v s="$speed" -v m="$minsp" 'BEGIN { exit !(s >= 1.05 && m >= 0.99) }' || fail "speedup $speed (min $minsp)"
 
 # resume: every candidate is done already
-"$weft" tune sweep --coll AllReduce --command "$cmd" --out "$dir/p.json" --repeat 3 --channels 0,8 2>"$dir/resume.err"
+"$weft" tune sweep --coll AllReduce --command "$cmd" --out "$dir/p.json" --repeat 7 --channels 0,8 2>"$dir/resume.err"
 [ "$(grep -c 'done before' "$dir/resume.err")" = 12 ] || fail "resume did not skip the 12 done candidates"
 
 # the plugin loads the profile and changes NCCL's picks where it measured better

@@ -274,7 +274,7 @@ bool runCapture(const std::string& cmd, const std::vector<std::pair<std::string,
 int sweepCommand(int argc, char** argv) {
   std::string command, outPath, candidates = "TREE/LL,TREE/LL128,TREE/SIMPLE,RING/LL,RING/LL128,RING/SIMPLE";
   std::string channels = "0", via = "tuner";
-  int coll = -1, repeat = 3, ranks = 0, nodes = 0;
+  int coll = -1, repeat = 5, ranks = 0, nodes = 0;
   harness::Args a("weft tune sweep", argc, argv, 3);
   while (a.next()) {
     const std::string& f = a.flag();
@@ -293,7 +293,8 @@ int sweepCommand(int argc, char** argv) {
   if (command.empty() || outPath.empty() || coll < 0 || (via != "tuner" && via != "env")) {
     std::fprintf(stderr, "usage: weft tune sweep --command 'CMD' --out PROFILE [--coll NAME (else from the command: "
                          "all_reduce_perf ...)] [--candidates ALGO/PROTO,...] [--channels 0,8] [--repeat N] "
-                         "[--via tuner|env] [--ranks N --nodes M]\n");
+                         "[--via tuner|env] [--ranks N --nodes M]\n"
+                         "(--repeat: runs per candidate, default 5; with noisy runs use 7 or more: see tuner/README.md)\n");
     return 2;
   }
   // Candidates x channel caps.
