@@ -30,6 +30,9 @@ struct Table {
   float t[7][3];         // µs; -1 = NCCL_ALGO_PROTO_IGNORE
   int channels[7][3];    // what topoGetAlgoInfo would use
   int threads[7][3];
+  // The costs as NCCL hands them to the tuner: one contiguous float[7][3].
+  float* flat() { return &t[0][0]; }
+  const float* flat() const { return &t[0][0]; }
 };
 
 // coll: ncclFunc_t 0..4. numPipeOps as NCCL passes it (1 for a lone collective).

@@ -124,15 +124,9 @@ Score evaluate(const World& w, const Policy& pol, const std::vector<int>& colls,
       pt.coll = c;
       pt.bytes = n;
       pt.planted = w.planted(c, n);
-      model::Table t = w.table(c, n);
       pt.ncclArm = w.ncclDefault(c, n);
-      float table[7 * 3];
-      for (int a = 0; a < 7; ++a)
-        for (int p = 0; p < 3; ++p) table[a * 3 + p] = t.t[a][p];
-      Decision d = pol.decide(c, n, 1, table, 7, 3, 1000000 /* past any exploration */);
-      model::Table after = t;
-      for (int a = 0; a < 7; ++a)
-        for (int p = 0; p < 3; ++p) after.t[a][p] = table[a * 3 + p];
+      model::Table after = w.table(c, n);  // the tuner changes the costs in place
+      Decision d = pol.decide(c, n, 1, after.flat(), 7, 3, 1000000 /* past any exploration */);
       model::Pick chosen = model::pick(after);  // what NCCL does with the table the tuner returned
       pt.tunedArm.algo = static_cast<int8_t>(chosen.algo);
       pt.tunedArm.proto = static_cast<int8_t>(chosen.proto);

@@ -79,10 +79,7 @@ struct Api {
   }
 };
 
-void fill(float* t, const model::Table& m) {
-  for (int a = 0; a < 7; ++a)
-    for (int p = 0; p < 3; ++p) t[a * 3 + p] = m.t[a][p];
-}
+void fill(float* t, const model::Table& m) { std::memcpy(t, m.flat(), 21 * sizeof(float)); }
 
 std::pair<int, int> argmin(const float* t) {
   int ba = -1, bp = -1;

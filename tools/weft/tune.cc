@@ -161,11 +161,8 @@ int showCommand(int argc, char** argv) {
     hm.colour.emplace_back();
     for (uint64_t n : sizes) {
       model::Table t = model::costTable(topo, c, n, 1);
-      float table[21];
-      for (int x = 0; x < 7; ++x)
-        for (int y = 0; y < 3; ++y) table[x * 3 + y] = t.t[x][y];
       model::Pick def = model::pick(t);
-      Decision d = pol->decide(c, n, 1, table, 7, 3, 1000000);
+      Decision d = pol->decide(c, n, 1, t.flat(), 7, 3, 1000000);
       Arm da;
       da.algo = static_cast<int8_t>(def.algo);
       da.proto = static_cast<int8_t>(def.proto);
@@ -469,15 +466,10 @@ int ncclSimCommand(int argc, char** argv) {
   std::printf("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong\n");
   std::printf("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)\n");
   for (uint64_t n = lo; n <= hi; n *= 2) {
-    model::Table m = model::costTable(topo, coll, n, 1);
-    float table[21];
-    for (int x = 0; x < 7; ++x)
-      for (int y = 0; y < 3; ++y) table[x * 3 + y] = m.t[x][y];
+    model::Table after = model::costTable(topo, coll, n, 1);  // the tuner changes the costs in place
     int nch = 0;
-    tuner->getCollInfo(ctx, static_cast<ncclFunc_t>(coll), n, 1, reinterpret_cast<float**>(table), 7, 3, 0, &nch);
-    model::Table after = m;
-    for (int x = 0; x < 7; ++x)
-      for (int y = 0; y < 3; ++y) after.t[x][y] = table[x * 3 + y];
+    tuner->getCollInfo(ctx, static_cast<ncclFunc_t>(coll), n, 1, reinterpret_cast<float**>(after.flat()), 7, 3, 0,
+                       &nch);
     model::Pick pk = model::pick(after);
     Arm arm;
     arm.algo = static_cast<int8_t>(pk.algo);
