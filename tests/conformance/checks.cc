@@ -971,6 +971,8 @@ void faultsLinkDown(CheckEnv& env) {
   }
   double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   bool failedInTime = r != ncclSuccess;
+  // Both ends look for the failure while the link is still down: the link comes back only when both are done.
+  env.oob.barrier("detected", env.timeout);
   if (!env.recv()) setLinks(true);
   env.oob.barrier("up", env.timeout);
   if (!failedInTime)
