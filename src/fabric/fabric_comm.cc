@@ -151,7 +151,9 @@ void FabricDataComm::checkPeer() {
   // Stalled past the probe interval: a NIC whose link is down (its own cable, or for a veth the peer end) fails
   // the connection once it has stayed down for WEFT_PEER_TIMEOUT. A probe cannot show that over TCP: it is
   // "delivered" into the socket buffer and retransmitted for minutes.
-  if (now - lastActivityMs_ >= probeIntervalMs_) {
+  // sysfs is read at most every 100 ms per comm: a receive NCCL posted long before its data stalls for as long.
+  if (now - lastActivityMs_ >= probeIntervalMs_ && now - lastLinkCheckMs_ >= 100) {
+    lastLinkCheckMs_ = now;
     bool allUp = true;
     for (Rail& rail : rails_) {
       const std::string& nic = rail.ep->device().props().name;

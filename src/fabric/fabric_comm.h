@@ -205,6 +205,7 @@ class FabricDataComm : public DataSink {
   int64_t probeIntervalMs_;
   int64_t peerTimeoutMs_;
   int64_t linkDownSinceMs_ = 0;  // when a rail's link was first seen down while stalled (0: all up)
+  int64_t lastLinkCheckMs_ = 0;
 };
 
 class FabricSendComm final : public SendComm, public FabricDataComm {
