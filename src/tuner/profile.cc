@@ -136,7 +136,19 @@ bool parseArm(const json& j, Arm* a, std::string* err, const std::string& where)
 
 }  // namespace
 
+std::optional<Profile> parseProfileChecked(const std::string& text, std::string* error);
+
+// Total: a field of an unexpected JSON type (which nlohmann reports by throwing) is refused like any other flaw.
 std::optional<Profile> parseProfile(const std::string& text, std::string* error) {
+  try {
+    return parseProfileChecked(text, error);
+  } catch (const std::exception& e) {
+    if (error) *error = std::string("malformed profile: ") + e.what();
+    return std::nullopt;
+  }
+}
+
+std::optional<Profile> parseProfileChecked(const std::string& text, std::string* error) {
   std::string scratch;
   std::string* err = error ? error : &scratch;
   json j = json::parse(text, nullptr, false);

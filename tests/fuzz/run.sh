@@ -40,7 +40,7 @@ for t in "${targets[@]}"; do
   fi
   mkdir -p "$scratch/$t"
   cp tests/fuzz/corpus/$t/* "$scratch/$t/" 2>/dev/null || true
-  "$bin" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 "$scratch/$t" \
+  "$bin" -artifact_prefix="$out/" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 "$scratch/$t" \
     >"$scratch/$t.log" 2>&1 || { tail -40 "$scratch/$t.log"; echo "fuzz: $t FAILED (crash input above)"; exit 1; }
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$scratch/$t.log")
   corpus=$(ls "$scratch/$t" | wc -l)
