@@ -193,7 +193,9 @@ Decision Policy::decide(int coll, uint64_t nBytes, int numPipeOps, float* table,
     return d;
   }
   int bucket = sizeBucket(nBytes);
-  if (opt_.explore) {
+  // The budget can never exceed every entry x repeats x rounds: past that, skip the candidate scan entirely.
+  if (opt_.explore && static_cast<uint64_t>(callIndex) <
+                          static_cast<uint64_t>(numAlgo) * numProto * opt_.exploreRepeats * opt_.exploreRounds) {
     // Candidates: NCCL's valid entries within explorePrune x of its best, in index order (the same on every rank).
     int cand[kNumAlgos * kNumProtos];
     int n = 0;
