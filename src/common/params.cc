@@ -34,7 +34,7 @@ const std::vector<Def> kDefs = {
    "the connection's requests fail with ncclRemoteError."},
   {"WEFT_INJECT", Kind::kBool, "1", 0, 1, nullptr,
    "Send messages up to the provider's inject size with fi_tinject (complete at once, no completion entry), "
-   "on providers that transmit without further progress calls (efa, verbs, automatic progress)."},
+   "on providers that transmit without further progress calls (verbs, automatic progress)."},
   {"WEFT_PROTOCOL", Kind::kChoice, "auto", 0, 0, "auto|rdma|sendrecv",
    "Data protocol: rdma = the receiver sends its buffer address and the sender writes into it (RMA with remote "
    "completion data; zero-copy on RDMA NICs); sendrecv = tagged messages only. auto = rdma on hardware providers "

@@ -448,7 +448,7 @@ Status FabricSendComm::sendTagged(FabricRequest* r, void* data, size_t size, Mem
   const int k = railOf(static_cast<uint32_t>(ftag));  // the receiver posted this tag+sequence on the same rail
   Rail& rail = rails_[k];
   ssize_t rc;
-  if (inject_ && size <= rail.ep->device().injectSize()) {
+  if (inject_ && rail.ep->device().canInject(size)) {
     // Copied out by the provider right away: the request is complete as soon as it is accepted.
     rc = fi_tinject(rail.ep->ep(), data, size, rail.peer, ftag);
     if (rc == 0) r->doneBufs = 1;

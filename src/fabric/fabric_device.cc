@@ -243,8 +243,9 @@ FabricDevice::FabricDevice(int index, Candidate c)
       localMr_((info_->domain_attr->mr_mode & FI_MR_LOCAL) != 0 || (info_->mode & FI_LOCAL_MR) != 0),
       directedRecv_((info_->caps & FI_DIRECTED_RECV) != 0),
       injectSize_(info_->tx_attr != nullptr ? info_->tx_attr->inject_size : 0),
-      injectSafe_(info_->domain_attr->data_progress == FI_PROGRESS_AUTO || props_.provider == "efa" ||
-                  props_.provider.rfind("verbs", 0) == 0),
+      injectSafe_(info_->domain_attr->data_progress == FI_PROGRESS_AUTO || props_.provider.rfind("verbs", 0) == 0),
+      hardwarePlacement_(info_->domain_attr->data_progress == FI_PROGRESS_AUTO || props_.provider == "efa" ||
+                         props_.provider.rfind("verbs", 0) == 0),
       maxMsgSize_(info_->ep_attr != nullptr ? info_->ep_attr->max_msg_size : 0),
       providerHash_(static_cast<uint32_t>(fnv1a64(props_.provider))),
       provKey_((info_->domain_attr->mr_mode & FI_MR_PROV_KEY) != 0),
@@ -318,7 +319,7 @@ Status FabricDevice::open() {
             "device {} ({}): domain {} open, protocol {}, eager up to {} B, mr_mode {:#x}, inject {} B{}, max msg {} "
             "B{}",
             index_, props_.provider, props_.name, rdma_ ? "rdma" : "sendrecv", rdma_ ? eagerMax_ : 0,
-            info_->domain_attr->mr_mode, injectSize_, injectSafe_ ? "" : " (not used: manual progress)", maxMsgSize_,
+            info_->domain_attr->mr_mode, injectSize_, injectSafe_ ? "" : " (not used: software progress)", maxMsgSize_,
             directedRecv_ ? ", directed receives" : "");
   return Status::kOk;
 }

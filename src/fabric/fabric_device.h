@@ -47,12 +47,16 @@ class FabricDevice final : public Registrar {
 
   bool localMr() const { return localMr_; }          // FI_MR_LOCAL: every buffer needs a descriptor
   bool directedRecv() const { return directedRecv_; } // receives can be restricted to the connected peer
-  // Inject may complete a send at once only where the provider transmits without later progress calls
-  // (hardware queues: efa, verbs; or automatic progress). Elsewhere (tcp, sockets with manual progress) the
-  // bytes can sit in a software queue until the comm is progressed again, which NCCL need never do.
-  size_t injectSize() const { return injectSafe_ ? injectSize_ : 0; }
-  // Data lands in our buffers without progress calls of ours (NIC hardware or automatic progress).
-  bool hardwarePlacement() const { return injectSafe_; }
+  // Whether a send of `size` bytes may use fi_tinject, which completes it at once with no completion entry. Only
+  // where the provider transmits without later progress calls: automatic progress, or verbs (rxm hands an inject
+  // straight to the QP as an inline send the NIC transmits). Elsewhere the bytes can sit in a software queue until
+  // this comm is progressed again, which NCCL need never do once the send reported done: tcp and sockets with
+  // manual progress, and efa (its RDM protocol queues a send it cannot post yet, before the peer handshake or when
+  // the device queue is full, and moves it only from a completion-queue read). Zero-byte sends included: sockets
+  // left an injected 0 B message to self queued forever (found by faults.sender_killed).
+  bool canInject(size_t size) const { return injectSafe_ && size <= injectSize_; }
+  // Data lands in our buffers without progress calls of ours (NIC hardware RMA or automatic progress).
+  bool hardwarePlacement() const { return hardwarePlacement_; }
   size_t maxMsgSize() const { return maxMsgSize_; }
   uint32_t providerHash() const { return providerHash_; }
 
@@ -85,6 +89,7 @@ class FabricDevice final : public Registrar {
   bool directedRecv_;
   size_t injectSize_;
   bool injectSafe_;
+  bool hardwarePlacement_;
   size_t maxMsgSize_;
   uint32_t providerHash_;
   bool provKey_;

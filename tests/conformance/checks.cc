@@ -280,8 +280,13 @@ void connectTwoProcess(CheckEnv& env) {
   closeConn(env, c);
 }
 
-void connectSelf(CheckEnv& env) {
-  // What NCCL's GDR probe and bootstrap tests do: connect to our own listen from one thread, polling both.
+// A connection from this process to itself (what NCCL's GDR probe and bootstrap tests do): connect to our own
+// listen from one thread, polling both ends.
+struct SelfPair {
+  Conn send, recv;
+};
+
+SelfPair connectToSelf(CheckEnv& env) {
   uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
   void *lc = nullptr, *sc = nullptr, *rc = nullptr;
   expectOk(env.net.listen(env.ctx, env.dev, handle, &lc), "listen");
@@ -292,28 +297,57 @@ void connectSelf(CheckEnv& env) {
     if (deadline.expired()) fail("connect-to-self in one thread did not complete (blocking connect or accept?)");
   }
   expectOk(env.net.closeListen(lc), "closeListen");
-  Conn s{sc, nullptr}, r{nullptr, rc};
-  Buffer sb(4096), rb(4096);
-  Registration sreg(env.net, sc, sb.data(), sb.size()), rreg(env.net, rc, rb.data(), rb.size());
-  fillPattern(sb.data(), 1000, 77);
-  void *sreq = nullptr, *rreq = nullptr;
-  void* data[1] = {rb.data()};
-  size_t sizes[1] = {4096};
-  int tags[1] = {5};
-  void* mhs[1] = {rreg.mh()};
-  while (rreq == nullptr) expectOk(env.net.irecv(rc, 1, data, sizes, tags, mhs, &rreq), "irecv");
-  while (sreq == nullptr) expectOk(env.net.isend(sc, sb.data(), 1000, 5, sreg.mh(), &sreq), "isend");
-  int sdone = 0, rdone = 0, rsz[NCCL_PROXY_MAX_SUBS] = {}, ssz = 0;
-  while (!sdone || !rdone) {
-    if (!sdone) expectOk(env.net.test(sreq, &sdone, &ssz), "test(send)");
-    if (!rdone) expectOk(env.net.test(rreq, &rdone, rsz), "test(recv)");
-    if (deadline.expired()) fail("a message to self did not arrive");
+  return SelfPair{Conn{sc, nullptr}, Conn{nullptr, rc}};
+}
+
+// Messages of the given sizes from `p.send` to `p.recv`, one at a time, both ends polled from this thread (a send
+// may stay unposted until its receive is: it is retried while the receive is tested). Every byte is verified.
+void selfMessages(CheckEnv& env, SelfPair& p, const std::vector<size_t>& sizes, uint64_t seed,
+                  const std::string& what) {
+  size_t largest = 1;
+  for (size_t n : sizes) largest = std::max(largest, n);
+  Buffer sb(largest), rb(largest);
+  Registration sreg(env.net, p.send.sendComm, sb.data(), sb.size());
+  Registration rreg(env.net, p.recv.recvComm, rb.data(), rb.size());
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    const size_t n = sizes[k];
+    fillPattern(sb.data(), n, seed + k);
+    void *sreq = nullptr, *rreq = nullptr;
+    void* data[1] = {rb.data()};
+    size_t cap[1] = {largest};
+    int tags[1] = {5};
+    void* mhs[1] = {rreg.mh()};
+    Deadline deadline(env.timeout);
+    const std::string msg = what + " (message " + std::to_string(k + 1) + ", " + std::to_string(n) + " B)";
+    while (rreq == nullptr) {
+      expectOk(env.net.irecv(p.recv.recvComm, 1, data, cap, tags, mhs, &rreq), msg + ": irecv");
+      if (deadline.expired()) fail(msg + ": irecv never posted");
+    }
+    int sdone = 0, rdone = 0, rsz[NCCL_PROXY_MAX_SUBS] = {}, ssz = 0;
+    while (!sdone || !rdone) {
+      if (sreq == nullptr)
+        expectOk(env.net.isend(p.send.sendComm, sb.data(), n, 5, sreg.mh(), &sreq), msg + ": isend");
+      else if (!sdone)
+        expectOk(env.net.test(sreq, &sdone, &ssz), msg + ": test(send)");
+      if (!rdone) expectOk(env.net.test(rreq, &rdone, rsz), msg + ": test(recv)");
+      if (deadline.expired()) fail(what + ": a " + std::to_string(n) + " B message did not arrive");
+    }
+    if (static_cast<size_t>(rsz[0]) != n || findMismatch(rb.data(), n, seed + k) != SIZE_MAX)
+      fail(what + ": a " + std::to_string(n) + " B message arrived wrong");
   }
-  if (rsz[0] != 1000 || findMismatch(rb.data(), 1000, 77) != SIZE_MAX) fail("message to self arrived wrong");
   sreg.release();
   rreg.release();
-  closeConn(env, s);
-  closeConn(env, r);
+}
+
+void closeSelf(CheckEnv& env, SelfPair& p) {
+  closeConn(env, p.send);
+  closeConn(env, p.recv);
+}
+
+void connectSelf(CheckEnv& env) {
+  SelfPair p = connectToSelf(env);
+  selfMessages(env, p, {0, 1000}, 77, "message to self");
+  closeSelf(env, p);
 }
 
 void listenCloseUnaccepted(CheckEnv& env) {
@@ -833,6 +867,13 @@ void peerKilled(CheckEnv& env, Role victim) {
   for (int i = 0; i < 16; ++i) warm.sizes.push_back(size);
   warm.slotSize = size;
   stream(env, c, warm);
+  // The survivor also holds a connection to itself through the same plugin context (the same endpoint, completion
+  // queue and progress as the broken one): it must keep working while, and after, the killed peer's fail.
+  SelfPair other;
+  if (env.role != victim) {
+    other = connectToSelf(env);
+    selfMessages(env, other, {0, 8, 1 << 20}, 900, "other connection before the kill");
+  }
   if (env.role == victim) {
     env.oob.barrier("posted", env.timeout);
     std::printf("RESULT\t%s\tPASS\t\n", victim == Role::kSend ? "faults.sender_killed" : "faults.receiver_killed");
@@ -889,8 +930,18 @@ void peerKilled(CheckEnv& env, Role victim) {
   double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (r == ncclSuccess) fail("every request to a killed peer completed as success");
   std::printf("INFO\tkilled peer detected after %.0f ms (%s)\n", ms, resultName(r));
+  // Other connections are unaffected: before the broken comm is closed, after, and a new one to ourselves.
+  const std::vector<size_t> sizes = {0, 8, 65536, 1 << 20, (1 << 20) + 3};
+  selfMessages(env, other, sizes, 910, "other connection after the peer died");
   reg.release();
   closeConn(env, c);
+  selfMessages(env, other, sizes, 920, "other connection after closing the broken one");
+  closeSelf(env, other);
+  SelfPair fresh = connectToSelf(env);
+  selfMessages(env, fresh, sizes, 930, "new connection after the peer died");
+  closeSelf(env, fresh);
+  std::printf("INFO\tother connections kept working: %zu messages before and after closing the broken comm, and "
+              "on a new connection\n", 3 * sizes.size());
 }
 
 
@@ -1243,9 +1294,9 @@ const std::vector<Check>& allChecks() {
       {"hygiene.connect_cycles", "many listen/connect/accept/close cycles leave no fds or memory behind",
        hygieneConnectCycles},
       {"hygiene.register_cycles", "many regMr/deregMr cycles leave no fds or memory behind", hygieneRegisterCycles},
-      {"faults.sender_killed", "the sending process is SIGKILLed: pending receives fail within a bound (alone)",
+      {"faults.sender_killed", "the sending process is SIGKILLed: pending receives fail within a bound, other connections keep working (alone)",
        faultsSenderKilled},
-      {"faults.receiver_killed", "the receiving process is SIGKILLed: pending sends fail within a bound (alone)",
+      {"faults.receiver_killed", "the receiving process is SIGKILLed: pending sends fail within a bound, other connections keep working (alone)",
        faultsReceiverKilled},
       {"profiler.net_events", "net-plugin profiler events (v10+): never a NULL pHandle, each started event stopped once",
        profilerNetEvents},
