@@ -3,6 +3,7 @@
 #include <rdma/fabric.h>
 
 #include "fabric/fabric_backend.h"
+#include "verbs/verbs_backend.h"
 #include "weft/common/log.h"
 #include "weft/common/params.h"
 #include "weft/version.h"
@@ -33,10 +34,24 @@ Status Engine::init(ncclDebugLogger_t logger) {
     WEFT_WARN("not offering any device: {}; NCCL will use its own transports", declineReason_);
     return Status::kOk;
   }
+  // WEFT_BACKEND: verbs where an InfiniBand/RoCE port is active (auto), else libfabric; a forced backend that
+  // finds nothing declines instead of silently using the other.
+  const std::string& which = params::getString("WEFT_BACKEND");
   try {
-    std::string why;
-    backend_ = fabric::FabricBackend::discover(&why);
-    if (!backend_) declineReason_ = why;
+    std::string verbsWhy, fabricWhy;
+    if (which != "fabric") {
+      backend_ = verbs::VerbsBackend::discover(&verbsWhy);
+      if (!backend_ && which == "auto")
+        WEFT_INFO(NCCL_INIT | NCCL_NET, "verbs backend not used: {}; trying libfabric", verbsWhy);
+    }
+    if (!backend_ && which != "verbs") backend_ = fabric::FabricBackend::discover(&fabricWhy);
+    if (!backend_) {
+      declineReason_ = which == "verbs"    ? "WEFT_BACKEND=verbs: " + verbsWhy
+                       : which == "fabric" ? fabricWhy
+                                           : fabricWhy + "; verbs: " + verbsWhy;
+    } else {
+      WEFT_INFO(NCCL_INIT | NCCL_NET, "transport: {} (WEFT_BACKEND={})", backend_->name(), which);
+    }
   } catch (const std::exception& e) {
     declineReason_ = e.what();
   }

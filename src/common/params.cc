@@ -14,6 +14,28 @@ namespace {
 
 // clang-format off
 const std::vector<Def> kDefs = {
+  {"WEFT_BACKEND", Kind::kChoice, "auto", 0, 0, "auto|verbs|fabric",
+   "Transport: verbs = native ibverbs (InfiniBand, RoCE); fabric = libfabric; auto = verbs where an active "
+   "InfiniBand or RoCE port exists (after WEFT_IB_HCA), libfabric otherwise. A forced backend that finds no "
+   "device declines (NCCL uses its own transports) rather than falling back."},
+  {"WEFT_IB_HCA", Kind::kString, "", 0, 0, nullptr,
+   "verbs: which HCA ports become NCCL devices, NCCL_IB_HCA syntax: comma-separated device names with an "
+   "optional :port (mlx5_0:1,mlx5_1), '^' to exclude, '=' for exact names (prefixes otherwise). Empty: every "
+   "active port."},
+  {"WEFT_IB_GID_INDEX", Kind::kInt, "-1", -1, 1023, nullptr,
+   "verbs, RoCE: GID index to use. -1: the RoCEv2 GID of an IPv4 address (IPv4-mapped), else any RoCEv2 GID, "
+   "else RoCEv1."},
+  {"WEFT_IB_TC", Kind::kInt, "-1", -1, 255, nullptr,
+   "verbs: traffic class of the GRH (RoCE DSCP << 2). -1: NCCL's per-communicator traffic class where given, "
+   "else 0."},
+  {"WEFT_IB_SL", Kind::kInt, "0", 0, 15, nullptr, "verbs: InfiniBand service level of every QP."},
+  {"WEFT_IB_QPS_PER_CONN", Kind::kInt, "1", 1, 8, nullptr,
+   "verbs: reliable-connected QPs per connection; messages of at least WEFT_STRIPE_MIN bytes are split across "
+   "them (also spreads RoCE traffic over ECMP paths)."},
+  {"WEFT_IB_TIMEOUT", Kind::kInt, "18", 1, 31, nullptr,
+   "verbs: QP local ACK timeout exponent (4.096 us x 2^n per try); with WEFT_IB_RETRY_CNT it bounds how long a "
+   "write to a dead peer is retried before it fails (18: about 1 s per try)."},
+  {"WEFT_IB_RETRY_CNT", Kind::kInt, "7", 0, 7, nullptr, "verbs: QP transport retries before a send fails."},
   {"WEFT_PROVIDER", Kind::kString, "", 0, 0, nullptr,
    "libfabric provider to use, e.g. 'tcp;ofi_rxm', 'shm', 'efa', 'verbs;ofi_rxm'. Empty: the best available "
    "(efa, verbs;ofi_rxm, tcp;ofi_rxm, tcp, sockets)."},

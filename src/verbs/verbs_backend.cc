@@ -1,0 +1,268 @@
+#include "verbs/verbs_backend.h"
+
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "weft/common/log.h"
+#include "weft/common/params.h"
+#include "weft/transport/handle.h"
+
+namespace weft::verbs {
+
+uint32_t VerbsBackend::providerHash() { return static_cast<uint32_t>(fnv1a64("weft-verbs-rc-v1")); }
+
+std::unique_ptr<VerbsBackend> VerbsBackend::discover(std::string* why) {
+  auto devs = VerbsDevice::discover(why);
+  if (devs.empty()) return nullptr;
+  auto b = std::unique_ptr<VerbsBackend>(new VerbsBackend());
+  b->maxRecvs_ = static_cast<int>(params::getInt("WEFT_MAX_RECVS"));
+  b->qpsPerConn_ = static_cast<int>(params::getInt("WEFT_IB_QPS_PER_CONN"));
+  b->connectTimeoutSec_ = static_cast<int>(params::getInt("WEFT_CONNECT_TIMEOUT"));
+  for (auto& d : devs) {
+    const int i = b->count_.load();
+    if (i >= kMaxDevices) break;
+    b->slots_[i].dev = d.get();
+    b->slots_[i].props = d->props();
+    const DeviceProps& p = d->props();
+    WEFT_INFO(NCCL_INIT | NCCL_NET, "NET/weft device {}: {} via {}, {} Mb/s, GID index {}, handshake on {}, pci {}, "
+              "ptrSupport {:#x}",
+              i, p.name, p.provider, p.speedMbps, d->gidIndex(),
+              sockaddrString(reinterpret_cast<const sockaddr*>(&d->handshakeAddr())),
+              p.pciPath.empty() ? "none" : p.pciPath, p.ptrSupport);
+    b->devices_.push_back(std::move(d));
+    b->count_.store(i + 1, std::memory_order_release);
+  }
+  return b;
+}
+
+VerbsBackend::~VerbsBackend() = default;
+
+Status VerbsBackend::makeVDevice(const int* devs, int n, int* out) {
+  if (devs == nullptr || out == nullptr || n < 1) return Status::kInternal;
+  if (n > 1) {
+    WEFT_WARN("makeVDevice: fusing {} ports into one device is not offered by the verbs backend; NCCL keeps them "
+              "separate",
+              n);
+    return Status::kInvalidUsage;
+  }
+  if (devs[0] < 0 || devs[0] >= deviceCount()) {
+    WEFT_WARN("makeVDevice: device {} does not exist ({} devices)", devs[0], deviceCount());
+    return Status::kInvalidUsage;
+  }
+  std::lock_guard<std::mutex> lock(slotsMutex_);
+  const int i = count_.load(std::memory_order_relaxed);
+  if (i >= kMaxDevices) return Status::kInternal;
+  slots_[i] = slots_[devs[0]];
+  slots_[i].props.vdevCount = 1;
+  slots_[i].props.vdevs[0] = devs[0];
+  count_.store(i + 1, std::memory_order_release);
+  *out = i;
+  return Status::kOk;
+}
+
+Status VerbsBackend::listen(int dev, void* handle, ListenComm** out) {
+  *out = nullptr;
+  if (dev < 0 || dev >= deviceCount()) {
+    WEFT_WARN("listen on device {}, but there are {} devices", dev, deviceCount());
+    return Status::kInternal;
+  }
+  if (handle == nullptr) return Status::kInternal;
+  VerbsDevice& d = *slots_[dev].dev;
+  sockaddr_storage sa = d.handshakeAddr();
+  socklen_t len = d.handshakeAddrLen();
+  if (sa.ss_family == AF_INET) reinterpret_cast<sockaddr_in*>(&sa)->sin_port = 0;
+  if (sa.ss_family == AF_INET6) reinterpret_cast<sockaddr_in6*>(&sa)->sin6_port = 0;
+  int fd = ::socket(sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&sa), len) != 0 || ::listen(fd, 64) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
+    WEFT_WARN("listen on {}: cannot open the handshake socket at {}: {}", d.props().name,
+              sockaddrString(reinterpret_cast<sockaddr*>(&sa)), std::strerror(errno));
+    if (fd >= 0) ::close(fd);
+    return Status::kSystem;
+  }
+  WireHandle h;
+  h.backend = BackendId::kVerbs;
+  h.providerHash = providerHash();
+  h.token = randomToken();
+  h.addrLen = static_cast<uint16_t>(len);
+  std::memcpy(h.addr.data(), &sa, len);
+  h.encode(handle);
+  WEFT_INFO(NCCL_NET, "listening on {} at {}", d.props().name, sockaddrString(reinterpret_cast<sockaddr*>(&sa)));
+  *out = new VerbsListenComm(d, fd, h.token);
+  return Status::kOk;
+}
+
+Status VerbsBackend::connect(int dev, const CommConfig& config, void* handle, SendComm** out) {
+  *out = nullptr;
+  if (dev < 0 || dev >= deviceCount()) {
+    WEFT_WARN("connect on device {}, but there are {} devices", dev, deviceCount());
+    return Status::kInternal;
+  }
+  PendingConnect* pc = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(pendingMutex_);
+    auto it = pending_.find(handle);
+    if (it != pending_.end()) {
+      if (std::memcmp(it->second->handleBytes, handle, kHandleSize) != 0) {
+        pending_.erase(it);  // the buffer was reused for another connection: the old attempt is abandoned
+      } else if (connectTimeoutSec_ > 0 &&
+                 std::chrono::steady_clock::now() - it->second->started > std::chrono::seconds(connectTimeoutSec_)) {
+        WEFT_WARN("connect to {} on {} timed out after {} s without an answer: likely a firewall or security "
+                  "group dropping traffic between the nodes, a handshake address the peer cannot reach, or the "
+                  "peer process is gone (WEFT_CONNECT_TIMEOUT sets the limit)",
+                  it->second->peerName, props(dev).name, connectTimeoutSec_);
+        pending_.erase(it);
+        return Status::kRemote;
+      } else {
+        pc = it->second.get();
+      }
+    }
+  }
+  if (pc == nullptr) {
+    WireHandle h;
+    std::string why;
+    if (Status st = WireHandle::decode(handle, &h, &why); st != Status::kOk) {
+      WEFT_WARN("connect on {}: {}", props(dev).name, why);
+      return st;
+    }
+    if (h.backend != BackendId::kVerbs || h.providerHash != providerHash()) {
+      WEFT_WARN("connect on {}: the handle comes from a different transport than verbs (every rank must use the "
+                "same WEFT_BACKEND)",
+                props(dev).name);
+      return Status::kInvalidUsage;
+    }
+    sockaddr_storage sa{};
+    if (h.addrLen > sizeof(sa) || h.addrLen < sizeof(sockaddr_in)) {
+      WEFT_WARN("connect on {}: the handle's address is malformed", props(dev).name);
+      return Status::kInvalidUsage;
+    }
+    std::memcpy(&sa, h.addr.data(), h.addrLen);
+    if (sa.ss_family != AF_INET && sa.ss_family != AF_INET6) {
+      WEFT_WARN("connect on {}: the handle's address is malformed", props(dev).name);
+      return Status::kInvalidUsage;
+    }
+    auto fresh = std::make_unique<PendingConnect>();
+    std::memcpy(fresh->handleBytes, handle, kHandleSize);
+    fresh->started = std::chrono::steady_clock::now();
+    fresh->peerName = sockaddrString(reinterpret_cast<sockaddr*>(&sa));
+    fresh->token = h.token;
+    fresh->trafficClass = static_cast<int>(params::getInt("WEFT_IB_TC"));
+    if (fresh->trafficClass < 0) fresh->trafficClass = config.trafficClass;  // NCCL's, -1 when undefined
+    int fd = ::socket(sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      WEFT_WARN("connect on {}: socket(): {}", props(dev).name, std::strerror(errno));
+      return Status::kSystem;
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    fresh->sock = std::make_unique<HandshakeSocket>(fd);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), h.addrLen) != 0 && errno != EINPROGRESS) {
+      WEFT_WARN("connect to {} on {} failed: {} (nothing listening there any more, a firewall/security group, or "
+                "an address this host cannot reach)",
+                fresh->peerName, props(dev).name, std::strerror(errno));
+      return Status::kRemote;
+    }
+    std::lock_guard<std::mutex> lock(pendingMutex_);
+    if (connectTimeoutSec_ > 0) {
+      auto stale = fresh->started - std::chrono::seconds(2 * connectTimeoutSec_);
+      std::erase_if(pending_, [&](const auto& kv) { return kv.second->started < stale; });
+    }
+    pc = fresh.get();
+    pending_[handle] = std::move(fresh);
+  }
+  Status st = pollConnect(dev, *pc, out);
+  if (st != Status::kOk || *out != nullptr) {
+    std::lock_guard<std::mutex> lock(pendingMutex_);
+    pending_.erase(handle);
+  }
+  return st;
+}
+
+Status VerbsBackend::pollConnect(int dev, PendingConnect& pc, SendComm** out) {
+  VerbsDevice& d = *slots_[dev].dev;
+  std::string why;
+  if (!pc.tcpUp) {
+    pollfd p{pc.sock->fd(), POLLOUT, 0};
+    if (::poll(&p, 1, 0) <= 0) return Status::kOk;
+    int err = 0;
+    socklen_t el = sizeof(err);
+    getsockopt(pc.sock->fd(), SOL_SOCKET, SO_ERROR, &err, &el);
+    if (err != 0) {
+      WEFT_WARN("connect to {} on {} failed: {} (nothing listening there any more, a firewall/security group, or "
+                "an address this host cannot reach)",
+                pc.peerName, d.props().name, std::strerror(err));
+      return Status::kRemote;
+    }
+    pc.tcpUp = true;
+  }
+  if (!pc.sentInfo) {
+    pc.qps = std::make_unique<QpSet>(d, qpsPerConn_, kMaxRequests * kMaxRecvs + 16, 64 + 16);
+    if (Status st = pc.qps->create(&why); st != Status::kOk) {
+      WEFT_WARN("connect to {} on {}: {}", pc.peerName, d.props().name, why);
+      return st;
+    }
+    QpInfo info{};
+    info.magic = QpInfo::kMagic;
+    info.version = QpInfo::kVersion;
+    info.token = pc.token;
+    info.trafficClass = static_cast<uint32_t>(pc.trafficClass + 1);
+    pc.qps->describe(&info);
+    pc.sock->queue(&info, sizeof(info));
+    pc.sentInfo = true;
+  }
+  if (pc.sock->flush(&why) != Status::kOk) {
+    WEFT_WARN("connect to {} on {}: the handshake failed: {}", pc.peerName, d.props().name, why);
+    return Status::kRemote;
+  }
+  if (!pc.comm) {
+    if (!pc.sock->fill(sizeof(QpInfo), &why)) {
+      if (why.empty()) return Status::kOk;
+      WEFT_WARN("connect to {} on {}: the listener closed the handshake ({}): the listen is gone or refused us",
+                pc.peerName, d.props().name, why);
+      return Status::kRemote;
+    }
+    QpInfo peer;
+    std::string bytes = pc.sock->take(sizeof(QpInfo));
+    std::memcpy(&peer, bytes.data(), sizeof(peer));
+    if (peer.magic != QpInfo::kMagic || peer.version != QpInfo::kVersion) {
+      WEFT_WARN("connect to {} on {}: the answer is not a weft verbs handshake of this version", pc.peerName,
+                d.props().name);
+      return Status::kRemote;
+    }
+    if (peer.status != QpInfo::kAccepted) {
+      WEFT_WARN("connect to {} on {}: refused by the listener ({})", pc.peerName, d.props().name,
+                peer.status == QpInfo::kWrongToken   ? "wrong token: the handle belongs to another listen or job"
+                : peer.status == QpInfo::kBadRequest ? "malformed request"
+                                                     : "it could not create its QPs");
+      return Status::kRemote;
+    }
+    if (peer.nQps != pc.qps->nQps || peer.token != pc.token) {
+      WEFT_WARN("connect to {} on {}: the answer does not match this connection", pc.peerName, d.props().name);
+      return Status::kRemote;
+    }
+    if (Status st = pc.qps->connect(peer, pc.trafficClass, &why); st != Status::kOk) {
+      WEFT_WARN("connect to {} on {}: {}", pc.peerName, d.props().name, why);
+      return st;
+    }
+    auto sc = std::make_unique<VerbsSendComm>(std::move(pc.qps), pc.peerName, maxRecvs_);
+    if (Status st = sc->start(); st != Status::kOk) return st;  // offer receives posted before "ready" leaves
+    pc.comm = std::move(sc);
+    const char ready = 'R';
+    pc.sock->queue(&ready, 1);
+  }
+  if (pc.sock->flush(&why) != Status::kOk) {
+    WEFT_WARN("connect to {} on {}: the handshake failed: {}", pc.peerName, d.props().name, why);
+    return Status::kRemote;
+  }
+  if (!pc.sock->sent()) return Status::kOk;
+  WEFT_INFO(NCCL_NET, "connected to {} on {} ({} QP{}, rdma writes)", pc.peerName, d.props().name,
+            pc.comm->qpCount(), pc.comm->qpCount() == 1 ? "" : "s");
+  *out = pc.comm.release();
+  return Status::kOk;
+}
+
+}  // namespace weft::verbs

@@ -1,0 +1,1006 @@
+#include "verbs/verbs_comm.h"
+
+#include "weft/nccl/net.h"
+
+#include <arpa/inet.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstring>
+#include <ctime>
+
+#include "weft/common/log.h"
+#include "weft/common/params.h"
+#include "weft/transport/handle.h"
+
+namespace weft::verbs {
+namespace {
+
+int64_t coarseNowMs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);  // vDSO: no system call
+  return static_cast<int64_t>(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000;
+}
+
+uint64_t tagSeqKey(int tag, uint32_t seq) { return (static_cast<uint64_t>(static_cast<uint32_t>(tag)) << 32) | seq; }
+
+const char* kindName(uint64_t kind) {
+  switch (kind) {
+    case 1: return "RDMA write";
+    case 2: return "buffer offer";
+    case 3: return "offer receive";
+    case 4: return "receive";
+    case 5: return "liveness probe";
+    case 6: return "flush read";
+  }
+  return "work request";
+}
+
+const char* statusHint(ibv_wc_status s) {
+  switch (s) {
+    case IBV_WC_RETRY_EXC_ERR:
+      return ": the peer's NIC stopped acknowledging (process gone, host down, link down, or a wrong GID/LID)";
+    case IBV_WC_RNR_RETRY_EXC_ERR: return ": the peer posted no receive in time";
+    case IBV_WC_REM_ACCESS_ERR: return ": the peer refused the access (buffer not registered there, or key revoked)";
+    case IBV_WC_REM_INV_REQ_ERR: return ": the peer found the request invalid";
+    case IBV_WC_LOC_PROT_ERR: return ": a local buffer is not covered by its registration";
+    default: return "";
+  }
+}
+
+}  // namespace
+
+std::string sockaddrString(const sockaddr* sa) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  int port = 0;
+  if (sa->sa_family == AF_INET) {
+    auto* s = reinterpret_cast<const sockaddr_in*>(sa);
+    inet_ntop(AF_INET, &s->sin_addr, host, sizeof(host));
+    port = ntohs(s->sin_port);
+    return std::string(host) + ":" + std::to_string(port);
+  }
+  if (sa->sa_family == AF_INET6) {
+    auto* s = reinterpret_cast<const sockaddr_in6*>(sa);
+    inet_ntop(AF_INET6, &s->sin6_addr, host, sizeof(host));
+    port = ntohs(s->sin6_port);
+    return "[" + std::string(host) + "]:" + std::to_string(port);
+  }
+  return "?";
+}
+
+// ---- handshake socket ------------------------------------------------------------------------------------------
+
+HandshakeSocket::~HandshakeSocket() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void HandshakeSocket::queue(const void* data, size_t len) { out_.append(static_cast<const char*>(data), len); }
+
+Status HandshakeSocket::flush(std::string* why) {
+  while (!out_.empty()) {
+    ssize_t n = ::send(fd_, out_.data(), out_.size(), MSG_NOSIGNAL);
+    if (n > 0) {
+      out_.erase(0, static_cast<size_t>(n));
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return Status::kOk;
+    *why = n < 0 ? std::strerror(errno) : "connection closed";
+    return Status::kRemote;
+  }
+  return Status::kOk;
+}
+
+bool HandshakeSocket::fill(size_t want, std::string* why) {
+  char buf[256];
+  while (in_.size() < want) {
+    size_t ask = std::min(sizeof(buf), want - in_.size());
+    ssize_t n = ::recv(fd_, buf, ask, 0);
+    if (n > 0) {
+      in_.append(buf, static_cast<size_t>(n));
+      continue;
+    }
+    if (n == 0) {
+      *why = "the peer closed the connection";
+      return false;
+    }
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return false;
+    *why = std::strerror(errno);
+    return false;
+  }
+  return true;
+}
+
+std::string HandshakeSocket::take(size_t n) {
+  std::string s = in_.substr(0, n);
+  in_.erase(0, n);
+  return s;
+}
+
+// ---- QPs -------------------------------------------------------------------------------------------------------
+
+QpSet::QpSet(VerbsDevice& d, int n, int swr, int rwr) : dev(d), nQps(n), sendWr(swr), recvWr(rwr) {}
+
+QpSet::~QpSet() {
+  const IbvApi& api = ibv();
+  for (auto*& qp : qps) {
+    if (qp != nullptr) api.destroyQp(qp);  // waits for any asynchronous event on it to be acknowledged
+    qp = nullptr;
+  }
+  if (ownCq && cq != nullptr) api.destroyCq(cq);
+  if (probeMr != nullptr) api.deregMr(probeMr);
+}
+
+Status QpSet::create(std::string* why) {
+  const IbvApi& api = ibv();
+  if (cq == nullptr) {
+    int cqe = std::min(nQps * (sendWr + recvWr) + 16, std::max(dev.maxCqe(), 64));
+    cq = api.createCq(dev.context(), cqe, nullptr, nullptr, 0);
+    if (cq == nullptr) {
+      *why = std::string("ibv_create_cq(") + std::to_string(cqe) + ") failed: " + std::strerror(errno);
+      return Status::kSystem;
+    }
+    ownCq = true;
+  }
+  probeMr = api.regMr(dev.pd(), probeWord, sizeof(probeWord), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  if (probeMr == nullptr) {
+    *why = std::string("registering the probe word failed: ") + std::strerror(errno);
+    return Status::kSystem;
+  }
+  uint8_t rnd[4];
+  uint64_t t = randomToken();
+  std::memcpy(rnd, &t, 4);
+  psn = (static_cast<uint32_t>(rnd[0]) | rnd[1] << 8 | rnd[2] << 16) & 0xffffff;
+  for (int i = 0; i < nQps; ++i) {
+    ibv_qp_init_attr ia{};
+    ia.qp_context = static_cast<QpOwner*>(this);
+    ia.send_cq = cq;
+    ia.recv_cq = cq;
+    ia.qp_type = IBV_QPT_RC;
+    ia.sq_sig_all = 0;
+    ia.cap.max_send_wr = static_cast<uint32_t>(std::min(sendWr, dev.maxQpWr()));
+    ia.cap.max_recv_wr = static_cast<uint32_t>(std::min(recvWr, dev.maxQpWr()));
+    ia.cap.max_send_sge = 1;
+    ia.cap.max_recv_sge = 1;
+    ia.cap.max_inline_data = 64;
+    qps[i] = api.createQp(dev.pd(), &ia);
+    if (qps[i] == nullptr) {  // some devices take no inline data
+      ia.cap.max_inline_data = 0;
+      qps[i] = api.createQp(dev.pd(), &ia);
+    }
+    if (qps[i] == nullptr) {
+      *why = std::string("ibv_create_qp failed: ") + std::strerror(errno);
+      return Status::kSystem;
+    }
+    if (i == 0) maxInline = ia.cap.max_inline_data;
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_INIT;
+    a.pkey_index = 0;
+    a.port_num = dev.port();
+    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+    if (int rc = api.modifyQp(qps[i], &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) {
+      *why = std::string("QP to INIT failed: ") + std::strerror(rc);
+      return Status::kSystem;
+    }
+  }
+  return Status::kOk;
+}
+
+void QpSet::describe(QpInfo* info) const {
+  info->nQps = static_cast<uint16_t>(nQps);
+  for (int i = 0; i < nQps; ++i) info->qpn[i] = qps[i]->qp_num;
+  info->psn = psn;
+  info->lid = dev.lid();
+  info->roce = dev.roce() ? 1 : 0;
+  info->mtu = static_cast<uint8_t>(dev.activeMtu());
+  std::memcpy(info->gid, dev.gid().raw, 16);
+  info->probeAddr = reinterpret_cast<uintptr_t>(&probeWord[0]);
+  info->probeRkey = probeMr->rkey;
+}
+
+Status QpSet::connect(const QpInfo& peer, int trafficClass, std::string* why) {
+  const IbvApi& api = ibv();
+  peerProbeAddr = peer.probeAddr;
+  peerProbeRkey = peer.probeRkey;
+  const int timeout = static_cast<int>(params::getInt("WEFT_IB_TIMEOUT"));
+  const int retry = static_cast<int>(params::getInt("WEFT_IB_RETRY_CNT"));
+  const int sl = static_cast<int>(params::getInt("WEFT_IB_SL"));
+  for (int i = 0; i < nQps; ++i) {
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_RTR;
+    a.path_mtu = static_cast<ibv_mtu>(std::min<int>(dev.activeMtu(), peer.mtu));
+    a.dest_qp_num = peer.qpn[i];
+    a.rq_psn = peer.psn;
+    a.max_dest_rd_atomic = 1;
+    a.min_rnr_timer = 12;
+    a.ah_attr.port_num = dev.port();
+    a.ah_attr.sl = static_cast<uint8_t>(sl);
+    a.ah_attr.dlid = peer.lid;
+    if (dev.roce() || peer.roce) {
+      a.ah_attr.is_global = 1;
+      std::memcpy(a.ah_attr.grh.dgid.raw, peer.gid, 16);
+      a.ah_attr.grh.sgid_index = static_cast<uint8_t>(dev.gidIndex());
+      a.ah_attr.grh.hop_limit = 255;
+      a.ah_attr.grh.traffic_class = static_cast<uint8_t>(trafficClass < 0 ? 0 : trafficClass);
+      a.ah_attr.grh.flow_label = 0;
+    }
+    if (int rc = api.modifyQp(qps[i], &a,
+                              IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                                  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER)) {
+      *why = std::string("QP to RTR failed: ") + std::strerror(rc);
+      return Status::kSystem;
+    }
+    ibv_qp_attr s{};
+    s.qp_state = IBV_QPS_RTS;
+    s.sq_psn = psn;
+    s.timeout = static_cast<uint8_t>(timeout);
+    s.retry_cnt = static_cast<uint8_t>(retry);
+    s.rnr_retry = 7;  // the receiver always has receives posted; 7 = wait for it however long
+    s.max_rd_atomic = 1;
+    if (int rc = api.modifyQp(qps[i], &s,
+                              IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+                                  IBV_QP_MAX_QP_RD_ATOMIC)) {
+      *why = std::string("QP to RTS failed: ") + std::strerror(rc);
+      return Status::kSystem;
+    }
+  }
+  return Status::kOk;
+}
+
+// ---- requests and the shared data-comm machinery ---------------------------------------------------------------
+
+Status VerbsRequest::test(bool* done, int* sizes) { return comm->testRequest(this, done, sizes); }
+
+VerbsDataComm::VerbsDataComm(std::unique_ptr<QpSet> qps, std::string peerName, int poolSize)
+    : q_(std::move(qps)), dev_(q_->dev), peerName_(std::move(peerName)), pool_(poolSize) {
+  free_.reserve(poolSize);
+  for (int i = poolSize - 1; i >= 0; --i) {
+    pool_[i].comm = this;
+    pool_[i].poolIndex = static_cast<uint16_t>(i);
+    free_.push_back(static_cast<uint16_t>(i));
+  }
+  probeIntervalMs_ = static_cast<int>(params::getInt("WEFT_PROBE_INTERVAL"));
+  peerTimeoutMs_ = params::getInt("WEFT_PEER_TIMEOUT") * 1000;
+  stripeMin_ = static_cast<uint64_t>(params::getInt("WEFT_STRIPE_MIN"));
+}
+
+VerbsDataComm::~VerbsDataComm() {
+  for (auto& r : pool_) r.magic_ = 0;
+  q_.reset();  // QPs first (outstanding work requests are flushed with them), then the CQ
+}
+
+VerbsRequest* VerbsDataComm::acquire() {
+  if (free_.empty()) return nullptr;
+  VerbsRequest* r = &pool_[free_.back()];
+  free_.pop_back();
+  uint16_t idx = r->poolIndex;
+  VerbsDataComm* c = r->comm;
+  r->~VerbsRequest();
+  new (r) VerbsRequest();
+  r->poolIndex = idx;
+  r->comm = c;
+  r->inUse = true;
+  r->magic_ = kRequestMagic;
+  return r;
+}
+
+void VerbsDataComm::release(VerbsRequest* r) {
+  r->magic_ = 0;
+  r->inUse = false;
+  free_.push_back(r->poolIndex);
+}
+
+int VerbsDataComm::qpIndex(uint32_t qpNum) const {
+  for (int i = 0; i < q_->nQps; ++i)
+    if (q_->qps[i]->qp_num == qpNum) return i;
+  return -1;
+}
+
+void VerbsDataComm::progress() {
+  ibv_wc wc[16];
+  int n = ibv_poll_cq(q_->cq, 16, wc);
+  if (n < 0) {
+    WEFT_WARN("polling the completion queue of the connection to {} on {} failed", peerName_, dev_.props().name);
+    fail(Status::kSystem);
+  }
+  for (int i = 0; i < n; ++i) {
+    ++completions_;
+    if (wc[i].status == IBV_WC_SUCCESS) {
+      onCompletion(wc[i]);
+    } else {
+      onError(wc[i]);
+    }
+  }
+  if ((outstanding_ > 0 || waitingOffer_) && (++polls_ & 1023) == 0) checkPeer();
+}
+
+void VerbsDataComm::opDone(VerbsRequest* r) {
+  if (--r->ops == 0 && r->reported) release(r);
+}
+
+void VerbsDataComm::onError(const ibv_wc& wc) {
+  const uint64_t kind = wc.wr_id >> 32;
+  const uint32_t idx = static_cast<uint32_t>(wc.wr_id);
+  Status st = Status::kSystem;
+  switch (wc.status) {
+    case IBV_WC_RETRY_EXC_ERR:
+    case IBV_WC_RNR_RETRY_EXC_ERR:
+    case IBV_WC_REM_ACCESS_ERR:
+    case IBV_WC_REM_INV_REQ_ERR:
+    case IBV_WC_REM_OP_ERR:
+    case IBV_WC_WR_FLUSH_ERR:
+      st = Status::kRemote;
+      break;
+    default: break;
+  }
+  if (wc.status != IBV_WC_WR_FLUSH_ERR || fatal_ == Status::kOk) {
+    WEFT_WARN("{} {} {} on {} failed: {} (vendor error {:#x}){}; the connection's requests fail", kindName(kind),
+              kind == kImmRecv || kind == kOfferRecv ? "from" : "to", peerName_, dev_.props().name,
+              ibv().wcStatusStr(wc.status), wc.vendor_err, statusHint(wc.status));
+  }
+  fail(st);
+  const int qp = qpIndex(wc.qp_num);
+  switch (kind) {
+    case kWrite:
+    case kOfferSend:
+    case kFlush: {
+      if (kind != kFlush && qp >= 0) --sendQueued_[qp];
+      if (kind == kFlush) --flushQueued_;
+      if (idx < pool_.size() && pool_[idx].inUse) {
+        VerbsRequest* r = &pool_[idx];
+        if (r->error == Status::kOk) r->error = st;
+        if (kind == kOfferSend) r->offerPending = false;
+        opDone(r);
+      }
+      break;
+    }
+    case kProbe:
+      if (qp >= 0) --sendQueued_[qp];
+      --probesInFlight_;
+      WEFT_WARN("peer {} on {} is gone: a liveness probe failed after {} ms without progress; its {} outstanding "
+                "requests fail",
+                peerName_, dev_.props().name, coarseNowMs() - lastActivityMs_, outstanding_);
+      break;
+    default: break;  // flushed receives: nothing of NCCL's
+  }
+}
+
+void VerbsDataComm::checkPeer() {
+  if (fatal_ != Status::kOk) return;
+  dev_.pollAsync();
+  if (int ev = q_->asyncError.load(std::memory_order_relaxed); ev != 0) {
+    WEFT_WARN("connection to {} on {}: asynchronous QP error ({}); its {} outstanding requests fail", peerName_,
+              dev_.props().name, ibv().eventTypeStr(static_cast<ibv_event_type>(ev)), outstanding_);
+    fail(Status::kRemote);
+    return;
+  }
+  if (!dev_.usable()) {
+    WEFT_WARN("connection to {} on {}: {}; its {} outstanding requests fail", peerName_, dev_.props().name,
+              dev_.stateReason(), outstanding_);
+    fail(Status::kRemote);
+    return;
+  }
+  const int64_t now = coarseNowMs();
+  if (completions_ != completionsSeen_ || lastActivityMs_ == 0) {
+    completionsSeen_ = completions_;
+    lastActivityMs_ = now;
+    return;
+  }
+  if (probeIntervalMs_ <= 0) return;
+  if (probesInFlight_ > 0) {
+    if (now - probeSentMs_ > peerTimeoutMs_) {
+      WEFT_WARN("peer {} on {} unreachable: a liveness probe was not acknowledged within {} s; its {} outstanding "
+                "requests fail (WEFT_PEER_TIMEOUT)",
+                peerName_, dev_.props().name, peerTimeoutMs_ / 1000, outstanding_);
+      fail(Status::kRemote);
+    }
+    return;
+  }
+  if (now - lastActivityMs_ >= probeIntervalMs_ && now - probeSentMs_ >= probeIntervalMs_) {
+    postProbe();
+    probeSentMs_ = now;
+  }
+}
+
+bool VerbsDataComm::postProbe() {
+  bool any = false;
+  for (int i = 0; i < q_->nQps; ++i) {
+    if (sendQueued_[i] >= q_->sendWr) continue;
+    ibv_sge sge{reinterpret_cast<uintptr_t>(&q_->probeWord[1]), 8, q_->probeMr->lkey};
+    ibv_send_wr wr{};
+    ibv_send_wr* bad = nullptr;
+    wr.wr_id = wrId(kProbe, static_cast<uint32_t>(i));
+    wr.opcode = IBV_WR_RDMA_WRITE;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.rdma.remote_addr = q_->peerProbeAddr;
+    wr.wr.rdma.rkey = q_->peerProbeRkey;
+    if (ibv_post_send(q_->qps[i], &wr, &bad) != 0) continue;
+    ++sendQueued_[i];
+    ++probesInFlight_;
+    any = true;
+  }
+  return any;
+}
+
+Status VerbsDataComm::testRequest(VerbsRequest* r, bool* done, int* sizes) {
+  *done = false;
+  if (r->reported) {
+    WEFT_WARN("test on a request that already completed");
+    return Status::kInternal;
+  }
+  auto complete = [&] { return r->recv ? r->doneBufs == r->n : r->writesLeft == 0; };
+  if (!complete() && r->error == Status::kOk) progress();
+  if (r->error != Status::kOk || (fatal_ != Status::kOk && !complete())) {
+    Status st = r->error != Status::kOk ? r->error : fatal_;
+    r->reported = true;
+    --outstanding_;
+    if (r->ops == 0) release(r);  // else when the NIC gives back its last work request (flushed at close)
+    return st;
+  }
+  if (!complete()) return Status::kOk;
+  *done = true;
+  if (sizes != nullptr) {
+    if (r->recv) {
+      for (int i = 0; i < r->n; ++i) sizes[i] = static_cast<int>(r->bytes[i] > INT_MAX ? INT_MAX : r->bytes[i]);
+    } else {
+      sizes[0] = static_cast<int>(r->size);
+    }
+  }
+  r->reported = true;
+  --outstanding_;
+  if (r->ops == 0) release(r);
+  return Status::kOk;
+}
+
+Status VerbsDataComm::checkMh(const MemHandle* mh, const void* data, size_t size, const char* op) const {
+  if (mh == nullptr) {
+    WEFT_WARN("{}: NULL memory handle for {} B (verbs needs registered buffers)", op, size);
+    return Status::kInternal;
+  }
+  if (mh->magic_ != kMrMagic || mh->entry == nullptr || mh->entry->backendMr == nullptr) {
+    WEFT_WARN("{}: {} is not a live weft memory handle", op, static_cast<const void*>(mh));
+    return Status::kInternal;
+  }
+  auto a = reinterpret_cast<uintptr_t>(data);
+  if (a < mh->entry->base || a + size > mh->entry->base + mh->entry->len) {
+    WEFT_WARN("{}: buffer [{:#x}, +{} B) lies outside its memory handle's registration [{:#x}, +{} B)", op, a, size,
+              mh->entry->base, mh->entry->len);
+    return Status::kInvalidUsage;
+  }
+  auto* mr = static_cast<const ibv_mr*>(mh->entry->backendMr);
+  if (mr->pd != dev_.pd()) {
+    WEFT_WARN("{}: memory handle {} was registered on another device than {}", op, static_cast<const void*>(mh),
+              dev_.props().name);
+    return Status::kInvalidUsage;
+  }
+  return Status::kOk;
+}
+
+Status VerbsDataComm::regMrImpl(void* data, size_t size, int type, int fd, uint64_t offset, MemHandle** out) {
+  *out = nullptr;
+  if (type != NCCL_PTR_HOST && type != NCCL_PTR_CUDA) {
+    WEFT_WARN("regMr: unknown memory type {:#x}", type);
+    return Status::kInternal;
+  }
+  if (type == NCCL_PTR_CUDA && (dev_.props().ptrSupport & NCCL_PTR_CUDA) == 0) {
+    WEFT_WARN("regMr: GPU memory on {}, which does not offer it (WEFT_GDR, nvidia-peermem or DMA-BUF)",
+              dev_.props().name);
+    return Status::kInvalidUsage;
+  }
+  MrCache& cache = dev_.mrCache();
+  return fd >= 0 ? cache.regDmaBuf(data, size, type, offset, fd, out) : cache.reg(data, size, type, out);
+}
+
+Status VerbsDataComm::deregMrImpl(MemHandle* mh) { return dev_.mrCache().dereg(mh); }
+
+// ---- send ------------------------------------------------------------------------------------------------------
+
+VerbsSendComm::VerbsSendComm(std::unique_ptr<QpSet> qps, std::string peerName, int maxRecvs)
+    : VerbsDataComm(std::move(qps), std::move(peerName), kMaxRequests * maxRecvs) {}
+
+VerbsSendComm::~VerbsSendComm() {
+  q_.reset();
+  if (offersMr_ != nullptr) ibv().deregMr(offersMr_);
+}
+
+Status VerbsSendComm::start() {
+  offers_.reset(new VerbsOfferMsg[kOfferRecvs]());
+  offersMr_ = ibv().regMr(dev_.pd(), offers_.get(), sizeof(VerbsOfferMsg) * kOfferRecvs, IBV_ACCESS_LOCAL_WRITE);
+  if (offersMr_ == nullptr) {
+    WEFT_WARN("registering offer buffers on {} failed: {}", dev_.props().name, std::strerror(errno));
+    return Status::kSystem;
+  }
+  for (int i = 0; i < kOfferRecvs; ++i) {
+    if (!postOfferRecv(i)) return Status::kSystem;
+  }
+  return Status::kOk;
+}
+
+bool VerbsSendComm::postOfferRecv(int i) {
+  ibv_sge sge{reinterpret_cast<uintptr_t>(&offers_[i]), sizeof(VerbsOfferMsg), offersMr_->lkey};
+  ibv_recv_wr wr{};
+  ibv_recv_wr* bad = nullptr;
+  wr.wr_id = wrId(kOfferRecv, static_cast<uint32_t>(i));
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  if (int rc = ibv_post_recv(q_->qps[0], &wr, &bad)) {
+    WEFT_WARN("posting an offer receive on {} failed: {}", dev_.props().name, std::strerror(rc));
+    fail(Status::kSystem);
+    return false;
+  }
+  return true;
+}
+
+void VerbsSendComm::onCompletion(const ibv_wc& wc) {
+  const uint64_t kind = wc.wr_id >> 32;
+  const uint32_t idx = static_cast<uint32_t>(wc.wr_id);
+  switch (kind) {
+    case kOfferRecv: {
+      const VerbsOfferMsg& m = offers_[idx];
+      if (wc.byte_len < VerbsOfferMsg::bytes(1) || m.magic != VerbsOfferMsg::kMagic || m.count < 1 ||
+          m.count > kMaxRecvs || wc.byte_len < VerbsOfferMsg::bytes(static_cast<int>(m.count))) {
+        WEFT_WARN("peer {} on {} sent a malformed buffer offer: connection closed for safety", peerName_,
+                  dev_.props().name);
+        fail(Status::kRemote);
+        return;
+      }
+      for (uint32_t i = 0; i < m.count; ++i) {
+        bool dropped = false;
+        if (!table_.addOffer(m.entry[i].tagSeq, m.entry[i], &dropped)) {
+          WEFT_WARN("peer {} on {} offered a buffer twice or more than NCCL can have outstanding: connection closed",
+                    peerName_, dev_.props().name);
+          fail(Status::kRemote);
+          return;
+        }
+      }
+      postOfferRecv(static_cast<int>(idx));
+      break;
+    }
+    case kWrite: {
+      if (int qp = qpIndex(wc.qp_num); qp >= 0) --sendQueued_[qp];
+      if (idx < pool_.size() && pool_[idx].inUse) {
+        VerbsRequest* r = &pool_[idx];
+        if (r->writesLeft > 0) --r->writesLeft;
+        opDone(r);
+      }
+      break;
+    }
+    case kProbe:
+      if (int qp = qpIndex(wc.qp_num); qp >= 0) --sendQueued_[qp];
+      --probesInFlight_;
+      break;
+    default:
+      WEFT_WARN("unexpected completion (kind {}) on the send comm to {}", kind, peerName_);
+      break;
+  }
+}
+
+Status VerbsSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Request** request) {
+  *request = nullptr;
+  if (fatal_ != Status::kOk) return fatal_;
+  if (size > INT_MAX) {
+    WEFT_WARN("isend of {} B to {}: larger than NCCL ever sends (maxP2pBytes)", size, peerName_);
+    return Status::kInvalidUsage;
+  }
+  if (size > 0) {
+    if (Status st = checkMh(mh, data, size, "isend"); st != Status::kOk) return st;
+  }
+  uint32_t seq = 0;
+  if (!seqs_.peek(tag, 0, &seq)) {
+    WEFT_WARN("isend to {}: more than {} distinct tags on one connection", peerName_, TagSequence::kCapacity);
+    return Status::kInternal;
+  }
+  const uint64_t key = tagSeqKey(tag, seq);
+  VerbsOffer* o = table_.findOffer(key);
+  if (o == nullptr) {
+    progress();
+    if (fatal_ != Status::kOk) return fatal_;
+    o = table_.findOffer(key);
+  }
+  if (o == nullptr) {
+    waitingOffer_ = true;  // NCCL calls again; the stall check watches the peer meanwhile
+    return Status::kOk;
+  }
+  waitingOffer_ = false;
+  const bool truncated = size > o->len;
+  uint64_t chunk = size;
+  const int pieces = truncated ? 1 : splitMessage(size, q_->nQps, stripeMin_, &chunk);
+  const int first = static_cast<int>(seq % static_cast<uint32_t>(q_->nQps));
+  for (int p = 0; p < pieces; ++p) {
+    if (sendQueued_[(first + p) % q_->nQps] >= q_->sendWr - 1) return Status::kOk;  // back-pressure: NCCL retries
+  }
+  VerbsRequest* r = acquire();
+  if (r == nullptr) {
+    WEFT_WARN("isend to {}: more requests in flight than NCCL allows ({})", peerName_, pool_.size());
+    return Status::kInternal;
+  }
+  if (truncated) {
+    WEFT_WARN("isend of {} B to {} on {}: the matching receive buffer holds only {} B", size, peerName_,
+              dev_.props().name, o->len);
+  }
+  r->recv = false;
+  r->n = 1;
+  r->size = static_cast<uint32_t>(size);
+  r->writesLeft = static_cast<uint16_t>(pieces);
+  const uint32_t lkey = size > 0 ? static_cast<const ibv_mr*>(mh->entry->backendMr)->lkey : 0;
+  for (int p = 0; p < pieces; ++p) {
+    const uint64_t off = static_cast<uint64_t>(p) * chunk;
+    const uint64_t len = truncated ? 0 : std::min<uint64_t>(chunk, size - off);
+    const int qp = (first + p) % q_->nQps;
+    ibv_sge sge{reinterpret_cast<uintptr_t>(data) + off, static_cast<uint32_t>(len), lkey};
+    ibv_send_wr wr{};
+    ibv_send_wr* bad = nullptr;
+    wr.wr_id = wrId(kWrite, r->poolIndex);
+    wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+    wr.imm_data = htonl(Imm::encode(o->slot, static_cast<uint32_t>(pieces), truncated));
+    wr.sg_list = len > 0 ? &sge : nullptr;
+    wr.num_sge = len > 0 ? 1 : 0;
+    wr.send_flags = IBV_SEND_SIGNALED | (len > 0 && len <= q_->maxInline ? IBV_SEND_INLINE : 0);
+    wr.wr.rdma.remote_addr = o->addr + off;
+    wr.wr.rdma.rkey = o->rkey;
+    if (int rc = ibv_post_send(q_->qps[qp], &wr, &bad)) {
+      WEFT_WARN("posting an RDMA write of {} B to {} on {} failed: {}", len, peerName_, dev_.props().name,
+                std::strerror(rc));
+      fail(Status::kSystem);
+      r->error = Status::kSystem;
+      r->writesLeft = 0;
+      break;
+    }
+    ++sendQueued_[qp];
+    ++r->ops;
+  }
+  seqs_.consume(tag);
+  table_.eraseOffer(key);
+  ++outstanding_;
+  *request = r;
+  return Status::kOk;
+}
+
+// ---- receive ---------------------------------------------------------------------------------------------------
+
+VerbsRecvComm::VerbsRecvComm(std::unique_ptr<QpSet> qps, std::string peerName)
+    : VerbsDataComm(std::move(qps), std::move(peerName), kMaxRequests) {}
+
+VerbsRecvComm::~VerbsRecvComm() {
+  q_.reset();
+  flushQp_.reset();
+  if (offersMr_ != nullptr) ibv().deregMr(offersMr_);
+  if (flushMr_ != nullptr) ibv().deregMr(flushMr_);
+}
+
+Status VerbsRecvComm::start() {
+  offers_.reset(new VerbsOfferMsg[kMaxRequests]());
+  offersMr_ = ibv().regMr(dev_.pd(), offers_.get(), sizeof(VerbsOfferMsg) * kMaxRequests, IBV_ACCESS_LOCAL_WRITE);
+  if (offersMr_ == nullptr) {
+    WEFT_WARN("registering offer buffers on {} failed: {}", dev_.props().name, std::strerror(errno));
+    return Status::kSystem;
+  }
+  for (int qp = 0; qp < q_->nQps; ++qp) {
+    for (int i = 0; i < q_->recvWr; ++i)
+      if (!postImmRecv(qp)) return Status::kSystem;
+  }
+  return Status::kOk;
+}
+
+bool VerbsRecvComm::postImmRecv(int qp) {
+  ibv_recv_wr wr{};
+  ibv_recv_wr* bad = nullptr;
+  wr.wr_id = wrId(kImmRecv, static_cast<uint32_t>(qp));
+  wr.sg_list = nullptr;
+  wr.num_sge = 0;
+  if (int rc = ibv_post_recv(q_->qps[qp], &wr, &bad)) {
+    WEFT_WARN("posting a receive on {} failed: {}", dev_.props().name, std::strerror(rc));
+    fail(Status::kSystem);
+    return false;
+  }
+  return true;
+}
+
+void VerbsRecvComm::onCompletion(const ibv_wc& wc) {
+  const uint64_t kind = wc.wr_id >> 32;
+  const uint32_t idx = static_cast<uint32_t>(wc.wr_id);
+  switch (kind) {
+    case kImmRecv: {
+      postImmRecv(static_cast<int>(idx));
+      if (wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM || (wc.wc_flags & IBV_WC_WITH_IMM) == 0) {
+        WEFT_WARN("peer {} on {} sent a message where only RDMA writes belong: connection closed for safety",
+                  peerName_, dev_.props().name);
+        fail(Status::kRemote);
+        return;
+      }
+      const uint32_t imm = ntohl(wc.imm_data);
+      const uint32_t slot = Imm::slot(imm);
+      const uint32_t ri = slot / kMaxRecvs, bi = slot % kMaxRecvs;
+      VerbsRequest* r = ri < pool_.size() ? &pool_[ri] : nullptr;
+      if (r == nullptr || !r->inUse || !r->recv || bi >= r->n || r->bufDone[bi] || Imm::pieces(imm) < 1 ||
+          r->bytes[bi] + wc.byte_len > r->cap[bi]) {
+        WEFT_WARN("peer {} on {} wrote into receive slot {} that has no matching receive: connection closed",
+                  peerName_, dev_.props().name, slot);
+        fail(Status::kRemote);
+        return;
+      }
+      r->bytes[bi] += wc.byte_len;
+      r->piecesWant[bi] = static_cast<uint8_t>(Imm::pieces(imm));
+      if (Imm::truncated(imm) && r->error == Status::kOk) {
+        WEFT_WARN("peer {} on {} sent a message larger than the posted receive buffer ({} B): a send larger than "
+                  "its receive is not allowed",
+                  peerName_, dev_.props().name, r->cap[bi]);
+        r->error = Status::kInvalidUsage;
+      }
+      if (++r->piecesSeen[bi] == r->piecesWant[bi]) {
+        r->bufDone[bi] = true;
+        ++r->doneBufs;
+      }
+      break;
+    }
+    case kOfferSend: {
+      --sendQueued_[0];
+      if (idx < pool_.size() && pool_[idx].inUse) {
+        pool_[idx].offerPending = false;
+        opDone(&pool_[idx]);
+      }
+      break;
+    }
+    case kFlush: {
+      --flushQueued_;
+      if (idx < pool_.size() && pool_[idx].inUse) {
+        VerbsRequest* r = &pool_[idx];
+        if (r->writesLeft > 0) --r->writesLeft;
+        opDone(r);
+      }
+      break;
+    }
+    case kProbe:
+      if (int qp = qpIndex(wc.qp_num); qp >= 0) --sendQueued_[qp];
+      --probesInFlight_;
+      break;
+    default:
+      WEFT_WARN("unexpected completion (kind {}) on the receive comm from {}", kind, peerName_);
+      break;
+  }
+}
+
+Status VerbsRecvComm::irecv(int n, void** data, const size_t* sizes, const int* tags, MemHandle** mhs,
+                            bool /*optional: every receive completes on its data (verbs writes are not polled)*/,
+                            Request** request) {
+  *request = nullptr;
+  if (fatal_ != Status::kOk) return fatal_;
+  if (n < 1 || n > kMaxRecvs) {
+    WEFT_WARN("irecv of {} buffers from {}: at most {} (maxRecvs)", n, peerName_, kMaxRecvs);
+    return Status::kInternal;
+  }
+  for (int i = 0; i < n; ++i) {
+    if (sizes[i] > 0) {
+      if (Status st = checkMh(mhs ? mhs[i] : nullptr, data[i], sizes[i], "irecv"); st != Status::kOk) return st;
+    }
+  }
+  if (sendQueued_[0] >= q_->sendWr - 1) {
+    progress();
+    if (sendQueued_[0] >= q_->sendWr - 1) return Status::kOk;
+  }
+  VerbsRequest* r = acquire();
+  if (r == nullptr) {
+    WEFT_WARN("irecv from {}: more than {} receives outstanding (NCCL_NET_MAX_REQUESTS)", peerName_, kMaxRequests);
+    return Status::kInternal;
+  }
+  r->recv = true;
+  r->n = static_cast<uint8_t>(n);
+  VerbsOfferMsg& m = offers_[r->poolIndex];
+  m.magic = VerbsOfferMsg::kMagic;
+  m.count = static_cast<uint32_t>(n);
+  for (int i = 0; i < n; ++i) {
+    uint32_t ahead = 0;  // the same tag twice in one group takes consecutive sequence numbers
+    for (int j = 0; j < i; ++j) ahead += tags[j] == tags[i] ? 1 : 0;
+    uint32_t seq = 0;
+    if (!seqs_.peek(tags[i], ahead, &seq)) {
+      WEFT_WARN("irecv from {}: more than {} distinct tags on one connection", peerName_, TagSequence::kCapacity);
+      release(r);
+      return Status::kInternal;
+    }
+    VerbsOffer& e = m.entry[i];
+    e.addr = reinterpret_cast<uintptr_t>(data[i]);
+    e.tagSeq = tagSeqKey(tags[i], seq);
+    e.len = static_cast<uint32_t>(std::min<size_t>(sizes[i], UINT32_MAX));
+    const bool keyed = sizes[i] > 0 && mhs != nullptr && mhs[i] != nullptr;
+    e.rkey = keyed ? static_cast<const ibv_mr*>(mhs[i]->entry->backendMr)->rkey : 0;
+    e.flags = keyed ? 0 : kOfferNoKey;
+    e.slot = static_cast<uint32_t>(r->poolIndex) * kMaxRecvs + static_cast<uint32_t>(i);
+    r->cap[i] = e.len;
+  }
+  const size_t bytes = VerbsOfferMsg::bytes(n);
+  ibv_sge sge{reinterpret_cast<uintptr_t>(&m), static_cast<uint32_t>(bytes), offersMr_->lkey};
+  ibv_send_wr wr{};
+  ibv_send_wr* bad = nullptr;
+  wr.wr_id = wrId(kOfferSend, r->poolIndex);
+  wr.opcode = IBV_WR_SEND;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.send_flags = IBV_SEND_SIGNALED | (bytes <= q_->maxInline ? IBV_SEND_INLINE : 0);
+  if (int rc = ibv_post_send(q_->qps[0], &wr, &bad)) {
+    WEFT_WARN("posting a buffer offer to {} on {} failed: {}", peerName_, dev_.props().name, std::strerror(rc));
+    release(r);
+    fail(Status::kSystem);
+    return Status::kSystem;
+  }
+  ++sendQueued_[0];
+  r->ops = 1;
+  r->offerPending = true;
+  for (int i = 0; i < n; ++i) seqs_.consume(tags[i]);
+  ++outstanding_;
+  *request = r;
+  return Status::kOk;
+}
+
+Status VerbsRecvComm::ensureFlushQp() {
+  if (flushQp_) return Status::kOk;
+  auto f = std::make_unique<QpSet>(dev_, 1, 8, 1);
+  f->cq = q_->cq;  // its completions come through this comm's queue
+  std::string why;
+  if (Status st = f->create(&why); st != Status::kOk) {
+    WEFT_WARN("flush QP on {}: {}", dev_.props().name, why);
+    return st;
+  }
+  QpInfo self{};
+  f->describe(&self);
+  if (Status st = f->connect(self, 0, &why); st != Status::kOk) {
+    WEFT_WARN("flush QP on {}: {}", dev_.props().name, why);
+    return st;
+  }
+  flushMr_ = ibv().regMr(dev_.pd(), &flushWord_, sizeof(flushWord_), IBV_ACCESS_LOCAL_WRITE);
+  if (flushMr_ == nullptr) {
+    WEFT_WARN("flush QP on {}: registering its target word failed", dev_.props().name);
+    return Status::kSystem;
+  }
+  flushQp_ = std::move(f);
+  return Status::kOk;
+}
+
+Status VerbsRecvComm::iflush(int n, void** data, const int* sizes, MemHandle** mhs, Request** request) {
+  *request = nullptr;
+  if (fatal_ != Status::kOk) return fatal_;
+  int last = -1;
+  for (int i = 0; i < n && i < kMaxRecvs; ++i) {
+    if (mhs != nullptr && mhs[i] != nullptr && mhs[i]->magic_ == kMrMagic && mhs[i]->type == NCCL_PTR_CUDA &&
+        (sizes == nullptr || sizes[i] > 0))
+      last = i;
+  }
+  if (last < 0) return Status::kOk;  // host memory: the CPU already sees what the NIC wrote
+  if (Status st = ensureFlushQp(); st != Status::kOk) return st;
+  if (flushQueued_ >= flushQp_->sendWr - 1) return Status::kOk;
+  VerbsRequest* r = acquire();
+  if (r == nullptr) return Status::kInternal;
+  r->recv = false;
+  r->n = 1;
+  r->writesLeft = 1;
+  const auto* mr = static_cast<const ibv_mr*>(mhs[last]->entry->backendMr);
+  ibv_sge sge{reinterpret_cast<uintptr_t>(&flushWord_), 1, flushMr_->lkey};
+  ibv_send_wr wr{};
+  ibv_send_wr* bad = nullptr;
+  wr.wr_id = wrId(kFlush, r->poolIndex);
+  wr.opcode = IBV_WR_RDMA_READ;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(data[last]);
+  wr.wr.rdma.rkey = mr->rkey;
+  if (int rc = ibv_post_send(flushQp_->qps[0], &wr, &bad)) {
+    WEFT_WARN("posting a flush read on {} failed: {}", dev_.props().name, std::strerror(rc));
+    release(r);
+    return Status::kSystem;
+  }
+  ++flushQueued_;
+  r->ops = 1;
+  ++outstanding_;
+  *request = r;
+  return Status::kOk;
+}
+
+// ---- listen / accept -------------------------------------------------------------------------------------------
+
+VerbsListenComm::VerbsListenComm(VerbsDevice& dev, int fd, uint64_t token)
+    : dev_(dev), listenFd_(fd), token_(token) {}
+
+VerbsListenComm::~VerbsListenComm() {
+  if (listenFd_ >= 0) ::close(listenFd_);
+}
+
+Status VerbsListenComm::accept(RecvComm** out) {
+  *out = nullptr;
+  std::string why;
+  if (!sock_) {
+    sockaddr_storage sa{};
+    socklen_t len = sizeof(sa);
+    int fd = ::accept4(listenFd_, reinterpret_cast<sockaddr*>(&sa), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED) return Status::kOk;
+      WEFT_WARN("accept on {} failed: {}", dev_.props().name, std::strerror(errno));
+      return Status::kSystem;
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    sock_ = std::make_unique<HandshakeSocket>(fd);
+    peerName_ = sockaddrString(reinterpret_cast<sockaddr*>(&sa));
+    started_ = std::chrono::steady_clock::now();
+  }
+  auto drop = [&](const std::string& reason) {
+    WEFT_WARN("accept on {}: the handshake from {} failed: {}", dev_.props().name, peerName_, reason);
+    sock_.reset();
+    qps_.reset();
+    replied_ = false;
+  };
+  if (!replied_) {
+    if (!sock_->fill(sizeof(QpInfo), &why)) {
+      if (!why.empty()) {
+        drop(why);
+      } else if (std::chrono::steady_clock::now() - started_ > std::chrono::seconds(30)) {
+        drop("no request within 30 s");
+      }
+      return Status::kOk;
+    }
+    QpInfo peer;
+    std::string bytes = sock_->take(sizeof(QpInfo));
+    std::memcpy(&peer, bytes.data(), sizeof(peer));
+    QpInfo reply{};
+    reply.magic = QpInfo::kMagic;
+    reply.version = QpInfo::kVersion;
+    reply.token = token_;
+    if (peer.magic != QpInfo::kMagic || peer.version != QpInfo::kVersion || peer.nQps < 1 || peer.nQps > kMaxQps) {
+      reply.status = QpInfo::kBadRequest;
+      sock_->queue(&reply, sizeof(reply));
+      sock_->flush(&why);
+      drop("not a weft verbs connection request of this version");
+      return Status::kOk;
+    }
+    if (peer.token != token_) {
+      reply.status = QpInfo::kWrongToken;
+      sock_->queue(&reply, sizeof(reply));
+      sock_->flush(&why);
+      WEFT_WARN("refused a connection from {} on {}: wrong token (a handle of another listen or job, or forged)",
+                peerName_, dev_.props().name);
+      sock_.reset();
+      return Status::kOk;
+    }
+    qps_ = std::make_unique<QpSet>(dev_, peer.nQps, kMaxRequests + 16, kMaxRequests * kMaxRecvs + 16);
+    Status st = qps_->create(&why);
+    if (st == Status::kOk) st = qps_->connect(peer, static_cast<int>(peer.trafficClass) - 1, &why);
+    if (st != Status::kOk) {
+      reply.status = QpInfo::kNoResources;
+      sock_->queue(&reply, sizeof(reply));
+      sock_->flush(&why);
+      WEFT_WARN("accept on {} from {}: {}", dev_.props().name, peerName_, why);
+      sock_.reset();
+      qps_.reset();
+      return st;
+    }
+    reply.status = QpInfo::kAccepted;
+    qps_->describe(&reply);
+    sock_->queue(&reply, sizeof(reply));
+    replied_ = true;
+  }
+  if (sock_->flush(&why) != Status::kOk) {
+    drop(why);
+    return Status::kOk;
+  }
+  if (!sock_->fill(1, &why)) {
+    if (!why.empty()) {
+      drop(why);
+    } else if (std::chrono::steady_clock::now() - started_ > std::chrono::seconds(30)) {
+      drop("the connector never confirmed within 30 s");
+    }
+    return Status::kOk;
+  }
+  sock_->take(1);
+  auto rc = std::make_unique<VerbsRecvComm>(std::move(qps_), peerName_);
+  if (Status st = rc->start(); st != Status::kOk) return st;
+  WEFT_INFO(NCCL_NET, "accepted a connection from {} on {} ({} QP{})", peerName_, dev_.props().name,
+            rc->qpCount(), rc->qpCount() == 1 ? "" : "s");
+  sock_.reset();
+  replied_ = false;
+  *out = rc.release();
+  return Status::kOk;
+}
+
+}  // namespace weft::verbs

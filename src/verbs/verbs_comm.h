@@ -1,0 +1,278 @@
+// Listen, send and receive comms of the verbs backend.
+//
+// Connection: the handle names a TCP address of the listening device's interface and a random token. connect()
+// opens a non-blocking TCP connection and sends its QP numbers, PSN, LID/GID and token; the listener checks the
+// token, creates its QPs, moves them to RTR/RTS and answers with its own; the connector moves its QPs to RTR/RTS
+// and sends one byte ("ready"), after which accept() hands out the receive comm. Every step is a non-blocking
+// call NCCL polls; the socket closes once the QPs are connected.
+//
+// Data (the rdma protocol of the libfabric backend, on reliable-connected QPs): each irecv sends the sender one
+// offer (address, rkey, size, slot of every buffer; one SEND, inline when small); the sender RDMA-writes the
+// payload straight into the offered buffer with immediate data naming the slot (verbs_util.h Imm). The receiver
+// keeps zero-length receives posted on every QP to take the immediates; the written length comes with each
+// completion. Messages of WEFT_STRIPE_MIN bytes or more are split across the connection's QPs. An isend whose
+// offer has not arrived returns a NULL request (NCCL retries), as NCCL's own IB transport does.
+// One completion queue per comm, polled from test(): no progress thread.
+//
+// Failures: a completion error (the verbs status name and the peer logged) or an asynchronous QP/port/device
+// error fails every request of the comm. A comm with requests outstanding and nothing completing for
+// WEFT_PROBE_INTERVAL ms writes 8 bytes into its peer's probe word: a live peer's NIC acknowledges it, a dead
+// process's QP is gone and the write fails after the QP's retries (WEFT_IB_TIMEOUT, WEFT_IB_RETRY_CNT), or
+// after WEFT_PEER_TIMEOUT at the latest.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "verbs/verbs_device.h"
+#include "weft/transport/offer_table.h"
+#include "weft/transport/tag_seq.h"
+
+namespace weft::verbs {
+
+constexpr int kMaxQps = 8;
+
+// What each side tells the other over the handshake socket.
+struct QpInfo {
+  static constexpr uint32_t kMagic = 0x57464942;  // "WFIB"
+  static constexpr uint16_t kVersion = 1;
+  enum : uint32_t { kAccepted = 0, kWrongToken = 1, kBadRequest = 2, kNoResources = 3 };
+  uint32_t magic;
+  uint16_t version;
+  uint16_t nQps;
+  uint64_t token;
+  uint32_t qpn[kMaxQps];
+  uint32_t psn;
+  uint32_t status;
+  uint16_t lid;
+  uint8_t roce;
+  uint8_t mtu;
+  uint8_t gid[16];
+  uint64_t probeAddr;
+  uint32_t probeRkey;
+  uint32_t trafficClass;  // connector's request: traffic class + 1 (0: none given)
+};
+
+// One buffer as the receiver offers it.
+struct VerbsOffer {
+  uint64_t addr;
+  uint64_t tagSeq;  // (NCCL tag, per-tag sequence number)
+  uint32_t rkey;
+  uint32_t len;     // NCCL buffers are < 2 GiB (sizes are int)
+  uint32_t slot;    // returned in the immediate data
+  uint32_t flags;   // kOfferNoKey: the buffer has no registration (0-byte receives only)
+};
+constexpr uint32_t kOfferNoKey = 1;
+
+struct VerbsOfferMsg {
+  static constexpr uint32_t kMagic = 0x57464f56;  // "WFOV"
+  uint32_t magic;
+  uint32_t count;
+  VerbsOffer entry[kMaxRecvs];
+  static size_t bytes(int count) { return offsetof(VerbsOfferMsg, entry) + sizeof(VerbsOffer) * count; }
+};
+
+// A non-blocking TCP socket carrying the handshake: whole messages out, exact byte counts in.
+class HandshakeSocket {
+ public:
+  explicit HandshakeSocket(int fd = -1) : fd_(fd) {}
+  ~HandshakeSocket();
+  HandshakeSocket(const HandshakeSocket&) = delete;
+  HandshakeSocket& operator=(const HandshakeSocket&) = delete;
+  int fd() const { return fd_; }
+  void queue(const void* data, size_t len);
+  // Sends what is queued: kOk (check sent()), or an error when the connection failed.
+  Status flush(std::string* why);
+  bool sent() const { return out_.empty(); }
+  // Reads until `want` bytes are in: true when they are (taken with take()), false for "not yet"; *why set on
+  // failure (the peer closed or reset).
+  bool fill(size_t want, std::string* why);
+  std::string take(size_t n);
+
+ private:
+  int fd_;
+  std::string out_;
+  std::string in_;
+};
+
+// The QPs and completion queue of one connection.
+class QpSet : public QpOwner {
+ public:
+  QpSet(VerbsDevice& dev, int nQps, int sendWr, int recvWr);
+  ~QpSet();
+  QpSet(const QpSet&) = delete;
+  QpSet& operator=(const QpSet&) = delete;
+  Status create(std::string* why);
+  // Fills the QP part of `info` (QP numbers, PSN, LID/GID, probe word).
+  void describe(QpInfo* info) const;
+  // INIT -> RTR -> RTS against the peer's description.
+  Status connect(const QpInfo& peer, int trafficClass, std::string* why);
+  VerbsDevice& dev;
+  const int nQps;
+  const int sendWr;
+  const int recvWr;
+  ibv_cq* cq = nullptr;  // set before create() to share another set's queue (not destroyed then)
+  bool ownCq = false;
+  ibv_qp* qps[kMaxQps] = {};
+  uint32_t maxInline = 0;
+  uint64_t peerProbeAddr = 0;
+  uint32_t peerProbeRkey = 0;
+  uint32_t psn = 0;
+  // The word a peer's liveness probe writes (8 bytes, registered for remote write), and the source of ours.
+  uint64_t probeWord[2] = {};
+  ibv_mr* probeMr = nullptr;
+};
+
+class VerbsDataComm;
+
+class VerbsRequest final : public Request {
+ public:
+  Status test(bool* done, int* sizes) override;
+  VerbsDataComm* comm = nullptr;
+  uint16_t poolIndex = 0;
+  bool inUse = false;
+  bool recv = false;
+  bool reported = false;
+  uint8_t n = 0;
+  Status error = Status::kOk;
+  // send
+  uint32_t size = 0;
+  uint16_t writesLeft = 0;
+  // recv
+  bool offerPending = false;  // the offer's SEND has not completed yet
+  uint8_t doneBufs = 0;
+  uint8_t piecesSeen[kMaxRecvs] = {};
+  uint8_t piecesWant[kMaxRecvs] = {};
+  bool bufDone[kMaxRecvs] = {};
+  uint64_t bytes[kMaxRecvs] = {};
+  uint32_t cap[kMaxRecvs] = {};
+  int ops = 0;  // work requests of this request still owned by the NIC (writes, the offer, a flush read)
+};
+
+class VerbsDataComm {
+ public:
+  VerbsDataComm(std::unique_ptr<QpSet> qps, std::string peerName, int poolSize);
+  virtual ~VerbsDataComm();
+  Status testRequest(VerbsRequest* r, bool* done, int* sizes);
+  Status regMrImpl(void* data, size_t size, int type, int fd, uint64_t offset, MemHandle** out);
+  Status deregMrImpl(MemHandle* mh);
+  const std::string& peer() const { return peerName_; }
+  int qpCount() const { return q_->nQps; }
+
+ protected:
+  enum Kind : uint64_t { kWrite = 1, kOfferSend = 2, kOfferRecv = 3, kImmRecv = 4, kProbe = 5, kFlush = 6 };
+  static uint64_t wrId(Kind k, uint32_t index) { return (static_cast<uint64_t>(k) << 32) | index; }
+  VerbsRequest* acquire();
+  void release(VerbsRequest* r);
+  void progress();
+  virtual void onCompletion(const ibv_wc& wc) = 0;
+  void onError(const ibv_wc& wc);
+  void opDone(VerbsRequest* r);
+  int qpIndex(uint32_t qpNum) const;
+  void checkPeer();
+  Status checkMh(const MemHandle* mh, const void* data, size_t size, const char* op) const;
+  bool postProbe();
+  void fail(Status st) {
+    if (fatal_ == Status::kOk) fatal_ = st;
+  }
+
+  std::unique_ptr<QpSet> q_;
+  VerbsDevice& dev_;
+  std::string peerName_;
+  std::vector<VerbsRequest> pool_;
+  std::vector<uint16_t> free_;
+  Status fatal_ = Status::kOk;
+  int sendQueued_[kMaxQps] = {};  // work requests posted and not yet completed, per QP
+  int outstanding_ = 0;           // requests handed to NCCL and not reported
+  uint64_t completions_ = 0, completionsSeen_ = 0;
+  uint32_t polls_ = 0;
+  int64_t lastActivityMs_ = 0, probeSentMs_ = 0;
+  int probesInFlight_ = 0;
+  int flushQueued_ = 0;
+  bool waitingOffer_ = false;
+  int probeIntervalMs_ = 0;
+  int64_t peerTimeoutMs_ = 0;
+  uint64_t stripeMin_ = 0;
+};
+
+class VerbsSendComm final : public SendComm, public VerbsDataComm {
+ public:
+  VerbsSendComm(std::unique_ptr<QpSet> qps, std::string peerName, int maxRecvs);
+  ~VerbsSendComm() override;
+  Status start();
+  std::string peerName() const override { return peerName_; }
+  std::string deviceName() const override { return dev_.props().name; }
+  Status regMr(void* data, size_t size, int type, MemHandle** out) override {
+    return regMrImpl(data, size, type, -1, 0, out);
+  }
+  Status regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd, MemHandle** out) override {
+    return regMrImpl(data, size, type, fd, offset, out);
+  }
+  Status deregMr(MemHandle* mh) override { return deregMrImpl(mh); }
+  Status isend(void* data, size_t size, int tag, MemHandle* mh, Request** request) override;
+
+ private:
+  static constexpr int kOfferRecvs = 64;
+  void onCompletion(const ibv_wc& wc) override;
+  bool postOfferRecv(int i);
+  std::unique_ptr<VerbsOfferMsg[]> offers_;
+  ibv_mr* offersMr_ = nullptr;
+  OfferTable<VerbsOffer> table_;
+  TagSequence seqs_;
+};
+
+class VerbsRecvComm final : public RecvComm, public VerbsDataComm {
+ public:
+  VerbsRecvComm(std::unique_ptr<QpSet> qps, std::string peerName);
+  ~VerbsRecvComm() override;
+  Status start();
+  std::string peerName() const override { return peerName_; }
+  std::string deviceName() const override { return dev_.props().name; }
+  Status regMr(void* data, size_t size, int type, MemHandle** out) override {
+    return regMrImpl(data, size, type, -1, 0, out);
+  }
+  Status regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd, MemHandle** out) override {
+    return regMrImpl(data, size, type, fd, offset, out);
+  }
+  Status deregMr(MemHandle* mh) override { return deregMrImpl(mh); }
+  Status irecv(int n, void** data, const size_t* sizes, const int* tags, MemHandle** mhs, bool optional,
+               Request** request) override;
+  Status iflush(int n, void** data, const int* sizes, MemHandle** mhs, Request** request) override;
+
+ private:
+  void onCompletion(const ibv_wc& wc) override;
+  bool postImmRecv(int qp);
+  void bufferDone(VerbsRequest* r, int i);
+  Status ensureFlushQp();
+  std::unique_ptr<VerbsOfferMsg[]> offers_;
+  ibv_mr* offersMr_ = nullptr;
+  TagSequence seqs_;
+  // GPU buffers: an RDMA read of one byte over a QP connected to itself makes the NIC's earlier writes visible
+  // to the GPU before NCCL's kernel reads them (NCCL's IB transport does the same).
+  std::unique_ptr<QpSet> flushQp_;
+  uint64_t flushWord_ = 0;
+  ibv_mr* flushMr_ = nullptr;
+};
+
+class VerbsListenComm final : public ListenComm {
+ public:
+  VerbsListenComm(VerbsDevice& dev, int fd, uint64_t token);
+  ~VerbsListenComm() override;
+  Status accept(RecvComm** recvComm) override;
+
+ private:
+  VerbsDevice& dev_;
+  int listenFd_;
+  uint64_t token_;
+  std::unique_ptr<HandshakeSocket> sock_;  // the connection being accepted
+  std::string peerName_;
+  std::unique_ptr<QpSet> qps_;
+  bool replied_ = false;
+  std::chrono::steady_clock::time_point started_;
+};
+
+std::string sockaddrString(const sockaddr* sa);
+
+}  // namespace weft::verbs
