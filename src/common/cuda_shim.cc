@@ -18,6 +18,18 @@ bool compiledIn() {
 #endif
 }
 
+bool driverPresent() {
+#ifdef WEFT_HAVE_CUDA
+  static const bool present = [] {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    return lib != nullptr;  // left open: deviceOfPointer opens the same library
+  }();
+  return present;
+#else
+  return false;
+#endif
+}
+
 int deviceOfPointer(const void* ptr, const char** why) {
 #ifdef WEFT_HAVE_CUDA
   using GetAttr = CUresult (*)(void*, CUpointer_attribute, CUdeviceptr);

@@ -251,9 +251,16 @@ bool VerbsDevice::open(ibv_device* dev, const std::string& name, int port, std::
   props_.maxCollBytes = NCCL_MAX_NET_SIZE_BYTES;
   props_.ptrSupport = NCCL_PTR_HOST;
   const std::string& gdr = params::getString("WEFT_GDR");
-  if (cuda::compiledIn() && gdr != "0") {
+  if (cuda::compiledIn() && gdr != "0" && cuda::driverPresent()) {
+    // GPU memory through nvidia-peermem, or through DMA-BUF where the kernel and device take it (the probe NCCL
+    // uses: a registration of fd -1 fails with EOPNOTSUPP/EPROTONOSUPPORT only when DMA-BUF is unsupported).
     if (gdrKernelSupport()) props_.ptrSupport |= NCCL_PTR_CUDA;
-    if (api.regDmabufMr != nullptr) props_.ptrSupport |= NCCL_PTR_DMABUF | NCCL_PTR_CUDA;
+    if (api.regDmabufMr != nullptr) {
+      errno = 0;
+      ibv_mr* probe = api.regDmabufMr(pd_, 0, 0, 0, -1, 0);
+      if (probe != nullptr) api.deregMr(probe);
+      if (errno != EOPNOTSUPP && errno != EPROTONOSUPPORT) props_.ptrSupport |= NCCL_PTR_DMABUF | NCCL_PTR_CUDA;
+    }
   }
   if (gdr == "1" && (props_.ptrSupport & NCCL_PTR_CUDA) == 0)
     WEFT_WARN("WEFT_GDR=1 but {} cannot register GPU memory ({}): host buffers only", props_.name,

@@ -6,6 +6,8 @@ namespace weft::cuda {
 
 // True when this build carries the GPU paths (CUDA toolkit found at configure time).
 bool compiledIn();
+// True when the CUDA driver (libcuda.so.1) can be loaded: a machine with an NVIDIA driver.
+bool driverPresent();
 // The CUDA device ordinal owning `ptr`, or -1 (and `why`) when it cannot be determined.
 int deviceOfPointer(const void* ptr, const char** why);
 

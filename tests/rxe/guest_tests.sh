@@ -1,0 +1,34 @@
+#!/bin/sh
+# Runs inside the soft-RoCE guest (tests/rxe/run_guest.sh): weft's conformance harness over real ibverbs on rxe0,
+# two processes on the one device. Exit status: the number of failed steps.
+fails=0
+step() {  # step NAME TIMEOUT COMMAND...
+  name=$1; limit=$2; shift 2
+  t0=$(date +%s)
+  timeout "$limit" "$@" > "step-$name.log" 2>&1
+  rc=$?
+  t1=$(date +%s)
+  grep -E "^\[(PASS|FAIL|SKIP)\]|^conformance:|detected after|kept working|failed after" "step-$name.log" | sed "s/^/  /"
+  if [ $rc -eq 0 ]; then echo "STEP $name: ok ($((t1 - t0)) s)"; else echo "STEP $name: FAILED rc=$rc ($((t1 - t0)) s), see step-$name.log"; tail -15 "step-$name.log"; fails=$((fails + 1)); fi
+}
+ibv_devices | sed 's/^/  /'
+C="$WEFT_BIN conformance --plugin $WEFT_SO --timeout 60"
+V="--env WEFT_BACKEND=verbs"
+# Every table version NCCL may load, over native verbs.
+for t in 12 11 10 9 8 7; do
+  step "verbs.v$t" 300 $C --table $t --quick $V
+done
+# The full suite (1 GiB message, full soak and cycles) on the newest table, and striping over 4 QPs.
+step verbs.full.v12 600 $C --table 12 $V
+step verbs.qps4.v11 300 $C --table 11 --quick $V --env WEFT_IB_QPS_PER_CONN=4 --env WEFT_STRIPE_MIN=65536
+# Dead peers and unreachable listeners over verbs.
+step verbs.sender_killed 120 $C --only faults.sender_killed $V
+step verbs.receiver_killed 120 $C --only faults.receiver_killed $V
+step verbs.unreachable_peer 120 $C --only weft.unreachable_peer $V --env WEFT_CONNECT_TIMEOUT=3
+# QP errors mid-stream: the peer's QPs moved to the error state, then destroyed (weft_verbs_fault_tests).
+[ -n "${WEFT_GUEST_FAULT_BIN:-}" ] && step verbs.qp_error 180 "$WEFT_GUEST_FAULT_BIN"
+# libfabric over the same device: verbs;ofi_rxm (its MSG CQ is sized by FI_UNIVERSE_SIZE; rxe allows 32767 entries).
+step fabric.verbs_rxm.v11 300 $C --table 11 --quick --env WEFT_BACKEND=fabric --env "WEFT_PROVIDER=verbs;ofi_rxm" \
+  --env FI_UNIVERSE_SIZE=16
+echo "FAILED_STEPS=$fails"
+exit $fails
