@@ -3,7 +3,9 @@
 # Does nothing when everything is present; needs root (or sudo) otherwise.
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config libfabric-dev libfabric-bin libhwloc-dev libfmt-dev catch2
-      libibverbs-dev rdma-core libbenchmark-dev nlohmann-json3-dev iproute2 binutils python3)
+      libibverbs-dev rdma-core libbenchmark-dev nlohmann-json3-dev iproute2 binutils python3
+      # real verbs on soft-RoCE in a QEMU guest (tests/rxe): the emulator, a kernel with rdma_rxe, the guest's tools
+      qemu-system-x86 linux-image-amd64 busybox-static kmod cpio ibverbs-utils ibverbs-providers)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

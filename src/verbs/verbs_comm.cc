@@ -263,6 +263,8 @@ VerbsDataComm::VerbsDataComm(std::unique_ptr<QpSet> qps, std::string peerName, i
   probeIntervalMs_ = static_cast<int>(params::getInt("WEFT_PROBE_INTERVAL"));
   peerTimeoutMs_ = params::getInt("WEFT_PEER_TIMEOUT") * 1000;
   stripeMin_ = static_cast<uint64_t>(params::getInt("WEFT_STRIPE_MIN"));
+  // Mb/s / 100 -> bytes per ms: speed * 1e6 / 8 / 100 / 1000
+  floorBytesPerMs_ = std::max<uint64_t>(1000, static_cast<uint64_t>(dev_.props().speedMbps) * 10 / 8);
 }
 
 VerbsDataComm::~VerbsDataComm() {
@@ -385,11 +387,14 @@ void VerbsDataComm::checkPeer() {
   if (completions_ != completionsSeen_ || lastActivityMs_ == 0) {
     completionsSeen_ = completions_;
     lastActivityMs_ = now;
+    probeSentMs_ = now;  // the peer answered something: a probe still queued gets its full time again
     return;
   }
   if (probeIntervalMs_ <= 0) return;
   if (probesInFlight_ > 0) {
-    if (now - probeSentMs_ > peerTimeoutMs_) {
+    // A probe queues behind the QP's earlier writes (RC is in order): a large message on a slow or congested link
+    // must not pass for a dead peer, so its deadline grows with the bytes ahead of it.
+    if (now - probeSentMs_ > probeDeadlineMs_) {
       WEFT_WARN("peer {} on {} unreachable: a liveness probe was not acknowledged within {} s; its {} outstanding "
                 "requests fail (WEFT_PEER_TIMEOUT)",
                 peerName_, dev_.props().name, peerTimeoutMs_ / 1000, outstanding_);
@@ -400,6 +405,7 @@ void VerbsDataComm::checkPeer() {
   if (now - lastActivityMs_ >= probeIntervalMs_ && now - probeSentMs_ >= probeIntervalMs_) {
     postProbe();
     probeSentMs_ = now;
+    probeDeadlineMs_ = peerTimeoutMs_ + static_cast<int64_t>(bytesInFlight_ / floorBytesPerMs_);
   }
 }
 
@@ -563,7 +569,7 @@ void VerbsSendComm::onCompletion(const ibv_wc& wc) {
       if (int qp = qpIndex(wc.qp_num); qp >= 0) --sendQueued_[qp];
       if (idx < pool_.size() && pool_[idx].inUse) {
         VerbsRequest* r = &pool_[idx];
-        if (r->writesLeft > 0) --r->writesLeft;
+        if (r->writesLeft > 0 && --r->writesLeft == 0) bytesInFlight_ -= std::min(bytesInFlight_, r->bytes[0]);
         opDone(r);
       }
       break;
@@ -652,6 +658,8 @@ Status VerbsSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Req
     ++sendQueued_[qp];
     ++r->ops;
   }
+  r->bytes[0] = truncated ? 0 : size;  // what this send adds to bytesInFlight_
+  bytesInFlight_ += r->bytes[0];
   seqs_.consume(tag);
   table_.eraseOffer(key);
   ++outstanding_;

@@ -160,6 +160,8 @@ class VerbsDataComm {
   Status deregMrImpl(MemHandle* mh);
   const std::string& peer() const { return peerName_; }
   int qpCount() const { return q_->nQps; }
+  // For fault-injection tests (weft_verbs_fault_tests): the connection's QPs.
+  ibv_qp* qpForTest(int i) const { return i >= 0 && i < q_->nQps ? q_->qps[i] : nullptr; }
 
  protected:
   enum Kind : uint64_t { kWrite = 1, kOfferSend = 2, kOfferRecv = 3, kImmRecv = 4, kProbe = 5, kFlush = 6 };
@@ -190,6 +192,9 @@ class VerbsDataComm {
   uint32_t polls_ = 0;
   int64_t lastActivityMs_ = 0, probeSentMs_ = 0;
   int probesInFlight_ = 0;
+  int64_t probeDeadlineMs_ = 0;  // WEFT_PEER_TIMEOUT, plus time for the bytes queued ahead of the probe
+  uint64_t bytesInFlight_ = 0;    // posted RDMA-write bytes not yet completed (sends)
+  uint64_t floorBytesPerMs_ = 1;  // 1% of the port speed: the slowest a live link is assumed to drain
   int flushQueued_ = 0;
   bool waitingOffer_ = false;
   int probeIntervalMs_ = 0;

@@ -12,7 +12,7 @@ step() {  # step NAME TIMEOUT COMMAND...
   if [ $rc -eq 0 ]; then echo "STEP $name: ok ($((t1 - t0)) s)"; else echo "STEP $name: FAILED rc=$rc ($((t1 - t0)) s), see step-$name.log"; tail -15 "step-$name.log"; fails=$((fails + 1)); fi
 }
 ibv_devices | sed 's/^/  /'
-C="$WEFT_BIN conformance --plugin $WEFT_SO --timeout 60"
+C="$RXE_BIN conformance --plugin $RXE_SO --timeout 60"
 V="--env WEFT_BACKEND=verbs"
 # Every table version NCCL may load, over native verbs.
 for t in 12 11 10 9 8 7; do
@@ -26,9 +26,15 @@ step verbs.sender_killed 120 $C --only faults.sender_killed $V
 step verbs.receiver_killed 120 $C --only faults.receiver_killed $V
 step verbs.unreachable_peer 120 $C --only weft.unreachable_peer $V --env WEFT_CONNECT_TIMEOUT=3
 # QP errors mid-stream: the peer's QPs moved to the error state, then destroyed (weft_verbs_fault_tests).
-[ -n "${WEFT_GUEST_FAULT_BIN:-}" ] && step verbs.qp_error 180 "$WEFT_GUEST_FAULT_BIN"
-# libfabric over the same device: verbs;ofi_rxm (its MSG CQ is sized by FI_UNIVERSE_SIZE; rxe allows 32767 entries).
-step fabric.verbs_rxm.v11 300 $C --table 11 --quick --env WEFT_BACKEND=fabric --env "WEFT_PROVIDER=verbs;ofi_rxm" \
-  --env FI_UNIVERSE_SIZE=16
+[ -n "${RXE_FAULT_BIN:-}" ] && step verbs.qp_error 180 "$RXE_FAULT_BIN"
+# libfabric over the same device: verbs;ofi_rxm (its MSG CQ is sized by FI_UNIVERSE_SIZE; rxe allows 32767 entries),
+# behind RXE_FABRIC=1: libfabric 1.17's ofi_rxm over rxe crashes inside fi_close of an endpoint (SIGSEGV in
+# libfabric, at a different check from run to run), which ends the worker and fails every later check. Emulated
+# verbs make endpoint creation slow (up to ~0.6 s per listen), hence the longer call limit; devices.properties is
+# skipped because rxe's largest message is below NCCL's 1 GiB chunks.
+if [ "${RXE_FABRIC:-0}" = 1 ]; then
+  step fabric.verbs_rxm.v11 300 $C --table 11 --quick --call-limit 5000 --env WEFT_BACKEND=fabric \
+    --env "WEFT_PROVIDER=verbs;ofi_rxm" --env FI_UNIVERSE_SIZE=16 --skip devices.properties
+fi
 echo "FAILED_STEPS=$fails"
 exit $fails

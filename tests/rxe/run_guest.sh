@@ -6,8 +6,8 @@
 #
 # Usage: tests/rxe/run_guest.sh SCRIPT OUTDIR [TIMEOUT_S]
 #   SCRIPT runs in the guest with cwd OUTDIR (writable, shared with the host); its output lands in
-#   OUTDIR/guest-output.txt and its exit code is this script's. Environment variables named WEFT_GUEST_* and
-#   WEFT_BIN/WEFT_SO are passed into the guest.
+#   OUTDIR/guest-output.txt and its exit code is this script's. Environment variables named RXE_* (and CI) are
+#   passed into the guest.
 # Exit 77 (skip) when the guest cannot be built here (no root to install packages, no kernel with rdma_rxe).
 # Packages (installed when missing and running as root): qemu-system-x86 linux-image-amd64 busybox-static kmod
 # cpio rdma-core ibverbs-providers ibverbs-utils.
@@ -92,13 +92,13 @@ fi
 {
   echo '#!/bin/sh'
   echo "export PATH='/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'"
-  env | grep -E '^(WEFT_GUEST_[A-Z_]*|WEFT_BIN|WEFT_SO|CI)=' | sed "s/'/'\\\\''/g; s/=\(.*\)/='\1'/; s/^/export /" || true
+  env | grep -E '^(RXE_[A-Z_]*|CI)=' | sed "s/'/'\\\\''/g; s/=\(.*\)/='\1'/; s/^/export /" || true
   echo "exec '$script'"
 } > "$out/guest-entry.sh"
 chmod +x "$out/guest-entry.sh"
 
 start=$(date +%s.%N)
-timeout "$limit" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -M q35 -m "${WEFT_GUEST_MEM:-4096}" -smp 2 \
+timeout "$limit" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -M q35 -m "${RXE_GUEST_MEM:-4096}" -smp 2 \
   -kernel "$vmlinuz" -initrd "$work.gz" \
   -append "console=ttyS0 rdinit=/init quiet loglevel=3 panic=-1 mitigations=off weft_out=$out" \
   -nographic -no-reboot -nodefaults -serial stdio -monitor none \
