@@ -44,6 +44,7 @@ std::unique_ptr<FabricBackend> FabricBackend::discover(std::string* why) {
   auto b = std::unique_ptr<FabricBackend>(new FabricBackend());
   b->maxRecvs_ = static_cast<int>(params::getInt("WEFT_MAX_RECVS"));
   b->connectTimeoutSec_ = static_cast<int>(params::getInt("WEFT_CONNECT_TIMEOUT"));
+  b->pending_.setTimeout(b->connectTimeoutSec_);
   std::vector<NicInfo> nics;
   for (auto& c : found) {
     c.props.maxRecvs = b->maxRecvs_;
@@ -193,34 +194,13 @@ Status FabricBackend::connect(int dev, const CommConfig& config, void* handle, S
     return Status::kInternal;
   }
   PendingConnect* pc = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(pendingMutex_);
-    auto it = pending_.find(handle);
-    if (it != pending_.end()) {
-      if (std::memcmp(it->second->handleBytes, handle, kHandleSize) != 0) {
-        pending_.erase(it);  // the buffer was reused for another connection: the old attempt is abandoned
-      } else if (connectTimeoutSec_ > 0 &&
-                 std::chrono::steady_clock::now() - it->second->started > std::chrono::seconds(connectTimeoutSec_)) {
-        // Past its timeout: answered here, under the lock, so an entry old enough to be purged below is
-        // never in anyone's hands.
-        WEFT_WARN("connect to {} on {} timed out after {} s without an answer: likely a firewall or security "
-                  "group dropping traffic between the nodes, WEFT_IFACE choosing an interface the peer cannot "
-                  "reach, or the peer process is gone (WEFT_CONNECT_TIMEOUT sets the limit)",
-                  it->second->peerName, props(dev).name, connectTimeoutSec_);
-        pending_.erase(it);
-        return Status::kRemote;
-      } else {
-        pc = it->second.get();
-      }
-    }
+  if (pending_.find(handle, &pc, props(dev).name, "a firewall or security group dropping traffic between the nodes, or WEFT_IFACE choosing an interface the peer cannot reach") ==
+      PendingConnects<PendingConnect>::Lookup::kTimedOut) {
+    return Status::kRemote;
   }
   if (pc == nullptr) {
     WireHandle h;
-    std::string why;
-    if (Status st = WireHandle::decode(handle, &h, &why); st != Status::kOk) {
-      WEFT_WARN("connect on {}: {}", props(dev).name, why);
-      return st;
-    }
+    if (Status st = decodeForConnect(handle, props(dev).name, &h); st != Status::kOk) return st;
     if (h.backend != BackendId::kFabric || h.providerHash != device(dev).providerHash()) {
       WEFT_WARN("connect on {}: the handle comes from a different transport or provider than {} (every rank "
                 "must use the same WEFT_PROVIDER)",
@@ -240,21 +220,10 @@ Status FabricBackend::connect(int dev, const CommConfig& config, void* handle, S
         st != Status::kOk) {
       return st;
     }
-    std::lock_guard<std::mutex> lock(pendingMutex_);
-    // Attempts nobody polled past their timeout were abandoned (a communicator aborted mid-connect): free
-    // their endpoints instead of keeping them for the life of the process.
-    if (connectTimeoutSec_ > 0) {
-      auto stale = fresh->started - std::chrono::seconds(2 * connectTimeoutSec_);
-      std::erase_if(pending_, [&](const auto& kv) { return kv.second->started < stale; });
-    }
-    pc = fresh.get();
-    pending_[handle] = std::move(fresh);
+    pc = pending_.add(handle, std::move(fresh));
   }
   Status st = pollConnect(*pc, out);
-  if (st != Status::kOk || *out != nullptr) {
-    std::lock_guard<std::mutex> lock(pendingMutex_);
-    pending_.erase(handle);
-  }
+  if (st != Status::kOk || *out != nullptr) pending_.erase(handle);
   return st;
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "fabric/fabric_comm.h"
+#include "weft/transport/pending_connects.h"
 
 namespace weft::fabric {
 
@@ -59,8 +60,7 @@ class FabricBackend final : public Backend {
   std::mutex groupsMutex_;  // serializes appends
   int maxRecvs_ = 1;
   int connectTimeoutSec_ = 0;
-  std::mutex pendingMutex_;  // guards pending_ (the entries themselves are polled by their own caller only)
-  std::map<const void*, std::unique_ptr<PendingConnect>> pending_;  // keyed by NCCL's handle buffer
+  PendingConnects<PendingConnect> pending_;
 };
 
 }  // namespace weft::fabric

@@ -1,5 +1,7 @@
 #include "weft/transport/handle.h"
 
+#include "weft/common/log.h"
+
 #include <sys/random.h>
 
 #include <cerrno>
@@ -93,6 +95,13 @@ Status WireHandle::decode(const void* in, WireHandle* out, std::string* why) {
   std::memcpy(h.addr.data(), b + 24, h.addrLen);
   *out = h;
   return Status::kOk;
+}
+
+Status decodeForConnect(const void* handle, const std::string& device, WireHandle* out) {
+  std::string why;
+  Status st = WireHandle::decode(handle, out, &why);
+  if (st != Status::kOk) WEFT_WARN("connect on {}: {}", device, why);
+  return st;
 }
 
 }  // namespace weft

@@ -22,6 +22,7 @@ std::unique_ptr<VerbsBackend> VerbsBackend::discover(std::string* why) {
   b->maxRecvs_ = static_cast<int>(params::getInt("WEFT_MAX_RECVS"));
   b->qpsPerConn_ = static_cast<int>(params::getInt("WEFT_IB_QPS_PER_CONN"));
   b->connectTimeoutSec_ = static_cast<int>(params::getInt("WEFT_CONNECT_TIMEOUT"));
+  b->pending_.setTimeout(b->connectTimeoutSec_);
   for (auto& d : devs) {
     const int i = b->count_.load();
     if (i >= kMaxDevices) break;
@@ -103,32 +104,13 @@ Status VerbsBackend::connect(int dev, const CommConfig& config, void* handle, Se
     return Status::kInternal;
   }
   PendingConnect* pc = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(pendingMutex_);
-    auto it = pending_.find(handle);
-    if (it != pending_.end()) {
-      if (std::memcmp(it->second->handleBytes, handle, kHandleSize) != 0) {
-        pending_.erase(it);  // the buffer was reused for another connection: the old attempt is abandoned
-      } else if (connectTimeoutSec_ > 0 &&
-                 std::chrono::steady_clock::now() - it->second->started > std::chrono::seconds(connectTimeoutSec_)) {
-        WEFT_WARN("connect to {} on {} timed out after {} s without an answer: likely a firewall or security "
-                  "group dropping traffic between the nodes, a handshake address the peer cannot reach, or the "
-                  "peer process is gone (WEFT_CONNECT_TIMEOUT sets the limit)",
-                  it->second->peerName, props(dev).name, connectTimeoutSec_);
-        pending_.erase(it);
-        return Status::kRemote;
-      } else {
-        pc = it->second.get();
-      }
-    }
+  if (pending_.find(handle, &pc, props(dev).name, "a firewall or security group dropping traffic between the nodes, or a handshake address the peer cannot reach") ==
+      PendingConnects<PendingConnect>::Lookup::kTimedOut) {
+    return Status::kRemote;
   }
   if (pc == nullptr) {
     WireHandle h;
-    std::string why;
-    if (Status st = WireHandle::decode(handle, &h, &why); st != Status::kOk) {
-      WEFT_WARN("connect on {}: {}", props(dev).name, why);
-      return st;
-    }
+    if (Status st = decodeForConnect(handle, props(dev).name, &h); st != Status::kOk) return st;
     if (h.backend != BackendId::kVerbs || h.providerHash != providerHash()) {
       WEFT_WARN("connect on {}: the handle comes from a different transport than verbs (every rank must use the "
                 "same WEFT_BACKEND)",
@@ -166,19 +148,10 @@ Status VerbsBackend::connect(int dev, const CommConfig& config, void* handle, Se
                 fresh->peerName, props(dev).name, std::strerror(errno));
       return Status::kRemote;
     }
-    std::lock_guard<std::mutex> lock(pendingMutex_);
-    if (connectTimeoutSec_ > 0) {
-      auto stale = fresh->started - std::chrono::seconds(2 * connectTimeoutSec_);
-      std::erase_if(pending_, [&](const auto& kv) { return kv.second->started < stale; });
-    }
-    pc = fresh.get();
-    pending_[handle] = std::move(fresh);
+    pc = pending_.add(handle, std::move(fresh));
   }
   Status st = pollConnect(dev, *pc, out);
-  if (st != Status::kOk || *out != nullptr) {
-    std::lock_guard<std::mutex> lock(pendingMutex_);
-    pending_.erase(handle);
-  }
+  if (st != Status::kOk || *out != nullptr) pending_.erase(handle);
   return st;
 }
 

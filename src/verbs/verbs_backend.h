@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "verbs/verbs_comm.h"
+#include "weft/transport/pending_connects.h"
 
 namespace weft::verbs {
 
@@ -59,8 +60,7 @@ class VerbsBackend final : public Backend {
   int maxRecvs_ = 1;
   int qpsPerConn_ = 1;
   int connectTimeoutSec_ = 0;
-  std::mutex pendingMutex_;
-  std::map<const void*, std::unique_ptr<PendingConnect>> pending_;
+  PendingConnects<PendingConnect> pending_;
 };
 
 }  // namespace weft::verbs

@@ -308,7 +308,10 @@ void VerbsDataComm::progress() {
   }
   for (int i = 0; i < n; ++i) {
     ++completions_;
-    if (wc[i].status == IBV_WC_SUCCESS) {
+    if (wc[i].status == IBV_WC_SUCCESS && (wc[i].wr_id >> 32) == kProbe) {
+      if (int qp = qpIndex(wc[i].qp_num); qp >= 0) --sendQueued_[qp];
+      --probesInFlight_;
+    } else if (wc[i].status == IBV_WC_SUCCESS) {
       onCompletion(wc[i]);
     } else {
       onError(wc[i]);
@@ -485,6 +488,12 @@ Status VerbsDataComm::checkMh(const MemHandle* mh, const void* data, size_t size
   return Status::kOk;
 }
 
+ibv_mr* VerbsDataComm::registerLocal(void* p, size_t n, const char* what) {
+  ibv_mr* mr = ibv().regMr(dev_.pd(), p, n, IBV_ACCESS_LOCAL_WRITE);
+  if (mr == nullptr) WEFT_WARN("registering {} on {} failed: {}", what, dev_.props().name, std::strerror(errno));
+  return mr;
+}
+
 Status VerbsDataComm::regMrImpl(void* data, size_t size, int type, int fd, uint64_t offset, MemHandle** out) {
   *out = nullptr;
   if (type != NCCL_PTR_HOST && type != NCCL_PTR_CUDA) {
@@ -505,7 +514,7 @@ Status VerbsDataComm::deregMrImpl(MemHandle* mh) { return dev_.mrCache().dereg(m
 // ---- send ------------------------------------------------------------------------------------------------------
 
 VerbsSendComm::VerbsSendComm(std::unique_ptr<QpSet> qps, std::string peerName, int maxRecvs)
-    : VerbsDataComm(std::move(qps), std::move(peerName), kMaxRequests * maxRecvs) {}
+    : VerbsComm(std::move(qps), std::move(peerName), kMaxRequests * maxRecvs) {}
 
 VerbsSendComm::~VerbsSendComm() {
   q_.reset();
@@ -514,11 +523,8 @@ VerbsSendComm::~VerbsSendComm() {
 
 Status VerbsSendComm::start() {
   offers_.reset(new VerbsOfferMsg[kOfferRecvs]());
-  offersMr_ = ibv().regMr(dev_.pd(), offers_.get(), sizeof(VerbsOfferMsg) * kOfferRecvs, IBV_ACCESS_LOCAL_WRITE);
-  if (offersMr_ == nullptr) {
-    WEFT_WARN("registering offer buffers on {} failed: {}", dev_.props().name, std::strerror(errno));
-    return Status::kSystem;
-  }
+  offersMr_ = registerLocal(offers_.get(), sizeof(VerbsOfferMsg) * kOfferRecvs, "offer buffers");
+  if (offersMr_ == nullptr) return Status::kSystem;
   for (int i = 0; i < kOfferRecvs; ++i) {
     if (!postOfferRecv(i)) return Status::kSystem;
   }
@@ -574,10 +580,6 @@ void VerbsSendComm::onCompletion(const ibv_wc& wc) {
       }
       break;
     }
-    case kProbe:
-      if (int qp = qpIndex(wc.qp_num); qp >= 0) --sendQueued_[qp];
-      --probesInFlight_;
-      break;
     default:
       WEFT_WARN("unexpected completion (kind {}) on the send comm to {}", kind, peerName_);
       break;
@@ -670,7 +672,7 @@ Status VerbsSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Req
 // ---- receive ---------------------------------------------------------------------------------------------------
 
 VerbsRecvComm::VerbsRecvComm(std::unique_ptr<QpSet> qps, std::string peerName)
-    : VerbsDataComm(std::move(qps), std::move(peerName), kMaxRequests) {}
+    : VerbsComm(std::move(qps), std::move(peerName), kMaxRequests) {}
 
 VerbsRecvComm::~VerbsRecvComm() {
   q_.reset();
@@ -681,11 +683,8 @@ VerbsRecvComm::~VerbsRecvComm() {
 
 Status VerbsRecvComm::start() {
   offers_.reset(new VerbsOfferMsg[kMaxRequests]());
-  offersMr_ = ibv().regMr(dev_.pd(), offers_.get(), sizeof(VerbsOfferMsg) * kMaxRequests, IBV_ACCESS_LOCAL_WRITE);
-  if (offersMr_ == nullptr) {
-    WEFT_WARN("registering offer buffers on {} failed: {}", dev_.props().name, std::strerror(errno));
-    return Status::kSystem;
-  }
+  offersMr_ = registerLocal(offers_.get(), sizeof(VerbsOfferMsg) * kMaxRequests, "offer buffers");
+  if (offersMr_ == nullptr) return Status::kSystem;
   for (int qp = 0; qp < q_->nQps; ++qp) {
     for (int i = 0; i < q_->recvWr; ++i)
       if (!postImmRecv(qp)) return Status::kSystem;
@@ -761,10 +760,6 @@ void VerbsRecvComm::onCompletion(const ibv_wc& wc) {
       }
       break;
     }
-    case kProbe:
-      if (int qp = qpIndex(wc.qp_num); qp >= 0) --sendQueued_[qp];
-      --probesInFlight_;
-      break;
     default:
       WEFT_WARN("unexpected completion (kind {}) on the receive comm from {}", kind, peerName_);
       break;
@@ -857,11 +852,8 @@ Status VerbsRecvComm::ensureFlushQp() {
     WEFT_WARN("flush QP on {}: {}", dev_.props().name, why);
     return st;
   }
-  flushMr_ = ibv().regMr(dev_.pd(), &flushWord_, sizeof(flushWord_), IBV_ACCESS_LOCAL_WRITE);
-  if (flushMr_ == nullptr) {
-    WEFT_WARN("flush QP on {}: registering its target word failed", dev_.props().name);
-    return Status::kSystem;
-  }
+  flushMr_ = registerLocal(&flushWord_, sizeof(flushWord_), "the flush target");
+  if (flushMr_ == nullptr) return Status::kSystem;
   flushQp_ = std::move(f);
   return Status::kOk;
 }

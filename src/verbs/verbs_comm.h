@@ -171,6 +171,8 @@ class VerbsDataComm {
   void progress();
   virtual void onCompletion(const ibv_wc& wc) = 0;
   void onError(const ibv_wc& wc);
+  // Registers one of the comm's own buffers for local access (offers, the flush target); warns on failure.
+  ibv_mr* registerLocal(void* p, size_t n, const char* what);
   void opDone(VerbsRequest* r);
   int qpIndex(uint32_t qpNum) const;
   void checkPeer();
@@ -202,11 +204,11 @@ class VerbsDataComm {
   uint64_t stripeMin_ = 0;
 };
 
-class VerbsSendComm final : public SendComm, public VerbsDataComm {
+// The Comm interface of a verbs send or receive comm, forwarded to VerbsDataComm.
+template <typename Iface>
+class VerbsComm : public Iface, public VerbsDataComm {
  public:
-  VerbsSendComm(std::unique_ptr<QpSet> qps, std::string peerName, int maxRecvs);
-  ~VerbsSendComm() override;
-  Status start();
+  using VerbsDataComm::VerbsDataComm;
   std::string peerName() const override { return peerName_; }
   std::string deviceName() const override { return dev_.props().name; }
   Status regMr(void* data, size_t size, int type, MemHandle** out) override {
@@ -216,6 +218,13 @@ class VerbsSendComm final : public SendComm, public VerbsDataComm {
     return regMrImpl(data, size, type, fd, offset, out);
   }
   Status deregMr(MemHandle* mh) override { return deregMrImpl(mh); }
+};
+
+class VerbsSendComm final : public VerbsComm<SendComm> {
+ public:
+  VerbsSendComm(std::unique_ptr<QpSet> qps, std::string peerName, int maxRecvs);
+  ~VerbsSendComm() override;
+  Status start();
   Status isend(void* data, size_t size, int tag, MemHandle* mh, Request** request) override;
 
  private:
@@ -228,20 +237,11 @@ class VerbsSendComm final : public SendComm, public VerbsDataComm {
   TagSequence seqs_;
 };
 
-class VerbsRecvComm final : public RecvComm, public VerbsDataComm {
+class VerbsRecvComm final : public VerbsComm<RecvComm> {
  public:
   VerbsRecvComm(std::unique_ptr<QpSet> qps, std::string peerName);
   ~VerbsRecvComm() override;
   Status start();
-  std::string peerName() const override { return peerName_; }
-  std::string deviceName() const override { return dev_.props().name; }
-  Status regMr(void* data, size_t size, int type, MemHandle** out) override {
-    return regMrImpl(data, size, type, -1, 0, out);
-  }
-  Status regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd, MemHandle** out) override {
-    return regMrImpl(data, size, type, fd, offset, out);
-  }
-  Status deregMr(MemHandle* mh) override { return deregMrImpl(mh); }
   Status irecv(int n, void** data, const size_t* sizes, const int* tags, MemHandle** mhs, bool optional,
                Request** request) override;
   Status iflush(int n, void** data, const int* sizes, MemHandle** mhs, Request** request) override;
@@ -249,7 +249,6 @@ class VerbsRecvComm final : public RecvComm, public VerbsDataComm {
  private:
   void onCompletion(const ibv_wc& wc) override;
   bool postImmRecv(int qp);
-  void bufferDone(VerbsRequest* r, int i);
   Status ensureFlushQp();
   std::unique_ptr<VerbsOfferMsg[]> offers_;
   ibv_mr* offersMr_ = nullptr;
