@@ -675,8 +675,8 @@ VerbsRecvComm::VerbsRecvComm(std::unique_ptr<QpSet> qps, std::string peerName)
     : VerbsComm(std::move(qps), std::move(peerName), kMaxRequests) {}
 
 VerbsRecvComm::~VerbsRecvComm() {
+  flushQp_.reset();  // first: it is attached to the comm's completion queue, which goes with q_
   q_.reset();
-  flushQp_.reset();
   if (offersMr_ != nullptr) ibv().deregMr(offersMr_);
   if (flushMr_ != nullptr) ibv().deregMr(flushMr_);
 }

@@ -232,6 +232,25 @@ bool VerbsDevice::open(ibv_device* dev, const std::string& name, int port, std::
       return false;
     }
   }
+  {  // the handshake address must be this network namespace's (an RDMA device can be visible from others)
+    sockaddr_storage probe = addr_;
+    if (probe.ss_family == AF_INET) reinterpret_cast<sockaddr_in*>(&probe)->sin_port = 0;
+    if (probe.ss_family == AF_INET6) reinterpret_cast<sockaddr_in6*>(&probe)->sin6_port = 0;
+    int fd = ::socket(probe.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    bool ok = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&probe), addrLen_) == 0;
+    int e = errno;
+    if (fd >= 0) ::close(fd);
+    if (!ok) {
+      char host[INET6_ADDRSTRLEN] = "?";
+      const void* a = probe.ss_family == AF_INET
+                          ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&probe)->sin_addr)
+                          : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&probe)->sin6_addr);
+      inet_ntop(probe.ss_family, a, host, sizeof(host));
+      *why = std::string("its address ") + host + " cannot be bound here (" + std::strerror(e) +
+             "; another network namespace's device?)";
+      return false;
+    }
+  }
   relaxedOrdering_ = api.regMrIova2 != nullptr;
   props_.name = name + ":" + std::to_string(port);
   props_.pciPath = realPath("/sys/class/infiniband/" + name + "/device");

@@ -81,6 +81,13 @@ for i in $(seq 0 $((npairs - 1))); do before[$i]=$(rxbytes "$a" "v${tag}a$i"); d
   --recv-netns "$a" --recv-env "WEFT_IFACE=v${tag}a" \
   --send-netns "$b" --send-env "WEFT_IFACE=v${tag}b" "${extra[@]}" "$@"
 rc=$?
+if [ -n "$netem" ]; then  # what the impaired link did to the traffic (sent, dropped, duplicated, reordered)
+  for ns in "$a" "$b"; do
+    for dev in $(ip -n "$ns" -o link show | awk -F': ' '{print $2}' | cut -d@ -f1 | grep "^v$tag"); do
+      echo "netem $dev: $(ip netns exec "$ns" tc -s qdisc show dev "$dev" | tr -s ' \n' ' ')"
+    done
+  done
+fi
 [ -z "$rails" ] && exit $rc
 
 total=0

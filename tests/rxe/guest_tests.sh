@@ -8,7 +8,7 @@ step() {  # step NAME TIMEOUT COMMAND...
   timeout "$limit" "$@" > "step-$name.log" 2>&1
   rc=$?
   t1=$(date +%s)
-  grep -E "^\[(PASS|FAIL|SKIP)\]|^conformance:|detected after|kept working|failed after" "step-$name.log" | sed "s/^/  /"
+  grep -E "^\[(PASS|FAIL|SKIP)\]|^conformance:|detected after|kept working|failed after|^netem " "step-$name.log" | sed "s/^/  /"
   if [ $rc -eq 0 ]; then echo "STEP $name: ok ($((t1 - t0)) s)"; else echo "STEP $name: FAILED rc=$rc ($((t1 - t0)) s), see step-$name.log"; tail -15 "step-$name.log"; fails=$((fails + 1)); fi
 }
 ibv_devices | sed 's/^/  /'
@@ -27,6 +27,11 @@ step verbs.receiver_killed 120 $C --only faults.receiver_killed $V
 step verbs.unreachable_peer 120 $C --only weft.unreachable_peer $V --env WEFT_CONNECT_TIMEOUT=3
 # QP errors mid-stream: the peer's QPs moved to the error state, then destroyed (weft_verbs_fault_tests).
 [ -n "${RXE_FAULT_BIN:-}" ] && step verbs.qp_error 180 "$RXE_FAULT_BIN"
+# The guest's kernel has what this project's CI kernel lacks: tc netem. libfabric tcp;ofi_rxm between two network
+# namespaces over a veth pair with delay, loss, reordering and duplication on both ends: every byte must arrive.
+NETNS=$(dirname "$0")/../conformance/netns_conformance.sh
+step fabric.tcp.netem.v11 600 "$NETNS" --netem "delay 1ms loss 0.5% reorder 25% 50% duplicate 0.5%" \
+  "$RXE_BIN" "$RXE_SO" --table 11 --quick --call-limit 5000 --env WEFT_BACKEND=fabric
 # libfabric over the same device: verbs;ofi_rxm (its MSG CQ is sized by FI_UNIVERSE_SIZE; rxe allows 32767 entries),
 # behind RXE_FABRIC=1: libfabric 1.17's ofi_rxm over rxe crashes inside fi_close of an endpoint (SIGSEGV in
 # libfabric, at a different check from run to run), which ends the worker and fails every later check. Emulated

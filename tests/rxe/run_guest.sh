@@ -51,7 +51,7 @@ if [ ! -f "$work.gz" ] || [ "$(cat "$work.stamp" 2>/dev/null)" != "$stamp" ]; th
   rm -rf "$work"
   mkdir -p "$work"/{bin,proc,sys,dev,tmp,mnt/out,mnt/host,lib/modules}
   : > "$work/modules.order"
-  for m in virtio_pci virtio_net 9pnet_virtio 9p crc32_generic ib_uverbs rdma_ucm rdma_rxe; do
+  for m in virtio_pci virtio_net 9pnet_virtio 9p crc32_generic ib_uverbs rdma_ucm rdma_rxe veth sch_netem; do
     modprobe -S "$kver" -D "$m" | awk '$1=="insmod"{print $2}'
   done | awk '!seen[$0]++' | while read -r ko; do
     mkdir -p "$work$(dirname "$ko")"
@@ -59,7 +59,7 @@ if [ ! -f "$work.gz" ] || [ "$(cat "$work.stamp" 2>/dev/null)" != "$stamp" ]; th
     echo "$ko" >> "$work/modules.order"
   done
   cp /bin/busybox "$work/bin/busybox"
-  for a in sh mount umount insmod ip sleep cat chroot poweroff sync tr sed mkdir echo; do ln -s busybox "$work/bin/$a"; done
+  for a in sh mount umount insmod ip sleep cat chroot poweroff sync tr sed mkdir echo cut; do ln -s busybox "$work/bin/$a"; done
   cat > "$work/init" <<'INIT'
 #!/bin/sh
 export PATH=/bin
@@ -72,7 +72,11 @@ mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 out /mnt/out
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,ro host /mnt/host
 H=/mnt/host
 mount --bind /proc $H/proc; mount --bind /sys $H/sys; mount --bind /dev $H/dev
+# /tmp becomes a fresh tmpfs; a tree of the host's under /tmp that the test needs (weft_keep) is bound back in
+KEEP=$(arg weft_keep)
+[ -n "$KEEP" ] && mkdir -p /mnt/keep && mount --bind "$H$KEEP" /mnt/keep
 mount -t tmpfs shm $H/dev/shm; mount -t tmpfs tmp $H/tmp; mount -t tmpfs run $H/run
+[ -n "$KEEP" ] && mkdir -p "$H$KEEP" && mount --bind /mnt/keep "$H$KEEP"
 mkdir -p "$H$OUT" 2>/dev/null; mount --bind /mnt/out "$H$OUT"
 chroot $H rdma link add rxe0 type rxe netdev eth0 || echo "WEFT_GUEST_NO_RXE"
 echo "WEFT_GUEST_BOOTED uptime=$(cut -d' ' -f1 /proc/uptime)"
@@ -97,10 +101,14 @@ fi
 } > "$out/guest-entry.sh"
 chmod +x "$out/guest-entry.sh"
 
+# The guest's /tmp is its own: a script (and the build next to it) under the host's /tmp is bound back in.
+keep=""
+case "$script" in /tmp/?*) keep=/tmp/$(echo "${script#/tmp/}" | cut -d/ -f1) ;; esac
+
 start=$(date +%s.%N)
 timeout "$limit" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -M q35 -m "${RXE_GUEST_MEM:-4096}" -smp 2 \
   -kernel "$vmlinuz" -initrd "$work.gz" \
-  -append "console=ttyS0 rdinit=/init quiet loglevel=3 panic=-1 mitigations=off weft_out=$out" \
+  -append "console=ttyS0 rdinit=/init quiet loglevel=3 panic=-1 mitigations=off weft_out=$out${keep:+ weft_keep=$keep}" \
   -nographic -no-reboot -nodefaults -serial stdio -monitor none \
   -netdev user,id=n0 -device virtio-net-pci,netdev=n0 \
   -virtfs local,path="$out",mount_tag=out,security_model=none,id=out \
