@@ -5,6 +5,7 @@
 #include <string>
 
 #include "fabric/fabric_backend.h"
+#include "verbs/verbs_backend.h"
 #include "plugin_loader.h"
 #include "weft/common/params.h"
 #include "weft/version.h"
@@ -59,10 +60,30 @@ int info(int argc, char** argv) {
     for (const auto& c : found) std::printf("%s ", c.props.name.c_str());
     std::printf("\n");
   }
-  std::printf("\ndevices weft offers NCCL with this environment:\n");
+  std::printf("\nnative verbs (ibverbs) ports:\n");
+  std::string vwhy;
+  auto vb = verbs::VerbsBackend::discover(&vwhy);
+  if (!vb) {
+    std::printf("  none: %s\n", vwhy.c_str());
+  } else {
+    for (int d = 0; d < vb->deviceCount(); ++d) {
+      const auto& p = vb->props(d);
+      std::printf("  %d: %-10s %-18s %6d Mb/s  maxRecvs %d  ptrSupport %#x  pci %s\n", d, p.name.c_str(),
+                  p.provider.c_str(), p.speedMbps, p.maxRecvs, p.ptrSupport, p.pciPath.empty() ? "-" : p.pciPath.c_str());
+    }
+  }
+  const std::string& which = params::getString("WEFT_BACKEND");
+  std::printf("\ndevices weft offers NCCL with this environment (WEFT_BACKEND=%s):\n", which.c_str());
+  if (which != "fabric" && vb) {
+    std::printf("  the native verbs ports above\n");
+  } else if (which == "verbs") {
+    std::printf("  none: WEFT_BACKEND=verbs and %s\n", vwhy.c_str());
+  }
   std::string why;
-  auto backend = fabric::FabricBackend::discover(&why);
-  if (!backend) {
+  auto backend = (which == "verbs" || (which == "auto" && vb)) ? nullptr : fabric::FabricBackend::discover(&why);
+  if (which == "verbs" || (which == "auto" && vb)) {
+    // listed above
+  } else if (!backend) {
     std::printf("  none: %s\n", why.c_str());
   } else {
     for (int d = 0; d < backend->deviceCount(); ++d) {
