@@ -3,19 +3,31 @@
 # Does nothing when everything is present; needs root (or sudo) otherwise.
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config libfabric-dev libfabric-bin libhwloc-dev libfmt-dev catch2
-      libibverbs-dev rdma-core libbenchmark-dev nlohmann-json3-dev iproute2 binutils python3
-      # real verbs on soft-RoCE in a QEMU guest (tests/rxe): the emulator, a kernel with rdma_rxe, the guest's tools
-      qemu-system-x86 linux-image-amd64 busybox-static kmod cpio ibverbs-utils ibverbs-providers)
-missing=()
-for p in "${pkgs[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -eq 0 ]; then
+      libibverbs-dev rdma-core libbenchmark-dev nlohmann-json3-dev iproute2 binutils python3)
+# Real verbs on soft-RoCE in a QEMU guest (tests/rxe): the emulator, a kernel with rdma_rxe, the guest's tools.
+# Best effort: where they cannot be installed, the build and every other test still run and rxe.guest is skipped.
+guest=(qemu-system-x86 linux-image-amd64 busybox-static kmod cpio ibverbs-utils ibverbs-providers)
+absent() {
+  local p
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || echo "$p"
+  done
+}
+mapfile -t missing < <(absent "${pkgs[@]}")
+mapfile -t missingGuest < <(absent "${guest[@]}")
+if [ ${#missing[@]} -eq 0 ] && [ ${#missingGuest[@]} -eq 0 ]; then
   exit 0
 fi
-echo "setup: installing ${missing[*]}"
 sudo=""
 if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
-$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+if [ ${#missingGuest[@]} -gt 0 ]; then
+  echo "setup: installing ${missingGuest[*]} (for the soft-RoCE guest test)"
+  $sudo apt-get install -y -qq --no-install-recommends "${missingGuest[@]}" >/dev/null ||
+    echo "setup: could not install ${missingGuest[*]}: the soft-RoCE guest test (rxe.guest) will be skipped"
+fi

@@ -34,8 +34,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
   echo "rxe guest: installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -q >/dev/null
-  apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+  if ! { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null; }; then
+    echo "rxe guest: installing ${missing[*]} failed (no package mirror?): skipped"
+    exit 77
+  fi
 fi
 kver=$(ls /lib/modules | sort -V | tail -1)
 vmlinuz=/boot/vmlinuz-$kver
