@@ -194,8 +194,10 @@ Status FabricBackend::connect(int dev, const CommConfig& config, void* handle, S
     return Status::kInternal;
   }
   PendingConnect* pc = nullptr;
-  if (pending_.find(handle, &pc, props(dev).name, "a firewall or security group dropping traffic between the nodes, or WEFT_IFACE choosing an interface the peer cannot reach") ==
-      PendingConnects<PendingConnect>::Lookup::kTimedOut) {
+  constexpr const char* kCauses =
+      "a firewall or security group dropping traffic between the nodes, or WEFT_IFACE choosing an interface the "
+      "peer cannot reach";
+  if (pending_.find(handle, &pc, props(dev).name, kCauses) == PendingConnects<PendingConnect>::Lookup::kTimedOut) {
     return Status::kRemote;
   }
   if (pc == nullptr) {

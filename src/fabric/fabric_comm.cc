@@ -1,5 +1,7 @@
 #include "fabric/fabric_comm.h"
 
+#include "weft/common/clock.h"
+
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
 
@@ -106,14 +108,6 @@ Status FabricDataComm::progress() {
   if ((outstanding_ > 0 || waitingOffer_) && probeIntervalMs_ > 0 && (++polls_ & 1023) == 0) checkPeer();
   return st;
 }
-
-namespace {
-int64_t coarseNowMs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);  // vDSO: no system call
-  return static_cast<int64_t>(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000;
-}
-}  // namespace
 
 // Whether a NIC's link is up, from sysfs: a network interface's operstate (up, or unknown as loopback reports),
 // or an RDMA device's port state; a name sysfs does not know counts as up.

@@ -136,7 +136,7 @@ bool parseArm(const json& j, Arm* a, std::string* err, const std::string& where)
 
 }  // namespace
 
-std::optional<Profile> parseProfileChecked(const std::string& text, std::string* error);
+static std::optional<Profile> parseProfileChecked(const std::string& text, std::string* error);
 
 // Total: a field of an unexpected JSON type (which nlohmann reports by throwing) is refused like any other flaw.
 std::optional<Profile> parseProfile(const std::string& text, std::string* error) {
@@ -148,7 +148,7 @@ std::optional<Profile> parseProfile(const std::string& text, std::string* error)
   }
 }
 
-std::optional<Profile> parseProfileChecked(const std::string& text, std::string* error) {
+static std::optional<Profile> parseProfileChecked(const std::string& text, std::string* error) {
   std::string scratch;
   std::string* err = error ? error : &scratch;
   json j = json::parse(text, nullptr, false);

@@ -75,11 +75,8 @@ Status VerbsBackend::listen(int dev, void* handle, ListenComm** out) {
   VerbsDevice& d = *slots_[dev].dev;
   sockaddr_storage sa = d.handshakeAddr();
   socklen_t len = d.handshakeAddrLen();
-  if (sa.ss_family == AF_INET) reinterpret_cast<sockaddr_in*>(&sa)->sin_port = 0;
-  if (sa.ss_family == AF_INET6) reinterpret_cast<sockaddr_in6*>(&sa)->sin6_port = 0;
-  int fd = ::socket(sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&sa), len) != 0 || ::listen(fd, 64) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
+  int fd = bindTcpSocket(sa, len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+  if (fd < 0 || ::listen(fd, 64) != 0 || ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
     WEFT_WARN("listen on {}: cannot open the handshake socket at {}: {}", d.props().name,
               sockaddrString(reinterpret_cast<sockaddr*>(&sa)), std::strerror(errno));
     if (fd >= 0) ::close(fd);
@@ -104,8 +101,9 @@ Status VerbsBackend::connect(int dev, const CommConfig& config, void* handle, Se
     return Status::kInternal;
   }
   PendingConnect* pc = nullptr;
-  if (pending_.find(handle, &pc, props(dev).name, "a firewall or security group dropping traffic between the nodes, or a handshake address the peer cannot reach") ==
-      PendingConnects<PendingConnect>::Lookup::kTimedOut) {
+  constexpr const char* kCauses =
+      "a firewall or security group dropping traffic between the nodes, or a handshake address the peer cannot reach";
+  if (pending_.find(handle, &pc, props(dev).name, kCauses) == PendingConnects<PendingConnect>::Lookup::kTimedOut) {
     return Status::kRemote;
   }
   if (pc == nullptr) {
@@ -173,7 +171,7 @@ Status VerbsBackend::pollConnect(int dev, PendingConnect& pc, SendComm** out) {
     pc.tcpUp = true;
   }
   if (!pc.sentInfo) {
-    pc.qps = std::make_unique<QpSet>(d, qpsPerConn_, kMaxRequests * kMaxRecvs + 16, 64 + 16);
+    pc.qps = VerbsSendComm::makeQps(d, qpsPerConn_);
     if (Status st = pc.qps->create(&why); st != Status::kOk) {
       WEFT_WARN("connect to {} on {}: {}", pc.peerName, d.props().name, why);
       return st;
@@ -199,8 +197,7 @@ Status VerbsBackend::pollConnect(int dev, PendingConnect& pc, SendComm** out) {
       return Status::kRemote;
     }
     QpInfo peer;
-    std::string bytes = pc.sock->take(sizeof(QpInfo));
-    std::memcpy(&peer, bytes.data(), sizeof(peer));
+    pc.sock->take(&peer, sizeof(peer));
     if (peer.magic != QpInfo::kMagic || peer.version != QpInfo::kVersion) {
       WEFT_WARN("connect to {} on {}: the answer is not a weft verbs handshake of this version", pc.peerName,
                 d.props().name);

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <ctime>
 
+#include "weft/common/clock.h"
 #include "weft/common/log.h"
 #include "weft/common/params.h"
 #include "weft/transport/handle.h"
@@ -18,25 +19,7 @@
 namespace weft::verbs {
 namespace {
 
-int64_t coarseNowMs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);  // vDSO: no system call
-  return static_cast<int64_t>(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000;
-}
-
 uint64_t tagSeqKey(int tag, uint32_t seq) { return (static_cast<uint64_t>(static_cast<uint32_t>(tag)) << 32) | seq; }
-
-const char* kindName(uint64_t kind) {
-  switch (kind) {
-    case 1: return "RDMA write";
-    case 2: return "buffer offer";
-    case 3: return "offer receive";
-    case 4: return "receive";
-    case 5: return "liveness probe";
-    case 6: return "flush read";
-  }
-  return "work request";
-}
 
 const char* statusHint(ibv_wc_status s) {
   switch (s) {
@@ -52,22 +35,45 @@ const char* statusHint(ibv_wc_status s) {
 
 }  // namespace
 
-std::string sockaddrString(const sockaddr* sa) {
+std::string sockaddrString(const sockaddr* sa, bool withPort) {
   char host[INET6_ADDRSTRLEN] = "?";
-  int port = 0;
   if (sa->sa_family == AF_INET) {
     auto* s = reinterpret_cast<const sockaddr_in*>(sa);
     inet_ntop(AF_INET, &s->sin_addr, host, sizeof(host));
-    port = ntohs(s->sin_port);
-    return std::string(host) + ":" + std::to_string(port);
+    return withPort ? std::string(host) + ":" + std::to_string(ntohs(s->sin_port)) : host;
   }
   if (sa->sa_family == AF_INET6) {
     auto* s = reinterpret_cast<const sockaddr_in6*>(sa);
     inet_ntop(AF_INET6, &s->sin6_addr, host, sizeof(host));
-    port = ntohs(s->sin6_port);
-    return "[" + std::string(host) + "]:" + std::to_string(port);
+    return withPort ? "[" + std::string(host) + "]:" + std::to_string(ntohs(s->sin6_port)) : host;
   }
   return "?";
+}
+
+int bindTcpSocket(sockaddr_storage addr, socklen_t len, int flags) {
+  if (addr.ss_family == AF_INET) reinterpret_cast<sockaddr_in*>(&addr)->sin_port = 0;
+  if (addr.ss_family == AF_INET6) reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port = 0;
+  int fd = ::socket(addr.ss_family, SOCK_STREAM | flags, 0);
+  if (fd < 0) return -1;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+    int e = errno;
+    ::close(fd);
+    errno = e;
+    return -1;
+  }
+  return fd;
+}
+
+const char* VerbsDataComm::kindName(uint64_t kind) {
+  switch (kind) {
+    case kWrite: return "RDMA write";
+    case kOfferSend: return "buffer offer";
+    case kOfferRecv: return "offer receive";
+    case kImmRecv: return "receive";
+    case kProbe: return "liveness probe";
+    case kFlush: return "flush read";
+  }
+  return "work request";
 }
 
 // ---- handshake socket ------------------------------------------------------------------------------------------
@@ -112,10 +118,9 @@ bool HandshakeSocket::fill(size_t want, std::string* why) {
   return true;
 }
 
-std::string HandshakeSocket::take(size_t n) {
-  std::string s = in_.substr(0, n);
+void HandshakeSocket::take(void* out, size_t n) {
+  if (out != nullptr) std::memcpy(out, in_.data(), n);
   in_.erase(0, n);
-  return s;
 }
 
 // ---- QPs -------------------------------------------------------------------------------------------------------
@@ -148,10 +153,7 @@ Status QpSet::create(std::string* why) {
     *why = std::string("registering the probe word failed: ") + std::strerror(errno);
     return Status::kSystem;
   }
-  uint8_t rnd[4];
-  uint64_t t = randomToken();
-  std::memcpy(rnd, &t, 4);
-  psn = (static_cast<uint32_t>(rnd[0]) | rnd[1] << 8 | rnd[2] << 16) & 0xffffff;
+  psn = static_cast<uint32_t>(randomToken()) & 0xffffff;  // PSNs are 24 bits
   for (int i = 0; i < nQps; ++i) {
     ibv_qp_init_attr ia{};
     ia.qp_context = static_cast<QpOwner*>(this);
@@ -309,8 +311,7 @@ void VerbsDataComm::progress() {
   for (int i = 0; i < n; ++i) {
     ++completions_;
     if (wc[i].status == IBV_WC_SUCCESS && (wc[i].wr_id >> 32) == kProbe) {
-      if (int qp = qpIndex(wc[i].qp_num); qp >= 0) --sendQueued_[qp];
-      --probesInFlight_;
+      probeDone(wc[i]);
     } else if (wc[i].status == IBV_WC_SUCCESS) {
       onCompletion(wc[i]);
     } else {
@@ -318,6 +319,11 @@ void VerbsDataComm::progress() {
     }
   }
   if ((outstanding_ > 0 || waitingOffer_) && (++polls_ & 1023) == 0) checkPeer();
+}
+
+void VerbsDataComm::probeDone(const ibv_wc& wc) {
+  if (int qp = qpIndex(wc.qp_num); qp >= 0) --sendQueued_[qp];
+  --probesInFlight_;
 }
 
 void VerbsDataComm::opDone(VerbsRequest* r) {
@@ -361,8 +367,7 @@ void VerbsDataComm::onError(const ibv_wc& wc) {
       break;
     }
     case kProbe:
-      if (qp >= 0) --sendQueued_[qp];
-      --probesInFlight_;
+      probeDone(wc);
       WEFT_WARN("peer {} on {} is gone: a liveness probe failed after {} ms without progress; its {} outstanding "
                 "requests fail",
                 peerName_, dev_.props().name, coarseNowMs() - lastActivityMs_, outstanding_);
@@ -412,8 +417,7 @@ void VerbsDataComm::checkPeer() {
   }
 }
 
-bool VerbsDataComm::postProbe() {
-  bool any = false;
+void VerbsDataComm::postProbe() {
   for (int i = 0; i < q_->nQps; ++i) {
     if (sendQueued_[i] >= q_->sendWr) continue;
     ibv_sge sge{reinterpret_cast<uintptr_t>(&q_->probeWord[1]), 8, q_->probeMr->lkey};
@@ -429,9 +433,7 @@ bool VerbsDataComm::postProbe() {
     if (ibv_post_send(q_->qps[i], &wr, &bad) != 0) continue;
     ++sendQueued_[i];
     ++probesInFlight_;
-    any = true;
   }
-  return any;
 }
 
 Status VerbsDataComm::testRequest(VerbsRequest* r, bool* done, int* sizes) {
@@ -931,52 +933,54 @@ Status VerbsListenComm::accept(RecvComm** out) {
     qps_.reset();
     replied_ = false;
   };
-  if (!replied_) {
-    if (!sock_->fill(sizeof(QpInfo), &why)) {
-      if (!why.empty()) {
-        drop(why);
-      } else if (std::chrono::steady_clock::now() - started_ > std::chrono::seconds(30)) {
-        drop("no request within 30 s");
-      }
-      return Status::kOk;
+  // Whether `n` bytes of the handshake are in; a connector that closes, fails, or stalls past the handshake
+  // timeout is dropped (and accept keeps listening).
+  auto arrived = [&](size_t n, const char* waitingFor) {
+    if (sock_->fill(n, &why)) return true;
+    if (!why.empty()) {
+      drop(why);
+    } else if (std::chrono::steady_clock::now() - started_ > kHandshakeTimeout) {
+      drop(std::string("no ") + waitingFor + " within " + std::to_string(kHandshakeTimeout.count()) + " s");
     }
+    return false;
+  };
+  QpInfo reply{};
+  reply.magic = QpInfo::kMagic;
+  reply.version = QpInfo::kVersion;
+  reply.token = token_;
+  auto answer = [&](uint32_t status) {  // best effort for refusals: the socket closes right after
+    reply.status = status;
+    sock_->queue(&reply, sizeof(reply));
+    sock_->flush(&why);
+  };
+  if (!replied_) {
+    if (!arrived(sizeof(QpInfo), "request")) return Status::kOk;
     QpInfo peer;
-    std::string bytes = sock_->take(sizeof(QpInfo));
-    std::memcpy(&peer, bytes.data(), sizeof(peer));
-    QpInfo reply{};
-    reply.magic = QpInfo::kMagic;
-    reply.version = QpInfo::kVersion;
-    reply.token = token_;
+    sock_->take(&peer, sizeof(peer));
     if (peer.magic != QpInfo::kMagic || peer.version != QpInfo::kVersion || peer.nQps < 1 || peer.nQps > kMaxQps) {
-      reply.status = QpInfo::kBadRequest;
-      sock_->queue(&reply, sizeof(reply));
-      sock_->flush(&why);
+      answer(QpInfo::kBadRequest);
       drop("not a weft verbs connection request of this version");
       return Status::kOk;
     }
     if (peer.token != token_) {
-      reply.status = QpInfo::kWrongToken;
-      sock_->queue(&reply, sizeof(reply));
-      sock_->flush(&why);
+      answer(QpInfo::kWrongToken);
       WEFT_WARN("refused a connection from {} on {}: wrong token (a handle of another listen or job, or forged)",
                 peerName_, dev_.props().name);
       sock_.reset();
       return Status::kOk;
     }
-    qps_ = std::make_unique<QpSet>(dev_, peer.nQps, kMaxRequests + 16, kMaxRequests * kMaxRecvs + 16);
+    qps_ = VerbsRecvComm::makeQps(dev_, peer.nQps);
     Status st = qps_->create(&why);
     if (st == Status::kOk) st = qps_->connect(peer, static_cast<int>(peer.trafficClass) - 1, &why);
     if (st != Status::kOk) {
-      reply.status = QpInfo::kNoResources;
-      sock_->queue(&reply, sizeof(reply));
-      sock_->flush(&why);
       WEFT_WARN("accept on {} from {}: {}", dev_.props().name, peerName_, why);
+      answer(QpInfo::kNoResources);
       sock_.reset();
       qps_.reset();
       return st;
     }
-    reply.status = QpInfo::kAccepted;
     qps_->describe(&reply);
+    reply.status = QpInfo::kAccepted;
     sock_->queue(&reply, sizeof(reply));
     replied_ = true;
   }
@@ -984,15 +988,8 @@ Status VerbsListenComm::accept(RecvComm** out) {
     drop(why);
     return Status::kOk;
   }
-  if (!sock_->fill(1, &why)) {
-    if (!why.empty()) {
-      drop(why);
-    } else if (std::chrono::steady_clock::now() - started_ > std::chrono::seconds(30)) {
-      drop("the connector never confirmed within 30 s");
-    }
-    return Status::kOk;
-  }
-  sock_->take(1);
+  if (!arrived(1, "confirmation")) return Status::kOk;
+  sock_->take(nullptr, 1);
   auto rc = std::make_unique<VerbsRecvComm>(std::move(qps_), peerName_);
   if (Status st = rc->start(); st != Status::kOk) return st;
   WEFT_INFO(NCCL_NET, "accepted a connection from {} on {} ({} QP{})", peerName_, dev_.props().name,

@@ -89,7 +89,8 @@ class HandshakeSocket {
   // Reads until `want` bytes are in: true when they are (taken with take()), false for "not yet"; *why set on
   // failure (the peer closed or reset).
   bool fill(size_t want, std::string* why);
-  std::string take(size_t n);
+  // Moves the first n bytes read (fill(n) returned true) into `out`, or drops them when out is nullptr.
+  void take(void* out, size_t n);
 
  private:
   int fd_;
@@ -166,6 +167,7 @@ class VerbsDataComm {
  protected:
   enum Kind : uint64_t { kWrite = 1, kOfferSend = 2, kOfferRecv = 3, kImmRecv = 4, kProbe = 5, kFlush = 6 };
   static uint64_t wrId(Kind k, uint32_t index) { return (static_cast<uint64_t>(k) << 32) | index; }
+  static const char* kindName(uint64_t kind);
   VerbsRequest* acquire();
   void release(VerbsRequest* r);
   void progress();
@@ -174,10 +176,11 @@ class VerbsDataComm {
   // Registers one of the comm's own buffers for local access (offers, the flush target); warns on failure.
   ibv_mr* registerLocal(void* p, size_t n, const char* what);
   void opDone(VerbsRequest* r);
+  void probeDone(const ibv_wc& wc);  // a liveness probe's work request came back (either way)
   int qpIndex(uint32_t qpNum) const;
   void checkPeer();
   Status checkMh(const MemHandle* mh, const void* data, size_t size, const char* op) const;
-  bool postProbe();
+  void postProbe();
   void fail(Status st) {
     if (fatal_ == Status::kOk) fatal_ = st;
   }
@@ -222,6 +225,10 @@ class VerbsComm : public Iface, public VerbsDataComm {
 
 class VerbsSendComm final : public VerbsComm<SendComm> {
  public:
+  // QPs sized for a sender: RDMA writes of up to kMaxRequests x maxRecvs sends and probes out, offers in.
+  static std::unique_ptr<QpSet> makeQps(VerbsDevice& dev, int nQps) {
+    return std::make_unique<QpSet>(dev, nQps, kMaxRequests * kMaxRecvs + 16, kOfferRecvs + 16);
+  }
   VerbsSendComm(std::unique_ptr<QpSet> qps, std::string peerName, int maxRecvs);
   ~VerbsSendComm() override;
   Status start();
@@ -239,6 +246,10 @@ class VerbsSendComm final : public VerbsComm<SendComm> {
 
 class VerbsRecvComm final : public VerbsComm<RecvComm> {
  public:
+  // QPs sized for a receiver: offers (one per receive) and probes out, an immediate per offered buffer in.
+  static std::unique_ptr<QpSet> makeQps(VerbsDevice& dev, int nQps) {
+    return std::make_unique<QpSet>(dev, nQps, kMaxRequests + 16, kMaxRequests * kMaxRecvs + 16);
+  }
   VerbsRecvComm(std::unique_ptr<QpSet> qps, std::string peerName);
   ~VerbsRecvComm() override;
   Status start();
@@ -270,6 +281,7 @@ class VerbsListenComm final : public ListenComm {
   VerbsDevice& dev_;
   int listenFd_;
   uint64_t token_;
+  static constexpr std::chrono::seconds kHandshakeTimeout{30};  // for one connector to finish its part
   std::unique_ptr<HandshakeSocket> sock_;  // the connection being accepted
   std::string peerName_;
   std::unique_ptr<QpSet> qps_;
@@ -277,6 +289,8 @@ class VerbsListenComm final : public ListenComm {
   std::chrono::steady_clock::time_point started_;
 };
 
-std::string sockaddrString(const sockaddr* sa);
+std::string sockaddrString(const sockaddr* sa, bool withPort = true);
+// A TCP socket (`flags` as for socket(2)) bound to `addr` with port 0, the kernel picking one; -1 with errno set.
+int bindTcpSocket(sockaddr_storage addr, socklen_t len, int flags);
 
 }  // namespace weft::verbs

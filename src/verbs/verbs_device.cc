@@ -15,6 +15,7 @@
 #include <fstream>
 
 #include "fabric/fabric_device.h"  // matchInterface (WEFT_IFACE syntax)
+#include "verbs/verbs_comm.h"        // sockaddrString, bindTcpSocket
 #include "weft/common/cuda_shim.h"
 #include "weft/common/log.h"
 #include "weft/common/params.h"
@@ -232,24 +233,13 @@ bool VerbsDevice::open(ibv_device* dev, const std::string& name, int port, std::
       return false;
     }
   }
-  {  // the handshake address must be this network namespace's (an RDMA device can be visible from others)
-    sockaddr_storage probe = addr_;
-    if (probe.ss_family == AF_INET) reinterpret_cast<sockaddr_in*>(&probe)->sin_port = 0;
-    if (probe.ss_family == AF_INET6) reinterpret_cast<sockaddr_in6*>(&probe)->sin6_port = 0;
-    int fd = ::socket(probe.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    bool ok = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&probe), addrLen_) == 0;
-    int e = errno;
-    if (fd >= 0) ::close(fd);
-    if (!ok) {
-      char host[INET6_ADDRSTRLEN] = "?";
-      const void* a = probe.ss_family == AF_INET
-                          ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&probe)->sin_addr)
-                          : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&probe)->sin6_addr);
-      inet_ntop(probe.ss_family, a, host, sizeof(host));
-      *why = std::string("its address ") + host + " cannot be bound here (" + std::strerror(e) +
-             "; another network namespace's device?)";
-      return false;
-    }
+  // The handshake address must be this network namespace's (an RDMA device can be visible from others).
+  if (int fd = bindTcpSocket(addr_, addrLen_, SOCK_CLOEXEC); fd >= 0) {
+    ::close(fd);
+  } else {
+    *why = "its address " + sockaddrString(reinterpret_cast<const sockaddr*>(&addr_), false) +
+           " cannot be bound here (" + std::strerror(errno) + "; another network namespace's device?)";
+    return false;
   }
   relaxedOrdering_ = api.regMrIova2 != nullptr;
   props_.name = name + ":" + std::to_string(port);
@@ -304,7 +294,8 @@ Status VerbsDevice::registerRange(uintptr_t base, size_t len, int type, int dmab
       WEFT_WARN("DMA-BUF registration on {}: this rdma-core lacks ibv_reg_dmabuf_mr", props_.name);
       return Status::kInvalidUsage;
     }
-    mr = api.regDmabufMr(pd_, dmabufOffset, len, base, dmabufFd, access | (relaxedOrdering_ ? IBV_ACCESS_RELAXED_ORDERING : 0));
+    mr = api.regDmabufMr(pd_, dmabufOffset, len, base, dmabufFd,
+                         access | (relaxedOrdering_ ? IBV_ACCESS_RELAXED_ORDERING : 0));
   } else if (relaxedOrdering_) {
     // An optional access flag: devices that cannot order relaxed ignore it.
     mr = api.regMrIova2(pd_, reinterpret_cast<void*>(base), len, base, access | IBV_ACCESS_RELAXED_ORDERING);
