@@ -9,18 +9,7 @@
 
 namespace weft::fabric {
 
-namespace {
-// Registered memory and fork() (PyTorch DataLoader workers): copy-on-write of registered pages corrupts data
-// unless rdma-core's fork support is on before the first registration (NCCL's own IB transport does the same
-// with ibv_fork_init). A value the user set is kept.
-void forkSafetyDefaults() {
-  setenv("RDMAV_FORK_SAFE", "1", 0);
-  setenv("FI_EFA_FORK_SAFE", "1", 0);
-}
-}  // namespace
-
 std::unique_ptr<FabricBackend> FabricBackend::discover(std::string* why) {
-  forkSafetyDefaults();
   const std::string& provider = params::getString("WEFT_PROVIDER");
   const std::string& iface = params::getString("WEFT_IFACE");
   std::vector<Candidate> found;

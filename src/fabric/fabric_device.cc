@@ -116,9 +116,25 @@ int addrPreference(const fi_info* i) {
   }
 }
 
+// The provider settings weft chooses (params::foreignDefaults), in place before libfabric reads them, logged once.
+void applyProviderDefaults() {
+  static const bool logged = [] {
+    std::string line;
+    for (const auto& s : params::applyForeignDefaults()) {
+      if (!s.fromUser && !s.applied) continue;
+      line += (line.empty() ? "" : ", ") + std::string(s.def->name) + "=" + s.value +
+              (s.fromUser ? " (user's)" : " (weft's default)");
+    }
+    WEFT_INFO(NCCL_INIT | NCCL_NET, "NET/weft provider settings: {}", line);
+    return true;
+  }();
+  (void)logged;
+}
+
 }  // namespace
 
 std::vector<Candidate> probe(const std::string& provider, std::string* why) {
+  applyProviderDefaults();
   std::vector<Candidate> out;
   fi_info* list = nullptr;
   int rc = -FI_ENODATA;

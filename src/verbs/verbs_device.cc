@@ -85,7 +85,7 @@ bool gdrKernelSupport() {
 
 std::vector<std::unique_ptr<VerbsDevice>> VerbsDevice::discover(std::string* why) {
   std::vector<std::unique_ptr<VerbsDevice>> out;
-  setenv("RDMAV_FORK_SAFE", "1", 0);  // before the first device is opened (see forkSafetyDefaults)
+  params::applyForeignDefaults();  // RDMAV_FORK_SAFE before the first device is opened
   const IbvApi& api = ibv();
   if (!api.loaded) {
     *why = api.error;

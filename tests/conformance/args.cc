@@ -75,6 +75,7 @@ WorkerArgs parseWorkerArgs(int argc, char** argv) {
     else if (f == "--quick") w.quick = true;
     else if (f == "--soak") w.soakMessages = a.number(1, 2000000000);
     else if (f == "--cycles") w.cycles = a.number(1, 10000000);
+    else if (f == "--conns") w.conns = a.number(1, 1000000);
     else if (f == "--verbose") w.verbose = true;
     else if (f == "--raw-provider") w.rawProvider = a.value();
     else if (f == "--raw-iface") w.rawIface = a.value();

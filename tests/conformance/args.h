@@ -33,11 +33,12 @@ bool parsePairOption(Args& a, PairOptions& pair);
 // What the driver passes to every worker it spawns.
 struct WorkerArgs {
   std::string plugin, role, checks;
-  int table = 0, oobFd = -1, dev = 0, timeoutSec = 60, callLimitMs = 500;
+  int table = 0, oobFd = -1, dev = 0, timeoutSec = 60, callLimitMs = 10000;
   std::string fuse;  // devices to fuse with makeVDevice (as NCCL does at topology detection); the result is used
   bool quick = false, verbose = false;
   int64_t soakMessages = 0;  // soak.random: messages in all (0: the check's default)
   int cycles = 0;            // hygiene.*: cycles (0: the checks' defaults)
+  int conns = 0;             // comms.scale: connections held at once (0: the check's default)
   // weft bench only: the raw libfabric reference (empty provider: none), rounds per point, which patterns.
   std::string rawProvider, rawIface, patterns = "lat,bw,conns,steps", latSizes, rawModes;
   int rounds = 3;

@@ -35,6 +35,7 @@ bool WorkerSession::open(const WorkerArgs& wa, std::string* error) {
   env.quick = wa.quick;
   env.soakMessages = wa.soakMessages;
   env.cycles = wa.cycles;
+  env.conns = wa.conns;
   env.timeout = std::chrono::seconds(wa.timeoutSec);
   env.callLimit = std::chrono::milliseconds(wa.callLimitMs);
   env.isWeft = std::string(net.name()) == "weft";
@@ -195,6 +196,16 @@ Registration::~Registration() {
   if (mh_ != nullptr) net_.deregMr(comm_, mh_);
 }
 
+void noteCallTime(CheckEnv& env, const std::string& what, std::chrono::steady_clock::duration dt) {
+  double ms = std::chrono::duration<double, std::milli>(dt).count();
+  if (ms > env.slowestCall.ms) env.slowestCall = CheckEnv::SlowestCall{ms, what};
+  if (dt > env.callLimit) {
+    fail(what + " did not return for " + std::to_string(static_cast<long>(ms)) + " ms (backstop " +
+         std::to_string(env.callLimit.count()) + " ms): NCCL polls connect/accept from one thread and needs them "
+         "non-blocking");
+  }
+}
+
 Conn establish(CheckEnv& env, const std::string& label, uint8_t* handleCopy) {
   Conn c;
   auto timed = [&](auto&& call, const char* what) {
@@ -202,11 +213,7 @@ Conn establish(CheckEnv& env, const std::string& label, uint8_t* handleCopy) {
     ncclResult_t r = call();
     auto dt = std::chrono::steady_clock::now() - t0;
     expectOk(r, what);
-    if (dt > env.callLimit) {
-      fail(std::string(what) + " blocked for " +
-           std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(dt).count()) +
-           " ms: NCCL polls connect/accept from one thread and needs them non-blocking");
-    }
+    noteCallTime(env, what, dt);
   };
   Deadline deadline(env.timeout);
   if (env.recv()) {

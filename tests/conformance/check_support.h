@@ -93,6 +93,10 @@ struct Conn {
   void* comm() const { return sendComm ? sendComm : recvComm; }
 };
 
+// Accounts one listen/connect/accept call that took `dt`: kept if it is the slowest of the check, a failure past
+// the backstop (env.callLimit).
+void noteCallTime(CheckEnv& env, const std::string& what, std::chrono::steady_clock::duration dt);
+
 // listen (receiver) -> handle over the OOB channel -> connect/accept polled until both exist, each call
 // required to return quickly (NCCL polls them from one service thread). `label` keeps handles of several
 // connections apart.

@@ -83,6 +83,7 @@ int runConformance(const RunOptions& o) {
   if (o.quick) args.push_back("--quick");
   if (o.soakMessages > 0) args.insert(args.end(), {"--soak", std::to_string(o.soakMessages)});
   if (o.cycles > 0) args.insert(args.end(), {"--cycles", std::to_string(o.cycles)});
+  if (o.conns > 0) args.insert(args.end(), {"--conns", std::to_string(o.conns)});
   if (o.verbose) args.push_back("--verbose");
   if (!o.fuse.empty()) args.insert(args.end(), {"--fuse", o.fuse});
   WorkerProcess procs[2];
@@ -172,6 +173,7 @@ int runWorker(int argc, char** argv) {
       return 1;
     }
     std::string verdict = "PASS", msg;
+    env.slowestCall = {};
     try {
       check->run(env);
     } catch (const CheckSkip& e) {
@@ -183,6 +185,10 @@ int runWorker(int argc, char** argv) {
     } catch (const std::exception& e) {
       verdict = "FAIL";
       msg = e.what();
+    }
+    if (env.slowestCall.ms > 0) {
+      std::printf("INFO\t%s: slowest listen/connect/accept call: %s, %.1f ms (backstop %lld ms)\n", name.c_str(),
+                  env.slowestCall.what.c_str(), env.slowestCall.ms, static_cast<long long>(env.callLimit.count()));
     }
     if (env.peerGone) {  // the peer process ended itself on purpose: nothing to exchange, nothing after
       report(name, verdict.c_str(), msg);

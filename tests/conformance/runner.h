@@ -20,10 +20,11 @@ struct RunOptions {
   bool verbose = false;
   int64_t soakMessages = 0;  // soak.random: how many messages (0: 20,000; 2,000 with --quick)
   int cycles = 0;            // hygiene.*: cycles (0: 2,000 connect and 10,000 register cycles; fewer with --quick)
+  int conns = 0;             // comms.scale: connections held at once (0: 64; 16 with --quick)
   int dev = -1;     // -1: device 0
   std::string fuse;  // "0,1": the workers fuse these devices with makeVDevice and test the fused one
   int timeoutSec = 60;
-  int callLimitMs = 500;  // a connect/accept/listen call taking longer counts as blocking
+  int callLimitMs = 10000;  // backstop: a connect/accept/listen call taking longer has blocked
   PairOptions pair;  // this executable, namespaces and environments of the two workers
 };
 

@@ -101,6 +101,11 @@ int info(int argc, char** argv) {
                 val.fromEnv ? "environment" : "default", val.valid ? "" : (", INVALID: " + val.error).c_str(),
                 val.def->doc);
   }
+  std::printf("\nsettings of libfabric and rdma-core that weft chooses where the environment has none:\n");
+  for (const auto& fs : params::applyForeignDefaults()) {
+    std::printf("  %-22s = %-14s (%s)\n      %s\n", fs.def->name, ("'" + fs.value + "'").c_str(),
+                fs.fromUser ? "environment, kept" : fs.applied ? "weft's default" : fs.def->condition, fs.def->why);
+  }
   auto problems = params::problems();
   for (const auto& p : problems) std::printf("problem: %s\n", p.c_str());
   return problems.empty() ? 0 : 1;

@@ -37,7 +37,8 @@ void usage() {
                "      [--list] [--quick] [--verbose] [--timeout SEC] [--dev N] [--fuse 0,1]\n"
                "      [--soak N]                messages for soak.random (default 20,000; 2,000 with --quick)\n"
                "      [--cycles N]              cycles for hygiene.* (default 2,000 connects, 10,000 registrations)\n"
-               "      [--call-limit MS]         longest connect/accept/listen call before it counts as blocking (500)\n"
+               "      [--conns N]               connections held at once by comms.scale (default 64; 16 with --quick)\n"
+               "      [--call-limit MS]         backstop: a listen/connect/accept call longer than this has blocked (10000)\n"
                "      [--env K=V] [--recv-env K=V] [--send-env K=V]   environment for both / one worker\n"
                "      [--recv-netns NS] [--send-netns NS]           run a worker inside a network namespace\n"
                "  bench [--plugin FILE]         latency, bandwidth, parallel connections and NCCL's step pattern\n"
@@ -98,6 +99,7 @@ int conformance(int argc, char** argv) {
     else if (f == "--quick") o.quick = true;
     else if (f == "--soak") o.soakMessages = a.number(1, 2000000000);
     else if (f == "--cycles") o.cycles = a.number(1, 10000000);
+    else if (f == "--conns") o.conns = a.number(1, 1000000);
     else if (f == "--verbose") o.verbose = true;
     else if (f == "--timeout") o.timeoutSec = a.number(1, 3600);
     else if (f == "--call-limit") o.callLimitMs = a.number(1, 3600000);

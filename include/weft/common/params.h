@@ -49,6 +49,30 @@ std::vector<std::string> problems();
 bool parseInt(std::string_view text, int64_t min, int64_t max, int64_t* out, std::string* error);
 bool parseBool(std::string_view text, bool* out, std::string* error);
 
+// Settings of the libraries below weft (libfabric's providers, rdma-core) that weft chooses where the user has not
+// set them. They are those libraries' own environment variables, read by them, so weft sets them in its process
+// before the first fi_getinfo or device list; a value the user set is always kept.
+struct ForeignDefault {
+  const char* name;
+  const char* value;
+  const char* why;
+  bool (*applies)();      // nullptr: always
+  const char* condition;  // when `applies` says no: why not, for `weft info`
+};
+const std::vector<ForeignDefault>& foreignDefaults();
+
+struct ForeignSetting {
+  const ForeignDefault* def;
+  std::string value;  // in effect ("" when neither the user nor weft set it)
+  bool fromUser;      // the user's own value, kept
+  bool applied;       // weft set it (false: the user's, or its condition does not hold here)
+};
+// Sets every foreign default the environment lacks, once per process (later calls only report), and returns what
+// is in effect. Thread-safe; call it before libfabric or libibverbs is first used.
+const std::vector<ForeignSetting>& applyForeignDefaults();
+// The same decision made now, against the current environment (for tests; the plugin uses the call above).
+std::vector<ForeignSetting> applyForeignDefaultsNow();
+
 // A reader of NCCL's own variables that weft must honour (for example NCCL_DEBUG in our tools).
 const char* foreign(const char* name);
 
