@@ -9,6 +9,26 @@
 
 namespace weft::fabric {
 
+namespace {
+// Comm and listen ids of this process (fabric/wire.h). A closed comm's id is held back for the peer timeout: by
+// then whatever the peer still had in flight for it has arrived or the peer was declared dead.
+CommIds& commIds() {
+  static CommIds ids(wire::kMaxCommId, std::chrono::seconds(params::getInt("WEFT_PEER_TIMEOUT")));
+  return ids;
+}
+}  // namespace
+
+CommId FabricBackend::newCommId(const char* what, int dev) {
+  CommIds& ids = commIds();
+  CommId id(&ids, ids.acquire());
+  if (!id) {
+    WEFT_WARN("{} on {}: every comm id is taken ({} live, {} held back after close; at most {}): too many "
+              "connections in this process",
+              what, props(dev).name, ids.live(), ids.quarantined(), ids.maxId());
+  }
+  return id;
+}
+
 std::unique_ptr<FabricBackend> FabricBackend::discover(std::string* why) {
   const std::string& provider = params::getString("WEFT_PROVIDER");
   const std::string& iface = params::getString("WEFT_IFACE");
@@ -131,11 +151,11 @@ Status FabricBackend::makeVDevice(const int* devs, int n, int* out) {
 }
 
 // One endpoint per rail of the device; further rails' addresses must fit the handshake.
-Status FabricBackend::openEndpoints(int dev, std::vector<std::unique_ptr<Endpoint>>* out) {
+Status FabricBackend::openEndpoints(int dev, uint32_t ownId, std::vector<std::unique_ptr<Endpoint>>* out) {
   out->clear();
   for (int k = 0; k < railCount(dev); ++k) {
     std::unique_ptr<Endpoint> ep;
-    if (Status st = Endpoint::open(*groups_[dev]->rails[k], &ep); st != Status::kOk) return st;
+    if (Status st = Endpoint::open(*groups_[dev]->rails[k], ownId, &ep); st != Status::kOk) return st;
     if (k > 0 && ep->name().size() > RailAddrs::kMaxAddr) {
       WEFT_WARN("provider address of {} bytes on {} does not fit the rail handshake ({} B)", ep->name().size(),
                 ep->device().props().name, RailAddrs::kMaxAddr);
@@ -155,8 +175,10 @@ Status FabricBackend::listen(int dev, void* handle, ListenComm** out) {
     return Status::kInternal;
   }
   if (handle == nullptr) return Status::kInternal;
+  CommId id = newCommId("listen", dev);
+  if (!id) return Status::kSystem;
   std::vector<std::unique_ptr<Endpoint>> eps;
-  if (Status st = openEndpoints(dev, &eps); st != Status::kOk) return st;
+  if (Status st = openEndpoints(dev, id.get(), &eps); st != Status::kOk) return st;
   Endpoint* ep = eps[0].get();
   if (ep->name().size() > WireHandle::kMaxAddr) {
     WEFT_WARN("provider address of {} bytes does not fit the handle", ep->name().size());
@@ -167,11 +189,12 @@ Status FabricBackend::listen(int dev, void* handle, ListenComm** out) {
   h.backend = BackendId::kFabric;
   h.providerHash = device(dev).providerHash();
   h.token = randomToken();
+  h.listenId = id.get();
   h.addrLen = static_cast<uint16_t>(ep->name().size());
   std::memcpy(h.addr.data(), ep->name().data(), h.addrLen);
   h.encode(handle);
   WEFT_INFO(NCCL_NET, "listening on {} at {}", props(dev).name, ep->addrString(ep->name().data(), ep->name().size()));
-  *out = new FabricListenComm(std::move(eps), h.token, maxRecvs_);
+  *out = new FabricListenComm(std::move(eps), h.token, maxRecvs_, std::move(id));
   return Status::kOk;
 }
 
@@ -201,12 +224,14 @@ Status FabricBackend::connect(int dev, const CommConfig& config, void* handle, S
     auto fresh = std::make_unique<PendingConnect>();
     std::memcpy(fresh->handleBytes, handle, kHandleSize);
     fresh->started = std::chrono::steady_clock::now();
-    if (Status st = openEndpoints(dev, &fresh->eps); st != Status::kOk) return st;
+    fresh->id = newCommId("connect", dev);
+    if (!fresh->id) return Status::kSystem;
+    if (Status st = openEndpoints(dev, fresh->id.get(), &fresh->eps); st != Status::kOk) return st;
     Endpoint& ep = *fresh->eps[0];
     fresh->peerName = ep.addrString(h.addr.data(), h.addrLen);
     if (Status st = ep.insert(h.addr.data(), h.addrLen, &fresh->peer); st != Status::kOk) return st;
     fresh->token = h.token;
-    if (Status st = ep.startConnect(fresh->peer, h.token, localProtocolFlags(device(dev)),
+    if (Status st = ep.startConnect(fresh->peer, h.token, h.listenId, localProtocolFlags(device(dev)),
                                     static_cast<uint32_t>(device(dev).eagerMax()), railAddrsOf(fresh->eps));
         st != Status::kOk) {
       return st;
@@ -236,8 +261,19 @@ Status FabricBackend::pollConnect(PendingConnect& pc, SendComm** out) {
       if (Status st = ep.repostReplyRecv(); st != Status::kOk) return st;
       return Status::kOk;
     }
+    if (reply.status == kBadVersion) {
+      WEFT_WARN("connect to {} on {}: {}: the peer speaks weft connection protocol v{}, this end v{} (run the "
+                "same weft build on every node)",
+                pc.peerName, p.name, replyStatusName(reply.status), reply.version, ConnectRequest::kVersion);
+      return Status::kRemote;
+    }
     if (reply.status != kAccepted) {
       WEFT_WARN("connect to {} on {}: {}", pc.peerName, p.name, replyStatusName(reply.status));
+      return Status::kRemote;
+    }
+    if (reply.version != ConnectRequest::kVersion || reply.commId == 0 || reply.commId > wire::kMaxCommId) {
+      WEFT_WARN("connect to {} on {}: the reply (version {}) names comm id {}, outside [1, {}]", pc.peerName, p.name,
+                reply.version, reply.commId, wire::kMaxCommId);
       return Status::kRemote;
     }
     if (!reply.rails.valid() || reply.rails.count > pc.eps.size()) {
@@ -262,7 +298,8 @@ Status FabricBackend::pollConnect(PendingConnect& pc, SendComm** out) {
     WEFT_INFO(NCCL_NET, "connected to {} on {} via {} ({} protocol, eager up to {} B, {} rail{})", pc.peerName,
               p.name, p.provider, proto.rdma ? (proto.imm4 ? "rdma (4-byte completion data)" : "rdma") : "sendrecv",
               proto.eagerMax, nRails, nRails == 1 ? "" : "s");
-    auto sc = std::make_unique<FabricSendComm>(std::move(rails), pc.peerName, maxRecvs_, proto);
+    auto sc = std::make_unique<FabricSendComm>(std::move(rails), pc.peerName, maxRecvs_, proto, std::move(pc.id),
+                                               reply.commId);
     if (Status st = sc->start(); st != Status::kOk) return st;
     *out = sc.release();
     return Status::kOk;

@@ -21,8 +21,11 @@ Status FabricRequest::test(bool* done, int* sizesOut) { return comm->testRequest
 
 // ---- shared data-comm machinery --------------------------------------------------------------------------------
 
-FabricDataComm::FabricDataComm(std::vector<Rail> rails, std::string peerName, int poolSize, Protocol proto)
+FabricDataComm::FabricDataComm(std::vector<Rail> rails, std::string peerName, int poolSize, Protocol proto,
+                               CommId localId, uint32_t peerId)
     : dev_(rails.at(0).ep->device()),
+      localId_(std::move(localId)),
+      peerId_(peerId),
       rails_(std::move(rails)),
       nRails_(static_cast<int>(rails_.size())),
       peerName_(std::move(peerName)),
@@ -31,6 +34,7 @@ FabricDataComm::FabricDataComm(std::vector<Rail> rails, std::string peerName, in
       pool_(new FabricRequest[poolSize]),
       probeIntervalMs_(params::getInt("WEFT_PROBE_INTERVAL")),
       peerTimeoutMs_(params::getInt("WEFT_PEER_TIMEOUT") * 1000) {
+  for (Rail& r : rails_) r.ep->setPeerId(peerId_);
   free_.reserve(poolSize);
   for (int i = poolSize - 1; i >= 0; --i) {
     FabricRequest& r = pool_[i];
@@ -86,9 +90,32 @@ FabricRequest* FabricDataComm::acquire() {
 }
 
 void FabricDataComm::release(FabricRequest* r) {
+  if (r->recv && bySeq_) releaseSeqs(r);
   r->magic_ = 0;
   --outstanding_;
   free_.push_back(r->poolIndex);
+}
+
+bool FabricDataComm::allocSeq(uint16_t slot, uint16_t* seq) {
+  for (uint32_t n = 0; n < nSeqs_; ++n) {
+    const uint32_t s = seqCursor_;
+    seqCursor_ = (seqCursor_ + 1) & (nSeqs_ - 1);
+    if (bySeq_[s] == kSeqFree || bySeq_[s] == kSeqParked) {
+      bySeq_[s] = static_cast<uint16_t>(slot + 1);
+      *seq = static_cast<uint16_t>(s);
+      return true;
+    }
+  }
+  return false;
+}
+
+void FabricDataComm::releaseSeqs(FabricRequest* r) {
+  for (int i = 0; i < r->n; ++i) {
+    if ((r->flags[i] & FabricRequest::kOffered) == 0) continue;
+    uint16_t& e = bySeq_[r->seq[i]];
+    if (e != r->poolIndex * kMaxRecvs + i + 1) continue;  // freed when its data landed, maybe reused since
+    e = (r->flags[i] & FabricRequest::kDone) == 0 && r->optional ? kSeqParked : kSeqFree;
+  }
 }
 
 // A request goes back to the pool once NCCL has its answer and the provider holds none of its operations.
@@ -233,21 +260,33 @@ void FabricDataComm::onError(OpContext* ctx, int fiErr, Status st) noexcept {
   opDone(r);
 }
 
-// The completion data names the (request, buffer) slot the sender wrote into. Anything that does not name a
-// live offered buffer is a protocol violation by the peer: the connection fails, nothing is touched.
+// The completion data names this comm and the sequence of the buffer the sender wrote into. A write naming
+// another comm is dropped (counted, with a warning); anything else that does not name a live offered buffer is a
+// protocol violation by the peer: the connection fails, nothing is touched.
 void FabricDataComm::onRemoteData(uint64_t d) noexcept {
   ++completions_;
   const bool c = proto_.imm4;
-  const int slot = c ? WriteImm32::slot(d) : WriteImm::slot(d);
+  if (!c && WriteImm::comm(d) != localId_.get()) {
+    if (strayWrites_++ % 1024 == 0) {
+      WEFT_WARN("on {}: a write from {} names comm {}, not this one ({}): dropped ({} so far)", dev_.props().name,
+                peerName_, WriteImm::comm(d), localId_.get(), strayWrites_);
+    }
+    return;
+  }
+  const uint32_t seq = c ? WriteImm32::seq(d) : WriteImm::seq(d);
   const uint64_t flags = c ? WriteImm32::flags(d) : WriteImm::flags(d);
-  const uint64_t pieces = c ? WriteImm32::pieces(d) : WriteImm::segments(d);
+  const uint64_t pieces = c ? WriteImm32::pieces(d) : WriteImm::pieces(d);
   const uint64_t bytes = c ? WriteImm32::bytes(d) : WriteImm::bytes(d);
+  const uint16_t entry = bySeq_ && seq < nSeqs_ ? bySeq_[seq] : kSeqFree;
+  if (entry == kSeqParked) return;  // a buffer already reported done (LL/LL128): NCCL watches its data itself
+  const int slot = static_cast<int>(entry) - 1;
   const int index = slot / kMaxRecvs, i = slot % kMaxRecvs;
-  FabricRequest* r = index < poolSize_ ? &pool_[index] : nullptr;
+  FabricRequest* r = slot >= 0 && index < poolSize_ ? &pool_[index] : nullptr;
   if (r == nullptr || r->magic_ != kRequestMagic || !r->recv || i >= r->n ||
       (r->flags[i] & (FabricRequest::kOffered | FabricRequest::kDone)) != FabricRequest::kOffered) {
-    WEFT_WARN("peer {} on {} wrote into receive slot {}, which it was not offered: connection closed for safety",
-              peerName_, dev_.props().name, slot);
+    WEFT_WARN("peer {} on {} wrote into receive sequence {}, which it was not offered: connection closed for "
+              "safety",
+              peerName_, dev_.props().name, seq);
     if (fatal_ == Status::kOk) fatal_ = Status::kRemote;
     return;
   }
@@ -261,6 +300,7 @@ void FabricDataComm::onRemoteData(uint64_t d) noexcept {
   r->rmaBytes[i] += bytes;
   if (++r->rmaSegs[i] < pieces) return;  // more pieces (rails, or lengths split for compact data) to come
   r->flags[i] |= FabricRequest::kDone;
+  bySeq_[seq] = kSeqFree;  // a second write naming it is a violation from now on
   r->sizes[i] = static_cast<int>(r->rmaBytes[i] > INT_MAX ? INT_MAX : r->rmaBytes[i]);
   ++r->doneBufs;
   if ((r->flags[i] & FabricRequest::kNeedPost) != 0) {
@@ -271,7 +311,7 @@ void FabricDataComm::onRemoteData(uint64_t d) noexcept {
       r->flags[i] |= FabricRequest::kCanceled;
     } else {
       // The receive stays posted under a tag nothing will send; the request is kept out of the pool.
-      WEFT_WARN("on {}: canceling the unused tagged receive of slot {} failed: {}", dev_.props().name, slot,
+      WEFT_WARN("on {}: canceling the unused tagged receive of sequence {} failed: {}", dev_.props().name, seq,
                 fi_strerror(-rc));
     }
   }
@@ -391,8 +431,16 @@ Status FabricDataComm::deregOnDevice(MemHandle* mh) {
 
 // ---- send ------------------------------------------------------------------------------------------------------
 
-FabricSendComm::FabricSendComm(std::vector<Rail> rails, std::string peerName, int maxRecvs, Protocol proto)
-    : FabricDataComm(std::move(rails), std::move(peerName), kMaxRequests * maxRecvs, proto),
+Status FabricDataComm::checkTag(int tag, const char* op) const {
+  if (wire::validNcclTag(tag)) return Status::kOk;
+  WEFT_WARN("{}: tag {} is outside [0, {}] (NCCL passes ranks as tags)", op, tag, wire::kMaxNcclTag);
+  return Status::kInvalidUsage;
+}
+
+FabricSendComm::FabricSendComm(std::vector<Rail> rails, std::string peerName, int maxRecvs, Protocol proto,
+                               CommId localId, uint32_t peerId)
+    : FabricDataComm(std::move(rails), std::move(peerName), kMaxRequests * maxRecvs, proto, std::move(localId),
+                     peerId),
       inject_(params::getBool("WEFT_INJECT")),
       stripeMin_(static_cast<size_t>(params::getInt("WEFT_STRIPE_MIN"))) {}
 
@@ -411,7 +459,8 @@ Status FabricSendComm::start() {
 
 Status FabricSendComm::postOfferRecv(int index) {
   Status st = ctl().postOwnRecv(&offers_[index], sizeof(OfferMsg), offersDesc_,
-                                dev_.directedRecv() ? rails_[0].peer : FI_ADDR_UNSPEC, kTagOffer,
+                                dev_.directedRecv() ? rails_[0].peer : FI_ADDR_UNSPEC,
+                                wire::ctrlTag(wire::CtrlKind::kOffer, localId_.get()),
                                 offerRecvCtx_[index], "buffer-offer");
   if (st != Status::kOk && fatal_ == Status::kOk) fatal_ = st;
   return st;
@@ -483,8 +532,8 @@ Status FabricSendComm::write(FabricRequest* r, void* data, size_t size, MemHandl
   const int n = planWrite(size, flags == 0 ? nRails_ : 1, stripeMin_, proto_.imm4, railOf(seq), r->pieceOff,
                           r->pieceLen, r->pieceField, r->pieceRail);
   if (n < 0) {
-    WEFT_WARN("isend of {} B to {}: more than the compact completion data of {} can describe in {} writes", size,
-              peerName_, dev_.props().provider, WriteImm32::kMaxPieces);
+    WEFT_WARN("isend of {} B to {}: more than the completion data of {} can describe in {} writes", size,
+              peerName_, dev_.props().provider, wire::kMaxPieces);
     return Status::kInvalidUsage;
   }
   r->nSeg = static_cast<uint8_t>(n);
@@ -513,9 +562,9 @@ int planWrite(uint64_t size, int nRails, uint64_t stripeMin, bool imm4, int sing
     uint64_t at = static_cast<uint64_t>(s) * segLen;
     uint64_t left = std::min<uint64_t>(segLen, size - at);
     do {
-      if (n == WriteImm32::kMaxPieces) return -1;
+      if (n == wire::kMaxPieces) return -1;
       uint32_t f = 0;
-      uint64_t piece = imm4 ? WriteImm32::largestPiece(left, &f) : left;
+      uint64_t piece = imm4 ? WriteImm32::largestPiece(left, &f) : std::min(left, WriteImm::kMaxPiece);
       off[n] = at;
       len[n] = piece;
       field[n] = f;
@@ -537,7 +586,7 @@ Status FabricSendComm::postSegments(FabricRequest* r, bool* again) {
     const uint64_t off = r->pieceOff[i], len = r->pieceLen[i];
     const MemHandle* h = r->mh ? r->mh->rail(k) : nullptr;
     const uint64_t imm = proto_.imm4 ? WriteImm32::encode(r->offer.slot, r->immFlags, r->nSeg, r->pieceField[i])
-                                     : WriteImm::encode(r->offer.slot, r->immFlags, r->nSeg, len);
+                                     : WriteImm::encode(peerId_, r->offer.slot, r->immFlags, r->nSeg, len);
     ssize_t rc = fi_writedata(rail.ep->ep(), r->src + off, len, h ? h->desc() : nullptr, imm, rail.peer,
                               r->offer.addr[k] + off, r->offer.key[k], &r->ctx[i].fi);
     if (rc == -FI_EAGAIN) {
@@ -564,6 +613,7 @@ Status FabricSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Re
   *request = nullptr;
   if (fatal_ != Status::kOk) return fatal_;
   if (Status st = checkHandle(mh, "isend"); st != Status::kOk) return st;
+  if (Status st = checkTag(tag, "isend"); st != Status::kOk) return st;
   if (size > dev_.maxMsgSize()) {
     WEFT_WARN("isend of {} B exceeds provider {}'s largest message ({} B)", size, dev_.props().provider,
               dev_.maxMsgSize());
@@ -574,7 +624,7 @@ Status FabricSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Re
     WEFT_WARN("isend: more than {} distinct tags on one connection", TagSequence::kCapacity);
     return Status::kInternal;
   }
-  const uint64_t ftag = dataTag(tag, seq);
+  const uint64_t ftag = wire::dataTag(peerId_, tag, seq);
   const bool eager = !proto_.rdma || (proto_.eagerMax > 0 && size <= proto_.eagerMax);
   const OfferEntry* offer = nullptr;
   if (proto_.rdma) {
@@ -633,17 +683,24 @@ Status FabricSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Re
 
 // ---- receive ---------------------------------------------------------------------------------------------------
 
-FabricRecvComm::FabricRecvComm(std::vector<Rail> rails, std::string peerName, int maxRecvs, Protocol proto)
-    : FabricDataComm(std::move(rails), std::move(peerName), 2 * kMaxRequests, proto), maxRecvs_(maxRecvs) {
+FabricRecvComm::FabricRecvComm(std::vector<Rail> rails, std::string peerName, int maxRecvs, Protocol proto,
+                               CommId localId, uint32_t peerId)
+    : FabricDataComm(std::move(rails), std::move(peerName), 2 * kMaxRequests, proto, std::move(localId), peerId),
+      maxRecvs_(maxRecvs) {
   offerQueue_.reserve(poolSize_);
 }
 
-Status FabricRecvComm::start() { return proto_.rdma ? openOffers(poolSize_) : Status::kOk; }
+Status FabricRecvComm::start() {
+  if (!proto_.rdma) return Status::kOk;
+  nSeqs_ = proto_.imm4 ? WriteImm32::kSeqs : WriteImm::kSeqs;
+  bySeq_.reset(new uint16_t[nSeqs_]());
+  return openOffers(poolSize_);
+}
 
 bool FabricRecvComm::sendOffer(FabricRequest* r) {
   const OfferMsg& m = offers_[r->poolIndex];
-  ssize_t rc = fi_tsend(ctl().ep(), &m, OfferMsg::bytes(m.count), offersDesc_, rails_[0].peer, kTagOffer,
-                        &r->offerCtx.fi);
+  ssize_t rc = fi_tsend(ctl().ep(), &m, OfferMsg::bytes(m.count), offersDesc_, rails_[0].peer,
+                        wire::ctrlTag(wire::CtrlKind::kOffer, peerId_), &r->offerCtx.fi);
   if (rc == 0) {
     ++r->ops;
     return true;
@@ -675,6 +732,7 @@ Status FabricRecvComm::irecv(int n, void** data, const size_t* sizes, const int*
   }
   for (int i = 0; i < n; ++i) {
     if (Status st = checkHandle(mhs ? mhs[i] : nullptr, "irecv"); st != Status::kOk) return st;
+    if (Status st = checkTag(tags[i], "irecv"); st != Status::kOk) return st;
   }
   FabricRequest* r = acquire();
   if (r == nullptr) return Status::kOk;
@@ -700,7 +758,7 @@ Status FabricRecvComm::irecv(int n, void** data, const size_t* sizes, const int*
     const MemHandle* h = mh ? mh->rail(k) : nullptr;
     r->data[i] = data[i];
     r->len[i] = sizes[i];
-    r->tag[i] = dataTag(tags[i], seq);
+    r->tag[i] = wire::dataTag(localId_.get(), tags[i], seq);
     r->desc[i] = h ? h->desc() : nullptr;
     r->rail[i] = static_cast<uint8_t>(k);
     r->sizes[i] = 0;
@@ -715,7 +773,16 @@ Status FabricRecvComm::irecv(int n, void** data, const size_t* sizes, const int*
     const bool keyed = mh != nullptr && mh->entry != nullptr && mh->entry->backendMr != nullptr;
     e.tagSeq = r->tag[i];
     e.len = sizes[i];
-    e.slot = static_cast<uint16_t>(r->poolIndex * kMaxRecvs + i);
+    uint16_t sq = 0;
+    if (keyed && !allocSeq(static_cast<uint16_t>(r->poolIndex * kMaxRecvs + i), &sq)) {
+      r->n = static_cast<uint8_t>(i);  // the buffers before this one hold sequences: given back with the request
+      r->optional = false;
+      r->reported = true;
+      release(r);
+      return Status::kOk;  // every sequence is in use: NCCL retries
+    }
+    r->seq[i] = sq;
+    e.slot = sq;
     e.flags = keyed ? 0 : kOfferTaggedOnly;
     for (int q = 0; q < kMaxRails; ++q) {
       const MemHandle* hq = keyed && q < nRails_ ? mh->rail(q) : nullptr;
@@ -766,8 +833,9 @@ Status FabricRecvComm::iflush(int n, void** data, const int* sizes, MemHandle** 
 
 // ---- listen ----------------------------------------------------------------------------------------------------
 
-FabricListenComm::FabricListenComm(std::vector<std::unique_ptr<Endpoint>> eps, uint64_t token, int maxRecvs)
-    : dev_(eps.at(0)->device()), eps_(std::move(eps)), token_(token), maxRecvs_(maxRecvs) {}
+FabricListenComm::FabricListenComm(std::vector<std::unique_ptr<Endpoint>> eps, uint64_t token, int maxRecvs,
+                                   CommId id)
+    : dev_(eps.at(0)->device()), eps_(std::move(eps)), token_(token), id_(std::move(id)), maxRecvs_(maxRecvs) {}
 
 Status FabricListenComm::accept(RecvComm** recvComm) {
   *recvComm = nullptr;
@@ -780,12 +848,21 @@ Status FabricListenComm::accept(RecvComm** recvComm) {
   if (!replying_) {
     ConnectRequest req;
     if (!ep.takeConnRequest(&req)) return Status::kOk;
-    std::string from = ep.addrString(req.addr, req.addrLen);
+    std::string from = ep.addrString(wire::requestAddr(req), req.addrLen);
     uint16_t verdict = kAccepted;
     if (req.version != ConnectRequest::kVersion) {
       verdict = kBadVersion;
+      WEFT_WARN("listen on {}: connection from {} speaks weft connection protocol v{}, this end v{}: run the same "
+                "weft build on every node",
+                dev_.props().name, from, req.version, ConnectRequest::kVersion);
+    } else if (req.listenId != id_.get()) {
+      verdict = kNoSuchListen;
     } else if (req.token != token_) {
       verdict = kBadToken;
+    } else if (req.commId == 0 || req.commId > wire::kMaxCommId) {
+      WEFT_WARN("listen on {}: connection from {} names comm id {}, outside [1, {}]", dev_.props().name, from,
+                req.commId, wire::kMaxCommId);
+      return ep.postConnRequestRecv();  // malformed: ignored, the legitimate peer may still come
     }
     // rdma only if both ends offer it; the compact completion data if either end needs it.
     const uint32_t mine = localProtocolFlags(dev_);
@@ -795,7 +872,7 @@ Status FabricListenComm::accept(RecvComm** recvComm) {
     proto_.imm4 = (agreed & ConnectRequest::kFlagImm4) != 0;
     proto_.eagerMax = proto_.rdma ? req.eagerMax : 0;
     fi_addr_t peer;
-    if (Status st = ep.insert(req.addr, req.addrLen, &peer); st != Status::kOk) return st;
+    if (Status st = ep.insert(wire::requestAddr(req), req.addrLen, &peer); st != Status::kOk) return st;
     // Rails: as many as both ends have (a peer with fewer NICs in its device uses fewer); rail k pairs with rail k.
     const int nRails = verdict == kAccepted ? std::min<int>(req.rails.count, static_cast<int>(eps_.size())) : 1;
     RailAddrs ours = railAddrsOf(eps_);
@@ -806,7 +883,7 @@ Status FabricListenComm::accept(RecvComm** recvComm) {
       if (Status st = eps_[k]->insert(req.rails.addr[k], req.rails.len[k], &a); st != Status::kOk) return st;
       peers_.push_back(a);
     }
-    if (Status st = ep.sendReply(peer, verdict, req.token, agreed, &ours); st != Status::kOk) return st;
+    if (Status st = ep.sendReply(peer, verdict, req.token, agreed, &ours, id_.get()); st != Status::kOk) return st;
     if (verdict != kAccepted) {
       WEFT_WARN("listen on {}: connection from {} {}", dev_.props().name, from, replyStatusName(verdict));
       return ep.postConnRequestRecv();  // keep listening for the legitimate peer
@@ -820,6 +897,7 @@ Status FabricListenComm::accept(RecvComm** recvComm) {
     }
     replying_ = true;
     peerName_ = from;
+    peerId_ = req.commId;
   }
   // Hand the comm out only once the reply has left this process: NCCL need not progress the new recv comm
   // before the peer's connect completes, and some providers (sockets) send only while progressed.
@@ -834,7 +912,7 @@ Status FabricListenComm::accept(RecvComm** recvComm) {
     rails[k].ep = std::move(eps_[k]);
     rails[k].peer = peers_[k];
   }
-  auto rc = std::make_unique<FabricRecvComm>(std::move(rails), peerName_, maxRecvs_, proto_);
+  auto rc = std::make_unique<FabricRecvComm>(std::move(rails), peerName_, maxRecvs_, proto_, std::move(id_), peerId_);
   if (Status st = rc->start(); st != Status::kOk) return st;
   *recvComm = rc.release();
   return Status::kOk;

@@ -4,7 +4,8 @@
 // completions per call.
 //
 // Two protocols (agreed per connection at connect, see Protocol):
-// - sendrecv: every message is a tagged send matched by tag = (NCCL tag, per-tag sequence number).
+// Every message names the comm that receives it (its id, told in the handshake; fabric/wire.h has the layouts).
+// - sendrecv: every message is a tagged send matched by tag = (receiving comm id, NCCL tag, per-tag sequence).
 // - rdma: each irecv sends the sender one offer (address, key, size, slot of every buffer; one message for a
 //   grouped receive). The sender RMA-writes the payload straight into the offered buffer with 8 bytes of remote
 //   completion data: [63:48] slot (request index * 8 + buffer), [47:44] flags, [43:40] pieces, [39:0] bytes.
@@ -29,6 +30,7 @@
 #include <vector>
 
 #include "fabric/fabric_endpoint.h"
+#include "weft/transport/comm_ids.h"
 #include "weft/transport/offer_table.h"
 #include "weft/transport/tag_seq.h"
 
@@ -36,63 +38,11 @@ namespace weft::fabric {
 
 class FabricDataComm;
 
-// One receive buffer as the receiver offers it.
-struct OfferEntry {
-  uint64_t addr[kMaxRails];  // per rail, as the sender must name it (virtual address or offset into the registration)
-  uint64_t key[kMaxRails];   // per rail: remote key of the registration on that NIC
-  uint64_t len;     // buffer size
-  uint64_t tagSeq;  // dataTag(NCCL tag, sequence)
-  uint16_t slot;    // returned in the completion data
-  uint16_t flags;   // kOfferTaggedOnly: no key (unregistered buffer): send tagged whatever the size
-  uint32_t reserved;
-};
-constexpr uint16_t kOfferTaggedOnly = 1;
-
-struct OfferMsg {
-  static constexpr uint32_t kMagic = 0x57464f46;  // "WFOF"
-  uint32_t magic;
-  uint16_t count;
-  uint16_t reserved;
-  OfferEntry entry[kMaxRecvs];
-  static size_t bytes(int count) { return offsetof(OfferMsg, entry) + sizeof(OfferEntry) * count; }
-};
-
-// Remote completion data of an RMA write (rdma protocol), 8-byte form.
-struct WriteImm {
-  static constexpr uint64_t kTruncated = 1;  // flag: the message was larger than the offered buffer
-  static uint64_t encode(uint16_t slot, uint64_t flags, uint64_t segments, uint64_t bytes) {
-    return (static_cast<uint64_t>(slot) << 48) | ((flags & 0xf) << 44) | ((segments & 0xf) << 40) |
-           (bytes & ((uint64_t{1} << 40) - 1));
-  }
-  static uint16_t slot(uint64_t d) { return static_cast<uint16_t>(d >> 48); }
-  static uint64_t flags(uint64_t d) { return (d >> 44) & 0xf; }
-  static uint64_t segments(uint64_t d) { return (d >> 40) & 0xf; }
-  static uint64_t bytes(uint64_t d) { return d & ((uint64_t{1} << 40) - 1); }
-};
-
-// The 4-byte form: [31:23] slot, [22:20] pieces - 1, [19] truncated, [18:4] m, [3:0] e; the piece holds m * 2^e
-// bytes. Slots fit 9 bits (64 receive requests x 8 buffers).
-struct WriteImm32 {
-  static constexpr uint64_t kMaxM = (1u << 15) - 1;
-  static constexpr int kMaxE = 15;
-  static constexpr int kMaxPieces = 8;
-  // The largest length of the form m * 2^e that is <= len (len > 0), and its encoding.
-  static uint64_t largestPiece(uint64_t len, uint32_t* field) {
-    int e = 0;
-    while ((len >> e) > kMaxM && e < kMaxE) ++e;
-    uint64_t m = std::min<uint64_t>(len >> e, kMaxM);
-    *field = static_cast<uint32_t>((m << 4) | static_cast<uint64_t>(e));
-    return m << e;
-  }
-  static uint64_t encode(uint16_t slot, uint64_t flags, uint64_t pieces, uint32_t lenField) {
-    return (static_cast<uint64_t>(slot & 0x1ff) << 23) | (((pieces - 1) & 7) << 20) | ((flags & 1) << 19) |
-           (lenField & 0x7ffff);
-  }
-  static uint16_t slot(uint64_t d) { return static_cast<uint16_t>((d >> 23) & 0x1ff); }
-  static uint64_t flags(uint64_t d) { return (d >> 19) & 1; }
-  static uint64_t pieces(uint64_t d) { return ((d >> 20) & 7) + 1; }
-  static uint64_t bytes(uint64_t d) { return ((d >> 4) & kMaxM) << (d & 0xf); }
-};
+using wire::kOfferTaggedOnly;
+using wire::OfferEntry;
+using wire::OfferMsg;
+using wire::WriteImm;
+using wire::WriteImm32;
 
 class FabricRequest final : public Request {
  public:
@@ -126,6 +76,7 @@ class FabricRequest final : public Request {
   uint64_t rmaBytes[kMaxRecvs] = {};
   uint8_t rmaSegs[kMaxRecvs] = {};  // pieces landed
   uint8_t rail[kMaxRecvs] = {};  // the rail each tagged receive is posted on
+  uint16_t seq[kMaxRecvs] = {};  // rdma: the sequence each offered buffer is named by (wire::WriteImm)
   OpContext ctx[kMaxRecvs];
   OpContext offerCtx;
 
@@ -154,7 +105,9 @@ struct Rail {
 // What send and receive comms share: the endpoint, the peer, the request pool, progress and completion.
 class FabricDataComm : public DataSink {
  public:
-  FabricDataComm(std::vector<Rail> rails, std::string peerName, int poolSize, Protocol proto);
+  // localId: this comm's id (messages to it carry it); peerId: the peer comm's.
+  FabricDataComm(std::vector<Rail> rails, std::string peerName, int poolSize, Protocol proto, CommId localId,
+                 uint32_t peerId);
   ~FabricDataComm() override;
 
   Status testRequest(FabricRequest* r, bool* done, int* sizes);
@@ -179,7 +132,12 @@ class FabricDataComm : public DataSink {
   virtual void flushOffers() {}
   virtual void resumeSend(FabricRequest* r) { (void)r; }  // sends: post what the provider pushed back on
 
+  // A tag NCCL passed that the wire cannot carry is refused (never folded onto another tag).
+  Status checkTag(int tag, const char* op) const;
+
   FabricDevice& dev_;  // rail 0's NIC (names in messages; registration of weft's own buffers)
+  CommId localId_;
+  uint32_t peerId_;
   std::vector<Rail> rails_;
   int nRails_;
   std::string peerName_;
@@ -190,6 +148,17 @@ class FabricDataComm : public DataSink {
   TagSequence seqs_;
   Status fatal_ = Status::kOk;  // once set, every call on this comm fails with it
   std::unique_ptr<OfferMsg[]> offers_;  // rdma: sent (receiver) or received (sender) offers
+
+  // rdma, receive side: offered buffers by the sequence the sender's writes name (wire::WriteImm). Handed out
+  // cyclically, skipping those in use; freed when the buffer's data has landed or its request goes back to the
+  // pool. A buffer NCCL was told was done early (LL/LL128) is parked instead: its data may still come, and is
+  // ignored; the cursor reuses the entry only after going round.
+  static constexpr uint16_t kSeqFree = 0, kSeqParked = 0xffff;
+  std::unique_ptr<uint16_t[]> bySeq_;  // sequence -> slot (request index * kMaxRecvs + buffer) + 1
+  uint32_t nSeqs_ = 0, seqCursor_ = 0;
+  uint64_t strayWrites_ = 0;  // writes naming another comm's id: dropped
+  bool allocSeq(uint16_t slot, uint16_t* seq);
+  void releaseSeqs(FabricRequest* r);
   MrPtr offersMr_;
   void* offersDesc_ = nullptr;
 
@@ -210,7 +179,8 @@ class FabricDataComm : public DataSink {
 
 class FabricSendComm final : public SendComm, public FabricDataComm {
  public:
-  FabricSendComm(std::vector<Rail> rails, std::string peerName, int maxRecvs, Protocol proto);
+  FabricSendComm(std::vector<Rail> rails, std::string peerName, int maxRecvs, Protocol proto, CommId localId,
+                 uint32_t peerId);
   Status start();  // rdma: posts the offer receives
   Status isend(void* data, size_t size, int tag, MemHandle* mh, Request** request) override;
   std::string peerName() const override { return peerName_; }
@@ -246,7 +216,8 @@ class FabricSendComm final : public SendComm, public FabricDataComm {
 
 class FabricRecvComm final : public RecvComm, public FabricDataComm {
  public:
-  FabricRecvComm(std::vector<Rail> rails, std::string peerName, int maxRecvs, Protocol proto);
+  FabricRecvComm(std::vector<Rail> rails, std::string peerName, int maxRecvs, Protocol proto, CommId localId,
+                 uint32_t peerId);
   Status start();  // rdma: opens the offer array
   std::string peerName() const override { return peerName_; }
   std::string deviceName() const override;
@@ -271,8 +242,9 @@ class FabricRecvComm final : public RecvComm, public FabricDataComm {
 
 class FabricListenComm final : public ListenComm {
  public:
-  // eps: one endpoint per rail of the device; eps[0] is the one the handle names.
-  FabricListenComm(std::vector<std::unique_ptr<Endpoint>> eps, uint64_t token, int maxRecvs);
+  // eps: one endpoint per rail of the device; eps[0] is the one the handle names. id: the listen id the handle
+  // carries, which becomes the receive comm's id.
+  FabricListenComm(std::vector<std::unique_ptr<Endpoint>> eps, uint64_t token, int maxRecvs, CommId id);
   Status accept(RecvComm** recvComm) override;
 
  private:
@@ -280,6 +252,8 @@ class FabricListenComm final : public ListenComm {
   std::vector<std::unique_ptr<Endpoint>> eps_;  // handed to the recv comm on accept
   std::vector<fi_addr_t> peers_;                 // the connector's address on each rail
   uint64_t token_;
+  CommId id_;             // handed to the receive comm on accept
+  uint32_t peerId_ = 0;   // the connector's comm id
   int maxRecvs_;
   bool accepted_ = false;
   bool replying_ = false;  // accepted; waiting for the reply to leave before handing out the recv comm

@@ -11,12 +11,13 @@
 
 namespace weft::fabric {
 
-const char* replyStatusName(uint16_t s) {
+const char* wire::replyStatusName(uint16_t s) {
   switch (s) {
     case kAccepted: return "accepted";
     case kBadToken: return "refused: wrong token (a handle from another listen, another job, or forged)";
     case kAlreadyConnected: return "refused: that listen already has its connection (replayed handle)";
     case kBadVersion: return "refused: different weft connection protocol version";
+    case kNoSuchListen: return "refused: no such listen at that address (a stale or foreign handle)";
   }
   return "refused: unknown reason";
 }
@@ -67,10 +68,12 @@ void Endpoint::applyProviderOptions(FabricDevice& dev, fid_ep* ep) {
 #endif
 }
 
-Status Endpoint::open(FabricDevice& dev, std::unique_ptr<Endpoint>* out) {
+static_assert(sizeof(ConnectRequest) >= wire::kRequestBufBytes, "a request of any version must fit requestIn");
+
+Status Endpoint::open(FabricDevice& dev, uint32_t ownId, std::unique_ptr<Endpoint>* out) {
   Status st = dev.open();
   if (st != Status::kOk) return st;
-  std::unique_ptr<Endpoint> e(new Endpoint(dev));
+  std::unique_ptr<Endpoint> e(new Endpoint(dev, ownId));
   e->ctl_ = std::make_unique<Control>();
   // make_unique value-initializes: every byte sent from Control starts zeroed.
   const fi_info* info = dev.info();
@@ -262,13 +265,13 @@ void Endpoint::handleControl(OpContext* ctx, bool ok, Status st) {
 }
 
 void Endpoint::refuse(const ConnectRequest& r, uint16_t status) {
-  WEFT_WARN("on {}: connection from {} {}", dev_.props().name, addrString(r.addr, r.addrLen),
+  WEFT_WARN("on {}: connection from {} {}", dev_.props().name, addrString(wire::requestAddr(r), r.addrLen),
             replyStatusName(status));
   // Tell the peer so it fails fast instead of timing out, but never let a flood of bogus requests grow the
   // address vector without bound.
   if (++refusals_ > 16) return;
   fi_addr_t to;
-  if (insert(r.addr, r.addrLen, &to) == Status::kOk) sendReply(to, status, r.token);
+  if (insert(wire::requestAddr(r), r.addrLen, &to) == Status::kOk) sendReply(to, status, r.token);
 }
 
 // Receives of weft's own messages (handshake, probes, offers) are posted on an endpoint that carries little
@@ -298,7 +301,8 @@ Status Endpoint::postControlRecv(void* buf, size_t len, uint64_t tag, OpContext&
 
 Status Endpoint::postConnRequestRecv() {
   requestPending_ = false;
-  return postControlRecv(&ctl_->requestIn, sizeof(ConnectRequest), kTagConnRequest, requestRecvCtx_,
+  return postControlRecv(&ctl_->requestIn, sizeof(ConnectRequest), wire::ctrlTag(wire::CtrlKind::kConnRequest),
+                         requestRecvCtx_,
                          OpKind::kConnRequest, "connection-request");
 }
 
@@ -309,7 +313,8 @@ bool Endpoint::takeConnRequest(ConnectRequest* out) {
   return true;
 }
 
-Status Endpoint::sendReply(fi_addr_t to, uint16_t status, uint64_t token, uint32_t flags, const RailAddrs* rails) {
+Status Endpoint::sendReply(fi_addr_t to, uint16_t status, uint64_t token, uint32_t flags, const RailAddrs* rails,
+                           uint32_t commId) {
   int slot = -1;
   for (int i = 0; i < kReplySlots; ++i) {
     if (replySlot_[i] == SlotState::kFree) {
@@ -318,7 +323,7 @@ Status Endpoint::sendReply(fi_addr_t to, uint16_t status, uint64_t token, uint32
     }
   }
   if (slot < 0) return Status::kOk;  // replies are best effort; the connector times out instead
-  ctl_->replyOut[slot] = ConnectReply{ConnectReply::kMagic, ConnectRequest::kVersion, status, token, flags, 0,
+  ctl_->replyOut[slot] = ConnectReply{ConnectReply::kMagic, ConnectRequest::kVersion, status, token, flags, commId,
                                       rails != nullptr ? *rails : RailAddrs{}};
   replyTo_[slot] = to;
   replySendCtx_[slot].kind = OpKind::kCtrlSend;
@@ -330,7 +335,8 @@ Status Endpoint::sendReply(fi_addr_t to, uint16_t status, uint64_t token, uint32
 }
 
 Status Endpoint::postProbeRecv() {
-  return postControlRecv(ctl_->probeIn, sizeof(ctl_->probeIn), kTagProbe, probeRecvCtx_, OpKind::kProbeRecv, "probe");
+  return postControlRecv(ctl_->probeIn, sizeof(ctl_->probeIn), wire::ctrlTag(wire::CtrlKind::kProbe, ownId_),
+                         probeRecvCtx_, OpKind::kProbeRecv, "probe");
 }
 
 void Endpoint::sendProbe(fi_addr_t to) {
@@ -374,24 +380,25 @@ void Endpoint::flushControl() {
     return statusOfFiError(static_cast<int>(-rc));
   };
   const ConnectRequest& r = ctl_->requestOut;
-  if (Status st = trySend(requestState_, &r, offsetof(ConnectRequest, addr) + r.addrLen, requestTo_, kTagConnRequest,
-                          requestSendCtx_, "the connection request");
+  if (Status st = trySend(requestState_, &r, offsetof(ConnectRequest, addr) + r.addrLen, requestTo_,
+                          wire::ctrlTag(wire::CtrlKind::kConnRequest), requestSendCtx_, "the connection request");
       st != Status::kOk) {
     connectError_ = st;
   }
-  if (Status st = trySend(probeState_, ctl_->probeOut, sizeof(ctl_->probeOut), probeTo_, kTagProbe, probeSendCtx_,
+  if (Status st = trySend(probeState_, ctl_->probeOut, sizeof(ctl_->probeOut), probeTo_,
+                          wire::ctrlTag(wire::CtrlKind::kProbe, peerId_), probeSendCtx_,
                           nullptr);  // a failed probe is reported by the comm that sent it
       st != Status::kOk) {
     probeError_ = st;
   }
   for (int i = 0; i < kReplySlots; ++i) {
-    trySend(replySlot_[i], &ctl_->replyOut[i], sizeof(ConnectReply), replyTo_[i], kTagConnReply, replySendCtx_[i],
-            "a connection reply");
+    trySend(replySlot_[i], &ctl_->replyOut[i], sizeof(ConnectReply), replyTo_[i],
+            wire::ctrlTag(wire::CtrlKind::kConnReply), replySendCtx_[i], "a connection reply");
   }
   controlQueued_ = still;
 }
 
-Status Endpoint::startConnect(fi_addr_t to, uint64_t token, uint32_t flags, uint32_t eagerMax,
+Status Endpoint::startConnect(fi_addr_t to, uint64_t token, uint32_t listenId, uint32_t flags, uint32_t eagerMax,
                               const RailAddrs& rails) {
   requestSendCtx_.kind = OpKind::kCtrlSend;
   if (Status st = repostReplyRecv(); st != Status::kOk) return st;
@@ -402,6 +409,8 @@ Status Endpoint::startConnect(fi_addr_t to, uint64_t token, uint32_t flags, uint
   r.token = token;
   r.flags = flags;
   r.eagerMax = eagerMax;
+  r.listenId = listenId;
+  r.commId = ownId_;
   r.rails = rails;
   std::memcpy(r.addr, name_.data(), name_.size());
   requestTo_ = to;
@@ -413,8 +422,8 @@ Status Endpoint::startConnect(fi_addr_t to, uint64_t token, uint32_t flags, uint
 
 Status Endpoint::repostReplyRecv() {
   replyPending_ = false;
-  return postControlRecv(&ctl_->replyIn, sizeof(ConnectReply), kTagConnReply, replyRecvCtx_, OpKind::kConnReply,
-                         "connection-reply");
+  return postControlRecv(&ctl_->replyIn, sizeof(ConnectReply), wire::ctrlTag(wire::CtrlKind::kConnReply),
+                         replyRecvCtx_, OpKind::kConnReply, "connection-reply");
 }
 
 bool Endpoint::takeReply(ConnectReply* out) {

@@ -2,9 +2,10 @@
 // so a comm's completions are read only by the thread that drives that comm (NCCL's progress thread) and the
 // data path needs no lock of ours.
 //
-// The endpoint also runs the connection handshake, over tags with the top bit set:
-//   connector --ConnectRequest{token, its address}--> listener
-//   listener  --ConnectReply{accepted | bad token | already connected | bad version}--> connector
+// The endpoint also runs the connection handshake (fabric/wire.h), over control tags:
+//   connector --ConnectRequest{token, listen id, its comm id, its address}--> listener
+//   listener  --ConnectReply{accepted | bad token | already connected | bad version | no such listen,
+//                            the receiving comm's id}--> connector
 // After accepting, the endpoint keeps a receive posted for further requests and refuses them (a replayed or
 // forged handle can never attach a second sender to a connection).
 #pragma once
@@ -19,6 +20,7 @@
 
 #include "fabric/fabric_device.h"
 #include "fabric/rails.h"
+#include "fabric/wire.h"
 
 namespace weft::fabric {
 
@@ -32,16 +34,15 @@ struct OpContext {
   OpKind kind = OpKind::kData;
 };
 
-constexpr uint64_t kCtrlBit = 1ull << 63;
-constexpr uint64_t kTagConnRequest = kCtrlBit | 1;
-constexpr uint64_t kTagConnReply = kCtrlBit | 2;
-constexpr uint64_t kTagProbe = kCtrlBit | 3;
-constexpr uint64_t kTagOffer = kCtrlBit | 4;  // rdma protocol: the receiver's buffer offers
-
-// Data tag: NCCL tag (31 bits) above a 32-bit per-tag sequence number.
-inline uint64_t dataTag(int ncclTag, uint32_t seq) {
-  return (static_cast<uint64_t>(static_cast<uint32_t>(ncclTag) & 0x7fffffffu) << 32) | seq;
-}
+using wire::ConnectReply;
+using wire::ConnectRequest;
+using wire::RailAddrs;
+using wire::replyStatusName;
+using wire::kAccepted;
+using wire::kAlreadyConnected;
+using wire::kBadToken;
+using wire::kBadVersion;
+using wire::kNoSuchListen;
 
 // What both ends of a connection agree on at connect: the rdma protocol only if both offer it; eager up to the
 // connector's (the sender's) limit, since the receiver must post tagged receives whenever eager sends may come.
@@ -49,51 +50,6 @@ struct Protocol {
   bool rdma = false;
   bool imm4 = false;  // rdma with the 4-byte completion-data form (either end's NIC carries only 4 bytes)
   uint32_t eagerMax = 0;
-};
-
-// The addresses of a multi-rail device's further endpoints (rail 0's travels in the handle or the request).
-struct RailAddrs {
-  static constexpr size_t kMaxAddr = 64;
-  uint8_t count = 1;  // rails of the sender of this message (1: a single NIC)
-  uint8_t len[kMaxRails] = {};
-  uint8_t reserved[3] = {};
-  uint8_t addr[kMaxRails][kMaxAddr] = {};  // addr[0] unused
-  bool valid() const {
-    if (count < 1 || count > kMaxRails) return false;
-    for (int k = 1; k < count; ++k) {
-      if (len[k] == 0 || len[k] > kMaxAddr) return false;
-    }
-    return true;
-  }
-};
-
-struct ConnectRequest {
-  static constexpr uint32_t kMagic = 0x57465251;  // "WFRQ"
-  static constexpr uint16_t kVersion = 3;
-  static constexpr uint32_t kFlagRdma = 1;
-  static constexpr uint32_t kFlagImm4 = 2;  // this end needs the 4-byte completion-data form
-  uint32_t magic;
-  uint16_t version;
-  uint16_t addrLen;
-  uint64_t token;
-  uint32_t flags;     // kFlag*: what the connector can do
-  uint32_t eagerMax;  // the connector's eager limit (bytes)
-  RailAddrs rails;    // the connector's further rails
-  uint8_t addr[256];  // last: sent only up to addrLen
-};
-
-enum ReplyStatus : uint16_t { kAccepted = 0, kBadToken = 1, kAlreadyConnected = 2, kBadVersion = 3 };
-const char* replyStatusName(uint16_t s);
-
-struct ConnectReply {
-  static constexpr uint32_t kMagic = 0x57465250;  // "WFRP"
-  uint32_t magic;
-  uint16_t version;
-  uint16_t status;
-  uint64_t token;
-  uint32_t flags;  // the agreed ConnectRequest::kFlag* (the listener's answer)
-  uint32_t reserved;
-  RailAddrs rails;  // the listener's further rails; rails.count = the rails both ends use
 };
 
 class DataSink {
@@ -112,7 +68,8 @@ Status statusOfFiError(int err);
 
 class Endpoint {
  public:
-  static Status open(FabricDevice& dev, std::unique_ptr<Endpoint>* out);
+  // ownId: the comm this endpoint serves (its probes arrive tagged with it).
+  static Status open(FabricDevice& dev, uint32_t ownId, std::unique_ptr<Endpoint>* out);
   ~Endpoint();
   Endpoint(const Endpoint&) = delete;
   Endpoint& operator=(const Endpoint&) = delete;
@@ -131,7 +88,8 @@ class Endpoint {
   Status postConnRequestRecv();
   bool takeConnRequest(ConnectRequest* out);
   void setAccepted() { accepted_ = true; }
-  Status sendReply(fi_addr_t to, uint16_t status, uint64_t token, uint32_t flags = 0, const RailAddrs* rails = nullptr);
+  Status sendReply(fi_addr_t to, uint16_t status, uint64_t token, uint32_t flags = 0, const RailAddrs* rails = nullptr,
+                   uint32_t commId = 0);
   // True when no reply is queued or in flight: the accept reply has left this process.
   bool repliesDone() const;
 
@@ -145,16 +103,19 @@ class Endpoint {
   Status postProbeRecv();
   bool probeInFlight() const { return probeState_ != SlotState::kFree; }
   void sendProbe(fi_addr_t to);
+  // The peer comm's id, once the handshake told it (probes to it carry it).
+  void setPeerId(uint32_t id) { peerId_ = id; }
   Status probeError() const { return probeError_; }
 
   // Connector side.
-  Status startConnect(fi_addr_t to, uint64_t token, uint32_t flags, uint32_t eagerMax, const RailAddrs& rails);
+  Status startConnect(fi_addr_t to, uint64_t token, uint32_t listenId, uint32_t flags, uint32_t eagerMax,
+                      const RailAddrs& rails);
   bool takeReply(ConnectReply* out);
   Status repostReplyRecv();
   Status connectError() const { return connectError_; }
 
  private:
-  explicit Endpoint(FabricDevice& dev) : dev_(dev) {}
+  Endpoint(FabricDevice& dev, uint32_t ownId) : dev_(dev), ownId_(ownId) {}
   static void applyProviderOptions(FabricDevice& dev, fid_ep* ep);
   void handleControl(OpContext* ctx, bool ok, Status st);
   void refuse(const ConnectRequest& req, uint16_t status);
@@ -163,7 +124,7 @@ class Endpoint {
 
   static constexpr int kReplySlots = 4;
   struct Control {
-    ConnectRequest requestIn;
+    ConnectRequest requestIn;  // any version's request fits (wire::kRequestBufBytes)
     ConnectRequest requestOut;
     ConnectReply replyIn;
     std::array<ConnectReply, kReplySlots> replyOut;
@@ -172,6 +133,8 @@ class Endpoint {
   };
 
   FabricDevice& dev_;
+  uint32_t ownId_;       // the comm this endpoint serves
+  uint32_t peerId_ = 0;  // the peer's comm
   DataSink* sink_ = nullptr;  // the comm that owns this endpoint, once it has progressed it
   // Acquisition order; destroyed in reverse (endpoint before its queues and control registration).
   std::unique_ptr<Control> ctl_;

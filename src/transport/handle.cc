@@ -55,7 +55,8 @@ void WireHandle::encode(void* out) const {
   std::memcpy(b + 6, &addrLen, 2);
   std::memcpy(b + 8, &providerHash, 4);
   std::memcpy(b + 16, &token, 8);
-  std::memcpy(b + 24, addr.data(), addrLen);
+  std::memcpy(b + 24, &listenId, 4);
+  std::memcpy(b + 28, addr.data(), addrLen);
   uint32_t sum = checksum(b);
   std::memcpy(b + 12, &sum, 4);
   std::memcpy(out, b, kHandleSize);
@@ -88,11 +89,12 @@ Status WireHandle::decode(const void* in, WireHandle* out, std::string* why) {
   std::memcpy(&h.addrLen, b + 6, 2);
   std::memcpy(&h.providerHash, b + 8, 4);
   std::memcpy(&h.token, b + 16, 8);
+  std::memcpy(&h.listenId, b + 24, 4);
   if (h.addrLen == 0 || h.addrLen > kMaxAddr) {
     *why = "handle address length " + std::to_string(h.addrLen) + " out of range";
     return Status::kInvalidUsage;
   }
-  std::memcpy(h.addr.data(), b + 24, h.addrLen);
+  std::memcpy(h.addr.data(), b + 28, h.addrLen);
   *out = h;
   return Status::kOk;
 }

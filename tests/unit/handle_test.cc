@@ -13,6 +13,7 @@ WireHandle sample() {
   WireHandle h;
   h.providerHash = 0xabcdef01;
   h.token = 0x1122334455667788ull;
+  h.listenId = 0x3a5c7;
   h.addrLen = 16;
   for (int i = 0; i < 16; ++i) h.addr[i] = static_cast<uint8_t>(i * 3);
   return h;
@@ -27,6 +28,7 @@ TEST_CASE("a handle round-trips through its 128 bytes", "[handle]") {
   REQUIRE(WireHandle::decode(buf, &out, &why) == Status::kOk);
   CHECK(out.token == sample().token);
   CHECK(out.providerHash == sample().providerHash);
+  CHECK(out.listenId == sample().listenId);
   CHECK(out.addrLen == 16);
   CHECK(std::memcmp(out.addr.data(), sample().addr.data(), 16) == 0);
 }

@@ -26,29 +26,41 @@ int pieces(uint64_t len, uint64_t* sum) {
 }
 }  // namespace
 
-TEST_CASE("8-byte completion data round-trips slot, flags, pieces and 40-bit sizes", "[imm]") {
-  uint64_t d = WriteImm::encode(0xabcd, WriteImm::kTruncated, 4, (uint64_t{1} << 40) - 1);
-  CHECK(WriteImm::slot(d) == 0xabcd);
-  CHECK(WriteImm::flags(d) == WriteImm::kTruncated);
-  CHECK(WriteImm::segments(d) == 4);
-  CHECK(WriteImm::bytes(d) == (uint64_t{1} << 40) - 1);
+TEST_CASE("8-byte completion data round-trips comm id, sequence, flags, pieces and 32-bit piece lengths", "[imm]") {
+  for (uint32_t comm : {1u, 77u, wire::kMaxCommId}) {
+    for (uint32_t seq : {0u, 1u, WriteImm::kSeqs - 1}) {
+      for (uint64_t np : {1, 4, 8}) {
+        for (uint64_t bytes : {uint64_t{0}, uint64_t{1}, WriteImm::kMaxPiece, uint64_t{0xffffffff}}) {
+          uint64_t d = WriteImm::encode(comm, seq, WriteImm::kTruncated, np, bytes);
+          CHECK(WriteImm::comm(d) == comm);
+          CHECK(WriteImm::seq(d) == seq);
+          CHECK(WriteImm::flags(d) == WriteImm::kTruncated);
+          CHECK(WriteImm::pieces(d) == np);
+          CHECK(WriteImm::bytes(d) == bytes);
+          CHECK(WriteImm::flags(WriteImm::encode(comm, seq, 0, np, bytes)) == 0);
+        }
+      }
+    }
+  }
+  // Every buffer a comm can have offered at once has a sequence, with room for the cursor to move on.
+  CHECK(WriteImm::kSeqs >= 2u * 2 * weft::kMaxRequests * weft::kMaxRecvs);
 }
 
-TEST_CASE("4-byte completion data round-trips slot, flags and piece count", "[imm]") {
+TEST_CASE("4-byte completion data round-trips sequence, flags and piece count", "[imm]") {
   for (uint16_t slot : {0, 1, 255, 511}) {
     for (uint64_t np : {1, 2, 5, 8}) {
       uint32_t field = 0;
       WriteImm32::largestPiece(12345, &field);
       uint64_t d = WriteImm32::encode(slot, WriteImm::kTruncated, np, field);
       CHECK(d <= 0xffffffffu);
-      CHECK(WriteImm32::slot(d) == slot);
+      CHECK(WriteImm32::seq(d) == slot);
       CHECK(WriteImm32::pieces(d) == np);
       CHECK(WriteImm32::flags(d) == WriteImm::kTruncated);
       CHECK(WriteImm32::bytes(d) == 12345);
     }
   }
-  // 64 receive requests x 8 buffers: every slot fits the 9-bit field.
-  CHECK(2 * weft::kMaxRequests * weft::kMaxRecvs <= 512);
+  // 64 receive requests x 8 buffers: as many sequences as a comm can have offered.
+  CHECK(2 * weft::kMaxRequests * weft::kMaxRecvs <= static_cast<int>(WriteImm32::kSeqs));
 }
 
 TEST_CASE("4-byte form: any length up to 1 GiB in at most two pieces, summing exactly", "[imm]") {
@@ -85,7 +97,7 @@ TEST_CASE("planWrite covers every byte once, never uses more rails than there ar
     const int n = planWrite(size, nRails, stripeMin, imm4, single, off, len, field, rail);
     INFO("size " << size << " rails " << nRails << " imm4 " << imm4 << " stripeMin " << stripeMin);
     REQUIRE(n >= 1);
-    REQUIRE(n <= WriteImm32::kMaxPieces);
+    REQUIRE(n <= wire::kMaxPieces);
     uint64_t at = 0;
     bool striped = nRails > 1 && size >= stripeMin;
     for (int p = 0; p < n; ++p) {
@@ -93,9 +105,23 @@ TEST_CASE("planWrite covers every byte once, never uses more rails than there ar
       REQUIRE(rail[p] < nRails);
       if (!striped) REQUIRE(rail[p] == single);
       if (imm4) REQUIRE(WriteImm32::bytes(WriteImm32::encode(0, 0, n, field[p])) == len[p]);
+      if (!imm4) REQUIRE(len[p] <= WriteImm::kMaxPiece);
       at += len[p];
     }
     REQUIRE(at == size);
     if (striped && size >= uint64_t{1} << 20) REQUIRE(rail[n - 1] == nRails - 1);  // large writes use every rail
   }
+}
+
+TEST_CASE("8-byte form: a write larger than one piece's 32 bits is cut into pieces, and past 8 refused", "[imm]") {
+  uint64_t off[8], len[8];
+  uint32_t field[8];
+  uint8_t rail[8];
+  const uint64_t big = 5 * (uint64_t{1} << 30);  // 5 GiB on one rail: two pieces
+  int n = planWrite(big, 1, uint64_t{1} << 40, false, 0, off, len, field, rail);
+  REQUIRE(n == 2);
+  CHECK(len[0] == WriteImm::kMaxPiece);
+  CHECK(len[0] + len[1] == big);
+  CHECK(planWrite(8 * WriteImm::kMaxPiece, 1, uint64_t{1} << 40, false, 0, off, len, field, rail) == 8);
+  CHECK(planWrite(8 * WriteImm::kMaxPiece + 1, 1, uint64_t{1} << 40, false, 0, off, len, field, rail) == -1);
 }

@@ -1,8 +1,9 @@
 // The 128-byte connection handle NCCL carries from listen() to connect(), possibly to another host and another
-// process. Plain bytes only: no pointers. Layout (little-endian), version 1:
+// process. Plain bytes only: no pointers. Layout (little-endian), version 2:
 //   0  u32 magic 'WEFT'     4  u8 version   5  u8 backend   6  u16 addrLen
 //   8  u32 providerHash     12 u32 checksum (FNV-1a of every other byte)
-//   16 u64 token (random per listen)       24 u8 addr[104] (provider address, addrLen bytes)
+//   16 u64 token (random per listen)       24 u32 listen id (libfabric: the listen's entry at its port)
+//   28 u8 addr[100] (provider address of the listening port, or the verbs handshake socket; addrLen bytes)
 #pragma once
 
 #include <array>
@@ -19,12 +20,13 @@ enum class BackendId : uint8_t { kFabric = 1, kVerbs = 2 };
 
 struct WireHandle {
   static constexpr uint32_t kMagic = 0x54464557;  // "WEFT"
-  static constexpr uint8_t kVersion = 1;
-  static constexpr size_t kMaxAddr = 104;
+  static constexpr uint8_t kVersion = 2;
+  static constexpr size_t kMaxAddr = 100;
 
   BackendId backend = BackendId::kFabric;
   uint32_t providerHash = 0;
   uint64_t token = 0;
+  uint32_t listenId = 0;
   uint16_t addrLen = 0;
   std::array<uint8_t, kMaxAddr> addr{};
 

@@ -1,0 +1,239 @@
+// Every layout the libfabric backend puts on the wire, in one place: tags, comm ids, the connection handshake and
+// buffer offers, the remote completion data of RMA writes. Each field says what it holds and why its width is
+// enough.
+//
+// Comm ids. Every comm is named by an id its own end chooses (CommIds) and tells the peer in the handshake; every
+// message and offer names the id of the comm that receives it, so that comms can share one endpoint and one
+// completion queue, and a late message for a closed comm is recognised instead of landing in another one.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#include "fabric/rails.h"
+#include "weft/transport/net.h"
+
+namespace weft::fabric::wire {
+
+// 18 bits: 262,143 comms per endpoint (id 0 is never given out). NCCL opens hundreds to a few thousand net
+// connections per GPU even at 1,000+ nodes; a closed comm's id is held back (quarantined) until its late traffic
+// can no longer arrive, so ids are also spent by churn, which the width absorbs.
+constexpr int kCommIdBits = 18;
+constexpr uint32_t kMaxCommId = (1u << kCommIdBits) - 1;
+
+// ---- tags (64 bits) ----
+//
+// [63] 0: NCCL data. 1: weft's own control traffic.
+//
+// Data: [62:45] the receiving comm's id (18 bits, above)
+//       [44:22] NCCL tag (23 bits): NCCL passes the sender's rank in the top-parent communicator (tpRank) to isend
+//               and the expected senders' ranks to irecv; 8,388,607 ranks is far beyond any job. A tag outside
+//               [0, 2^23) is refused with an error, never folded onto another.
+//       [21:0]  sequence of the message among those of its tag on its comm (22 bits, wraps). It only has to tell
+//               apart the messages of one tag that can be in flight at once on one comm: NCCL keeps at most
+//               NCCL_NET_MAX_REQUESTS (32) requests of up to 8 buffers per comm, 256 messages; 2^22 is 16,384
+//               times that.
+//
+// Control: [49:32] the receiving comm's id (offers: the send comm; probes: the peer's comm), or 0 where the
+//                  message body names its destination (connection requests carry the listen id, replies the
+//                  connector's comm id)
+//          [7:0]   kind
+//          every other bit 0. A connection request and reply keep exactly the tags of handshake version 3
+//          (id 0, kinds 1 and 2), so that a peer of another version still gets a clean refusal.
+constexpr uint64_t kCtrlBit = uint64_t{1} << 63;
+constexpr int kNcclTagBits = 23;
+constexpr int kSeqBits = 22;
+constexpr uint32_t kSeqMask = (1u << kSeqBits) - 1;
+constexpr int kMaxNcclTag = (1 << kNcclTagBits) - 1;
+
+enum class CtrlKind : uint8_t { kConnRequest = 1, kConnReply = 2, kProbe = 3, kOffer = 4 };
+
+inline bool validNcclTag(int tag) { return tag >= 0 && tag <= kMaxNcclTag; }
+
+// ncclTag must satisfy validNcclTag and commId be at most kMaxCommId (callers check; the fields are masked here).
+inline uint64_t dataTag(uint32_t commId, int ncclTag, uint32_t seq) {
+  return (static_cast<uint64_t>(commId & kMaxCommId) << (kNcclTagBits + kSeqBits)) |
+         (static_cast<uint64_t>(static_cast<uint32_t>(ncclTag) & kMaxNcclTag) << kSeqBits) | (seq & kSeqMask);
+}
+inline uint32_t dataTagComm(uint64_t tag) {
+  return static_cast<uint32_t>(tag >> (kNcclTagBits + kSeqBits)) & kMaxCommId;
+}
+inline int dataTagNccl(uint64_t tag) { return static_cast<int>((tag >> kSeqBits) & kMaxNcclTag); }
+inline uint32_t dataTagSeq(uint64_t tag) { return static_cast<uint32_t>(tag) & kSeqMask; }
+
+inline uint64_t ctrlTag(CtrlKind kind, uint32_t commId = 0) {
+  return kCtrlBit | (static_cast<uint64_t>(commId & kMaxCommId) << 32) | static_cast<uint64_t>(kind);
+}
+inline bool isCtrlTag(uint64_t tag) { return (tag & kCtrlBit) != 0; }
+inline uint32_t ctrlTagComm(uint64_t tag) { return static_cast<uint32_t>(tag >> 32) & kMaxCommId; }
+inline uint8_t ctrlTagKind(uint64_t tag) { return static_cast<uint8_t>(tag); }
+
+// ---- handshake ----
+//
+//   connector --ConnectRequest{token, listen id, its comm id, its address}--> listener
+//   listener  --ConnectReply{accepted | refused, the receiving comm's id}--> connector
+//
+// Version 4 added the listen id and the comm ids. The first fields (magic, version) never move, so a peer of
+// another version is recognised and refused naming both versions (ConnectRequestV3 finds its address).
+
+// The addresses of a multi-rail device's further endpoints (rail 0's travels in the handle or the request).
+struct RailAddrs {
+  static constexpr size_t kMaxAddr = 64;
+  uint8_t count = 1;  // rails of the sender of this message (1: a single NIC)
+  uint8_t len[kMaxRails] = {};
+  uint8_t reserved[3] = {};
+  uint8_t addr[kMaxRails][kMaxAddr] = {};  // addr[0] unused
+  bool valid() const {
+    if (count < 1 || count > kMaxRails) return false;
+    for (int k = 1; k < count; ++k) {
+      if (len[k] == 0 || len[k] > kMaxAddr) return false;
+    }
+    return true;
+  }
+};
+
+struct ConnectRequest {
+  static constexpr uint32_t kMagic = 0x57465251;  // "WFRQ"
+  static constexpr uint16_t kVersion = 4;
+  static constexpr uint32_t kFlagRdma = 1;
+  static constexpr uint32_t kFlagImm4 = 2;  // this end needs the 4-byte completion-data form
+  uint32_t magic;
+  uint16_t version;
+  uint16_t addrLen;
+  uint64_t token;
+  uint32_t flags;     // kFlag*: what the connector can do
+  uint32_t eagerMax;  // the connector's eager limit (bytes)
+  uint32_t listenId;  // the listen this request is for (from the handle)
+  uint32_t commId;    // the connector's send comm: offers and probes to it carry this id
+  RailAddrs rails;    // the connector's further rails
+  uint8_t addr[256];  // last: sent only up to addrLen
+};
+
+// Version 3's request, as far as a refusal needs it (its address).
+struct ConnectRequestV3 {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t addrLen;
+  uint64_t token;
+  uint32_t flags;
+  uint32_t eagerMax;
+  RailAddrs rails;
+  uint8_t addr[256];
+};
+
+enum ReplyStatus : uint16_t {
+  kAccepted = 0,
+  kBadToken = 1,
+  kAlreadyConnected = 2,
+  kBadVersion = 3,
+  kNoSuchListen = 4,  // version 4: the request names a listen id this endpoint does not have
+};
+const char* replyStatusName(uint16_t s);
+
+// Same layout as version 3's reply (commId was a reserved 0 there), so a version-3 connector reads a refusal.
+struct ConnectReply {
+  static constexpr uint32_t kMagic = 0x57465250;  // "WFRP"
+  uint32_t magic;
+  uint16_t version;  // the listener's handshake version
+  uint16_t status;
+  uint64_t token;
+  uint32_t flags;   // the agreed ConnectRequest::kFlag* (the listener's answer)
+  uint32_t commId;  // the listener's receive comm: data to it carries this id
+  RailAddrs rails;  // the listener's further rails; rails.count = the rails both ends use
+};
+
+// The address in a request of either version (version 3's sits 8 bytes earlier): a refusal goes back to it.
+inline const uint8_t* requestAddr(const ConnectRequest& r) {
+  return r.version == ConnectRequest::kVersion
+             ? r.addr
+             : reinterpret_cast<const uint8_t*>(&r) + offsetof(ConnectRequestV3, addr);
+}
+
+// The receive buffer for a request of any version.
+constexpr size_t kRequestBufBytes =
+    sizeof(ConnectRequest) > sizeof(ConnectRequestV3) ? sizeof(ConnectRequest) : sizeof(ConnectRequestV3);
+
+// ---- buffer offers (rdma protocol): receiver -> sender, tag ctrlTag(kOffer, the send comm's id) ----
+
+// One receive buffer as the receiver offers it.
+struct OfferEntry {
+  uint64_t addr[kMaxRails];  // per rail, as the sender must name it (virtual address or offset into the registration)
+  uint64_t key[kMaxRails];   // per rail: remote key of the registration on that NIC
+  uint64_t len;     // buffer size
+  uint64_t tagSeq;  // dataTag(the receive comm's id, NCCL tag, sequence)
+  uint16_t slot;    // the buffer's sequence, returned in the completion data (WriteImm)
+  uint16_t flags;   // kOfferTaggedOnly: no key (unregistered buffer): send tagged whatever the size
+  uint32_t reserved;
+};
+constexpr uint16_t kOfferTaggedOnly = 1;
+
+struct OfferMsg {
+  static constexpr uint32_t kMagic = 0x57464f46;  // "WFOF"
+  uint32_t magic;
+  uint16_t count;
+  uint16_t reserved;
+  OfferEntry entry[kMaxRecvs];
+  static size_t bytes(int count) { return offsetof(OfferMsg, entry) + sizeof(OfferEntry) * count; }
+};
+
+// ---- remote completion data of RMA writes (rdma protocol) ----
+//
+// Every offered buffer has a sequence number of its comm's choosing (OfferEntry::slot), handed out cyclically
+// and skipping those in use, so a sequence comes back only after the cursor has gone round: a late, duplicate or
+// forged write naming a buffer that has moved on finds nothing. A write is cut into pieces (one per rail when
+// striped; more where one length does not fit a field), each its own write carrying its own length and the
+// piece count; the receiver completes the buffer when all have landed.
+
+constexpr int kMaxPieces = 8;
+
+// 8-byte form: [63:46] the receiving comm's id (18) | [45:36] the buffer's sequence (10) | [35] truncated |
+//              [34:32] pieces - 1 (3) | [31:0] bytes of this piece (32).
+// 1,024 sequences: a comm has at most 64 receive requests of up to 8 buffers offered, 512, so a sequence is
+// reused only after at least 512 other offers. A piece holds at most kMaxPiece bytes, so one write carries up to
+// 8 x 4 GiB - 32 KiB; NCCL's transfers are at most 1 GiB (NCCL_MAX_NET_SIZE), and a larger one is refused.
+struct WriteImm {
+  static constexpr uint64_t kTruncated = 1;  // flag: the message was larger than the offered buffer
+  static constexpr int kSeqBits = 10;
+  static constexpr uint32_t kSeqs = 1u << kSeqBits;
+  static constexpr uint64_t kMaxPiece = 0xfffff000ull;  // 4 KiB aligned, fits 32 bits
+  static uint64_t encode(uint32_t comm, uint32_t seq, uint64_t flags, uint64_t pieces, uint64_t bytes) {
+    return (static_cast<uint64_t>(comm & kMaxCommId) << 46) | (static_cast<uint64_t>(seq & (kSeqs - 1)) << 36) |
+           ((flags & 1) << 35) | (((pieces - 1) & 7) << 32) | (bytes & 0xffffffffull);
+  }
+  static uint32_t comm(uint64_t d) { return static_cast<uint32_t>(d >> 46) & kMaxCommId; }
+  static uint32_t seq(uint64_t d) { return static_cast<uint32_t>(d >> 36) & (kSeqs - 1); }
+  static uint64_t flags(uint64_t d) { return (d >> 35) & 1; }
+  static uint64_t pieces(uint64_t d) { return ((d >> 32) & 7) + 1; }
+  static uint64_t bytes(uint64_t d) { return d & 0xffffffffull; }
+};
+
+// The 4-byte form: [31:23] the buffer's sequence (9), [22:20] pieces - 1, [19] truncated, [18:4] m, [3:0] e; the
+// piece holds m * 2^e bytes. 512 sequences, as many as a comm can have offered: an irecv finding none free is
+// answered "try again" until one is. No comm id yet: this form still relies on one endpoint per comm (the next
+// step takes the length from the completion entry where the provider reports it, and the comm id takes its place).
+struct WriteImm32 {
+  static constexpr uint64_t kMaxM = (1u << 15) - 1;
+  static constexpr int kMaxE = 15;
+  static constexpr int kMaxPieces = wire::kMaxPieces;
+  static constexpr int kSeqBits = 9;
+  static constexpr uint32_t kSeqs = 1u << kSeqBits;
+  // The largest length of the form m * 2^e that is <= len (len > 0), and its encoding.
+  static uint64_t largestPiece(uint64_t len, uint32_t* field) {
+    int e = 0;
+    while ((len >> e) > kMaxM && e < kMaxE) ++e;
+    uint64_t m = std::min<uint64_t>(len >> e, kMaxM);
+    *field = static_cast<uint32_t>((m << 4) | static_cast<uint64_t>(e));
+    return m << e;
+  }
+  static uint64_t encode(uint32_t seq, uint64_t flags, uint64_t pieces, uint32_t lenField) {
+    return (static_cast<uint64_t>(seq & 0x1ff) << 23) | (((pieces - 1) & 7) << 20) | ((flags & 1) << 19) |
+           (lenField & 0x7ffff);
+  }
+  static uint32_t seq(uint64_t d) { return static_cast<uint32_t>((d >> 23) & 0x1ff); }
+  static uint64_t flags(uint64_t d) { return (d >> 19) & 1; }
+  static uint64_t pieces(uint64_t d) { return ((d >> 20) & 7) + 1; }
+  static uint64_t bytes(uint64_t d) { return ((d >> 4) & kMaxM) << (d & 0xf); }
+};
+
+}  // namespace weft::fabric::wire

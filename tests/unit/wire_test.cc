@@ -1,0 +1,121 @@
+// The libfabric wire format (src/fabric/wire.h): every field of a tag round-trips at its limits, data and control
+// tags never collide, and the handshake keeps the fields a peer of another version reads; comm ids come back
+// only after their quarantine, and running out of them is a clean answer.
+#include <catch2/catch.hpp>
+
+#include <cstddef>
+#include <set>
+
+#include "fabric/wire.h"
+#include "weft/transport/comm_ids.h"
+
+using namespace weft;
+using namespace weft::fabric::wire;
+
+TEST_CASE("a data tag carries comm id, NCCL tag and sequence at their limits", "[wire]") {
+  for (uint32_t comm : {1u, 2u, 0x1234u, kMaxCommId}) {
+    for (int tag : {0, 1, 7, 100, kMaxNcclTag}) {
+      for (uint32_t seq : {0u, 1u, 255u, kSeqMask}) {
+        uint64_t t = dataTag(comm, tag, seq);
+        CHECK_FALSE(isCtrlTag(t));
+        CHECK(dataTagComm(t) == comm);
+        CHECK(dataTagNccl(t) == tag);
+        CHECK(dataTagSeq(t) == seq);
+      }
+    }
+  }
+  // The sequence wraps within its field without touching the tag or the comm.
+  uint64_t t = dataTag(5, 9, kSeqMask + 3);
+  CHECK(dataTagSeq(t) == 2);
+  CHECK(dataTagNccl(t) == 9);
+  CHECK(dataTagComm(t) == 5);
+}
+
+TEST_CASE("NCCL tags outside the field are refused, not folded", "[wire]") {
+  CHECK(validNcclTag(0));
+  CHECK(validNcclTag(kMaxNcclTag));
+  CHECK_FALSE(validNcclTag(kMaxNcclTag + 1));
+  CHECK_FALSE(validNcclTag(-1));
+  CHECK_FALSE(validNcclTag(0x7fffffff));
+}
+
+TEST_CASE("fields are wide enough for what NCCL can have in flight", "[wire]") {
+  CHECK(kMaxCommId + 1 >= (1u << 16));                              // at least 2^16 comms per endpoint
+  CHECK(kSeqMask + 1 >= 16u * kMaxRequests * kMaxRecvs);             // a tag's messages in flight, with margin
+  CHECK(kCommIdBits + kNcclTagBits + kSeqBits == 63);                // bit 63 is the control bit
+}
+
+TEST_CASE("control tags name their kind and comm and never look like data", "[wire]") {
+  std::set<uint64_t> seen;
+  for (auto kind : {CtrlKind::kConnRequest, CtrlKind::kConnReply, CtrlKind::kProbe, CtrlKind::kOffer}) {
+    for (uint32_t comm : {0u, 1u, kMaxCommId}) {
+      uint64_t t = ctrlTag(kind, comm);
+      CHECK(isCtrlTag(t));
+      CHECK(ctrlTagKind(t) == static_cast<uint8_t>(kind));
+      CHECK(ctrlTagComm(t) == comm);
+      CHECK(seen.insert(t).second);
+    }
+  }
+  // Handshake version 3 used exactly these tags for requests and replies: a peer of that version still meets
+  // ours and gets a refusal instead of a timeout.
+  CHECK(ctrlTag(CtrlKind::kConnRequest) == ((uint64_t{1} << 63) | 1));
+  CHECK(ctrlTag(CtrlKind::kConnReply) == ((uint64_t{1} << 63) | 2));
+}
+
+TEST_CASE("the handshake keeps the fields a peer of another version reads", "[wire]") {
+  // magic and version open every request; a version-3 request's address is found with its own layout.
+  CHECK(offsetof(ConnectRequest, magic) == offsetof(ConnectRequestV3, magic));
+  CHECK(offsetof(ConnectRequest, version) == offsetof(ConnectRequestV3, version));
+  CHECK(offsetof(ConnectRequest, addrLen) == offsetof(ConnectRequestV3, addrLen));
+  CHECK(kRequestBufBytes >= sizeof(ConnectRequestV3));
+  CHECK(kRequestBufBytes >= sizeof(ConnectRequest));
+  // The reply's layout is version 3's, the comm id where v3 had a reserved 0: a v3 connector reads the status.
+  CHECK(offsetof(ConnectReply, status) == 6);
+  CHECK(offsetof(ConnectReply, token) == 8);
+  CHECK(offsetof(ConnectReply, commId) == 20);
+  CHECK(offsetof(ConnectReply, rails) == 24);
+  CHECK(ConnectRequest::kVersion == 4);
+}
+
+TEST_CASE("a released comm id comes back only after its quarantine", "[wire][comm_ids]") {
+  using namespace std::chrono_literals;
+  CommIds ids(4, 1000ms);
+  auto t0 = CommIds::Clock::time_point{} + 1h;
+  uint32_t a = ids.acquire(t0);
+  REQUIRE(a != 0);
+  ids.release(a, t0);
+  CHECK(ids.quarantined() == 1);
+  std::set<uint32_t> got;
+  for (int i = 0; i < 3; ++i) got.insert(ids.acquire(t0 + 10ms));
+  CHECK(got.count(a) == 0);
+  CHECK(got.count(0) == 0);
+  CHECK(ids.acquire(t0 + 999ms) == 0);   // a is still quarantined, the other three are live
+  CHECK(ids.acquire(t0 + 1000ms) == a);  // and free again once the hold has passed
+  CHECK(ids.live() == 4);
+}
+
+TEST_CASE("running out of comm ids is a clean answer, and releasing makes room", "[wire][comm_ids]") {
+  using namespace std::chrono_literals;
+  CommIds ids(3, 0ms);
+  auto t = CommIds::Clock::now();
+  uint32_t x = ids.acquire(t), y = ids.acquire(t), z = ids.acquire(t);
+  CHECK(std::set<uint32_t>{x, y, z} == std::set<uint32_t>{1, 2, 3});
+  CHECK(ids.acquire(t) == 0);
+  ids.release(y, t);
+  ids.release(y, t);  // twice: ignored
+  ids.release(77, t);  // never given: ignored
+  CHECK(ids.acquire(t) == y);
+  {
+    CommId owned(&ids, 0);
+    CHECK_FALSE(owned);
+  }
+  {
+    ids.release(x, t);
+    CommId owned(&ids, ids.acquire(t));
+    CHECK(owned.get() == x);
+    CommId moved = std::move(owned);
+    CHECK(moved.get() == x);
+    CHECK(owned.get() == 0);
+  }
+  CHECK(ids.live() == 2);  // the owner released x when it went out of scope
+}
