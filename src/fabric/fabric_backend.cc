@@ -231,7 +231,7 @@ Status FabricBackend::connect(int dev, const CommConfig& config, void* handle, S
     fresh->peerName = ep.addrString(h.addr.data(), h.addrLen);
     if (Status st = ep.insert(h.addr.data(), h.addrLen, &fresh->peer); st != Status::kOk) return st;
     fresh->token = h.token;
-    if (Status st = ep.startConnect(fresh->peer, h.token, h.listenId, localProtocolFlags(device(dev)),
+    if (Status st = ep.startConnect(fresh->peer, h.token, h.listenId, localProtocolFlags(ep.device()),
                                     static_cast<uint32_t>(device(dev).eagerMax()), railAddrsOf(fresh->eps));
         st != Status::kOk) {
       return st;
@@ -284,6 +284,7 @@ Status FabricBackend::pollConnect(PendingConnect& pc, SendComm** out) {
     Protocol proto;
     proto.rdma = (reply.flags & localProtocolFlags(ep.device()) & ConnectRequest::kFlagRdma) != 0;
     proto.imm4 = proto.rdma && (reply.flags & ConnectRequest::kFlagImm4) != 0;
+    proto.immId = proto.imm4 && (reply.flags & ConnectRequest::kFlagLenFromCq) != 0;
     proto.eagerMax = proto.rdma ? static_cast<uint32_t>(ep.device().eagerMax()) : 0;
     const int nRails = reply.rails.count;
     std::vector<Rail> rails(nRails);
@@ -296,7 +297,7 @@ Status FabricBackend::pollConnect(PendingConnect& pc, SendComm** out) {
     }
     for (int k = 0; k < nRails; ++k) rails[k].ep = std::move(pc.eps[k]);
     WEFT_INFO(NCCL_NET, "connected to {} on {} via {} ({} protocol, eager up to {} B, {} rail{})", pc.peerName,
-              p.name, p.provider, proto.rdma ? (proto.imm4 ? "rdma (4-byte completion data)" : "rdma") : "sendrecv",
+              p.name, p.provider, protocolName(proto),
               proto.eagerMax, nRails, nRails == 1 ? "" : "s");
     auto sc = std::make_unique<FabricSendComm>(std::move(rails), pc.peerName, maxRecvs_, proto, std::move(pc.id),
                                                reply.commId);

@@ -263,20 +263,27 @@ void FabricDataComm::onError(OpContext* ctx, int fiErr, Status st) noexcept {
 // The completion data names this comm and the sequence of the buffer the sender wrote into. A write naming
 // another comm is dropped (counted, with a warning); anything else that does not name a live offered buffer is a
 // protocol violation by the peer: the connection fails, nothing is touched.
-void FabricDataComm::onRemoteData(uint64_t d) noexcept {
+void FabricDataComm::onRemoteData(uint64_t d, size_t len) noexcept {
   ++completions_;
-  const bool c = proto_.imm4;
-  if (!c && WriteImm::comm(d) != localId_.get()) {
+  uint32_t comm, seq;
+  uint64_t flags, pieces, bytes;
+  if (!proto_.imm4) {
+    comm = WriteImm::comm(d), seq = WriteImm::seq(d), flags = WriteImm::flags(d), pieces = WriteImm::pieces(d);
+    bytes = WriteImm::bytes(d);
+  } else if (proto_.immId) {
+    comm = WriteImmId::comm(d), seq = WriteImmId::seq(d), flags = WriteImmId::flags(d);
+    pieces = WriteImmId::pieces(d), bytes = len;
+  } else {
+    comm = localId_.get(), seq = WriteImm32::seq(d), flags = WriteImm32::flags(d), pieces = WriteImm32::pieces(d);
+    bytes = WriteImm32::bytes(d);
+  }
+  if (comm != localId_.get()) {
     if (strayWrites_++ % 1024 == 0) {
       WEFT_WARN("on {}: a write from {} names comm {}, not this one ({}): dropped ({} so far)", dev_.props().name,
-                peerName_, WriteImm::comm(d), localId_.get(), strayWrites_);
+                peerName_, comm, localId_.get(), strayWrites_);
     }
     return;
   }
-  const uint32_t seq = c ? WriteImm32::seq(d) : WriteImm::seq(d);
-  const uint64_t flags = c ? WriteImm32::flags(d) : WriteImm::flags(d);
-  const uint64_t pieces = c ? WriteImm32::pieces(d) : WriteImm::pieces(d);
-  const uint64_t bytes = c ? WriteImm32::bytes(d) : WriteImm::bytes(d);
   const uint16_t entry = bySeq_ && seq < nSeqs_ ? bySeq_[seq] : kSeqFree;
   if (entry == kSeqParked) return;  // a buffer already reported done (LL/LL128): NCCL watches its data itself
   const int slot = static_cast<int>(entry) - 1;
@@ -529,7 +536,8 @@ Status FabricSendComm::write(FabricRequest* r, void* data, size_t size, MemHandl
     flags = WriteImm::kTruncated;
     size = 0;
   }
-  const int n = planWrite(size, flags == 0 ? nRails_ : 1, stripeMin_, proto_.imm4, railOf(seq), r->pieceOff,
+  const int n = planWrite(size, flags == 0 ? nRails_ : 1, stripeMin_, proto_.imm4 && !proto_.immId, railOf(seq),
+                          r->pieceOff,
                           r->pieceLen, r->pieceField, r->pieceRail);
   if (n < 0) {
     WEFT_WARN("isend of {} B to {}: more than the completion data of {} can describe in {} writes", size,
@@ -585,8 +593,9 @@ Status FabricSendComm::postSegments(FabricRequest* r, bool* again) {
     Rail& rail = rails_[k];
     const uint64_t off = r->pieceOff[i], len = r->pieceLen[i];
     const MemHandle* h = r->mh ? r->mh->rail(k) : nullptr;
-    const uint64_t imm = proto_.imm4 ? WriteImm32::encode(r->offer.slot, r->immFlags, r->nSeg, r->pieceField[i])
-                                     : WriteImm::encode(peerId_, r->offer.slot, r->immFlags, r->nSeg, len);
+    const uint64_t imm = !proto_.imm4   ? WriteImm::encode(peerId_, r->offer.slot, r->immFlags, r->nSeg, len)
+                         : proto_.immId ? WriteImmId::encode(peerId_, r->offer.slot, r->immFlags, r->nSeg)
+                                        : WriteImm32::encode(r->offer.slot, r->immFlags, r->nSeg, r->pieceField[i]);
     ssize_t rc = fi_writedata(rail.ep->ep(), r->src + off, len, h ? h->desc() : nullptr, imm, rail.peer,
                               r->offer.addr[k] + off, r->offer.key[k], &r->ctx[i].fi);
     if (rc == -FI_EAGAIN) {
@@ -692,7 +701,7 @@ FabricRecvComm::FabricRecvComm(std::vector<Rail> rails, std::string peerName, in
 
 Status FabricRecvComm::start() {
   if (!proto_.rdma) return Status::kOk;
-  nSeqs_ = proto_.imm4 ? WriteImm32::kSeqs : WriteImm::kSeqs;
+  nSeqs_ = proto_.imm4 && !proto_.immId ? WriteImm32::kSeqs : WriteImm::kSeqs;
   bySeq_.reset(new uint16_t[nSeqs_]());
   return openOffers(poolSize_);
 }
@@ -868,8 +877,14 @@ Status FabricListenComm::accept(RecvComm** recvComm) {
     const uint32_t mine = localProtocolFlags(dev_);
     uint32_t agreed = req.flags & mine & ConnectRequest::kFlagRdma;
     if (agreed != 0) agreed |= (req.flags | mine) & ConnectRequest::kFlagImm4;
+    // This end receives the writes: its provider decides whether their length comes with the completion.
+    if ((agreed & ConnectRequest::kFlagImm4) != 0) {
+      agreed |= (mine & ConnectRequest::kFlagImm4) != 0 ? (mine & ConnectRequest::kFlagLenFromCq)
+                                                          : (Endpoint::writeLenReported(dev_) ? ConnectRequest::kFlagLenFromCq : 0);
+    }
     proto_.rdma = (agreed & ConnectRequest::kFlagRdma) != 0;
     proto_.imm4 = (agreed & ConnectRequest::kFlagImm4) != 0;
+    proto_.immId = proto_.imm4 && (agreed & ConnectRequest::kFlagLenFromCq) != 0;
     proto_.eagerMax = proto_.rdma ? req.eagerMax : 0;
     fi_addr_t peer;
     if (Status st = ep.insert(wire::requestAddr(req), req.addrLen, &peer); st != Status::kOk) return st;
@@ -903,7 +918,7 @@ Status FabricListenComm::accept(RecvComm** recvComm) {
   // before the peer's connect completes, and some providers (sockets) send only while progressed.
   if (!ep.repliesDone()) return Status::kOk;
   WEFT_INFO(NCCL_NET, "accepted connection from {} on {} ({} protocol, eager up to {} B, {} rail{})", peerName_,
-            dev_.props().name, proto_.rdma ? (proto_.imm4 ? "rdma (4-byte completion data)" : "rdma") : "sendrecv",
+            dev_.props().name, protocolName(proto_),
             proto_.eagerMax, eps_.size(),
             eps_.size() == 1 ? "" : "s");
   accepted_ = true;
@@ -929,9 +944,18 @@ RailAddrs railAddrsOf(const std::vector<std::unique_ptr<Endpoint>>& eps) {
   return a;
 }
 
-uint32_t localProtocolFlags(const FabricDevice& dev) {
+const char* protocolName(const Protocol& p) {
+  if (!p.rdma) return "sendrecv";
+  if (!p.imm4) return "rdma";
+  return p.immId ? "rdma (4-byte completion data, lengths from the completions)"
+                 : "rdma (4-byte completion data carrying lengths)";
+}
+
+uint32_t localProtocolFlags(FabricDevice& dev) {
   if (!dev.rdma()) return 0;
-  return ConnectRequest::kFlagRdma | (dev.compactImm() ? ConnectRequest::kFlagImm4 : 0);
+  if (!dev.compactImm()) return ConnectRequest::kFlagRdma;
+  return ConnectRequest::kFlagRdma | ConnectRequest::kFlagImm4 |
+         (Endpoint::writeLenReported(dev) ? ConnectRequest::kFlagLenFromCq : 0);
 }
 
 }  // namespace weft::fabric

@@ -43,6 +43,7 @@ using wire::OfferEntry;
 using wire::OfferMsg;
 using wire::WriteImm;
 using wire::WriteImm32;
+using wire::WriteImmId;
 
 class FabricRequest final : public Request {
  public:
@@ -113,7 +114,7 @@ class FabricDataComm : public DataSink {
   Status testRequest(FabricRequest* r, bool* done, int* sizes);
   void onComplete(OpContext* ctx, size_t len) noexcept override;
   void onError(OpContext* ctx, int fiErr, Status st) noexcept override;
-  void onRemoteData(uint64_t data) noexcept override;
+  void onRemoteData(uint64_t data, size_t len) noexcept override;
 
  protected:
   FabricRequest* acquire();
@@ -271,6 +272,7 @@ int planWrite(uint64_t size, int nRails, uint64_t stripeMin, bool imm4, int sing
               uint32_t* field, uint8_t* rail);
 
 // What this process offers for a new connection (device capability and WEFT_EAGER_MAX).
-uint32_t localProtocolFlags(const FabricDevice& dev);
+uint32_t localProtocolFlags(FabricDevice& dev);
+const char* protocolName(const Protocol& p);
 
 }  // namespace weft::fabric

@@ -72,6 +72,12 @@ class FabricDevice final : public Registrar {
   // A key for a registration of ours where the provider does not assign them (unique within the domain).
   uint64_t nextKey() { return provKey_ ? 0 : nextKey_.fetch_add(1, std::memory_order_relaxed); }
 
+  // Whether the provider reports an RMA write's length at the target (Endpoint::writeLenReported measures it once
+  // per device): -1 not measured yet, 0 no, 1 yes.
+  int writeLen() const { return writeLen_.load(std::memory_order_acquire); }
+  void setWriteLen(int v) { writeLen_.store(v, std::memory_order_release); }
+  std::mutex& measureMutex() { return measureMutex_; }
+
   // Registers a buffer of weft's own (control messages, offers) for sends and receives where the provider needs
   // local registration; otherwise leaves *mr empty and *desc NULL. `what` names it in the warning on failure.
   Status registerInternal(void* buf, size_t len, const char* what, MrPtr* mr, void** desc);
@@ -99,6 +105,8 @@ class FabricDevice final : public Registrar {
   size_t eagerMax_ = kDefaultEagerMax;
   std::atomic<uint64_t> nextKey_{1};
   std::mutex openMutex_;  // guards the one-time opening of fabric_ and domain_
+  std::atomic<int> writeLen_{-1};
+  std::mutex measureMutex_;  // serializes the one measurement of writeLen_ (taken before openMutex_)
   bool opened_ = false;
   FabricPtr fabric_;
   DomainPtr domain_;

@@ -3,7 +3,9 @@
 #include <rdma/fi_cm.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_ext.h>
+#include <rdma/fi_rma.h>
 
+#include "weft/common/clock.h"
 #include "weft/nccl/net.h"
 
 #include <cerrno>
@@ -136,6 +138,72 @@ Status Endpoint::open(FabricDevice& dev, uint32_t ownId, std::unique_ptr<Endpoin
 
 Endpoint::~Endpoint() = default;
 
+bool Endpoint::writeLenReported(FabricDevice& dev) {
+  std::lock_guard<std::mutex> lock(dev.measureMutex());
+  if (dev.writeLen() < 0) dev.setWriteLen(measureWriteLen(dev) ? 1 : 0);
+  return dev.writeLen() == 1;
+}
+
+bool Endpoint::measureWriteLen(FabricDevice& dev) {
+  constexpr size_t kLen = 1234;  // not a power of two, not a buffer size: a length no provider would invent
+  std::unique_ptr<Endpoint> e;
+  if (open(dev, 0, &e) != Status::kOk) return false;
+  auto buf = std::make_unique<uint8_t[]>(2 * 4096);
+  MemHandle* mh = nullptr;
+  if (dev.mrCache().reg(buf.get(), 2 * 4096, NCCL_PTR_HOST, &mh) != Status::kOk) return false;
+  struct Dereg {
+    FabricDevice& dev;
+    MemHandle* mh;
+    ~Dereg() { dev.mrCache().dereg(mh); }
+  } dereg{dev, mh};
+  fi_addr_t self = FI_ADDR_UNSPEC;
+  if (e->insert(e->name_.data(), e->name_.size(), &self) != Status::kOk) return false;
+  const uint64_t target = dev.remoteAddr(reinterpret_cast<uintptr_t>(buf.get() + 4096), mh->entry->base);
+  OpContext ctx;
+  ctx.kind = OpKind::kCtrlSend;
+  ssize_t rc = -FI_EAGAIN;
+  bool sent = false, landed = false;
+  size_t len = 0;
+  const int64_t deadline = coarseNowMs() + 2000;
+  while (!landed && coarseNowMs() < deadline) {
+    if (rc == -FI_EAGAIN) {
+      rc = fi_writedata(e->ep(), buf.get(), kLen, mh->desc(), 0x5eed, self, target, mh->entry->key, &ctx.fi);
+      if (rc != 0 && rc != -FI_EAGAIN) {
+        WEFT_INFO(NCCL_NET, "{}: measuring the write length at the target: fi_writedata failed ({})",
+                  dev.props().name, fi_strerror(static_cast<int>(-rc)));
+        return false;
+      }
+    }
+    fi_cq_tagged_entry entries[4];
+    ssize_t n = fi_cq_read(e->cq_.get(), entries, 4);
+    for (ssize_t i = 0; i < n; ++i) {
+      if ((entries[i].flags & FI_REMOTE_CQ_DATA) != 0 && entries[i].data == 0x5eed) {
+        landed = true;
+        len = entries[i].len;
+      } else if (entries[i].op_context == &ctx.fi) {
+        sent = true;
+      }
+    }
+    if (n == -FI_EAVAIL) {
+      fi_cq_err_entry err{};
+      fi_cq_readerr(e->cq_.get(), &err, 0);
+      WEFT_INFO(NCCL_NET, "{}: measuring the write length at the target: {}", dev.props().name,
+                fi_strerror(err.err));
+      return false;
+    }
+  }
+  // The endpoint goes only once our own write has completed (or the bound passed): nothing of it stays in flight.
+  for (int64_t until = coarseNowMs() + 1000; !sent && coarseNowMs() < until;) {
+    fi_cq_tagged_entry entries[4];
+    ssize_t n = fi_cq_read(e->cq_.get(), entries, 4);
+    for (ssize_t i = 0; i < n; ++i) sent = sent || entries[i].op_context == &ctx.fi;
+  }
+  WEFT_INFO(NCCL_INIT | NCCL_NET, "{} ({}): an RMA write's length at the target is {}", dev.props().name,
+            dev.props().provider, landed ? (len == kLen ? "reported" : fmt::format("not reported (len {})", len))
+                                         : "unknown (the write did not land in time)");
+  return landed && len == kLen;
+}
+
 Status Endpoint::insert(const void* addr, size_t len, fi_addr_t* out) {
   (void)len;
   fi_addr_t a = FI_ADDR_UNSPEC;
@@ -168,7 +236,9 @@ Status Endpoint::progress(DataSink* sink) {
       // Remote writes carry no context of ours (libfabric leaves op_context undefined for them: shm 1.17 hands
       // back a stale pointer, found by soak.random); their completion data names the receive they fill.
       if (ctx == nullptr || (entries[i].flags & FI_REMOTE_WRITE) != 0) {
-        if ((entries[i].flags & FI_REMOTE_CQ_DATA) != 0 && sink != nullptr) sink->onRemoteData(entries[i].data);
+        if ((entries[i].flags & FI_REMOTE_CQ_DATA) != 0 && sink != nullptr) {
+          sink->onRemoteData(entries[i].data, entries[i].len);
+        }
         continue;
       }
       if (isCommOp(ctx->kind)) {

@@ -49,6 +49,7 @@ using wire::kNoSuchListen;
 struct Protocol {
   bool rdma = false;
   bool imm4 = false;  // rdma with the 4-byte completion-data form (either end's NIC carries only 4 bytes)
+  bool immId = false;  // imm4 with the comm id, the length taken from the receiver's completion (WriteImmId)
   uint32_t eagerMax = 0;
 };
 
@@ -59,7 +60,8 @@ class DataSink {
   // fiErr: libfabric's error number (FI_ECANCELED for a canceled receive); st: its NCCL-facing status.
   virtual void onError(OpContext* ctx, int fiErr, Status st) noexcept = 0;
   // An RMA write with remote completion data landed in one of our buffers.
-  virtual void onRemoteData(uint64_t data) noexcept = 0;
+  // len: the completion entry's length (0 where the provider does not report it).
+  virtual void onRemoteData(uint64_t data, size_t len) noexcept = 0;
 };
 
 inline bool isCommOp(OpKind k) { return k == OpKind::kData || k == OpKind::kOfferSend || k == OpKind::kOfferRecv; }
@@ -70,6 +72,11 @@ class Endpoint {
  public:
   // ownId: the comm this endpoint serves (its probes arrive tagged with it).
   static Status open(FabricDevice& dev, uint32_t ownId, std::unique_ptr<Endpoint>* out);
+  // Whether `dev`'s provider reports an RMA write's length at the target: one write with completion data to an
+  // endpoint of our own, its target completion read (bounded wait). False on any failure.
+  static bool measureWriteLen(FabricDevice& dev);
+  // The same, measured once per device and remembered.
+  static bool writeLenReported(FabricDevice& dev);
   ~Endpoint();
   Endpoint(const Endpoint&) = delete;
   Endpoint& operator=(const Endpoint&) = delete;

@@ -98,6 +98,9 @@ struct ConnectRequest {
   static constexpr uint16_t kVersion = 4;
   static constexpr uint32_t kFlagRdma = 1;
   static constexpr uint32_t kFlagImm4 = 2;  // this end needs the 4-byte completion-data form
+  // The listener's provider reports a write's length at the target: the 4-byte form carries the comm id
+  // (WriteImmId) instead of the length.
+  static constexpr uint32_t kFlagLenFromCq = 4;
   uint32_t magic;
   uint16_t version;
   uint16_t addrLen;
@@ -208,10 +211,28 @@ struct WriteImm {
   static uint64_t bytes(uint64_t d) { return d & 0xffffffffull; }
 };
 
-// The 4-byte form: [31:23] the buffer's sequence (9), [22:20] pieces - 1, [19] truncated, [18:4] m, [3:0] e; the
-// piece holds m * 2^e bytes. 512 sequences, as many as a comm can have offered: an irecv finding none free is
-// answered "try again" until one is. No comm id yet: this form still relies on one endpoint per comm (the next
-// step takes the length from the completion entry where the provider reports it, and the comm id takes its place).
+// 4-byte form (EFA, verbs), where the receiving provider reports a write's length in its completion entry
+// (libfabric's `len` at the target; measured per device, FabricDevice::writeLenReported):
+//   [31] truncated | [30:28] pieces - 1 (3) | [27:10] the receiving comm's id (18) | [9:0] the buffer's sequence (10)
+// Each piece's length is its completion's. aws-ofi-nccl's layout is the same idea (segments, comm id, sequence).
+struct WriteImmId {
+  static constexpr uint64_t kTruncated = WriteImm::kTruncated;
+  static constexpr uint32_t kSeqs = WriteImm::kSeqs;
+  static uint64_t encode(uint32_t comm, uint32_t seq, uint64_t flags, uint64_t pieces) {
+    return ((flags & 1) << 31) | (((pieces - 1) & 7) << 28) | (static_cast<uint64_t>(comm & kMaxCommId) << 10) |
+           (seq & (kSeqs - 1));
+  }
+  static uint32_t comm(uint64_t d) { return static_cast<uint32_t>(d >> 10) & kMaxCommId; }
+  static uint32_t seq(uint64_t d) { return static_cast<uint32_t>(d) & (kSeqs - 1); }
+  static uint64_t flags(uint64_t d) { return (d >> 31) & 1; }
+  static uint64_t pieces(uint64_t d) { return ((d >> 28) & 7) + 1; }
+};
+
+// 4-byte form where the receiving provider does not report the length (tcp;ofi_rxm 1.17 gives 0; it offers 8
+// bytes, so this serves WEFT_CQ_DATA=4 tests and providers like it): [31:23] the buffer's sequence (9),
+// [22:20] pieces - 1, [19] truncated, [18:4] m, [3:0] e; the piece holds m * 2^e bytes. 512 sequences, as many
+// as a comm can have offered: an irecv finding none free is answered "try again". No comm id: a device whose
+// writes need this form cannot share its endpoint among comms.
 struct WriteImm32 {
   static constexpr uint64_t kMaxM = (1u << 15) - 1;
   static constexpr int kMaxE = 15;

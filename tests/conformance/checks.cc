@@ -387,32 +387,56 @@ void oneMessage(CheckEnv& env, Conn& c, uint64_t seed) {
   stream(env, c, s);
 }
 
+// The receiver's half of set-up, in steps the withholding checks interleave with their peer.
+void* listenAndSend(CheckEnv& env, const std::string& label) {
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+  void* lc = nullptr;
+  timedCall(env, "listen", [&] { return env.net.listen(env.ctx, env.dev, handle, &lc); });
+  if (lc == nullptr) fail("listen succeeded but returned a NULL listen comm");
+  env.oob.send("handle:" + label + ":" + std::string(reinterpret_cast<char*>(handle), sizeof(handle)));
+  return lc;
+}
+
+void acceptUntilDone(CheckEnv& env, void* lc, Conn* c) {
+  Deadline d(env.timeout);
+  while (c->recvComm == nullptr) {
+    timedCall(env, "accept", [&] { return env.net.accept(lc, &c->recvComm); });
+    if (d.expired()) fail("accept did not complete within " + std::to_string(env.timeout.count()) + " s");
+    checkPeer(env);
+  }
+  expectOk(env.net.closeListen(lc), "closeListen");
+}
+
+// The sender's half.
+void receiveHandle(CheckEnv& env, const std::string& label, uint8_t* handle) {
+  std::string m = env.oob.recvString(env.timeout);
+  const std::string prefix = "handle:" + label + ":";
+  if (m.rfind(prefix, 0) != 0 || m.size() != prefix.size() + NCCL_NET_HANDLE_MAXSIZE) fail("bad handle message");
+  std::memcpy(handle, m.data() + prefix.size(), NCCL_NET_HANDLE_MAXSIZE);
+}
+
+void connectUntilDone(CheckEnv& env, uint8_t* handle, Conn* c) {
+  Deadline d(env.timeout);
+  while (c->sendComm == nullptr) {
+    timedCall(env, "connect", [&] { return env.net.connect(env.ctx, env.dev, handle, &c->sendComm); });
+    if (d.expired()) fail("connect did not complete within " + std::to_string(env.timeout.count()) + " s");
+    checkPeer(env);
+  }
+}
+
 void withheldAccept(CheckEnv& env) {
   Conn c;
   if (env.recv()) {
-    uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
-    void* lc = nullptr;
-    timedCall(env, "listen", [&] { return env.net.listen(env.ctx, env.dev, handle, &lc); });
-    if (lc == nullptr) fail("listen succeeded but returned a NULL listen comm");
-    env.oob.send(std::string("handle:nb1:") + std::string(reinterpret_cast<char*>(handle), sizeof(handle)));
+    void* lc = listenAndSend(env, "nb1");
     std::string report = awaitReport(env, "connect-returned:");  // accept withheld until then
-    Deadline d(env.timeout);
-    while (c.recvComm == nullptr) {
-      timedCall(env, "accept", [&] { return env.net.accept(lc, &c.recvComm); });
-      if (d.expired()) fail("accept did not complete within " + std::to_string(env.timeout.count()) + " s");
-      checkPeer(env);
-    }
-    expectOk(env.net.closeListen(lc), "closeListen");
+    acceptUntilDone(env, lc, &c);
     if (report.empty()) {
       fail("with accept withheld, connect did not return " + std::to_string(kWithheldPolls) + " times within " +
            std::to_string(env.callLimit.count()) + " ms: it waits for the peer's accept");
     }
   } else {
-    std::string m = env.oob.recvString(env.timeout);
-    const std::string prefix = "handle:nb1:";
-    if (m.rfind(prefix, 0) != 0 || m.size() != prefix.size() + NCCL_NET_HANDLE_MAXSIZE) fail("bad handle message");
     uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
-    std::memcpy(handle, m.data() + prefix.size(), sizeof(handle));
+    receiveHandle(env, "nb1", handle);
     int returned = 0;
     for (; returned < kWithheldPolls && c.sendComm == nullptr; ++returned) {
       timedCall(env, "connect", [&] { return env.net.connect(env.ctx, env.dev, handle, &c.sendComm); });
@@ -421,12 +445,7 @@ void withheldAccept(CheckEnv& env) {
     std::printf("INFO\twith accept withheld, connect returned %d time%s, %s\n", returned, returned == 1 ? "" : "s",
                 c.sendComm ? "the last with a comm (completed before accept)" : "each without a comm");
     env.oob.send("connect-returned:" + std::to_string(returned));
-    Deadline d(env.timeout);
-    while (c.sendComm == nullptr) {
-      timedCall(env, "connect", [&] { return env.net.connect(env.ctx, env.dev, handle, &c.sendComm); });
-      if (d.expired()) fail("connect did not complete within " + std::to_string(env.timeout.count()) + " s");
-      checkPeer(env);
-    }
+    connectUntilDone(env, handle, &c);
   }
   env.oob.barrier("nb1-connected", env.timeout);
   oneMessage(env, c, 901);
@@ -436,37 +455,19 @@ void withheldAccept(CheckEnv& env) {
 void withheldConnect(CheckEnv& env) {
   Conn c;
   if (env.recv()) {
-    uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
-    void* lc = nullptr;
-    timedCall(env, "listen", [&] { return env.net.listen(env.ctx, env.dev, handle, &lc); });
-    if (lc == nullptr) fail("listen succeeded but returned a NULL listen comm");
-    env.oob.send(std::string("handle:nb2:") + std::string(reinterpret_cast<char*>(handle), sizeof(handle)));
+    void* lc = listenAndSend(env, "nb2");
     for (int i = 0; i < kWithheldPolls; ++i) {
       timedCall(env, "accept", [&] { return env.net.accept(lc, &c.recvComm); });
       if (c.recvComm != nullptr) fail("accept returned a comm before the peer had called connect");
       std::this_thread::sleep_for(kPollGap);
     }
     env.oob.send("accept-returned:" + std::to_string(kWithheldPolls));
-    Deadline d(env.timeout);
-    while (c.recvComm == nullptr) {
-      timedCall(env, "accept", [&] { return env.net.accept(lc, &c.recvComm); });
-      if (d.expired()) fail("accept did not complete within " + std::to_string(env.timeout.count()) + " s");
-      checkPeer(env);
-    }
-    expectOk(env.net.closeListen(lc), "closeListen");
+    acceptUntilDone(env, lc, &c);
   } else {
-    std::string m = env.oob.recvString(env.timeout);
-    const std::string prefix = "handle:nb2:";
-    if (m.rfind(prefix, 0) != 0 || m.size() != prefix.size() + NCCL_NET_HANDLE_MAXSIZE) fail("bad handle message");
     uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
-    std::memcpy(handle, m.data() + prefix.size(), sizeof(handle));
+    receiveHandle(env, "nb2", handle);
     std::string report = awaitReport(env, "accept-returned:");  // connect withheld until then
-    Deadline d(env.timeout);
-    while (c.sendComm == nullptr) {
-      timedCall(env, "connect", [&] { return env.net.connect(env.ctx, env.dev, handle, &c.sendComm); });
-      if (d.expired()) fail("connect did not complete within " + std::to_string(env.timeout.count()) + " s");
-      checkPeer(env);
-    }
+    connectUntilDone(env, handle, &c);
     if (report.empty()) {
       fail("with connect withheld, accept did not return " + std::to_string(kWithheldPolls) + " times within " +
            std::to_string(env.callLimit.count()) + " ms: it waits for a connection");
@@ -919,6 +920,93 @@ void teardownInflight(CheckEnv& env) {
   env.oob.barrier("posted", env.timeout);
   expectOk(env.net.deregMr(c.comm(), mh), "deregMr with requests in flight");
   closeConn(env, c);
+}
+
+// A communicator aborted with transfers in flight, and a new one opened at once (elastic jobs, NCCL's abort and
+// re-init): whatever was still on its way for the old comm must never land in the new one's buffers. The new comm's
+// buffers are filled with a marker first and checked twice: when its own messages have completed, and again after
+// both ends closed everything (a late old write would show then). Plugins that share endpoints or queues between
+// comms must route by comm, not by buffer slot, for this to hold.
+void teardownCloseThenReconnect(CheckEnv& env) {
+  constexpr size_t kSize = 1 << 20;
+  constexpr int kMsgs = 8;
+  {
+    Conn old = establish(env, "old");
+    Buffer buf(kSize * kMsgs);
+    void* mh = nullptr;
+    expectOk(env.net.regMr(old.comm(), buf.data(), buf.size(), NCCL_PTR_HOST, &mh), "regMr");
+    for (int i = 0; i < kMsgs; ++i) {
+      void* req = nullptr;
+      uint8_t* p = buf.data() + i * kSize;
+      for (int tries = 0; req == nullptr && tries < 1000; ++tries) {  // NULL: the plugin wants a retry
+        if (env.recv()) {
+          void* data[1] = {p};
+          size_t sz[1] = {kSize};
+          int tags[1] = {1};
+          void* mhs[1] = {mh};
+          expectOk(env.net.irecv(old.recvComm, 1, data, sz, tags, mhs, &req), "irecv (old comm)");
+        } else {
+          fillPattern(p, kSize, 0xA000 + i);
+          expectOk(env.net.isend(old.sendComm, p, kSize, 1, mh, &req), "isend (old comm)");
+        }
+      }
+    }
+    env.oob.barrier("old-posted", env.timeout);
+    expectOk(env.net.deregMr(old.comm(), mh), "deregMr with requests in flight");
+    closeConn(env, old);
+  }
+  Conn c = establish(env, "new");
+  Buffer buf(kSize * kMsgs);
+  if (env.recv()) std::memset(buf.data(), 0xee, buf.size());
+  void* mh = nullptr;
+  expectOk(env.net.regMr(c.comm(), buf.data(), buf.size(), NCCL_PTR_HOST, &mh), "regMr");
+  std::vector<void*> reqs(kMsgs, nullptr);
+  std::vector<bool> done(kMsgs, false);
+  int left = kMsgs;
+  Deadline d(env.timeout);
+  for (uint64_t it = 0; left > 0; ++it) {
+    for (int i = 0; i < kMsgs; ++i) {
+      if (done[i]) continue;
+      uint8_t* p = buf.data() + i * kSize;
+      if (reqs[i] == nullptr) {
+        if (env.recv()) {
+          void* data[1] = {p};
+          size_t sz[1] = {kSize};
+          int tags[1] = {1};
+          void* mhs[1] = {mh};
+          expectOk(env.net.irecv(c.recvComm, 1, data, sz, tags, mhs, &reqs[i]), "irecv (new comm)");
+        } else {
+          fillPattern(p, kSize, 0xB000 + i);
+          expectOk(env.net.isend(c.sendComm, p, kSize, 1, mh, &reqs[i]), "isend (new comm)");
+        }
+        break;  // in order: the next one after this one is posted
+      }
+      int fin = 0, size = 0;
+      expectOk(env.net.test(reqs[i], &fin, &size), "test (new comm)");
+      if (!fin) continue;
+      done[i] = true;
+      --left;
+      if (env.recv() && size != static_cast<int>(kSize)) {
+        fail("new comm: receive " + std::to_string(i) + " reported " + std::to_string(size) + " bytes");
+      }
+    }
+    if (d.expired()) fail("the new comm's messages did not complete within " + std::to_string(env.timeout.count()) + " s");
+    if (it % 1024 == 0) checkPeer(env);
+  }
+  auto verify = [&](const char* when) {
+    for (int i = 0; env.recv() && i < kMsgs; ++i) {
+      size_t at = findMismatch(buf.data() + i * kSize, kSize, 0xB000 + i);
+      if (at != SIZE_MAX) {
+        fail(std::string("new comm, buffer ") + std::to_string(i) + ", " + when + ": byte " + std::to_string(at) +
+             " is not the new comm's data (old traffic, or lost data)");
+      }
+    }
+  };
+  verify("when its messages completed");
+  expectOk(env.net.deregMr(c.comm(), mh), "deregMr");
+  closeConn(env, c);
+  env.oob.barrier("all-closed", env.timeout);
+  verify("after both ends closed everything");
 }
 
 // ---- resource hygiene -------------------------------------------------------------------------------------------
@@ -1505,6 +1593,8 @@ const std::vector<Check>& allChecks() {
       {"comms.scale", "N connections (64; 16 with --quick; --conns) held at once, one message each: connect time, "
        "RSS and fds per connection printed", commsScale},
       {"teardown.inflight", "deregMr and close with requests in flight (communicator abort)", teardownInflight},
+      {"teardown.close_then_reconnect", "a comm closed with 8 MiB in flight, a new one at once: no old byte lands "
+       "in the new comm's buffers", teardownCloseThenReconnect},
       {"hygiene.connect_cycles", "many listen/connect/accept/close cycles leave no fds or memory behind",
        hygieneConnectCycles},
       {"hygiene.register_cycles", "many regMr/deregMr cycles leave no fds or memory behind", hygieneRegisterCycles},

@@ -46,6 +46,23 @@ TEST_CASE("8-byte completion data round-trips comm id, sequence, flags, pieces a
   CHECK(WriteImm::kSeqs >= 2u * 2 * weft::kMaxRequests * weft::kMaxRecvs);
 }
 
+TEST_CASE("4-byte completion data with the comm id round-trips comm, sequence, flags and pieces", "[imm]") {
+  for (uint32_t comm : {1u, 12345u, wire::kMaxCommId}) {
+    for (uint32_t seq : {0u, 513u, WriteImmId::kSeqs - 1}) {
+      for (uint64_t np : {1, 3, 8}) {
+        for (uint64_t fl : {uint64_t{0}, WriteImmId::kTruncated}) {
+          uint64_t d = WriteImmId::encode(comm, seq, fl, np);
+          CHECK(d <= 0xffffffffu);
+          CHECK(WriteImmId::comm(d) == comm);
+          CHECK(WriteImmId::seq(d) == seq);
+          CHECK(WriteImmId::pieces(d) == np);
+          CHECK(WriteImmId::flags(d) == fl);
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("4-byte completion data round-trips sequence, flags and piece count", "[imm]") {
   for (uint16_t slot : {0, 1, 255, 511}) {
     for (uint64_t np : {1, 2, 5, 8}) {
