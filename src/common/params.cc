@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdlib>
-#include <dirent.h>
 #include <mutex>
 
 #include "weft/common/status.h"
@@ -111,47 +110,24 @@ const std::vector<Def> kDefs = {
 };
 // clang-format on
 
-// rxm reads its buffer size once per process (at libfabric's first fi_getinfo), for every core provider, and over
-// verbs the buffer size is also the eager limit (no dynamic receive buffers there). So the rxm sizes below are set
-// only where tcp is the core provider rxm will get: WEFT_PROVIDER names tcp, or it is unset and no RDMA device
-// exists (the default order tries efa and verbs;ofi_rxm first).
-bool rxmOverTcp() {
-  const std::string& p = getString("WEFT_PROVIDER");
-  if (!p.empty()) return p.find("tcp") != std::string::npos;
-  DIR* d = opendir("/sys/class/infiniband");
-  if (d == nullptr) return true;
-  bool any = false;
-  while (dirent* e = readdir(d)) any = any || e->d_name[0] != '.';
-  closedir(d);
-  return !any;
-}
-
-// Interim, until comms share endpoints (then a shared receive context is the right trade again, and the rxm
-// entries go). Each weft comm opens its own rxm endpoint today. Over tcp, libfabric 1.17's rxm
-//  - turns on a shared receive context by default, which posts 4,096 receive buffers of ~17.4 KiB at fi_enable
-//    and zero-fills them (prov/rxm/src/rxm_init.c rxm_use_srx, rxm_ep.c, util_buf.c): 70 MiB and 0.26 s a comm;
-//  - without it, still allocates two pools of 1,024 buffers of FI_OFI_RXM_BUFFER_SIZE per endpoint (rx and tx,
-//    rxm_ep_create_pools): 34 MiB a comm at the default 16 KiB, 4.4 MiB at 1 KiB.
-// On tcp, rxm receives directly into the application's buffer (dynamic receive buffers, on by default in 1.17),
-// so the eager limit is its own setting: FI_OFI_RXM_EAGER_LIMIT keeps it at the default's 16 KiB, and messages
-// keep the protocol they had (eager up to 16 KiB, rendezvous above). Measured with weft bench, 8 B to 64 MiB,
-// alternating, median of 5: latency and bandwidth within noise of libfabric's defaults (README, Measured).
+// Interim, until comms share endpoints (then a shared receive context is the right trade again, and this goes).
+// Each weft comm opens its own rxm endpoint today, and over tcp libfabric 1.17's rxm turns on a shared receive
+// context by default, which posts 4,096 receive buffers of ~17.4 KiB at fi_enable and zero-fills them
+// (prov/rxm/src/rxm_init.c rxm_use_srx, rxm_ep.c, util_buf.c): 85 MiB and 0.43 s a comm. Without it: 34.5 MiB and
+// 57 ms (rxm still allocates 2 x 1,024 bounce buffers of FI_OFI_RXM_BUFFER_SIZE per endpoint), latency and
+// bandwidth from 8 B to 64 MiB within noise. Smaller buffers were measured and left alone: the eager limit follows
+// the buffer size (4 KiB: 8 KiB messages 3x slower, 1 MiB streams 0.6x), and an eager limit set above it
+// (FI_OFI_RXM_EAGER_LIMIT, unexpected messages then go to malloc'd buffers) hung a bench run with the machine
+// loaded in 4 of 6 tries, never with the default buffer.
 // clang-format off
 const std::vector<ForeignDefault> kForeignDefaults = {
   {"FI_OFI_RXM_USE_SRX", "0",
-   "rxm: no shared receive context per endpoint (interim, while every comm has its own endpoint: 70 MiB and "
-   "0.26 s a comm with it over tcp; verbs has it off already)", nullptr, nullptr},
-  {"FI_OFI_RXM_BUFFER_SIZE", "1024",
-   "rxm over tcp: bounce buffer size (interim: rxm allocates 2 x 1,024 of them per endpoint, 34 MiB a comm at "
-   "the default 16 KiB; received data goes straight to NCCL's buffer on tcp)", rxmOverTcp,
-   "not set: an RDMA device exists or WEFT_PROVIDER does not name tcp (over verbs this size is the eager limit)"},
-  {"FI_OFI_RXM_EAGER_LIMIT", "16384",
-   "rxm over tcp: messages up to 16 KiB stay eager, as with the default buffer size (interim, with the above)",
-   rxmOverTcp, "not set: see FI_OFI_RXM_BUFFER_SIZE"},
+   "rxm: no shared receive context per endpoint (interim, while every comm has its own endpoint: 85 MiB and "
+   "0.43 s a comm with it over tcp, 34.5 MiB and 57 ms without; verbs has it off already)"},
   {"RDMAV_FORK_SAFE", "1",
    "rdma-core: fork() (PyTorch DataLoader workers) must not corrupt registered memory by copy-on-write; NCCL's "
-   "own IB transport does the same with ibv_fork_init", nullptr, nullptr},
-  {"FI_EFA_FORK_SAFE", "1", "efa: the same fork safety for the EFA provider", nullptr, nullptr},
+   "own IB transport does the same with ibv_fork_init"},
+  {"FI_EFA_FORK_SAFE", "1", "efa: the same fork safety for the EFA provider"},
 };
 // clang-format on
 
@@ -296,12 +272,10 @@ std::vector<ForeignSetting> applyForeignDefaultsNow() {
     for (const auto& d : kForeignDefaults) {
       const char* user = std::getenv(d.name);
       if (user != nullptr) {
-        out.push_back(ForeignSetting{&d, user, true, false});
-      } else if (d.applies == nullptr || d.applies()) {
-        setenv(d.name, d.value, 0);
-        out.push_back(ForeignSetting{&d, d.value, false, true});
+        out.push_back(ForeignSetting{&d, user, true});
       } else {
-        out.push_back(ForeignSetting{&d, "", false, false});
+        setenv(d.name, d.value, 0);
+        out.push_back(ForeignSetting{&d, d.value, false});
       }
     }
   }

@@ -121,7 +121,6 @@ void applyProviderDefaults() {
   static const bool logged = [] {
     std::string line;
     for (const auto& s : params::applyForeignDefaults()) {
-      if (!s.fromUser && !s.applied) continue;
       line += (line.empty() ? "" : ", ") + std::string(s.def->name) + "=" + s.value +
               (s.fromUser ? " (user's)" : " (weft's default)");
     }

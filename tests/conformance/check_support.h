@@ -85,6 +85,7 @@ class Registration {
   NetApi& net_;
   void* comm_;
   void* mh_ = nullptr;
+  bool registered_ = false;
 };
 
 struct Conn {

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include <dirent.h>
+#include <malloc.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -236,7 +237,8 @@ void initIdempotent(CheckEnv& env) {
   expectOk(env.net.devices(&after), "devices after a second init");
   if (before != after) fail("device count changed from " + std::to_string(before) + " to " + std::to_string(after));
   if (env.net.hasFinalize()) {
-    if (ctx2 == nullptr) fail("v11+ init returned success but a NULL context");
+    // NCCL keeps whatever context init gave, NULL included (NCCL's own Socket transport returns NULL), and hands it
+    // back to listen/connect/finalize: a NULL context is not an error (weft's own promise: weft.context_per_init).
     expectOk(env.net.finalize(ctx2), "finalize of the second context");
     expectOk(env.net.finalize(nullptr), "finalize(NULL) (NCCL 2.28.3-2.29.3 call it after a failed init)");
   }
@@ -767,11 +769,12 @@ void mrCache(CheckEnv& env) {
   const size_t size = 1 << 20;
   Buffer buf(size);
   void* comm = c.comm();
-  // The same range twice (p2p pool registered by every connection), each call its own handle.
+  // The same range twice (the p2p pool is registered by every connection). NCCL keeps each handle it is given and
+  // deregisters each once; it needs neither distinct nor non-NULL handles (NCCL's Socket transport returns NULL
+  // for host memory). Distinct handles are weft's promise: weft.distinct_handles.
   void *a = nullptr, *b = nullptr, *sub = nullptr;
   expectOk(env.net.regMr(comm, buf.data(), size, NCCL_PTR_HOST, &a), "regMr");
   expectOk(env.net.regMr(comm, buf.data(), size, NCCL_PTR_HOST, &b), "regMr of the same range again");
-  if (a == nullptr || b == nullptr || a == b) fail("registering one range twice must give two distinct handles");
   // A sub-range at an offset, used for a transfer from/to the middle of the buffer.
   const size_t off = 12288, len = 70000;
   expectOk(env.net.regMr(comm, buf.data() + off, len, NCCL_PTR_HOST, &sub), "regMr of a sub-range");
@@ -801,7 +804,13 @@ void mrCache(CheckEnv& env) {
   closeConn(env, c);
 }
 
-void iflushHost(CheckEnv& env) {
+void requireWeft(CheckEnv& env);  // weft's own guarantees, below
+
+// NCCL flushes only receives into GPU memory through GPUDirect (src/transport/net.cc: recvProxyProgress posts an
+// iflush when useGdr and the NIC needs it): iflush on host memory is never asked for, and NCCL's Socket transport
+// answers it with an error. weft's promise: harmless there (NULL request, or one that completes).
+void weftIflushHost(CheckEnv& env) {
+  requireWeft(env);
   Conn c = establish(env);
   Buffer buf(4096);
   Registration reg(env.net, c.comm(), buf.data(), buf.size());
@@ -960,34 +969,33 @@ void teardownCloseThenReconnect(CheckEnv& env) {
   if (env.recv()) std::memset(buf.data(), 0xee, buf.size());
   void* mh = nullptr;
   expectOk(env.net.regMr(c.comm(), buf.data(), buf.size(), NCCL_PTR_HOST, &mh), "regMr");
+  // As NCCL's proxy does: post ahead, test only the oldest outstanding request.
   std::vector<void*> reqs(kMsgs, nullptr);
-  std::vector<bool> done(kMsgs, false);
-  int left = kMsgs;
+  int posted = 0, completed = 0;
   Deadline d(env.timeout);
-  for (uint64_t it = 0; left > 0; ++it) {
-    for (int i = 0; i < kMsgs; ++i) {
-      if (done[i]) continue;
-      uint8_t* p = buf.data() + i * kSize;
-      if (reqs[i] == nullptr) {
-        if (env.recv()) {
-          void* data[1] = {p};
-          size_t sz[1] = {kSize};
-          int tags[1] = {1};
-          void* mhs[1] = {mh};
-          expectOk(env.net.irecv(c.recvComm, 1, data, sz, tags, mhs, &reqs[i]), "irecv (new comm)");
-        } else {
-          fillPattern(p, kSize, 0xB000 + i);
-          expectOk(env.net.isend(c.sendComm, p, kSize, 1, mh, &reqs[i]), "isend (new comm)");
-        }
-        break;  // in order: the next one after this one is posted
+  for (uint64_t it = 0; completed < kMsgs; ++it) {
+    if (posted < kMsgs) {
+      uint8_t* p = buf.data() + posted * kSize;
+      if (env.recv()) {
+        void* data[1] = {p};
+        size_t sz[1] = {kSize};
+        int tags[1] = {1};
+        void* mhs[1] = {mh};
+        expectOk(env.net.irecv(c.recvComm, 1, data, sz, tags, mhs, &reqs[posted]), "irecv (new comm)");
+      } else {
+        fillPattern(p, kSize, 0xB000 + posted);
+        expectOk(env.net.isend(c.sendComm, p, kSize, 1, mh, &reqs[posted]), "isend (new comm)");
       }
+      if (reqs[posted] != nullptr) ++posted;
+    }
+    if (completed < posted) {
       int fin = 0, size = 0;
-      expectOk(env.net.test(reqs[i], &fin, &size), "test (new comm)");
-      if (!fin) continue;
-      done[i] = true;
-      --left;
-      if (env.recv() && size != static_cast<int>(kSize)) {
-        fail("new comm: receive " + std::to_string(i) + " reported " + std::to_string(size) + " bytes");
+      expectOk(env.net.test(reqs[completed], &fin, &size), "test (new comm)");
+      if (fin) {
+        if (env.recv() && size != static_cast<int>(kSize)) {
+          fail("new comm: receive " + std::to_string(completed) + " reported " + std::to_string(size) + " bytes");
+        }
+        ++completed;
       }
     }
     if (d.expired()) fail("the new comm's messages did not complete within " + std::to_string(env.timeout.count()) + " s");
@@ -1016,7 +1024,11 @@ struct Usage {
   long rssKiB = 0;
 };
 
+// Resident memory counts what the allocator keeps as much as what is live: after comms.scale freed hundreds of
+// MiB, reusing that free heap touches pages again and RSS grew 23 MiB over 2,000 cycles with nothing leaked (seen
+// with the machine loaded). Free memory goes back to the system first, so the figures measure live memory.
 Usage usage() {
+  malloc_trim(0);
   Usage u;
   if (DIR* d = opendir("/proc/self/fd")) {
     while (readdir(d) != nullptr) ++u.fds;
@@ -1364,6 +1376,35 @@ void connectRefused(CheckEnv& env, uint8_t* handle, const std::string& what) {
   if (warningCount() == warnings) fail(what + " was refused without a warning");
 }
 
+// weft gives every v11+ communicator its own context (per-communicator state: telemetry, and the endpoint groups of
+// the shared-endpoint transport), and finalizes each on its own.
+void weftContextPerInit(CheckEnv& env) {
+  requireWeft(env);
+  if (!env.net.hasFinalize()) throw CheckSkip("contexts exist from table v11 (NCCL 2.28)");
+  void *c1 = nullptr, *c2 = nullptr;
+  expectOk(env.net.init(&c1, 0x1111), "init");
+  expectOk(env.net.init(&c2, 0x2222), "init again");
+  if (c1 == nullptr || c2 == nullptr) fail("init returned success but a NULL context");
+  if (c1 == c2) fail("two communicators' init returned the same context");
+  expectOk(env.net.finalize(c1), "finalize of the first context");
+  expectOk(env.net.finalize(c2), "finalize of the second context");
+}
+
+// weft answers each registration with a handle of its own, even for a range registered before, and each handle
+// deregisters on its own, in any order.
+void weftDistinctHandles(CheckEnv& env) {
+  requireWeft(env);
+  Conn c = establish(env);
+  Buffer buf(1 << 20);
+  void *a = nullptr, *b = nullptr;
+  expectOk(env.net.regMr(c.comm(), buf.data(), buf.size(), NCCL_PTR_HOST, &a), "regMr");
+  expectOk(env.net.regMr(c.comm(), buf.data(), buf.size(), NCCL_PTR_HOST, &b), "regMr of the same range again");
+  if (a == nullptr || b == nullptr || a == b) fail("registering one range twice must give two distinct handles");
+  expectOk(env.net.deregMr(c.comm(), b), "deregMr of the second handle");
+  expectOk(env.net.deregMr(c.comm(), a), "deregMr of the first handle");
+  closeConn(env, c);
+}
+
 void weftWrongToken(CheckEnv& env) {
   requireWeft(env);
   if (env.recv()) {
@@ -1585,9 +1626,7 @@ const std::vector<Check>& allChecks() {
       {"data.send_larger_than_recv", "a send larger than its receive is an error, not silent truncation",
        dataSendLargerThanRecv},
       {"data.large_1GiB", "one 1 GiB message, verified", dataLarge},
-      {"mr.cache", "same range twice gives two handles; sub-range transfers; deregister in any order", mrCache},
-      {"iflush.host", "iflush on host memory: NULL request or one that completes (tested with NULL sizes)",
-       iflushHost},
+      {"mr.cache", "same range registered twice; sub-range transfers; deregister in any order", mrCache},
       {"threads.service_and_progress", "regMr/deregMr/listen on the service thread while data flows", threadsServiceAndProgress},
       {"comms.many", "8 connections progressed round-robin from one thread", commsMany},
       {"comms.scale", "N connections (64; 16 with --quick; --conns) held at once, one message each: connect time, "
@@ -1608,6 +1647,12 @@ const std::vector<Check>& allChecks() {
        "connection works (alone, under netns_conformance.sh --link-down)", faultsLinkDown},
       {"soak.random", "16 connections, grouped receives of random sizes and tags in shuffled send order, every byte "
        "checked (--soak N messages)", soakRandom},
+      {"weft.context_per_init", "v11+: every init gives a context of its own, non-NULL; each finalizes alone",
+       weftContextPerInit},
+      {"weft.distinct_handles", "the same range registered twice gives two handles, deregistered in any order",
+       weftDistinctHandles},
+      {"weft.iflush_host", "iflush on host memory (never asked by NCCL): NULL request or one that completes",
+       weftIflushHost},
       {"weft.wrong_token", "a handle with a wrong token is refused with a warning; the real one still connects",
        weftWrongToken},
       {"weft.replayed_handle", "a second connect to a used handle is refused; the first connection still works",

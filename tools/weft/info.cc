@@ -104,7 +104,7 @@ int info(int argc, char** argv) {
   std::printf("\nsettings of libfabric and rdma-core that weft chooses where the environment has none:\n");
   for (const auto& fs : params::applyForeignDefaults()) {
     std::printf("  %-22s = %-14s (%s)\n      %s\n", fs.def->name, ("'" + fs.value + "'").c_str(),
-                fs.fromUser ? "environment, kept" : fs.applied ? "weft's default" : fs.def->condition, fs.def->why);
+                fs.fromUser ? "environment, kept" : "weft's default", fs.def->why);
   }
   auto problems = params::problems();
   for (const auto& p : problems) std::printf("problem: %s\n", p.c_str());

@@ -56,16 +56,13 @@ struct ForeignDefault {
   const char* name;
   const char* value;
   const char* why;
-  bool (*applies)();      // nullptr: always
-  const char* condition;  // when `applies` says no: why not, for `weft info`
 };
 const std::vector<ForeignDefault>& foreignDefaults();
 
 struct ForeignSetting {
   const ForeignDefault* def;
-  std::string value;  // in effect ("" when neither the user nor weft set it)
-  bool fromUser;      // the user's own value, kept
-  bool applied;       // weft set it (false: the user's, or its condition does not hold here)
+  std::string value;  // in effect
+  bool fromUser;      // the user's own value, kept (false: weft set it)
 };
 // Sets every foreign default the environment lacks, once per process (later calls only report), and returns what
 // is in effect. Thread-safe; call it before libfabric or libibverbs is first used.
