@@ -118,7 +118,7 @@ const std::vector<Def> kDefs = {
 // bandwidth from 8 B to 64 MiB within noise. Smaller buffers were measured and left alone: the eager limit follows
 // the buffer size (4 KiB: 8 KiB messages 3x slower, 1 MiB streams 0.6x), and an eager limit set above it
 // (FI_OFI_RXM_EAGER_LIMIT, unexpected messages then go to malloc'd buffers) hung a bench run with the machine
-// loaded in 4 of 6 tries, never with the default buffer.
+// loaded in 7 of 10 tries, never with the default buffer.
 // clang-format off
 const std::vector<ForeignDefault> kForeignDefaults = {
   {"FI_OFI_RXM_USE_SRX", "0",

@@ -1361,7 +1361,10 @@ void faultsReceiverKilled(CheckEnv& env) { peerKilled(env, Role::kRecv); }
 // ---- weft's own guarantees (handle format known) ---------------------------------------------------------------
 
 void requireWeft(CheckEnv& env) {
-  if (!env.isWeft) throw CheckSkip("checks weft's handle format; the plugin under test is not weft");
+  if (!env.isWeft) {
+    throw CheckSkip("a weft promise beyond NCCL's contract (or weft's handle format); the plugin under test is not "
+                    "weft");
+  }
 }
 
 // Polls connect with a handle the listener must refuse; requires an error (with a warning) within 30 s.
