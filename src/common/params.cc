@@ -268,15 +268,13 @@ const std::vector<ForeignSetting>& applyForeignDefaults() {
 
 std::vector<ForeignSetting> applyForeignDefaultsNow() {
   std::vector<ForeignSetting> out;
-  {
-    for (const auto& d : kForeignDefaults) {
-      const char* user = std::getenv(d.name);
-      if (user != nullptr) {
-        out.push_back(ForeignSetting{&d, user, true});
-      } else {
-        setenv(d.name, d.value, 0);
-        out.push_back(ForeignSetting{&d, d.value, false});
-      }
+  for (const auto& d : kForeignDefaults) {
+    const char* user = std::getenv(d.name);
+    if (user != nullptr) {
+      out.push_back(ForeignSetting{&d, user, true});
+    } else {
+      setenv(d.name, d.value, 0);
+      out.push_back(ForeignSetting{&d, d.value, false});
     }
   }
   return out;

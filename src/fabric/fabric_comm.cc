@@ -877,10 +877,10 @@ Status FabricListenComm::accept(RecvComm** recvComm) {
     const uint32_t mine = localProtocolFlags(dev_);
     uint32_t agreed = req.flags & mine & ConnectRequest::kFlagRdma;
     if (agreed != 0) agreed |= (req.flags | mine) & ConnectRequest::kFlagImm4;
-    // This end receives the writes: its provider decides whether their length comes with the completion.
-    if ((agreed & ConnectRequest::kFlagImm4) != 0) {
-      agreed |= (mine & ConnectRequest::kFlagImm4) != 0 ? (mine & ConnectRequest::kFlagLenFromCq)
-                                                          : (Endpoint::writeLenReported(dev_) ? ConnectRequest::kFlagLenFromCq : 0);
+    // This end receives the writes: its provider decides whether their length comes with the completion (measured
+    // once per device and remembered).
+    if ((agreed & ConnectRequest::kFlagImm4) != 0 && Endpoint::writeLenReported(dev_)) {
+      agreed |= ConnectRequest::kFlagLenFromCq;
     }
     proto_.rdma = (agreed & ConnectRequest::kFlagRdma) != 0;
     proto_.imm4 = (agreed & ConnectRequest::kFlagImm4) != 0;

@@ -26,7 +26,8 @@ void CommIds::release(uint32_t id, Clock::time_point now) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (live_.erase(id) == 0) return;
   quarantine_[id] = now + hold_;
-  // Expired entries are dropped as the table is swept here, so it holds at most the ids released within `hold`.
+  // Expired entries go when acquire meets them, and in a sweep here whenever the table reaches a multiple of 64
+  // entries, so it stays near the ids released within `hold` (plus at most 63).
   if (quarantine_.size() > 64 && quarantine_.size() % 64 == 0) {
     for (auto it = quarantine_.begin(); it != quarantine_.end();) {
       it = now >= it->second ? quarantine_.erase(it) : std::next(it);
