@@ -210,22 +210,15 @@ void noteCallTime(CheckEnv& env, const std::string& what, std::chrono::steady_cl
 
 Conn establish(CheckEnv& env, const std::string& label, uint8_t* handleCopy) {
   Conn c;
-  auto timed = [&](auto&& call, const char* what) {
-    auto t0 = std::chrono::steady_clock::now();
-    ncclResult_t r = call();
-    auto dt = std::chrono::steady_clock::now() - t0;
-    expectOk(r, what);
-    noteCallTime(env, what, dt);
-  };
   Deadline deadline(env.timeout);
   if (env.recv()) {
     uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
     void* listenComm = nullptr;
-    timed([&] { return env.net.listen(env.ctx, env.dev, handle, &listenComm); }, "listen");
+    timedCall(env, "listen", [&] { return env.net.listen(env.ctx, env.dev, handle, &listenComm); });
     if (listenComm == nullptr) fail("listen succeeded but returned a NULL listen comm");
     env.oob.send(std::string("handle:") + label + ":" + std::string(reinterpret_cast<char*>(handle), sizeof(handle)));
     while (c.recvComm == nullptr) {
-      timed([&] { return env.net.accept(listenComm, &c.recvComm); }, "accept");
+      timedCall(env, "accept", [&] { return env.net.accept(listenComm, &c.recvComm); });
       if (deadline.expired()) {
         env.net.closeListen(listenComm);
         fail("accept did not complete within " + std::to_string(env.timeout.count()) + " s");
@@ -245,7 +238,7 @@ Conn establish(CheckEnv& env, const std::string& label, uint8_t* handleCopy) {
     std::memcpy(handle, m.data() + prefix.size(), sizeof(handle));
     if (handleCopy != nullptr) std::memcpy(handleCopy, handle, sizeof(handle));
     while (c.sendComm == nullptr) {
-      timed([&] { return env.net.connect(env.ctx, env.dev, handle, &c.sendComm); }, "connect");
+      timedCall(env, "connect", [&] { return env.net.connect(env.ctx, env.dev, handle, &c.sendComm); });
       if (deadline.expired()) fail("connect did not complete within " + std::to_string(env.timeout.count()) + " s");
       checkPeer(env);
     }

@@ -98,6 +98,16 @@ struct Conn {
 // the backstop (env.callLimit).
 void noteCallTime(CheckEnv& env, const std::string& what, std::chrono::steady_clock::duration dt);
 
+// Runs one listen/connect/accept call: it must succeed, and its time is accounted as noteCallTime says.
+template <typename F>
+void timedCall(CheckEnv& env, const char* what, F&& call) {
+  auto t0 = std::chrono::steady_clock::now();
+  ncclResult_t r = call();
+  auto dt = std::chrono::steady_clock::now() - t0;
+  expectOk(r, what);
+  noteCallTime(env, what, dt);
+}
+
 // listen (receiver) -> handle over the OOB channel -> connect/accept polled until both exist, each call
 // required to return quickly (NCCL polls them from one service thread). `label` keeps handles of several
 // connections apart.

@@ -356,14 +356,6 @@ void closeSelf(CheckEnv& env, SelfPair& p) {
 constexpr int kWithheldPolls = 20;
 constexpr auto kPollGap = std::chrono::milliseconds(5);
 
-template <typename F>
-void timedCall(CheckEnv& env, const char* what, F&& call) {
-  auto t0 = std::chrono::steady_clock::now();
-  ncclResult_t r = call();
-  noteCallTime(env, what, std::chrono::steady_clock::now() - t0);
-  expectOk(r, what);
-}
-
 // The peer's report of its polls, or "" when none came within the backstop.
 std::string awaitReport(CheckEnv& env, const std::string& prefix) {
   try {
