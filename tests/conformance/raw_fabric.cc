@@ -8,6 +8,7 @@
 #include <rdma/fi_rma.h>
 #include <rdma/fi_tagged.h>
 
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <stdexcept>
@@ -80,6 +81,7 @@ std::shared_ptr<RawDomain> openDomain(const std::string& provider, const std::st
 
 constexpr uint64_t kTagData = 0;
 constexpr uint64_t kTagCredit = 1;
+constexpr uint64_t kTagHello = 2;
 
 struct Credit {
   uint64_t addr, key, len;
@@ -103,6 +105,7 @@ class RawLink final : public Link {
     std::memset(static_cast<void*>(creditsIn_.get()), 0, sizeof(Credit) * kCredits);
     creditsMr_ = regRaw(creditsIn_.get(), sizeof(Credit) * kCredits);
     reqsMr_ = regRaw(reqs_, sizeof(reqs_));  // the credits RMA receives send live in their requests
+    helloMr_ = regRaw(hello_, sizeof(hello_));
   }
   ~RawLink() override {
     for (int k = 0; k < nEps_; ++k) {
@@ -112,6 +115,7 @@ class RawLink final : public Link {
     }
     closeFid(creditsMr_);
     closeFid(reqsMr_);
+    closeFid(helloMr_);
   }
 
   // Endpoint names to give the peer: [sending, receiving] when split, one otherwise.
@@ -138,6 +142,49 @@ class RawLink final : public Link {
     }
     if (mode_ == RawMode::kRma) {
       for (int i = 0; i < kCredits; ++i) postCreditRecv(i);
+    }
+  }
+
+  // Brings up the provider's connections of this link before anything is timed: every endpoint sends one
+  // message to its peer endpoint and receives one, all endpoints progressed until the four operations complete.
+  // Without it the first operations set the connections up, and rxm with manual progress handles a connection
+  // request only while the endpoint it is addressed to is progressed: test() polls the request's own endpoint,
+  // so a rank waiting on its receive never accepted the connection its peer's credit needed (a deadlock seen
+  // in CI under load: "irecv was refused (NULL request) for 60 s" on one rank, a receive that never completed
+  // on the other). Both ranks call this for their links in the same order, after connect().
+  void handshake() {
+    for (int k = 0; k < nEps_; ++k) {
+      hello_[k] = 0x6865'6c6c'6fULL;
+      helloCtx_[k].index = k;
+      helloCtx_[k].kind = Kind::kHello;
+      helloCtx_[nEps_ + k].index = nEps_ + k;
+      helloCtx_[nEps_ + k].kind = Kind::kHello;
+    }
+    helloDone_ = 0;
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    auto expired = [&] { return std::chrono::steady_clock::now() > end; };
+    auto post = [&](auto op) {
+      for (ssize_t rc;;) {
+        if ((rc = op()) == 0) return;
+        if (rc != -FI_EAGAIN) raise("hello", static_cast<int>(rc));
+        progressAndNull();
+        if (expired()) throw std::runtime_error("raw libfabric: the connection handshake did not start within 60 s");
+      }
+    };
+    for (int k = 0; k < nEps_; ++k) {
+      RawEp& e = eps_[k];
+      post([&] {
+        return fi_trecv(e.ep, &hello_[2 + k], sizeof(uint64_t), fi_mr_desc(helloMr_), FI_ADDR_UNSPEC, kTagHello, 0,
+                        &helloCtx_[nEps_ + k].fi);
+      });
+      post([&] {
+        return fi_tsend(e.ep, &hello_[k], sizeof(uint64_t), fi_mr_desc(helloMr_), e.peer, kTagHello,
+                        &helloCtx_[k].fi);
+      });
+    }
+    while (helloDone_ < 2 * nEps_) {
+      progressAndNull();
+      if (expired()) throw std::runtime_error("raw libfabric: the connection handshake did not finish within 60 s");
     }
   }
 
@@ -212,7 +259,7 @@ class RawLink final : public Link {
  private:
   static constexpr int kPool = 512;
   static constexpr int kCredits = 64;
-  enum class Kind : uint8_t { kData, kCreditSend, kCreditRecv };
+  enum class Kind : uint8_t { kData, kCreditSend, kCreditRecv, kHello };
   struct Ctx {
     fi_context2 fi;  // first: libfabric is handed &fi
     int index = 0;
@@ -320,6 +367,7 @@ class RawLink final : public Link {
           postCreditRecv(c->index);
           break;
         case Kind::kCreditSend: reqs_[c->index].creditPending = false; break;
+        case Kind::kHello: ++helloDone_; break;
         case Kind::kData: {
           Req& r = reqs_[c->index];
           if (mode_ == RawMode::kTagged && (e[k].flags & FI_RECV) != 0) r.size = static_cast<int>(e[k].len);
@@ -341,6 +389,10 @@ class RawLink final : public Link {
   fid_mr* creditsMr_ = nullptr;
   Ctx creditRecvCtx_[kCredits];
   std::deque<Credit> credits_;
+  uint64_t hello_[4] = {};  // [0, nEps): sent from each endpoint; [2, 2 + nEps): received on each
+  fid_mr* helloMr_ = nullptr;
+  Ctx helloCtx_[4];
+  int helloDone_ = 0;
 };
 
 }  // namespace
@@ -358,6 +410,7 @@ std::vector<std::unique_ptr<Link>> openRawLinks(Oob& oob, const std::string& pro
     for (int k = 0; k < (split ? 2 : 1); ++k) peer.push_back(oob.recv());
     links[i]->connect(peer);
   }
+  for (auto& l : links) l->handshake();
   oob.barrier("raw:" + label);
   std::vector<std::unique_ptr<Link>> out;
   for (auto& l : links) out.push_back(std::move(l));
