@@ -150,22 +150,6 @@ Status FabricBackend::makeVDevice(const int* devs, int n, int* out) {
   return Status::kOk;
 }
 
-// One endpoint per rail of the device; further rails' addresses must fit the handshake.
-Status FabricBackend::openEndpoints(int dev, uint32_t ownId, std::vector<std::unique_ptr<Endpoint>>* out) {
-  out->clear();
-  for (int k = 0; k < railCount(dev); ++k) {
-    std::unique_ptr<Endpoint> ep;
-    if (Status st = Endpoint::open(*groups_[dev]->rails[k], ownId, &ep); st != Status::kOk) return st;
-    if (k > 0 && ep->name().size() > RailAddrs::kMaxAddr) {
-      WEFT_WARN("provider address of {} bytes on {} does not fit the rail handshake ({} B)", ep->name().size(),
-                ep->device().props().name, RailAddrs::kMaxAddr);
-      return Status::kInternal;
-    }
-    out->push_back(std::move(ep));
-  }
-  return Status::kOk;
-}
-
 FabricBackend::~FabricBackend() = default;
 
 Status FabricBackend::listen(int dev, void* handle, ListenComm** out) {
@@ -177,9 +161,9 @@ Status FabricBackend::listen(int dev, void* handle, ListenComm** out) {
   if (handle == nullptr) return Status::kInternal;
   CommId id = newCommId("listen", dev);
   if (!id) return Status::kSystem;
-  std::vector<std::unique_ptr<Endpoint>> eps;
-  if (Status st = openEndpoints(dev, id.get(), &eps); st != Status::kOk) return st;
-  Endpoint* ep = eps[0].get();
+  std::shared_ptr<EndpointGroup> group;
+  if (Status st = EndpointGroup::open(groups_[dev]->rails, id.get(), &group); st != Status::kOk) return st;
+  Endpoint* ep = &group->rail(0);
   if (ep->name().size() > WireHandle::kMaxAddr) {
     WEFT_WARN("provider address of {} bytes does not fit the handle", ep->name().size());
     return Status::kInternal;
@@ -194,7 +178,7 @@ Status FabricBackend::listen(int dev, void* handle, ListenComm** out) {
   std::memcpy(h.addr.data(), ep->name().data(), h.addrLen);
   h.encode(handle);
   WEFT_INFO(NCCL_NET, "listening on {} at {}", props(dev).name, ep->addrString(ep->name().data(), ep->name().size()));
-  *out = new FabricListenComm(std::move(eps), h.token, maxRecvs_, std::move(id));
+  *out = new FabricListenComm(std::move(group), h.token, maxRecvs_, std::move(id));
   return Status::kOk;
 }
 
@@ -226,13 +210,15 @@ Status FabricBackend::connect(int dev, const CommConfig& config, void* handle, S
     fresh->started = std::chrono::steady_clock::now();
     fresh->id = newCommId("connect", dev);
     if (!fresh->id) return Status::kSystem;
-    if (Status st = openEndpoints(dev, fresh->id.get(), &fresh->eps); st != Status::kOk) return st;
-    Endpoint& ep = *fresh->eps[0];
+    if (Status st = EndpointGroup::open(groups_[dev]->rails, fresh->id.get(), &fresh->group); st != Status::kOk) {
+      return st;
+    }
+    Endpoint& ep = fresh->group->rail(0);
     fresh->peerName = ep.addrString(h.addr.data(), h.addrLen);
     if (Status st = ep.insert(h.addr.data(), h.addrLen, &fresh->peer); st != Status::kOk) return st;
     fresh->token = h.token;
     if (Status st = ep.startConnect(fresh->peer, h.token, h.listenId, localProtocolFlags(ep.device()),
-                                    static_cast<uint32_t>(device(dev).eagerMax()), railAddrsOf(fresh->eps));
+                                    static_cast<uint32_t>(device(dev).eagerMax()), fresh->group->railAddrs());
         st != Status::kOk) {
       return st;
     }
@@ -244,9 +230,9 @@ Status FabricBackend::connect(int dev, const CommConfig& config, void* handle, S
 }
 
 Status FabricBackend::pollConnect(PendingConnect& pc, SendComm** out) {
-  Endpoint& ep = *pc.eps[0];
+  Endpoint& ep = pc.group->rail(0);
   const DeviceProps& p = ep.device().props();
-  if (Status st = ep.progress(nullptr); st != Status::kOk) return st;
+  if (Status st = ep.progress(); st != Status::kOk) return st;
   if (ep.connectError() != Status::kOk) {
     WEFT_WARN("connect to {} via {} on {} failed: the peer is unreachable or refused the connection (nothing "
               "listening there any more, a firewall/security group, or an interface the peer cannot reach: check "
@@ -276,9 +262,9 @@ Status FabricBackend::pollConnect(PendingConnect& pc, SendComm** out) {
                 reply.version, reply.commId, wire::kMaxCommId);
       return Status::kRemote;
     }
-    if (!reply.rails.valid() || reply.rails.count > pc.eps.size()) {
+    if (!reply.rails.valid() || reply.rails.count > pc.group->rails()) {
       WEFT_WARN("connect to {} on {}: the reply names {} rails, this device has {}", pc.peerName, p.name,
-                reply.rails.count, pc.eps.size());
+                reply.rails.count, pc.group->rails());
       return Status::kRemote;
     }
     Protocol proto;
@@ -290,17 +276,18 @@ Status FabricBackend::pollConnect(PendingConnect& pc, SendComm** out) {
     std::vector<Rail> rails(nRails);
     rails[0].peer = pc.peer;
     for (int k = 1; k < nRails; ++k) {
-      if (Status st = pc.eps[k]->insert(reply.rails.addr[k], reply.rails.len[k], &rails[k].peer);
+      if (Status st = pc.group->rail(k).insert(reply.rails.addr[k], reply.rails.len[k], &rails[k].peer);
           st != Status::kOk) {
         return st;
       }
     }
-    for (int k = 0; k < nRails; ++k) rails[k].ep = std::move(pc.eps[k]);
+    pc.group->keepRails(nRails);
+    for (int k = 0; k < nRails; ++k) rails[k].ep = &pc.group->rail(k);
     WEFT_INFO(NCCL_NET, "connected to {} on {} via {} ({} protocol, eager up to {} B, {} rail{})", pc.peerName,
               p.name, p.provider, protocolName(proto),
               proto.eagerMax, nRails, nRails == 1 ? "" : "s");
-    auto sc = std::make_unique<FabricSendComm>(std::move(rails), pc.peerName, maxRecvs_, proto, std::move(pc.id),
-                                               reply.commId);
+    auto sc = std::make_unique<FabricSendComm>(std::move(pc.group), std::move(rails), pc.peerName, maxRecvs_, proto,
+                                               std::move(pc.id), reply.commId);
     if (Status st = sc->start(); st != Status::kOk) return st;
     *out = sc.release();
     return Status::kOk;

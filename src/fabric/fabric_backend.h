@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "fabric/endpoint_group.h"
 #include "fabric/fabric_comm.h"
 #include "weft/transport/pending_connects.h"
 
@@ -40,14 +41,12 @@ class FabricBackend final : public Backend {
   };
   // Appends a device of these NICs (props: sum of speeds, the first NIC's PCI path). False when full.
   bool addGroup(std::vector<FabricDevice*> rails, const int* vdevs, int nVdevs);
-  // ownId: the comm (or listen) the endpoints serve.
-  Status openEndpoints(int dev, uint32_t ownId, std::vector<std::unique_ptr<Endpoint>>* out);
   // A fresh comm id (listen or connect), or an empty one with a warning when every id is taken.
   CommId newCommId(const char* what, int dev);
 
   struct PendingConnect {
     CommId id;                                   // the send comm's, told to the listener
-    std::vector<std::unique_ptr<Endpoint>> eps;  // one per rail; eps[0] runs the handshake
+    std::shared_ptr<EndpointGroup> group;        // one endpoint per rail; rail 0 runs the handshake
     fi_addr_t peer = FI_ADDR_UNSPEC;
     std::string peerName;
     uint64_t token = 0;

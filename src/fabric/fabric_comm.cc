@@ -21,9 +21,10 @@ Status FabricRequest::test(bool* done, int* sizesOut) { return comm->testRequest
 
 // ---- shared data-comm machinery --------------------------------------------------------------------------------
 
-FabricDataComm::FabricDataComm(std::vector<Rail> rails, std::string peerName, int poolSize, Protocol proto,
-                               CommId localId, uint32_t peerId)
+FabricDataComm::FabricDataComm(std::shared_ptr<EndpointGroup> group, std::vector<Rail> rails, std::string peerName,
+                               int poolSize, Protocol proto, CommId localId, uint32_t peerId)
     : dev_(rails.at(0).ep->device()),
+      group_(std::move(group)),
       localId_(std::move(localId)),
       peerId_(peerId),
       rails_(std::move(rails)),
@@ -42,18 +43,22 @@ FabricDataComm::FabricDataComm(std::vector<Rail> rails, std::string peerName, in
     r.poolIndex = static_cast<uint16_t>(i);
     for (int k = 0; k < kMaxRecvs; ++k) {
       r.ctx[k].owner = &r;
+      r.ctx[k].comm = localId_.get();
       r.ctx[k].index = static_cast<uint16_t>(k);
       r.ctx[k].kind = OpKind::kData;
     }
     r.offerCtx.owner = &r;
+    r.offerCtx.comm = localId_.get();
     r.offerCtx.index = static_cast<uint16_t>(i);
     r.offerCtx.kind = OpKind::kOfferSend;
     free_.push_back(static_cast<uint16_t>(i));
   }
 }
 
-// Closing the endpoints (before anything else goes) cancels whatever is still in flight: NCCL may close a comm
-// with requests outstanding (communicator abort), and nothing of ours waits for the network here.
+// Leaving the group's table first: from then on a completion naming this comm is a stray, never delivered to
+// freed memory. The group (this comm is its only one for now) closes its endpoints, which cancels whatever is
+// still in flight: NCCL may close a comm with requests outstanding (communicator abort), and nothing of ours
+// waits for the network here.
 FabricDataComm::~FabricDataComm() {
   if (nRails_ > 1) {
     std::string per;
@@ -63,7 +68,15 @@ FabricDataComm::~FabricDataComm() {
     }
     WEFT_INFO(NCCL_NET, "comm with {} closed; sent per rail: {}", peerName_, per);
   }
-  for (Rail& r : rails_) r.ep.reset();
+  if (joined_) group_->table().detach(localId_.get());
+  for (Rail& r : rails_) r.ep = nullptr;
+  group_.reset();
+}
+
+Status FabricDataComm::join(bool legacy32) {
+  if (Status st = group_->table().attach(localId_.get(), this, legacy32); st != Status::kOk) return st;
+  joined_ = true;
+  return Status::kOk;
 }
 
 Status FabricDataComm::openOffers(int count) {
@@ -127,7 +140,7 @@ void FabricDataComm::opDone(FabricRequest* r) {
 Status FabricDataComm::progress() {
   Status st = Status::kOk;
   for (Rail& rail : rails_) {
-    Status s = rail.ep->progress(this);
+    Status s = rail.ep->progress();
     if (s != Status::kOk && st == Status::kOk) st = s;
   }
   if (st != Status::kOk && fatal_ == Status::kOk) fatal_ = st;
@@ -444,19 +457,21 @@ Status FabricDataComm::checkTag(int tag, const char* op) const {
   return Status::kInvalidUsage;
 }
 
-FabricSendComm::FabricSendComm(std::vector<Rail> rails, std::string peerName, int maxRecvs, Protocol proto,
-                               CommId localId, uint32_t peerId)
-    : FabricDataComm(std::move(rails), std::move(peerName), kMaxRequests * maxRecvs, proto, std::move(localId),
-                     peerId),
+FabricSendComm::FabricSendComm(std::shared_ptr<EndpointGroup> group, std::vector<Rail> rails, std::string peerName,
+                               int maxRecvs, Protocol proto, CommId localId, uint32_t peerId)
+    : FabricDataComm(std::move(group), std::move(rails), std::move(peerName), kMaxRequests * maxRecvs, proto,
+                     std::move(localId), peerId),
       inject_(params::getBool("WEFT_INJECT")),
       stripeMin_(static_cast<size_t>(params::getInt("WEFT_STRIPE_MIN"))) {}
 
 Status FabricSendComm::start() {
+  if (Status st = join(false); st != Status::kOk) return st;
   if (!proto_.rdma) return Status::kOk;
   if (Status st = openOffers(kOfferRecvs); st != Status::kOk) return st;
   offerRecvCtx_.reset(new OpContext[kOfferRecvs]);
   for (int i = 0; i < kOfferRecvs; ++i) {
     offerRecvCtx_[i].owner = this;
+    offerRecvCtx_[i].comm = localId_.get();
     offerRecvCtx_[i].index = static_cast<uint16_t>(i);
     offerRecvCtx_[i].kind = OpKind::kOfferRecv;
     if (Status st = postOfferRecv(i); st != Status::kOk) return st;
@@ -692,14 +707,17 @@ Status FabricSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Re
 
 // ---- receive ---------------------------------------------------------------------------------------------------
 
-FabricRecvComm::FabricRecvComm(std::vector<Rail> rails, std::string peerName, int maxRecvs, Protocol proto,
-                               CommId localId, uint32_t peerId)
-    : FabricDataComm(std::move(rails), std::move(peerName), 2 * kMaxRequests, proto, std::move(localId), peerId),
+FabricRecvComm::FabricRecvComm(std::shared_ptr<EndpointGroup> group, std::vector<Rail> rails, std::string peerName,
+                               int maxRecvs, Protocol proto, CommId localId, uint32_t peerId)
+    : FabricDataComm(std::move(group), std::move(rails), std::move(peerName), 2 * kMaxRequests, proto,
+                     std::move(localId), peerId),
       maxRecvs_(maxRecvs) {
   offerQueue_.reserve(poolSize_);
 }
 
 Status FabricRecvComm::start() {
+  // Remote writes into its buffers name it, except in the 4-byte form that carries the length.
+  if (Status st = join(proto_.imm4 && !proto_.immId); st != Status::kOk) return st;
   if (!proto_.rdma) return Status::kOk;
   nSeqs_ = proto_.imm4 && !proto_.immId ? WriteImm32::kSeqs : WriteImm::kSeqs;
   bySeq_.reset(new uint16_t[nSeqs_]());
@@ -842,9 +860,8 @@ Status FabricRecvComm::iflush(int n, void** data, const int* sizes, MemHandle** 
 
 // ---- listen ----------------------------------------------------------------------------------------------------
 
-FabricListenComm::FabricListenComm(std::vector<std::unique_ptr<Endpoint>> eps, uint64_t token, int maxRecvs,
-                                   CommId id)
-    : dev_(eps.at(0)->device()), eps_(std::move(eps)), token_(token), id_(std::move(id)), maxRecvs_(maxRecvs) {}
+FabricListenComm::FabricListenComm(std::shared_ptr<EndpointGroup> group, uint64_t token, int maxRecvs, CommId id)
+    : dev_(group->rail(0).device()), group_(std::move(group)), token_(token), id_(std::move(id)), maxRecvs_(maxRecvs) {}
 
 Status FabricListenComm::accept(RecvComm** recvComm) {
   *recvComm = nullptr;
@@ -852,8 +869,8 @@ Status FabricListenComm::accept(RecvComm** recvComm) {
     WEFT_WARN("accept called again on a listen comm that already produced its connection");
     return Status::kInternal;
   }
-  Endpoint& ep = *eps_[0];
-  if (Status st = ep.progress(nullptr); st != Status::kOk) return st;
+  Endpoint& ep = group_->rail(0);
+  if (Status st = ep.progress(); st != Status::kOk) return st;
   if (!replying_) {
     ConnectRequest req;
     if (!ep.takeConnRequest(&req)) return Status::kOk;
@@ -889,13 +906,13 @@ Status FabricListenComm::accept(RecvComm** recvComm) {
     fi_addr_t peer;
     if (Status st = ep.insert(wire::requestAddr(req), req.addrLen, &peer); st != Status::kOk) return st;
     // Rails: as many as both ends have (a peer with fewer NICs in its device uses fewer); rail k pairs with rail k.
-    const int nRails = verdict == kAccepted ? std::min<int>(req.rails.count, static_cast<int>(eps_.size())) : 1;
-    RailAddrs ours = railAddrsOf(eps_);
+    const int nRails = verdict == kAccepted ? std::min<int>(req.rails.count, group_->rails()) : 1;
+    RailAddrs ours = group_->railAddrs();
     ours.count = static_cast<uint8_t>(nRails);
     peers_.assign(1, peer);
     for (int k = 1; k < nRails; ++k) {
       fi_addr_t a;
-      if (Status st = eps_[k]->insert(req.rails.addr[k], req.rails.len[k], &a); st != Status::kOk) return st;
+      if (Status st = group_->rail(k).insert(req.rails.addr[k], req.rails.len[k], &a); st != Status::kOk) return st;
       peers_.push_back(a);
     }
     if (Status st = ep.sendReply(peer, verdict, req.token, agreed, &ours, id_.get()); st != Status::kOk) return st;
@@ -905,10 +922,10 @@ Status FabricListenComm::accept(RecvComm** recvComm) {
     }
     ep.setAccepted();
     if (Status st = ep.postConnRequestRecv(); st != Status::kOk) return st;
-    if (nRails < static_cast<int>(eps_.size())) {
-      WEFT_INFO(NCCL_NET, "peer {} has {} rails, this device {}: using {}", from, req.rails.count, eps_.size(),
+    if (nRails < group_->rails()) {
+      WEFT_INFO(NCCL_NET, "peer {} has {} rails, this device {}: using {}", from, req.rails.count, group_->rails(),
                 nRails);
-      eps_.resize(nRails);
+      group_->keepRails(nRails);
     }
     replying_ = true;
     peerName_ = from;
@@ -919,29 +936,19 @@ Status FabricListenComm::accept(RecvComm** recvComm) {
   if (!ep.repliesDone()) return Status::kOk;
   WEFT_INFO(NCCL_NET, "accepted connection from {} on {} ({} protocol, eager up to {} B, {} rail{})", peerName_,
             dev_.props().name, protocolName(proto_),
-            proto_.eagerMax, eps_.size(),
-            eps_.size() == 1 ? "" : "s");
+            proto_.eagerMax, group_->rails(),
+            group_->rails() == 1 ? "" : "s");
   accepted_ = true;
-  std::vector<Rail> rails(eps_.size());
-  for (size_t k = 0; k < eps_.size(); ++k) {
-    rails[k].ep = std::move(eps_[k]);
+  std::vector<Rail> rails(static_cast<size_t>(group_->rails()));
+  for (int k = 0; k < group_->rails(); ++k) {
+    rails[k].ep = &group_->rail(k);
     rails[k].peer = peers_[k];
   }
-  auto rc = std::make_unique<FabricRecvComm>(std::move(rails), peerName_, maxRecvs_, proto_, std::move(id_), peerId_);
+  auto rc = std::make_unique<FabricRecvComm>(std::move(group_), std::move(rails), peerName_, maxRecvs_, proto_,
+                                             std::move(id_), peerId_);
   if (Status st = rc->start(); st != Status::kOk) return st;
   *recvComm = rc.release();
   return Status::kOk;
-}
-
-RailAddrs railAddrsOf(const std::vector<std::unique_ptr<Endpoint>>& eps) {
-  RailAddrs a;
-  a.count = static_cast<uint8_t>(eps.size());
-  for (size_t k = 1; k < eps.size(); ++k) {
-    const auto& name = eps[k]->name();  // length checked when the endpoints were opened for the device
-    a.len[k] = static_cast<uint8_t>(name.size());
-    std::memcpy(a.addr[k], name.data(), name.size());
-  }
-  return a;
 }
 
 const char* protocolName(const Protocol& p) {

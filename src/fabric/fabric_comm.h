@@ -7,10 +7,10 @@
 // Every message names the comm that receives it (its id, told in the handshake; fabric/wire.h has the layouts).
 // - sendrecv: every message is a tagged send matched by tag = (receiving comm id, NCCL tag, per-tag sequence).
 // - rdma: each irecv sends the sender one offer (address, key, size, slot of every buffer; one message for a
-//   grouped receive). The sender RMA-writes the payload straight into the offered buffer with 8 bytes of remote
-//   completion data: [63:48] slot (request index * 8 + buffer), [47:44] flags, [43:40] pieces, [39:0] bytes.
-//   Providers with 4 bytes of completion data (EFA, verbs) use the compact form (WriteImm32); there a length is
-//   m * 2^e, and a message whose length is not of that form goes as up to 3 pieces, each its own write.
+//   grouped receive). The sender RMA-writes the payload straight into the offered buffer with remote completion
+//   data naming the receiving comm and the buffer's sequence (fabric/wire.h: WriteImm, 8 bytes with the length;
+//   WriteImmId, 4 bytes, the length from the receiver's completion; WriteImm32, 4 bytes carrying a length of the
+//   form m * 2^e where the receiving provider reports none, a message of another length going as pieces).
 //   The receiver completes the buffer when that data arrives. An isend whose offer has not come yet returns a
 //   NULL request (NCCL retries), like NCCL's own IB transport.
 // - eager (with rdma): messages up to Protocol::eagerMax go at once as tagged sends without waiting for the
@@ -18,8 +18,9 @@
 //   A buffer filled by RMA cancels its tagged receive (the request goes back to the pool when the cancel
 //   completes; NCCL already has its answer).
 //
-// Rails (a device of several NICs, see rails.h): every comm has one endpoint per rail, rail 0 also carrying the
-// handshake, offers and probes. A tagged message travels on rail (sequence % rails), which both ends compute
+// Rails (a device of several NICs, see rails.h): every comm has one endpoint per rail (its endpoint group's,
+// fabric/endpoint_group.h, whose comm table routes every completion to the comm it names), rail 0 also carrying
+// the handshake, offers and probes. A tagged message travels on rail (sequence % rails), which both ends compute
 // alike; an RMA write of at least WEFT_STRIPE_MIN bytes is split into one segment per rail (the completion
 // data says how many segments make the buffer), smaller ones go round-robin like tagged messages.
 #pragma once
@@ -29,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "fabric/endpoint_group.h"
 #include "fabric/fabric_endpoint.h"
 #include "weft/transport/comm_ids.h"
 #include "weft/transport/offer_table.h"
@@ -96,19 +98,20 @@ class FabricRequest final : public Request {
   OfferEntry offer;
 };
 
-// One NIC of a comm: its endpoint, the peer's address on it, and what crossed it.
+// One NIC of a comm: its endpoint (its group's), the peer's address on it, and what crossed it.
 struct Rail {
-  std::unique_ptr<Endpoint> ep;
+  Endpoint* ep = nullptr;
   fi_addr_t peer = FI_ADDR_UNSPEC;
   uint64_t txMsgs = 0, txBytes = 0;
 };
 
-// What send and receive comms share: the endpoint, the peer, the request pool, progress and completion.
+// What send and receive comms share: the endpoints, the peer, the request pool, progress and completion.
 class FabricDataComm : public DataSink {
  public:
-  // localId: this comm's id (messages to it carry it); peerId: the peer comm's.
-  FabricDataComm(std::vector<Rail> rails, std::string peerName, int poolSize, Protocol proto, CommId localId,
-                 uint32_t peerId);
+  // group: the endpoints `rails` name (one per rail, in order); localId: this comm's id (messages to it carry it,
+  // and the group's comm table routes by it); peerId: the peer comm's.
+  FabricDataComm(std::shared_ptr<EndpointGroup> group, std::vector<Rail> rails, std::string peerName, int poolSize,
+                 Protocol proto, CommId localId, uint32_t peerId);
   ~FabricDataComm() override;
 
   Status testRequest(FabricRequest* r, bool* done, int* sizes);
@@ -129,6 +132,9 @@ class FabricDataComm : public DataSink {
   int railOf(uint32_t seq) const { return nRails_ == 1 ? 0 : static_cast<int>(seq % nRails_); }
   Endpoint& ctl() const { return *rails_[0].ep; }  // handshake, offers, probes
   Status openOffers(int count);  // registered array of `count` offer messages
+  // Enters the group's comm table: from now on completions naming this comm come here. legacy32: remote writes
+  // to it carry no comm id (it cannot share the group).
+  Status join(bool legacy32);
   virtual void onOfferRecv(int index) noexcept { (void)index; }
   virtual void flushOffers() {}
   virtual void resumeSend(FabricRequest* r) { (void)r; }  // sends: post what the provider pushed back on
@@ -137,6 +143,8 @@ class FabricDataComm : public DataSink {
   Status checkTag(int tag, const char* op) const;
 
   FabricDevice& dev_;  // rail 0's NIC (names in messages; registration of weft's own buffers)
+  std::shared_ptr<EndpointGroup> group_;
+  bool joined_ = false;
   CommId localId_;
   uint32_t peerId_;
   std::vector<Rail> rails_;
@@ -180,9 +188,9 @@ class FabricDataComm : public DataSink {
 
 class FabricSendComm final : public SendComm, public FabricDataComm {
  public:
-  FabricSendComm(std::vector<Rail> rails, std::string peerName, int maxRecvs, Protocol proto, CommId localId,
-                 uint32_t peerId);
-  Status start();  // rdma: posts the offer receives
+  FabricSendComm(std::shared_ptr<EndpointGroup> group, std::vector<Rail> rails, std::string peerName, int maxRecvs,
+                 Protocol proto, CommId localId, uint32_t peerId);
+  Status start();  // joins the group; rdma: posts the offer receives
   Status isend(void* data, size_t size, int tag, MemHandle* mh, Request** request) override;
   std::string peerName() const override { return peerName_; }
   std::string deviceName() const override;
@@ -217,9 +225,9 @@ class FabricSendComm final : public SendComm, public FabricDataComm {
 
 class FabricRecvComm final : public RecvComm, public FabricDataComm {
  public:
-  FabricRecvComm(std::vector<Rail> rails, std::string peerName, int maxRecvs, Protocol proto, CommId localId,
-                 uint32_t peerId);
-  Status start();  // rdma: opens the offer array
+  FabricRecvComm(std::shared_ptr<EndpointGroup> group, std::vector<Rail> rails, std::string peerName, int maxRecvs,
+                 Protocol proto, CommId localId, uint32_t peerId);
+  Status start();  // joins the group; rdma: opens the offer array
   std::string peerName() const override { return peerName_; }
   std::string deviceName() const override;
   Status irecv(int n, void** data, const size_t* sizes, const int* tags, MemHandle** mhs, bool optional,
@@ -243,14 +251,14 @@ class FabricRecvComm final : public RecvComm, public FabricDataComm {
 
 class FabricListenComm final : public ListenComm {
  public:
-  // eps: one endpoint per rail of the device; eps[0] is the one the handle names. id: the listen id the handle
-  // carries, which becomes the receive comm's id.
-  FabricListenComm(std::vector<std::unique_ptr<Endpoint>> eps, uint64_t token, int maxRecvs, CommId id);
+  // group: one endpoint per rail of the device; rail 0's is the one the handle names. id: the listen id the
+  // handle carries, which becomes the receive comm's id.
+  FabricListenComm(std::shared_ptr<EndpointGroup> group, uint64_t token, int maxRecvs, CommId id);
   Status accept(RecvComm** recvComm) override;
 
  private:
   FabricDevice& dev_;
-  std::vector<std::unique_ptr<Endpoint>> eps_;  // handed to the recv comm on accept
+  std::shared_ptr<EndpointGroup> group_;  // handed to the recv comm on accept
   std::vector<fi_addr_t> peers_;                 // the connector's address on each rail
   uint64_t token_;
   CommId id_;             // handed to the receive comm on accept
@@ -261,9 +269,6 @@ class FabricListenComm final : public ListenComm {
   std::string peerName_;
   Protocol proto_;
 };
-
-// This side's further rail addresses, for the handshake.
-RailAddrs railAddrsOf(const std::vector<std::unique_ptr<Endpoint>>& eps);
 
 // How an RMA write of `size` bytes goes out: from `stripeMin` bytes one segment per rail (4 KiB aligned), else
 // all on `singleRail`; with the compact completion data (imm4) each segment as pieces of the form m * 2^e.

@@ -225,8 +225,7 @@ std::string Endpoint::addrString(const void* addr, size_t len) const {
   return s != nullptr ? std::string(s) : std::string("<unprintable address>");
 }
 
-Status Endpoint::progress(DataSink* sink) {
-  if (sink != nullptr) sink_ = sink;
+Status Endpoint::progress() {
   if (controlQueued_) flushControl();
   fi_cq_tagged_entry entries[16];
   ssize_t n = fi_cq_read(cq_.get(), entries, 16);
@@ -236,13 +235,13 @@ Status Endpoint::progress(DataSink* sink) {
       // Remote writes carry no context of ours (libfabric leaves op_context undefined for them: shm 1.17 hands
       // back a stale pointer, found by soak.random); their completion data names the receive they fill.
       if (ctx == nullptr || (entries[i].flags & FI_REMOTE_WRITE) != 0) {
-        if ((entries[i].flags & FI_REMOTE_CQ_DATA) != 0 && sink != nullptr) {
-          sink->onRemoteData(entries[i].data, entries[i].len);
+        if ((entries[i].flags & FI_REMOTE_CQ_DATA) != 0 && table_ != nullptr) {
+          if (DataSink* sink = table_->forRemoteData(entries[i].data)) sink->onRemoteData(entries[i].data, entries[i].len);
         }
         continue;
       }
       if (isCommOp(ctx->kind)) {
-        if (sink != nullptr) sink->onComplete(ctx, entries[i].len);
+        if (DataSink* sink = table_ != nullptr ? table_->forContext(ctx) : nullptr) sink->onComplete(ctx, entries[i].len);
       } else {
         handleControl(ctx, true, Status::kOk);
       }
@@ -279,7 +278,7 @@ Status Endpoint::progress(DataSink* sink) {
       WEFT_WARN("transfer failed on {} ({}): {} ({})", dev_.props().name, dev_.props().provider, fi_strerror(err.err),
                 provMsg ? provMsg : "");
     }
-    if (sink != nullptr) sink->onError(ctx, err.err, st);
+    if (DataSink* sink = table_ != nullptr ? table_->forContext(ctx) : nullptr) sink->onError(ctx, err.err, st);
   } else {
     handleControl(ctx, false, st);
   }
@@ -346,14 +345,14 @@ void Endpoint::refuse(const ConnectRequest& r, uint16_t status) {
 
 // Receives of weft's own messages (handshake, probes, offers) are posted on an endpoint that carries little
 // else, so a full queue clears after a few progress calls; the bound keeps a broken provider from spinning here
-// forever. The progress calls hand completions to the comm's sink, if the endpoint has one by now: this may run
-// inside a progress call of that comm, and its data completions must not be dropped.
+// forever. The progress calls route completions through the comm table as any other: this may run inside a
+// progress call of a comm, and its data completions must not be dropped.
 Status Endpoint::postOwnRecv(void* buf, size_t len, void* desc, fi_addr_t from, uint64_t tag, OpContext& ctx,
                              const char* what) {
   ssize_t rc = -FI_EAGAIN;
   for (int tries = 0; tries < 1000 && rc == -FI_EAGAIN; ++tries) {
     rc = fi_trecv(ep_.get(), buf, len, desc, from, tag, 0, &ctx.fi);
-    if (rc == -FI_EAGAIN && progress(sink_) != Status::kOk) rc = -FI_EIO;
+    if (rc == -FI_EAGAIN && progress() != Status::kOk) rc = -FI_EIO;
   }
   if (rc != 0) {
     WEFT_WARN("posting the {} receive on {} failed: {}", what, dev_.props().name, fi_strerror(static_cast<int>(-rc)));

@@ -1,6 +1,7 @@
-// One reliable-datagram endpoint with its own completion queue and address vector. Each weft comm owns one,
-// so a comm's completions are read only by the thread that drives that comm (NCCL's progress thread) and the
-// data path needs no lock of ours.
+// One reliable-datagram endpoint with its own completion queue and address vector, one rail of an endpoint group
+// (fabric/endpoint_group.h). Its completions are routed through the group's comm table to the comm they name;
+// they are read only by the thread that drives its comms (NCCL's progress thread), so the data path needs no lock
+// of ours.
 //
 // The endpoint also runs the connection handshake (fabric/wire.h), over control tags:
 //   connector --ConnectRequest{token, listen id, its comm id, its address}--> listener
@@ -18,21 +19,13 @@
 #include <string>
 #include <vector>
 
+#include "fabric/comm_table.h"
 #include "fabric/fabric_device.h"
+#include "fabric/op_context.h"
 #include "fabric/rails.h"
 #include "fabric/wire.h"
 
 namespace weft::fabric {
-
-// kData, kOfferSend and kOfferRecv belong to the comm (delivered to its DataSink); the rest to the endpoint.
-enum class OpKind : uint8_t { kData = 0, kOfferSend, kOfferRecv, kConnRequest, kConnReply, kCtrlSend, kProbeRecv };
-
-struct OpContext {
-  fi_context2 fi;  // first: libfabric is handed &fi
-  void* owner = nullptr;
-  uint16_t index = 0;
-  OpKind kind = OpKind::kData;
-};
 
 using wire::ConnectReply;
 using wire::ConnectRequest;
@@ -52,19 +45,6 @@ struct Protocol {
   bool immId = false;  // imm4 with the comm id, the length taken from the receiver's completion (WriteImmId)
   uint32_t eagerMax = 0;
 };
-
-class DataSink {
- public:
-  virtual ~DataSink() = default;
-  virtual void onComplete(OpContext* ctx, size_t len) noexcept = 0;
-  // fiErr: libfabric's error number (FI_ECANCELED for a canceled receive); st: its NCCL-facing status.
-  virtual void onError(OpContext* ctx, int fiErr, Status st) noexcept = 0;
-  // An RMA write with remote completion data landed in one of our buffers.
-  // len: the completion entry's length (0 where the provider does not report it).
-  virtual void onRemoteData(uint64_t data, size_t len) noexcept = 0;
-};
-
-inline bool isCommOp(OpKind k) { return k == OpKind::kData || k == OpKind::kOfferSend || k == OpKind::kOfferRecv; }
 
 Status statusOfFiError(int err);
 
@@ -87,9 +67,11 @@ class Endpoint {
   Status insert(const void* addr, size_t len, fi_addr_t* out);
   std::string addrString(const void* addr, size_t len) const;
 
-  // Reads one bounded batch of completions. Data completions go to `sink` (NULL while connecting);
-  // control ones are handled here. Returns a non-OK status only for a failure of the queue itself.
-  Status progress(DataSink* sink);
+  // Reads one bounded batch of completions. A comm's completions go where the comm table routes them (none
+  // before the endpoint joins a group: dropped as strays); control ones are handled here. Returns a non-OK
+  // status only for a failure of the queue itself.
+  Status progress();
+  void setTable(CommTable* t) { table_ = t; }
 
   // Listener side.
   Status postConnRequestRecv();
@@ -142,7 +124,7 @@ class Endpoint {
   FabricDevice& dev_;
   uint32_t ownId_;       // the comm this endpoint serves
   uint32_t peerId_ = 0;  // the peer's comm
-  DataSink* sink_ = nullptr;  // the comm that owns this endpoint, once it has progressed it
+  CommTable* table_ = nullptr;  // the group's: where the comms' completions go
   // Acquisition order; destroyed in reverse (endpoint before its queues and control registration).
   std::unique_ptr<Control> ctl_;
   MrPtr ctlMr_;

@@ -1,0 +1,63 @@
+#include "fabric/comm_table.h"
+
+#include "fabric/wire.h"
+#include "weft/common/log.h"
+
+namespace weft::fabric {
+
+Status CommTable::attach(uint32_t id, DataSink* sink, bool legacy32) {
+  if (id == 0 || id > wire::kMaxCommId || sink == nullptr) {
+    WEFT_WARN("on {}: comm id {} cannot join an endpoint group (ids are 1 to {})", where_, id, wire::kMaxCommId);
+    return Status::kInternal;
+  }
+  if (comms_.count(id) != 0) {
+    WEFT_WARN("on {}: comm id {} is already in use on this endpoint group", where_, id);
+    return Status::kInternal;
+  }
+  if (legacy_ != 0 || (legacy32 && !comms_.empty())) {
+    WEFT_WARN("on {}: a comm whose remote writes carry no comm id (4-byte completion data with the length, "
+              "provider reports no write length) cannot share its endpoints with another comm",
+              where_);
+    return Status::kInternal;
+  }
+  comms_.emplace(id, sink);
+  if (legacy32) legacy_ = id;
+  return Status::kOk;
+}
+
+void CommTable::detach(uint32_t id) {
+  comms_.erase(id);
+  if (legacy_ == id) legacy_ = 0;
+  if (lastId_ == id) {
+    lastId_ = 0;
+    last_ = nullptr;
+  }
+}
+
+DataSink* CommTable::find(uint32_t id) const {
+  auto it = comms_.find(id);
+  return it == comms_.end() ? nullptr : it->second;
+}
+
+uint32_t CommTable::remoteDataComm(uint64_t d) const {
+  if ((d >> 32) != 0) return wire::WriteImm::comm(d);
+  if (legacy_ != 0) return legacy_;
+  return wire::WriteImmId::comm(d);
+}
+
+DataSink* CommTable::lookup(uint32_t id, const char* what) {
+  auto it = comms_.find(id);
+  if (it != comms_.end()) {
+    lastId_ = id;
+    last_ = it->second;
+    return last_;
+  }
+  if (strays_++ % 1024 == 0) {
+    WEFT_WARN("on {}: {} names comm {}, which this endpoint group does not serve (closed, or never opened here): "
+              "dropped ({} so far)",
+              where_, what, id, strays_);
+  }
+  return nullptr;
+}
+
+}  // namespace weft::fabric

@@ -1,0 +1,47 @@
+#include "fabric/endpoint_group.h"
+
+#include <cstring>
+
+#include "weft/common/log.h"
+
+namespace weft::fabric {
+
+Status EndpointGroup::open(const std::vector<FabricDevice*>& rails, uint32_t ownId,
+                           std::shared_ptr<EndpointGroup>* out) {
+  out->reset();
+  if (rails.empty()) return Status::kInternal;
+  std::shared_ptr<EndpointGroup> g(new EndpointGroup(rails[0]->props().name));
+  for (size_t k = 0; k < rails.size(); ++k) {
+    std::unique_ptr<Endpoint> ep;
+    if (Status st = Endpoint::open(*rails[k], ownId, &ep); st != Status::kOk) return st;
+    if (k > 0 && ep->name().size() > RailAddrs::kMaxAddr) {
+      WEFT_WARN("provider address of {} bytes on {} does not fit the rail handshake ({} B)", ep->name().size(),
+                ep->device().props().name, RailAddrs::kMaxAddr);
+      return Status::kInternal;
+    }
+    ep->setTable(&g->table_);
+    g->eps_.push_back(std::move(ep));
+  }
+  *out = std::move(g);
+  return Status::kOk;
+}
+
+// Endpoints close first (cancelling what is in flight), while the table they route to still exists.
+EndpointGroup::~EndpointGroup() { eps_.clear(); }
+
+void EndpointGroup::keepRails(int n) {
+  if (n >= 1 && n < rails()) eps_.resize(static_cast<size_t>(n));
+}
+
+RailAddrs EndpointGroup::railAddrs() const {
+  RailAddrs a;
+  a.count = static_cast<uint8_t>(eps_.size());
+  for (size_t k = 1; k < eps_.size(); ++k) {
+    const auto& name = eps_[k]->name();  // length checked when the endpoints were opened
+    a.len[k] = static_cast<uint8_t>(name.size());
+    std::memcpy(a.addr[k], name.data(), name.size());
+  }
+  return a;
+}
+
+}  // namespace weft::fabric

@@ -1,0 +1,38 @@
+// What every operation weft hands libfabric carries (its context), and the interface through which a comm takes
+// the completions routed to it (fabric/comm_table.h).
+#pragma once
+
+#include <rdma/fabric.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "weft/common/status.h"
+
+namespace weft::fabric {
+
+// kData, kOfferSend and kOfferRecv belong to a comm (delivered to its DataSink); the rest to the endpoint.
+enum class OpKind : uint8_t { kData = 0, kOfferSend, kOfferRecv, kConnRequest, kConnReply, kCtrlSend, kProbeRecv };
+
+struct OpContext {
+  fi_context2 fi;  // first: libfabric is handed &fi
+  void* owner = nullptr;
+  uint32_t comm = 0;  // a comm's operation: that comm's id (where the dispatcher routes its completion)
+  uint16_t index = 0;
+  OpKind kind = OpKind::kData;
+};
+
+inline bool isCommOp(OpKind k) { return k == OpKind::kData || k == OpKind::kOfferSend || k == OpKind::kOfferRecv; }
+
+class DataSink {
+ public:
+  virtual ~DataSink() = default;
+  virtual void onComplete(OpContext* ctx, size_t len) noexcept = 0;
+  // fiErr: libfabric's error number (FI_ECANCELED for a canceled receive); st: its NCCL-facing status.
+  virtual void onError(OpContext* ctx, int fiErr, Status st) noexcept = 0;
+  // An RMA write with remote completion data landed in one of our buffers.
+  // len: the completion entry's length (0 where the provider does not report it).
+  virtual void onRemoteData(uint64_t data, size_t len) noexcept = 0;
+};
+
+}  // namespace weft::fabric
