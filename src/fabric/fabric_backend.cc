@@ -168,7 +168,7 @@ Status FabricBackend::listen(int dev, void* handle, ListenComm** out) {
     WEFT_WARN("provider address of {} bytes does not fit the handle", ep->name().size());
     return Status::kInternal;
   }
-  if (Status st = ep->postConnRequestRecv(); st != Status::kOk) return st;
+  if (Status st = ep->openListen(id.get()); st != Status::kOk) return st;
   WireHandle h;
   h.backend = BackendId::kFabric;
   h.providerHash = device(dev).providerHash();

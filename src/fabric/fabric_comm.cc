@@ -69,6 +69,7 @@ FabricDataComm::~FabricDataComm() {
     WEFT_INFO(NCCL_NET, "comm with {} closed; sent per rail: {}", peerName_, per);
   }
   if (joined_) group_->table().detach(localId_.get());
+  rails_[0].ep->closeListen(localId_.get());  // a receive comm: the listen it came from refuses replays until now
   for (Rail& r : rails_) r.ep = nullptr;
   group_.reset();
 }
@@ -863,6 +864,11 @@ Status FabricRecvComm::iflush(int n, void** data, const int* sizes, MemHandle** 
 FabricListenComm::FabricListenComm(std::shared_ptr<EndpointGroup> group, uint64_t token, int maxRecvs, CommId id)
     : dev_(group->rail(0).device()), group_(std::move(group)), token_(token), id_(std::move(id)), maxRecvs_(maxRecvs) {}
 
+// Requests still queued for this listen are refused; once accepted, the group belongs to the receive comm.
+FabricListenComm::~FabricListenComm() {
+  if (group_ != nullptr) group_->rail(0).closeListen(id_.get());
+}
+
 Status FabricListenComm::accept(RecvComm** recvComm) {
   *recvComm = nullptr;
   if (accepted_) {
@@ -872,23 +878,18 @@ Status FabricListenComm::accept(RecvComm** recvComm) {
   Endpoint& ep = group_->rail(0);
   if (Status st = ep.progress(); st != Status::kOk) return st;
   if (!replying_) {
+    if (!ep.replySlotFree()) return Status::kOk;  // the reply must not be dropped: NCCL calls accept again
     ConnectRequest req;
-    if (!ep.takeConnRequest(&req)) return Status::kOk;
+    if (!ep.takeConnRequest(id_.get(), &req)) return Status::kOk;
     std::string from = ep.addrString(wire::requestAddr(req), req.addrLen);
-    uint16_t verdict = kAccepted;
-    if (req.version != ConnectRequest::kVersion) {
-      verdict = kBadVersion;
-      WEFT_WARN("listen on {}: connection from {} speaks weft connection protocol v{}, this end v{}: run the same "
-                "weft build on every node",
-                dev_.props().name, from, req.version, ConnectRequest::kVersion);
-    } else if (req.listenId != id_.get()) {
-      verdict = kNoSuchListen;
-    } else if (req.token != token_) {
-      verdict = kBadToken;
-    } else if (req.commId == 0 || req.commId > wire::kMaxCommId) {
+    if (req.token != token_) {
+      ep.refuse(req, kBadToken);  // with a warning; the legitimate peer may still come
+      return Status::kOk;
+    }
+    if (req.commId == 0 || req.commId > wire::kMaxCommId) {
       WEFT_WARN("listen on {}: connection from {} names comm id {}, outside [1, {}]", dev_.props().name, from,
                 req.commId, wire::kMaxCommId);
-      return ep.postConnRequestRecv();  // malformed: ignored, the legitimate peer may still come
+      return Status::kOk;  // malformed: ignored, the legitimate peer may still come
     }
     // rdma only if both ends offer it; the compact completion data if either end needs it.
     const uint32_t mine = localProtocolFlags(dev_);
@@ -906,7 +907,7 @@ Status FabricListenComm::accept(RecvComm** recvComm) {
     fi_addr_t peer;
     if (Status st = ep.insert(wire::requestAddr(req), req.addrLen, &peer); st != Status::kOk) return st;
     // Rails: as many as both ends have (a peer with fewer NICs in its device uses fewer); rail k pairs with rail k.
-    const int nRails = verdict == kAccepted ? std::min<int>(req.rails.count, group_->rails()) : 1;
+    const int nRails = std::min<int>(req.rails.count, group_->rails());
     RailAddrs ours = group_->railAddrs();
     ours.count = static_cast<uint8_t>(nRails);
     peers_.assign(1, peer);
@@ -915,13 +916,10 @@ Status FabricListenComm::accept(RecvComm** recvComm) {
       if (Status st = group_->rail(k).insert(req.rails.addr[k], req.rails.len[k], &a); st != Status::kOk) return st;
       peers_.push_back(a);
     }
-    if (Status st = ep.sendReply(peer, verdict, req.token, agreed, &ours, id_.get()); st != Status::kOk) return st;
-    if (verdict != kAccepted) {
-      WEFT_WARN("listen on {}: connection from {} {}", dev_.props().name, from, replyStatusName(verdict));
-      return ep.postConnRequestRecv();  // keep listening for the legitimate peer
+    if (Status st = ep.sendReply(peer, kAccepted, req.token, agreed, &ours, id_.get(), &reply_); st != Status::kOk) {
+      return st;
     }
-    ep.setAccepted();
-    if (Status st = ep.postConnRequestRecv(); st != Status::kOk) return st;
+    ep.markAccepted(id_.get());
     if (nRails < group_->rails()) {
       WEFT_INFO(NCCL_NET, "peer {} has {} rails, this device {}: using {}", from, req.rails.count, group_->rails(),
                 nRails);
@@ -933,7 +931,7 @@ Status FabricListenComm::accept(RecvComm** recvComm) {
   }
   // Hand the comm out only once the reply has left this process: NCCL need not progress the new recv comm
   // before the peer's connect completes, and some providers (sockets) send only while progressed.
-  if (!ep.repliesDone()) return Status::kOk;
+  if (!ep.replyDone(reply_)) return Status::kOk;
   WEFT_INFO(NCCL_NET, "accepted connection from {} on {} ({} protocol, eager up to {} B, {} rail{})", peerName_,
             dev_.props().name, protocolName(proto_),
             proto_.eagerMax, group_->rails(),

@@ -254,6 +254,7 @@ class FabricListenComm final : public ListenComm {
   // group: one endpoint per rail of the device; rail 0's is the one the handle names. id: the listen id the
   // handle carries, which becomes the receive comm's id.
   FabricListenComm(std::shared_ptr<EndpointGroup> group, uint64_t token, int maxRecvs, CommId id);
+  ~FabricListenComm() override;
   Status accept(RecvComm** recvComm) override;
 
  private:
@@ -266,6 +267,7 @@ class FabricListenComm final : public ListenComm {
   int maxRecvs_;
   bool accepted_ = false;
   bool replying_ = false;  // accepted; waiting for the reply to leave before handing out the recv comm
+  Endpoint::ReplyTicket reply_;
   std::string peerName_;
   Protocol proto_;
 };

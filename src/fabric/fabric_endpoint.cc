@@ -287,22 +287,14 @@ Status Endpoint::progress() {
 
 void Endpoint::handleControl(OpContext* ctx, bool ok, Status st) {
   switch (ctx->kind) {
-    case OpKind::kConnRequest: {
-      const ConnectRequest& r = ctl_->requestIn;
-      if (!ok || r.magic != ConnectRequest::kMagic || r.addrLen == 0 || r.addrLen > sizeof(r.addr) ||
-          (r.version == ConnectRequest::kVersion && !r.rails.valid())) {
-        WEFT_WARN("on {}: ignored a malformed connection request", dev_.props().name);
-        postConnRequestRecv();
-        return;
+    case OpKind::kConnRequest:
+      if (ok) {
+        onRequest(ctx->index);
+      } else if (st != Status::kOk) {
+        WEFT_WARN("on {}: receiving a connection request failed", dev_.props().name);
       }
-      if (accepted_) {
-        refuse(r, kAlreadyConnected);
-        postConnRequestRecv();
-        return;
-      }
-      requestPending_ = true;  // accept() takes it and reposts
+      postRequestRecv(ctx->index);
       return;
-    }
     case OpKind::kConnReply:
       if (!ok) {
         connectError_ = st;
@@ -324,6 +316,7 @@ void Endpoint::handleControl(OpContext* ctx, bool ok, Status st) {
         if (!ok) connectError_ = st;
       } else {
         replySlot_[ctx->index] = SlotState::kFree;
+        ++replyGen_[ctx->index];
         if (!ok) WEFT_WARN("on {}: sending a connection reply failed", dev_.props().name);
       }
       return;
@@ -368,22 +361,97 @@ Status Endpoint::postControlRecv(void* buf, size_t len, uint64_t tag, OpContext&
   return postOwnRecv(buf, len, ctlDesc_, FI_ADDR_UNSPEC, tag, ctx, what);
 }
 
-Status Endpoint::postConnRequestRecv() {
-  requestPending_ = false;
-  return postControlRecv(&ctl_->requestIn, sizeof(ConnectRequest), wire::ctrlTag(wire::CtrlKind::kConnRequest),
-                         requestRecvCtx_,
-                         OpKind::kConnRequest, "connection-request");
+Status Endpoint::postRequestRecv(int slot) {
+  requestRecvCtx_[slot].index = static_cast<uint16_t>(slot);
+  return postControlRecv(&ctl_->requestIn[slot], sizeof(ConnectRequest), wire::ctrlTag(wire::CtrlKind::kConnRequest),
+                         requestRecvCtx_[slot], OpKind::kConnRequest, "connection-request");
 }
 
-bool Endpoint::takeConnRequest(ConnectRequest* out) {
-  if (!requestPending_) return false;
-  *out = ctl_->requestIn;
-  requestPending_ = false;
+Status Endpoint::openListen(uint32_t listenId) {
+  if (!listens_.emplace(listenId, Inbox{}).second) {
+    WEFT_WARN("on {}: listen id {} is already open on this endpoint", dev_.props().name, listenId);
+    return Status::kInternal;
+  }
+  if (!requestsPosted_) {
+    for (int i = 0; i < kRequestSlots; ++i) {
+      if (Status st = postRequestRecv(i); st != Status::kOk) return st;
+    }
+    requestsPosted_ = true;
+  }
+  return Status::kOk;
+}
+
+void Endpoint::closeListen(uint32_t listenId) {
+  auto it = listens_.find(listenId);
+  if (it == listens_.end()) return;
+  Inbox box = std::move(it->second);
+  listens_.erase(it);
+  for (const ConnectRequest& r : box.queue) refuse(r, box.accepted ? kAlreadyConnected : kNoSuchListen);
+}
+
+void Endpoint::markAccepted(uint32_t listenId) {
+  auto it = listens_.find(listenId);
+  if (it == listens_.end()) return;
+  it->second.accepted = true;
+  std::deque<ConnectRequest> rest;
+  rest.swap(it->second.queue);
+  for (const ConnectRequest& r : rest) refuse(r, kAlreadyConnected);
+}
+
+// A request arrived in `slot`: malformed ones are ignored, the rest refused or queued for their listen.
+void Endpoint::onRequest(int slot) {
+  const ConnectRequest& r = ctl_->requestIn[slot];
+  if (r.magic != ConnectRequest::kMagic || r.addrLen == 0 || r.addrLen > sizeof(r.addr) ||
+      (r.version == ConnectRequest::kVersion && !r.rails.valid())) {
+    WEFT_WARN("on {}: ignored a malformed connection request", dev_.props().name);
+    return;
+  }
+  if (r.version != ConnectRequest::kVersion) {
+    WEFT_WARN("on {}: connection from {} speaks weft connection protocol v{}, this end v{}: run the same weft build "
+              "on every node",
+              dev_.props().name, addrString(wire::requestAddr(r), r.addrLen), r.version, ConnectRequest::kVersion);
+    refuse(r, kBadVersion);
+    return;
+  }
+  auto it = listens_.find(r.listenId);
+  if (it == listens_.end()) {
+    refuse(r, kNoSuchListen);
+    return;
+  }
+  if (it->second.accepted) {
+    refuse(r, kAlreadyConnected);
+    return;
+  }
+  if (it->second.queue.size() >= kInboxMax) {
+    WEFT_WARN("on {}: more than {} connection requests wait for listen {}: one from {} dropped", dev_.props().name,
+              kInboxMax, r.listenId, addrString(r.addr, r.addrLen));
+    return;
+  }
+  it->second.queue.push_back(r);
+}
+
+bool Endpoint::takeConnRequest(uint32_t listenId, ConnectRequest* out) {
+  auto it = listens_.find(listenId);
+  if (it == listens_.end() || it->second.queue.empty()) return false;
+  *out = it->second.queue.front();
+  it->second.queue.pop_front();
   return true;
 }
 
+bool Endpoint::replySlotFree() const {
+  for (auto st : replySlot_) {
+    if (st == SlotState::kFree) return true;
+  }
+  return false;
+}
+
+bool Endpoint::replyDone(const ReplyTicket& t) const {
+  return t.slot < 0 || replyGen_[static_cast<size_t>(t.slot)] != t.gen;
+}
+
 Status Endpoint::sendReply(fi_addr_t to, uint16_t status, uint64_t token, uint32_t flags, const RailAddrs* rails,
-                           uint32_t commId) {
+                           uint32_t commId, ReplyTicket* ticket) {
+  if (ticket != nullptr) *ticket = ReplyTicket{};
   int slot = -1;
   for (int i = 0; i < kReplySlots; ++i) {
     if (replySlot_[i] == SlotState::kFree) {
@@ -391,13 +459,14 @@ Status Endpoint::sendReply(fi_addr_t to, uint16_t status, uint64_t token, uint32
       break;
     }
   }
-  if (slot < 0) return Status::kOk;  // replies are best effort; the connector times out instead
+  if (slot < 0) return Status::kOk;  // refusals are best effort; the connector times out instead
   ctl_->replyOut[slot] = ConnectReply{ConnectReply::kMagic, ConnectRequest::kVersion, status, token, flags, commId,
                                       rails != nullptr ? *rails : RailAddrs{}};
   replyTo_[slot] = to;
   replySendCtx_[slot].kind = OpKind::kCtrlSend;
   replySendCtx_[slot].index = static_cast<uint16_t>(slot);
   replySlot_[slot] = SlotState::kQueued;
+  if (ticket != nullptr) *ticket = ReplyTicket{slot, replyGen_[static_cast<size_t>(slot)]};
   controlQueued_ = true;
   flushControl();
   return Status::kOk;
@@ -415,13 +484,6 @@ void Endpoint::sendProbe(fi_addr_t to) {
   probeState_ = SlotState::kQueued;
   controlQueued_ = true;
   flushControl();
-}
-
-bool Endpoint::repliesDone() const {
-  for (auto st : replySlot_) {
-    if (st != SlotState::kFree) return false;
-  }
-  return true;
 }
 
 // Control sends wait here until the provider takes them: rxm answers -FI_EAGAIN until its connection to the
@@ -461,8 +523,10 @@ void Endpoint::flushControl() {
     probeError_ = st;
   }
   for (int i = 0; i < kReplySlots; ++i) {
+    const SlotState before = replySlot_[i];
     trySend(replySlot_[i], &ctl_->replyOut[i], sizeof(ConnectReply), replyTo_[i],
             wire::ctrlTag(wire::CtrlKind::kConnReply), replySendCtx_[i], "a connection reply");
+    if (before == SlotState::kQueued && replySlot_[i] == SlotState::kFree) ++replyGen_[i];  // failed: it is over
   }
   controlQueued_ = still;
 }

@@ -7,16 +7,18 @@
 //   connector --ConnectRequest{token, listen id, its comm id, its address}--> listener
 //   listener  --ConnectReply{accepted | bad token | already connected | bad version | no such listen,
 //                            the receiving comm's id}--> connector
-// After accepting, the endpoint keeps a receive posted for further requests and refuses them (a replayed or
-// forged handle can never attach a second sender to a connection).
+// Requests are queued per listen id; after a listen accepted, the endpoint refuses further requests for it (a
+// replayed or forged handle can never attach a second sender to a connection).
 #pragma once
 
 #include <rdma/fi_tagged.h>
 
 #include <array>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "fabric/comm_table.h"
@@ -73,14 +75,29 @@ class Endpoint {
   Status progress();
   void setTable(CommTable* t) { table_ = t; }
 
-  // Listener side.
-  Status postConnRequestRecv();
-  bool takeConnRequest(ConnectRequest* out);
-  void setAccepted() { accepted_ = true; }
+  // Listener side. Connection requests are received by the endpoint (kRequestSlots at a time) and queued per
+  // listen id; a request for a listen the endpoint does not have is refused (kNoSuchListen), one for a listen
+  // that already accepted its connection too (kAlreadyConnected), one of another handshake version as well
+  // (kBadVersion, naming both versions), each with a warning. Refusals are best effort: with no reply slot free
+  // the connector times out instead.
+  Status openListen(uint32_t listenId);
+  void closeListen(uint32_t listenId);  // requests still queued for it are refused
+  void markAccepted(uint32_t listenId);  // later requests for it are refused
+  bool takeConnRequest(uint32_t listenId, ConnectRequest* out);
+  // Refuses a request with a warning, replying where the budget of refusals allows.
+  void refuse(const ConnectRequest& req, uint16_t status);
+  // A reply slot is free: an accepting reply will be sent, not dropped.
+  bool replySlotFree() const;
+  // Queues a reply; *ticket (when given) tells replyDone() which. Without a free slot nothing is sent (refusals
+  // only: accept checks replySlotFree first).
+  struct ReplyTicket {
+    int slot = -1;
+    uint32_t gen = 0;
+  };
   Status sendReply(fi_addr_t to, uint16_t status, uint64_t token, uint32_t flags = 0, const RailAddrs* rails = nullptr,
-                   uint32_t commId = 0);
-  // True when no reply is queued or in flight: the accept reply has left this process.
-  bool repliesDone() const;
+                   uint32_t commId = 0, ReplyTicket* ticket = nullptr);
+  // True once that reply has left this process (its send completed, or failed).
+  bool replyDone(const ReplyTicket& t) const;
 
   // Posts a receive for a message of weft's own (not NCCL data), retrying a bounded number of times while the
   // provider pushes back. A failure is logged naming `what`.
@@ -107,13 +124,16 @@ class Endpoint {
   Endpoint(FabricDevice& dev, uint32_t ownId) : dev_(dev), ownId_(ownId) {}
   static void applyProviderOptions(FabricDevice& dev, fid_ep* ep);
   void handleControl(OpContext* ctx, bool ok, Status st);
-  void refuse(const ConnectRequest& req, uint16_t status);
+  void onRequest(int slot);
+  Status postRequestRecv(int slot);
   void flushControl();
   Status postControlRecv(void* buf, size_t len, uint64_t tag, OpContext& ctx, OpKind kind, const char* what);
 
-  static constexpr int kReplySlots = 4;
+  static constexpr int kReplySlots = 8;
+  static constexpr int kRequestSlots = 4;
+  static constexpr size_t kInboxMax = 16;  // requests queued per listen (a flood beyond is dropped)
   struct Control {
-    ConnectRequest requestIn;  // any version's request fits (wire::kRequestBufBytes)
+    std::array<ConnectRequest, kRequestSlots> requestIn;  // any version's request fits (wire::kRequestBufBytes)
     ConnectRequest requestOut;
     ConnectReply replyIn;
     std::array<ConnectReply, kReplySlots> replyOut;
@@ -134,10 +154,18 @@ class Endpoint {
   void* ctlDesc_ = nullptr;
   std::vector<uint8_t> name_;
 
-  OpContext requestRecvCtx_, replyRecvCtx_, requestSendCtx_;
+  OpContext replyRecvCtx_, requestSendCtx_;
+  std::array<OpContext, kRequestSlots> requestRecvCtx_;
+  bool requestsPosted_ = false;
+  struct Inbox {
+    std::deque<ConnectRequest> queue;
+    bool accepted = false;
+  };
+  std::unordered_map<uint32_t, Inbox> listens_;
   std::array<OpContext, kReplySlots> replySendCtx_;
   enum class SlotState : uint8_t { kFree, kQueued, kInFlight };
   std::array<SlotState, kReplySlots> replySlot_{};
+  std::array<uint32_t, kReplySlots> replyGen_{};  // bumped when the slot's reply has left
   std::array<fi_addr_t, kReplySlots> replyTo_{};
   SlotState requestState_ = SlotState::kFree;
   fi_addr_t requestTo_ = FI_ADDR_UNSPEC;
@@ -146,9 +174,7 @@ class Endpoint {
   SlotState probeState_ = SlotState::kFree;
   fi_addr_t probeTo_ = FI_ADDR_UNSPEC;
   Status probeError_ = Status::kOk;
-  bool requestPending_ = false;  // a ConnectRequest arrived and is waiting for takeConnRequest()
   bool replyPending_ = false;
-  bool accepted_ = false;
   int refusals_ = 0;
   Status connectError_ = Status::kOk;
 };
