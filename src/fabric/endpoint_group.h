@@ -16,9 +16,8 @@ namespace weft::fabric {
 
 class EndpointGroup {
  public:
-  // One endpoint on each of `rails` (the device's NICs), whose own traffic (probes) is tagged with ownId.
-  // Further rails' addresses must fit the handshake.
-  static Status open(const std::vector<FabricDevice*>& rails, uint32_t ownId, std::shared_ptr<EndpointGroup>* out);
+  // One endpoint on each of `rails` (the device's NICs). Further rails' addresses must fit the handshake.
+  static Status open(const std::vector<FabricDevice*>& rails, std::shared_ptr<EndpointGroup>* out);
   ~EndpointGroup();
   EndpointGroup(const EndpointGroup&) = delete;
   EndpointGroup& operator=(const EndpointGroup&) = delete;

@@ -162,7 +162,7 @@ Status FabricBackend::listen(int dev, void* handle, ListenComm** out) {
   CommId id = newCommId("listen", dev);
   if (!id) return Status::kSystem;
   std::shared_ptr<EndpointGroup> group;
-  if (Status st = EndpointGroup::open(groups_[dev]->rails, id.get(), &group); st != Status::kOk) return st;
+  if (Status st = EndpointGroup::open(groups_[dev]->rails, &group); st != Status::kOk) return st;
   Endpoint* ep = &group->rail(0);
   if (ep->name().size() > WireHandle::kMaxAddr) {
     WEFT_WARN("provider address of {} bytes does not fit the handle", ep->name().size());
@@ -210,18 +210,16 @@ Status FabricBackend::connect(int dev, const CommConfig& config, void* handle, S
     fresh->started = std::chrono::steady_clock::now();
     fresh->id = newCommId("connect", dev);
     if (!fresh->id) return Status::kSystem;
-    if (Status st = EndpointGroup::open(groups_[dev]->rails, fresh->id.get(), &fresh->group); st != Status::kOk) {
+    if (Status st = EndpointGroup::open(groups_[dev]->rails, &fresh->group); st != Status::kOk) {
       return st;
     }
     Endpoint& ep = fresh->group->rail(0);
     fresh->peerName = ep.addrString(h.addr.data(), h.addrLen);
     if (Status st = ep.insert(h.addr.data(), h.addrLen, &fresh->peer); st != Status::kOk) return st;
     fresh->token = h.token;
-    if (Status st = ep.startConnect(fresh->peer, h.token, h.listenId, localProtocolFlags(ep.device()),
-                                    static_cast<uint32_t>(device(dev).eagerMax()), fresh->group->railAddrs());
-        st != Status::kOk) {
-      return st;
-    }
+    fresh->listenId = h.listenId;
+    fresh->flags = localProtocolFlags(ep.device());
+    fresh->eagerMax = static_cast<uint32_t>(device(dev).eagerMax());
     pc = pending_.add(handle, std::move(fresh));
   }
   Status st = pollConnect(*pc, out);
@@ -232,19 +230,27 @@ Status FabricBackend::connect(int dev, const CommConfig& config, void* handle, S
 Status FabricBackend::pollConnect(PendingConnect& pc, SendComm** out) {
   Endpoint& ep = pc.group->rail(0);
   const DeviceProps& p = ep.device().props();
+  if (pc.slot < 0) {  // every connect slot of the endpoint was busy: try again
+    if (Status st = ep.startConnect(pc.id.get(), pc.peer, pc.token, pc.listenId, pc.flags, pc.eagerMax,
+                                    pc.group->railAddrs(), &pc.slot);
+        st != Status::kOk) {
+      return st;
+    }
+    if (pc.slot < 0) return ep.progress();
+  }
   if (Status st = ep.progress(); st != Status::kOk) return st;
-  if (ep.connectError() != Status::kOk) {
+  if (ep.connectError(pc.slot) != Status::kOk) {
     WEFT_WARN("connect to {} via {} on {} failed: the peer is unreachable or refused the connection (nothing "
               "listening there any more, a firewall/security group, or an interface the peer cannot reach: check "
               "WEFT_IFACE)",
               pc.peerName, p.provider, p.name);
-    return ep.connectError();
+    return ep.connectError(pc.slot);
   }
   ConnectReply reply;
-  if (ep.takeReply(&reply)) {
+  if (ep.takeReply(pc.slot, &reply)) {
     if (reply.magic != ConnectReply::kMagic || reply.token != pc.token) {
       WEFT_WARN("connect to {} on {}: ignored a reply that does not answer this connection", pc.peerName, p.name);
-      if (Status st = ep.repostReplyRecv(); st != Status::kOk) return st;
+      if (Status st = ep.repostReplyRecv(pc.slot); st != Status::kOk) return st;
       return Status::kOk;
     }
     if (reply.status == kBadVersion) {
@@ -281,6 +287,8 @@ Status FabricBackend::pollConnect(PendingConnect& pc, SendComm** out) {
         return st;
       }
     }
+    ep.endConnect(pc.slot);
+    pc.slot = -1;
     pc.group->keepRails(nRails);
     for (int k = 0; k < nRails; ++k) rails[k].ep = &pc.group->rail(k);
     WEFT_INFO(NCCL_NET, "connected to {} on {} via {} ({} protocol, eager up to {} B, {} rail{})", pc.peerName,

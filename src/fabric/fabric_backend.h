@@ -47,6 +47,11 @@ class FabricBackend final : public Backend {
   struct PendingConnect {
     CommId id;                                   // the send comm's, told to the listener
     std::shared_ptr<EndpointGroup> group;        // one endpoint per rail; rail 0 runs the handshake
+    int slot = -1;                               // rail 0's connect slot (-1: not started yet)
+    uint32_t listenId = 0, flags = 0, eagerMax = 0;
+    ~PendingConnect() {
+      if (group != nullptr && slot >= 0) group->rail(0).endConnect(slot);
+    }
     fi_addr_t peer = FI_ADDR_UNSPEC;
     std::string peerName;
     uint64_t token = 0;

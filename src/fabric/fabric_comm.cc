@@ -916,7 +916,7 @@ Status FabricListenComm::accept(RecvComm** recvComm) {
       if (Status st = group_->rail(k).insert(req.rails.addr[k], req.rails.len[k], &a); st != Status::kOk) return st;
       peers_.push_back(a);
     }
-    if (Status st = ep.sendReply(peer, kAccepted, req.token, agreed, &ours, id_.get(), &reply_); st != Status::kOk) {
+    if (Status st = ep.sendReply(peer, req.commId, kAccepted, req.token, agreed, &ours, id_.get(), &reply_); st != Status::kOk) {
       return st;
     }
     ep.markAccepted(id_.get());

@@ -72,10 +72,10 @@ void Endpoint::applyProviderOptions(FabricDevice& dev, fid_ep* ep) {
 
 static_assert(sizeof(ConnectRequest) >= wire::kRequestBufBytes, "a request of any version must fit requestIn");
 
-Status Endpoint::open(FabricDevice& dev, uint32_t ownId, std::unique_ptr<Endpoint>* out) {
+Status Endpoint::open(FabricDevice& dev, std::unique_ptr<Endpoint>* out) {
   Status st = dev.open();
   if (st != Status::kOk) return st;
-  std::unique_ptr<Endpoint> e(new Endpoint(dev, ownId));
+  std::unique_ptr<Endpoint> e(new Endpoint(dev));
   e->ctl_ = std::make_unique<Control>();
   // make_unique value-initializes: every byte sent from Control starts zeroed.
   const fi_info* info = dev.info();
@@ -147,7 +147,7 @@ bool Endpoint::writeLenReported(FabricDevice& dev) {
 bool Endpoint::measureWriteLen(FabricDevice& dev) {
   constexpr size_t kLen = 1234;  // not a power of two, not a buffer size: a length no provider would invent
   std::unique_ptr<Endpoint> e;
-  if (open(dev, 0, &e) != Status::kOk) return false;
+  if (open(dev, &e) != Status::kOk) return false;
   auto buf = std::make_unique<uint8_t[]>(2 * 4096);
   MemHandle* mh = nullptr;
   if (dev.mrCache().reg(buf.get(), 2 * 4096, NCCL_PTR_HOST, &mh) != Status::kOk) return false;
@@ -296,11 +296,7 @@ void Endpoint::handleControl(OpContext* ctx, bool ok, Status st) {
       postRequestRecv(ctx->index);
       return;
     case OpKind::kConnReply:
-      if (!ok) {
-        connectError_ = st;
-        return;
-      }
-      replyPending_ = true;
+      onReply(ctx->index, ok, st);
       return;
     case OpKind::kProbeRecv:
       postProbeRecv();  // a probe from the peer: drained and discarded
@@ -311,9 +307,11 @@ void Endpoint::handleControl(OpContext* ctx, bool ok, Status st) {
         if (!ok && probeError_ == Status::kOk) probeError_ = st;
         return;
       }
-      if (ctx == &requestSendCtx_) {
-        requestState_ = SlotState::kFree;
-        if (!ok) connectError_ = st;
+      if (ctx->owner == &connects_) {
+        ConnectSlot& c = connects_[ctx->index];
+        c.request = SlotState::kFree;
+        if (!ok && c.error == Status::kOk) c.error = st;
+        tryFreeConnect(ctx->index);
       } else {
         replySlot_[ctx->index] = SlotState::kFree;
         ++replyGen_[ctx->index];
@@ -333,7 +331,9 @@ void Endpoint::refuse(const ConnectRequest& r, uint16_t status) {
   // address vector without bound.
   if (++refusals_ > 16) return;
   fi_addr_t to;
-  if (insert(wire::requestAddr(r), r.addrLen, &to) == Status::kOk) sendReply(to, status, r.token);
+  // A version-4 connector waits for its answer under its comm id, an older one under id 0.
+  const uint32_t toComm = r.version == ConnectRequest::kVersion && r.commId <= wire::kMaxCommId ? r.commId : 0;
+  if (insert(wire::requestAddr(r), r.addrLen, &to) == Status::kOk) sendReply(to, toComm, status, r.token);
 }
 
 // Receives of weft's own messages (handshake, probes, offers) are posted on an endpoint that carries little
@@ -341,10 +341,10 @@ void Endpoint::refuse(const ConnectRequest& r, uint16_t status) {
 // forever. The progress calls route completions through the comm table as any other: this may run inside a
 // progress call of a comm, and its data completions must not be dropped.
 Status Endpoint::postOwnRecv(void* buf, size_t len, void* desc, fi_addr_t from, uint64_t tag, OpContext& ctx,
-                             const char* what) {
+                             const char* what, uint64_t ignore) {
   ssize_t rc = -FI_EAGAIN;
   for (int tries = 0; tries < 1000 && rc == -FI_EAGAIN; ++tries) {
-    rc = fi_trecv(ep_.get(), buf, len, desc, from, tag, 0, &ctx.fi);
+    rc = fi_trecv(ep_.get(), buf, len, desc, from, tag, ignore, &ctx.fi);
     if (rc == -FI_EAGAIN && progress() != Status::kOk) rc = -FI_EIO;
   }
   if (rc != 0) {
@@ -356,9 +356,10 @@ Status Endpoint::postOwnRecv(void* buf, size_t len, void* desc, fi_addr_t from, 
 
 // Control receives: always from any source; some providers (sockets) see replies arrive over a connection the
 // listener opened back, under another address; replies echo the connector's token, which it checks instead.
-Status Endpoint::postControlRecv(void* buf, size_t len, uint64_t tag, OpContext& ctx, OpKind kind, const char* what) {
+Status Endpoint::postControlRecv(void* buf, size_t len, uint64_t tag, OpContext& ctx, OpKind kind, const char* what,
+                                 uint64_t ignore) {
   ctx.kind = kind;
-  return postOwnRecv(buf, len, ctlDesc_, FI_ADDR_UNSPEC, tag, ctx, what);
+  return postOwnRecv(buf, len, ctlDesc_, FI_ADDR_UNSPEC, tag, ctx, what, ignore);
 }
 
 Status Endpoint::postRequestRecv(int slot) {
@@ -449,8 +450,8 @@ bool Endpoint::replyDone(const ReplyTicket& t) const {
   return t.slot < 0 || replyGen_[static_cast<size_t>(t.slot)] != t.gen;
 }
 
-Status Endpoint::sendReply(fi_addr_t to, uint16_t status, uint64_t token, uint32_t flags, const RailAddrs* rails,
-                           uint32_t commId, ReplyTicket* ticket) {
+Status Endpoint::sendReply(fi_addr_t to, uint32_t toComm, uint16_t status, uint64_t token, uint32_t flags,
+                           const RailAddrs* rails, uint32_t commId, ReplyTicket* ticket) {
   if (ticket != nullptr) *ticket = ReplyTicket{};
   int slot = -1;
   for (int i = 0; i < kReplySlots; ++i) {
@@ -463,6 +464,7 @@ Status Endpoint::sendReply(fi_addr_t to, uint16_t status, uint64_t token, uint32
   ctl_->replyOut[slot] = ConnectReply{ConnectReply::kMagic, ConnectRequest::kVersion, status, token, flags, commId,
                                       rails != nullptr ? *rails : RailAddrs{}};
   replyTo_[slot] = to;
+  replyComm_[slot] = toComm;
   replySendCtx_[slot].kind = OpKind::kCtrlSend;
   replySendCtx_[slot].index = static_cast<uint16_t>(slot);
   replySlot_[slot] = SlotState::kQueued;
@@ -473,8 +475,9 @@ Status Endpoint::sendReply(fi_addr_t to, uint16_t status, uint64_t token, uint32
 }
 
 Status Endpoint::postProbeRecv() {
-  return postControlRecv(ctl_->probeIn, sizeof(ctl_->probeIn), wire::ctrlTag(wire::CtrlKind::kProbe, ownId_),
-                         probeRecvCtx_, OpKind::kProbeRecv, "probe");
+  // Any comm's probes: they are drained and discarded, whichever comm they name.
+  return postControlRecv(ctl_->probeIn, sizeof(ctl_->probeIn), wire::ctrlTag(wire::CtrlKind::kProbe, 0),
+                         probeRecvCtx_, OpKind::kProbeRecv, "probe", wire::ctrlTagCommMask());
 }
 
 void Endpoint::sendProbe(fi_addr_t to) {
@@ -510,11 +513,14 @@ void Endpoint::flushControl() {
     state = SlotState::kFree;
     return statusOfFiError(static_cast<int>(-rc));
   };
-  const ConnectRequest& r = ctl_->requestOut;
-  if (Status st = trySend(requestState_, &r, offsetof(ConnectRequest, addr) + r.addrLen, requestTo_,
-                          wire::ctrlTag(wire::CtrlKind::kConnRequest), requestSendCtx_, "the connection request");
-      st != Status::kOk) {
-    connectError_ = st;
+  for (int i = 0; i < kConnectSlots; ++i) {
+    ConnectSlot& c = connects_[i];
+    const ConnectRequest& r = ctl_->requestOut[i];
+    if (Status st = trySend(c.request, &r, offsetof(ConnectRequest, addr) + r.addrLen, c.to,
+                            wire::ctrlTag(wire::CtrlKind::kConnRequest), c.sendCtx, "the connection request");
+        st != Status::kOk && c.error == Status::kOk) {
+      c.error = st;
+    }
   }
   if (Status st = trySend(probeState_, ctl_->probeOut, sizeof(ctl_->probeOut), probeTo_,
                           wire::ctrlTag(wire::CtrlKind::kProbe, peerId_), probeSendCtx_,
@@ -525,17 +531,41 @@ void Endpoint::flushControl() {
   for (int i = 0; i < kReplySlots; ++i) {
     const SlotState before = replySlot_[i];
     trySend(replySlot_[i], &ctl_->replyOut[i], sizeof(ConnectReply), replyTo_[i],
-            wire::ctrlTag(wire::CtrlKind::kConnReply), replySendCtx_[i], "a connection reply");
+            wire::ctrlTag(wire::CtrlKind::kConnReply, replyComm_[i]), replySendCtx_[i], "a connection reply");
     if (before == SlotState::kQueued && replySlot_[i] == SlotState::kFree) ++replyGen_[i];  // failed: it is over
   }
   controlQueued_ = still;
 }
 
-Status Endpoint::startConnect(fi_addr_t to, uint64_t token, uint32_t listenId, uint32_t flags, uint32_t eagerMax,
-                              const RailAddrs& rails) {
-  requestSendCtx_.kind = OpKind::kCtrlSend;
-  if (Status st = repostReplyRecv(); st != Status::kOk) return st;
-  ConnectRequest& r = ctl_->requestOut;
+Status Endpoint::startConnect(uint32_t commId, fi_addr_t to, uint64_t token, uint32_t listenId, uint32_t flags,
+                              uint32_t eagerMax, const RailAddrs& rails, int* slot) {
+  *slot = -1;
+  int i = 0;
+  while (i < kConnectSlots && connects_[i].commId != 0) ++i;
+  if (i == kConnectSlots) return Status::kOk;  // every slot busy: the caller tries again
+  if (!replyAnyPosted_) {
+    replyAnyCtx_.index = kConnectSlots;
+    if (Status st = postControlRecv(&ctl_->replyAny, sizeof(ConnectReply), wire::ctrlTag(wire::CtrlKind::kConnReply),
+                                    replyAnyCtx_, OpKind::kConnReply, "connection-reply");
+        st != Status::kOk) {
+      return st;
+    }
+    replyAnyPosted_ = true;
+  }
+  ConnectSlot& c = connects_[i];
+  c = ConnectSlot{};
+  c.commId = commId;
+  c.to = to;
+  c.token = token;
+  c.sendCtx.kind = OpKind::kCtrlSend;
+  c.sendCtx.owner = &connects_;
+  c.sendCtx.index = static_cast<uint16_t>(i);
+  c.recvCtx.index = static_cast<uint16_t>(i);
+  if (Status st = repostReplyRecv(i); st != Status::kOk) {
+    c.commId = 0;
+    return st;
+  }
+  ConnectRequest& r = ctl_->requestOut[i];
   r.magic = ConnectRequest::kMagic;
   r.version = ConnectRequest::kVersion;
   r.addrLen = static_cast<uint16_t>(name_.size());
@@ -543,27 +573,88 @@ Status Endpoint::startConnect(fi_addr_t to, uint64_t token, uint32_t listenId, u
   r.flags = flags;
   r.eagerMax = eagerMax;
   r.listenId = listenId;
-  r.commId = ownId_;
+  r.commId = commId;
   r.rails = rails;
   std::memcpy(r.addr, name_.data(), name_.size());
-  requestTo_ = to;
-  requestState_ = SlotState::kQueued;
+  c.request = SlotState::kQueued;
   controlQueued_ = true;
+  *slot = i;
   flushControl();
-  return connectError_;
+  return c.error;
 }
 
-Status Endpoint::repostReplyRecv() {
-  replyPending_ = false;
-  return postControlRecv(&ctl_->replyIn, sizeof(ConnectReply), wire::ctrlTag(wire::CtrlKind::kConnReply),
-                         replyRecvCtx_, OpKind::kConnReply, "connection-reply");
+Status Endpoint::repostReplyRecv(int slot) {
+  ConnectSlot& c = connects_[slot];
+  c.replyPending = false;
+  Status st = postControlRecv(&ctl_->replyIn[slot], sizeof(ConnectReply),
+                              wire::ctrlTag(wire::CtrlKind::kConnReply, c.commId), c.recvCtx, OpKind::kConnReply,
+                              "connection-reply");
+  c.replyPosted = st == Status::kOk;
+  return st;
 }
 
-bool Endpoint::takeReply(ConnectReply* out) {
-  if (!replyPending_) return false;
-  *out = ctl_->replyIn;
-  replyPending_ = false;
+// slot kConnectSlots: the id-0 receive (a version-3 listener's answer), handed to the connect whose token it echoes.
+void Endpoint::onReply(int slot, bool ok, Status st) {
+  if (slot == kConnectSlots) {
+    replyAnyPosted_ = false;
+    if (!ok) return;  // canceled with the endpoint, or the endpoint is failing: nothing to answer
+    for (int i = 0; i < kConnectSlots; ++i) {
+      ConnectSlot& c = connects_[i];
+      if (c.commId != 0 && !c.ended && !c.replyPending && c.token == ctl_->replyAny.token) {
+        ctl_->replyIn[i] = ctl_->replyAny;
+        c.replyPending = true;
+        break;
+      }
+    }
+    replyAnyCtx_.index = kConnectSlots;
+    replyAnyPosted_ = postControlRecv(&ctl_->replyAny, sizeof(ConnectReply), wire::ctrlTag(wire::CtrlKind::kConnReply),
+                                      replyAnyCtx_, OpKind::kConnReply, "connection-reply") == Status::kOk;
+    return;
+  }
+  ConnectSlot& c = connects_[slot];
+  c.replyPosted = false;
+  if (c.cancelling || c.ended) {
+    c.cancelling = false;
+    tryFreeConnect(slot);
+    return;
+  }
+  if (!ok) {
+    if (c.error == Status::kOk) c.error = st;
+    return;
+  }
+  c.replyPending = true;
+}
+
+bool Endpoint::takeReply(int slot, ConnectReply* out) {
+  ConnectSlot& c = connects_[slot];
+  if (!c.replyPending) return false;
+  *out = ctl_->replyIn[slot];
+  c.replyPending = false;
   return true;
+}
+
+void Endpoint::endConnect(int slot) {
+  if (slot < 0 || slot >= kConnectSlots) return;
+  ConnectSlot& c = connects_[slot];
+  c.ended = true;
+  c.replyPending = false;
+  if (c.request == SlotState::kQueued) c.request = SlotState::kFree;  // never handed over: nothing to wait for
+  if (c.replyPosted && !c.cancelling) {
+    int rc = fi_cancel(&ep_->fid, &c.recvCtx.fi);
+    if (rc == 0) {
+      c.cancelling = true;
+    } else {
+      WEFT_WARN("on {}: canceling a connection-reply receive failed: {}; its slot stays out of use",
+                dev_.props().name, fi_strerror(-rc));
+    }
+  }
+  tryFreeConnect(slot);
+}
+
+void Endpoint::tryFreeConnect(int slot) {
+  ConnectSlot& c = connects_[slot];
+  if (!c.ended || c.request != SlotState::kFree || c.replyPosted) return;
+  c = ConnectSlot{};
 }
 
 }  // namespace weft::fabric

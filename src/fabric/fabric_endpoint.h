@@ -52,8 +52,7 @@ Status statusOfFiError(int err);
 
 class Endpoint {
  public:
-  // ownId: the comm this endpoint serves (its probes arrive tagged with it).
-  static Status open(FabricDevice& dev, uint32_t ownId, std::unique_ptr<Endpoint>* out);
+  static Status open(FabricDevice& dev, std::unique_ptr<Endpoint>* out);
   // Whether `dev`'s provider reports an RMA write's length at the target: one write with completion data to an
   // endpoint of our own, its target completion read (bounded wait). False on any failure.
   static bool measureWriteLen(FabricDevice& dev);
@@ -94,15 +93,16 @@ class Endpoint {
     int slot = -1;
     uint32_t gen = 0;
   };
-  Status sendReply(fi_addr_t to, uint16_t status, uint64_t token, uint32_t flags = 0, const RailAddrs* rails = nullptr,
-                   uint32_t commId = 0, ReplyTicket* ticket = nullptr);
+  // toComm: the connecting comm's id (its reply receive is tagged with it; 0 for a version-3 connector).
+  Status sendReply(fi_addr_t to, uint32_t toComm, uint16_t status, uint64_t token, uint32_t flags = 0,
+                   const RailAddrs* rails = nullptr, uint32_t commId = 0, ReplyTicket* ticket = nullptr);
   // True once that reply has left this process (its send completed, or failed).
   bool replyDone(const ReplyTicket& t) const;
 
   // Posts a receive for a message of weft's own (not NCCL data), retrying a bounded number of times while the
   // provider pushes back. A failure is logged naming `what`.
   Status postOwnRecv(void* buf, size_t len, void* desc, fi_addr_t from, uint64_t tag, OpContext& ctx,
-                     const char* what);
+                     const char* what, uint64_t ignore = 0);
 
   // Liveness: a small message the peer's endpoint drains and discards. Its send completing proves the path to
   // a live peer works; an error proves the peer (or the way to it) is gone.
@@ -113,36 +113,45 @@ class Endpoint {
   void setPeerId(uint32_t id) { peerId_ = id; }
   Status probeError() const { return probeError_; }
 
-  // Connector side.
-  Status startConnect(fi_addr_t to, uint64_t token, uint32_t listenId, uint32_t flags, uint32_t eagerMax,
-                      const RailAddrs& rails);
-  bool takeReply(ConnectReply* out);
-  Status repostReplyRecv();
-  Status connectError() const { return connectError_; }
+  // Connector side: up to kConnectSlots connections in progress at once per endpoint, each with its own request
+  // buffer and reply receive, tagged with the connecting comm's id (a reply names whom it answers). A version-3
+  // listener answers under id 0: one receive for those, matched by token. *slot: where this connect waits, or -1
+  // when every slot is busy (call again later: nothing was sent).
+  Status startConnect(uint32_t commId, fi_addr_t to, uint64_t token, uint32_t listenId, uint32_t flags,
+                      uint32_t eagerMax, const RailAddrs& rails, int* slot);
+  bool takeReply(int slot, ConnectReply* out);
+  Status repostReplyRecv(int slot);  // after a reply that did not answer this connection
+  Status connectError(int slot) const { return connects_[static_cast<size_t>(slot)].error; }
+  // The connect is over (connected, failed or abandoned): the slot is reused once nothing of it is in flight.
+  void endConnect(int slot);
 
  private:
-  Endpoint(FabricDevice& dev, uint32_t ownId) : dev_(dev), ownId_(ownId) {}
+  explicit Endpoint(FabricDevice& dev) : dev_(dev) {}
   static void applyProviderOptions(FabricDevice& dev, fid_ep* ep);
   void handleControl(OpContext* ctx, bool ok, Status st);
   void onRequest(int slot);
+  void onReply(int slot, bool ok, Status st);
+  void tryFreeConnect(int slot);
   Status postRequestRecv(int slot);
   void flushControl();
-  Status postControlRecv(void* buf, size_t len, uint64_t tag, OpContext& ctx, OpKind kind, const char* what);
+  Status postControlRecv(void* buf, size_t len, uint64_t tag, OpContext& ctx, OpKind kind, const char* what,
+                         uint64_t ignore = 0);
 
   static constexpr int kReplySlots = 8;
   static constexpr int kRequestSlots = 4;
+  static constexpr int kConnectSlots = 4;
   static constexpr size_t kInboxMax = 16;  // requests queued per listen (a flood beyond is dropped)
   struct Control {
     std::array<ConnectRequest, kRequestSlots> requestIn;  // any version's request fits (wire::kRequestBufBytes)
-    ConnectRequest requestOut;
-    ConnectReply replyIn;
+    std::array<ConnectRequest, kConnectSlots> requestOut;
+    std::array<ConnectReply, kConnectSlots> replyIn;
+    ConnectReply replyAny;  // a version-3 listener's reply (id 0)
     std::array<ConnectReply, kReplySlots> replyOut;
     uint64_t probeOut[2];
     uint64_t probeIn[2];
   };
 
   FabricDevice& dev_;
-  uint32_t ownId_;       // the comm this endpoint serves
   uint32_t peerId_ = 0;  // the peer's comm
   CommTable* table_ = nullptr;  // the group's: where the comms' completions go
   // Acquisition order; destroyed in reverse (endpoint before its queues and control registration).
@@ -154,7 +163,6 @@ class Endpoint {
   void* ctlDesc_ = nullptr;
   std::vector<uint8_t> name_;
 
-  OpContext replyRecvCtx_, requestSendCtx_;
   std::array<OpContext, kRequestSlots> requestRecvCtx_;
   bool requestsPosted_ = false;
   struct Inbox {
@@ -167,16 +175,28 @@ class Endpoint {
   std::array<SlotState, kReplySlots> replySlot_{};
   std::array<uint32_t, kReplySlots> replyGen_{};  // bumped when the slot's reply has left
   std::array<fi_addr_t, kReplySlots> replyTo_{};
-  SlotState requestState_ = SlotState::kFree;
-  fi_addr_t requestTo_ = FI_ADDR_UNSPEC;
+  std::array<uint32_t, kReplySlots> replyComm_{};
+  struct ConnectSlot {
+    uint32_t commId = 0;  // 0: free
+    bool ended = false;   // endConnect was called; freed once nothing is in flight
+    SlotState request = SlotState::kFree;
+    bool replyPosted = false;
+    bool replyPending = false;  // a reply arrived, waiting for takeReply
+    bool cancelling = false;    // the reply receive is being canceled
+    fi_addr_t to = FI_ADDR_UNSPEC;
+    uint64_t token = 0;
+    Status error = Status::kOk;
+    OpContext sendCtx, recvCtx;
+  };
+  std::array<ConnectSlot, kConnectSlots> connects_;
+  OpContext replyAnyCtx_;
+  bool replyAnyPosted_ = false;
   bool controlQueued_ = false;  // a control send is waiting for the provider to accept it
   OpContext probeSendCtx_, probeRecvCtx_;
   SlotState probeState_ = SlotState::kFree;
   fi_addr_t probeTo_ = FI_ADDR_UNSPEC;
   Status probeError_ = Status::kOk;
-  bool replyPending_ = false;
   int refusals_ = 0;
-  Status connectError_ = Status::kOk;
 };
 
 }  // namespace weft::fabric

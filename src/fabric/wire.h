@@ -66,6 +66,8 @@ inline uint64_t ctrlTag(CtrlKind kind, uint32_t commId = 0) {
   return kCtrlBit | (static_cast<uint64_t>(commId & kMaxCommId) << 32) | static_cast<uint64_t>(kind);
 }
 inline bool isCtrlTag(uint64_t tag) { return (tag & kCtrlBit) != 0; }
+// The bits of a control tag that hold the comm id (an ignore mask: a receive for any comm's messages of a kind).
+constexpr uint64_t ctrlTagCommMask() { return static_cast<uint64_t>(kMaxCommId) << 32; }
 inline uint32_t ctrlTagComm(uint64_t tag) { return static_cast<uint32_t>(tag >> 32) & kMaxCommId; }
 inline uint8_t ctrlTagKind(uint64_t tag) { return static_cast<uint8_t>(tag); }
 
