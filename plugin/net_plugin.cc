@@ -260,14 +260,14 @@ ncclResult_t makeVDeviceImpl(int* d, VP* props) {
   });
 }
 
-ncclResult_t listenImpl(int dev, void* handle, void** listenComm) {
+ncclResult_t listenImpl(int dev, const CommConfig& config, void* handle, void** listenComm) {
   return guarded("listen", [&] {
     if (listenComm == nullptr || handle == nullptr) return Status::kInternal;
     *listenComm = nullptr;
     Backend* b = backendOrWarn("listen");
     if (b == nullptr) return Status::kInternal;
     ListenComm* lc = nullptr;
-    Status st = b->listen(dev, handle, &lc);
+    Status st = b->listen(dev, config, handle, &lc);
     if (st == Status::kOk) {
       *listenComm = static_cast<Object*>(lc);
       live().add(*listenComm);
@@ -460,7 +460,7 @@ ncclResult_t closeSendImpl(void* sendComm) {
     if (sc == nullptr) return Status::kInternal;
     live().remove(sendComm);
     timingClose(sc);
-    delete sc;
+    sc->close();
     return Status::kOk;
   });
 }
@@ -475,7 +475,7 @@ ncclResult_t closeRecvImpl(void* recvComm) {
     if (rc == nullptr) return Status::kInternal;
     live().remove(recvComm);
     timingClose(rc);
-    delete rc;
+    rc->close();
     return Status::kOk;
   });
 }
@@ -536,12 +536,18 @@ ncclResult_t finalize_v11(void* ctx) {
 
 CommConfig configOf(void* ctx) {
   auto* c = static_cast<NetContext*>(ctx);
-  return c != nullptr && c->magic == kContextMagic ? c->config : CommConfig{};
+  if (c == nullptr || c->magic != kContextMagic) return CommConfig{};
+  CommConfig cfg = c->config;
+  cfg.scope = c;
+  return cfg;
+}
+
+ncclResult_t listen_v7(int dev, void* handle, void** listenComm) {
+  return listenImpl(dev, CommConfig{}, handle, listenComm);
 }
 
 ncclResult_t listen_v11(void* ctx, int dev, void* handle, void** listenComm) {
-  (void)ctx;
-  return listenImpl(dev, handle, listenComm);
+  return listenImpl(dev, configOf(ctx), handle, listenComm);
 }
 
 ncclResult_t connect_v7(int dev, void* handle, void** sendComm, ncclNetDeviceHandle_v7_t** /*unused by HOST*/) {
@@ -610,7 +616,7 @@ extern "C" {
 // NCCL reads `name` right after dlsym, before init: it must be a static string.
 WEFT_EXPORT ncclNet_v7_t ncclNetPlugin_v7 = {
     "weft",        init_v7,       devicesImpl,     getPropertiesImpl<ncclNetProperties_v7_t>,
-    listenImpl,    connect_v7,    accept_v7,       regMr_v7,
+    listen_v7,     connect_v7,    accept_v7,       regMr_v7,
     regMrDmaBufImpl, deregMrImpl, isend_v7,        irecvIntImpl,
     iflushImpl,    testImpl,      closeSendImpl,   closeRecvImpl,
     closeListenImpl, nullptr /*getDeviceMr*/, nullptr /*irecvConsumed*/,
@@ -618,7 +624,7 @@ WEFT_EXPORT ncclNet_v7_t ncclNetPlugin_v7 = {
 
 WEFT_EXPORT ncclNet_v8_t ncclNetPlugin_v8 = {
     "weft",        init_v7,       devicesImpl,     getPropertiesImpl<ncclNetProperties_v8_t>,
-    listenImpl,    connect_v7,    accept_v7,       regMrImpl,
+    listen_v7,     connect_v7,    accept_v7,       regMrImpl,
     regMrDmaBufImpl, deregMrImpl, isend_v7,        irecvIntImpl,
     iflushImpl,    testImpl,      closeSendImpl,   closeRecvImpl,
     closeListenImpl, nullptr, nullptr,
@@ -626,7 +632,7 @@ WEFT_EXPORT ncclNet_v8_t ncclNetPlugin_v8 = {
 
 WEFT_EXPORT ncclNet_v9_t ncclNetPlugin_v9 = {
     "weft",        init_v7,       devicesImpl,     getPropertiesImpl<ncclNetProperties_v9_t>,
-    listenImpl,    connect_v7,    accept_v7,       regMrImpl,
+    listen_v7,     connect_v7,    accept_v7,       regMrImpl,
     regMrDmaBufImpl, deregMrImpl, isend_v9,        irecv_v9,
     iflushImpl,    testImpl,      closeSendImpl,   closeRecvImpl,
     closeListenImpl, nullptr, nullptr, makeVDeviceImpl<ncclNetVDeviceProps_v9_t>,
@@ -634,7 +640,7 @@ WEFT_EXPORT ncclNet_v9_t ncclNetPlugin_v9 = {
 
 WEFT_EXPORT ncclNet_v10_t ncclNetPlugin_v10 = {
     "weft",        init_v10,      devicesImpl,     getPropertiesImpl<ncclNetProperties_v10_t>,
-    listenImpl,    connect_v10,   accept_v7,       regMrImpl,
+    listen_v7,     connect_v10,   accept_v7,       regMrImpl,
     regMrDmaBufImpl, deregMrImpl, isend_v10,       irecv_v10,
     iflushImpl,    testImpl,      closeSendImpl,   closeRecvImpl,
     closeListenImpl, nullptr, nullptr, makeVDeviceImpl<ncclNetVDeviceProps_v10_t>,

@@ -6,10 +6,11 @@
 
 namespace weft::fabric {
 
-Status EndpointGroup::open(const std::vector<FabricDevice*>& rails, std::shared_ptr<EndpointGroup>* out) {
+Status EndpointGroup::open(const std::vector<FabricDevice*>& rails, std::shared_ptr<EndpointGroup>* out,
+                           bool shared) {
   out->reset();
   if (rails.empty()) return Status::kInternal;
-  std::shared_ptr<EndpointGroup> g(new EndpointGroup(rails[0]->props().name));
+  std::shared_ptr<EndpointGroup> g(new EndpointGroup(rails[0]->props().name, shared));
   for (size_t k = 0; k < rails.size(); ++k) {
     std::unique_ptr<Endpoint> ep;
     if (Status st = Endpoint::open(*rails[k], &ep); st != Status::kOk) return st;
@@ -25,11 +26,32 @@ Status EndpointGroup::open(const std::vector<FabricDevice*>& rails, std::shared_
   return Status::kOk;
 }
 
-// Endpoints close first (cancelling what is in flight), while the table they route to still exists.
-EndpointGroup::~EndpointGroup() { eps_.clear(); }
+// Endpoints close first (cancelling what is in flight), while the table they route to still exists; parked
+// comms go after, their operations gone with the endpoints.
+EndpointGroup::~EndpointGroup() {
+  eps_.clear();
+  parked_.clear();
+}
 
 void EndpointGroup::keepRails(int n) {
-  if (n >= 1 && n < rails()) eps_.resize(static_cast<size_t>(n));
+  if (!shared_ && n >= 1 && n < rails()) eps_.resize(static_cast<size_t>(n));
+}
+
+void EndpointGroup::park(DataSink* comm, bool (*drained)(DataSink*)) {
+  parked_.push_back(Parked{std::unique_ptr<DataSink>(comm), drained});
+}
+
+void EndpointGroup::sweep() {
+  for (size_t i = 0; i < parked_.size();) {
+    if (!parked_[i].drained(parked_[i].comm.get())) {
+      ++i;
+      continue;
+    }
+    std::unique_ptr<DataSink> done = std::move(parked_[i].comm);
+    parked_[i] = std::move(parked_.back());
+    parked_.pop_back();
+    done.reset();  // leaves the table
+  }
 }
 
 RailAddrs EndpointGroup::railAddrs() const {

@@ -2,11 +2,14 @@
 // endpoints, step 2). Completions of every rail are read by the rail's endpoint and routed through the table
 // (fabric/comm_table.h) to the comm they name.
 //
-// For now each connection opens its own group (the handshake runs on rail 0's endpoint, which the handle names),
-// so a group serves one comm; the routing is already the shared one.
+// By default each connection opens its own group (private: one comm, no lock). With WEFT_SHARED_ENDPOINTS=1 the
+// comms of one NCCL context on one device share a group (step 2 of shared endpoints): listens, connects and the
+// data path of every comm take the group's lock (its completions may be read by any of them), and a comm closed
+// with operations still in the provider's hands is parked in the group until they complete.
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "fabric/comm_table.h"
@@ -17,23 +20,39 @@ namespace weft::fabric {
 class EndpointGroup {
  public:
   // One endpoint on each of `rails` (the device's NICs). Further rails' addresses must fit the handshake.
-  static Status open(const std::vector<FabricDevice*>& rails, std::shared_ptr<EndpointGroup>* out);
+  static Status open(const std::vector<FabricDevice*>& rails, std::shared_ptr<EndpointGroup>* out,
+                     bool shared = false);
   ~EndpointGroup();
   EndpointGroup(const EndpointGroup&) = delete;
   EndpointGroup& operator=(const EndpointGroup&) = delete;
 
   int rails() const { return static_cast<int>(eps_.size()); }
   Endpoint& rail(int k) const { return *eps_[static_cast<size_t>(k)]; }
-  // Closes the endpoints of rails n and up (a peer with fewer rails).
+  // Closes the endpoints of rails n and up (a peer with fewer rails); a shared group keeps them for others.
   void keepRails(int n);
+  bool shared() const { return shared_; }
+  std::mutex& mutex() { return mu_; }
+
+  // A closed comm whose operations are still in the provider's hands: kept (and still routed to) until
+  // `drained` says they are over (sweep), or until the group closes its endpoints. Caller holds the lock.
+  void park(DataSink* comm, bool (*drained)(DataSink*));
+  void sweep();
+  size_t parked() const { return parked_.size(); }
   CommTable& table() { return table_; }
   // This side's further rail addresses, for the handshake.
   RailAddrs railAddrs() const;
 
  private:
-  explicit EndpointGroup(std::string where) : table_(std::move(where)) {}
-  // The table outlives the endpoints (declared first, destroyed last): closing an endpoint may still deliver.
+  explicit EndpointGroup(std::string where, bool shared) : table_(std::move(where)), shared_(shared) {}
+  // The table outlives the endpoints and parked comms (declared first, destroyed last).
   CommTable table_;
+  bool shared_;
+  std::mutex mu_;
+  struct Parked {
+    std::unique_ptr<DataSink> comm;
+    bool (*drained)(DataSink*);
+  };
+  std::vector<Parked> parked_;
   std::vector<std::unique_ptr<Endpoint>> eps_;
 };
 

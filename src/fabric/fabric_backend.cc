@@ -53,6 +53,7 @@ std::unique_ptr<FabricBackend> FabricBackend::discover(std::string* why) {
   auto b = std::unique_ptr<FabricBackend>(new FabricBackend());
   b->maxRecvs_ = static_cast<int>(params::getInt("WEFT_MAX_RECVS"));
   b->connectTimeoutSec_ = static_cast<int>(params::getInt("WEFT_CONNECT_TIMEOUT"));
+  b->sharedEndpoints_ = params::getBool("WEFT_SHARED_ENDPOINTS");
   b->pending_.setTimeout(b->connectTimeoutSec_);
   std::vector<NicInfo> nics;
   for (auto& c : found) {
@@ -152,7 +153,7 @@ Status FabricBackend::makeVDevice(const int* devs, int n, int* out) {
 
 FabricBackend::~FabricBackend() = default;
 
-Status FabricBackend::listen(int dev, void* handle, ListenComm** out) {
+Status FabricBackend::listen(int dev, const CommConfig& config, void* handle, ListenComm** out) {
   *out = nullptr;
   if (dev < 0 || dev >= deviceCount()) {
     WEFT_WARN("listen on device {}, but there are {} devices", dev, deviceCount());
@@ -162,7 +163,9 @@ Status FabricBackend::listen(int dev, void* handle, ListenComm** out) {
   CommId id = newCommId("listen", dev);
   if (!id) return Status::kSystem;
   std::shared_ptr<EndpointGroup> group;
-  if (Status st = EndpointGroup::open(groups_[dev]->rails, &group); st != Status::kOk) return st;
+  if (Status st = groupFor(dev, config, &group); st != Status::kOk) return st;
+  std::unique_lock<std::mutex> lock;
+  if (group->shared()) lock = std::unique_lock<std::mutex>(group->mutex());
   Endpoint* ep = &group->rail(0);
   if (ep->name().size() > WireHandle::kMaxAddr) {
     WEFT_WARN("provider address of {} bytes does not fit the handle", ep->name().size());
@@ -178,12 +181,30 @@ Status FabricBackend::listen(int dev, void* handle, ListenComm** out) {
   std::memcpy(h.addr.data(), ep->name().data(), h.addrLen);
   h.encode(handle);
   WEFT_INFO(NCCL_NET, "listening on {} at {}", props(dev).name, ep->addrString(ep->name().data(), ep->name().size()));
+  lock = {};
   *out = new FabricListenComm(std::move(group), h.token, maxRecvs_, std::move(id));
   return Status::kOk;
 }
 
+// A private group per connection, or with WEFT_SHARED_ENDPOINTS the one of this (context, device), opened on
+// first use and gone when its last comm is.
+Status FabricBackend::groupFor(int dev, const CommConfig& config, std::shared_ptr<EndpointGroup>* out) {
+  if (!sharedEndpoints_) return EndpointGroup::open(groups_[dev]->rails, out);
+  std::lock_guard<std::mutex> lock(sharedMutex_);
+  auto key = std::make_pair(config.scope, dev);
+  if (auto it = shared_.find(key); it != shared_.end()) {
+    if ((*out = it->second.lock()) != nullptr) return Status::kOk;
+  }
+  for (auto it = shared_.begin(); it != shared_.end();) {  // forget groups that closed
+    it = it->second.expired() ? shared_.erase(it) : std::next(it);
+  }
+  if (Status st = EndpointGroup::open(groups_[dev]->rails, out, true); st != Status::kOk) return st;
+  shared_[key] = *out;
+  WEFT_INFO(NCCL_NET, "shared endpoints on {}: a group opened for context {}", props(dev).name, config.scope);
+  return Status::kOk;
+}
+
 Status FabricBackend::connect(int dev, const CommConfig& config, void* handle, SendComm** out) {
-  (void)config;
   *out = nullptr;
   if (dev < 0 || dev >= deviceCount()) {
     WEFT_WARN("connect on device {}, but there are {} devices", dev, deviceCount());
@@ -210,9 +231,9 @@ Status FabricBackend::connect(int dev, const CommConfig& config, void* handle, S
     fresh->started = std::chrono::steady_clock::now();
     fresh->id = newCommId("connect", dev);
     if (!fresh->id) return Status::kSystem;
-    if (Status st = EndpointGroup::open(groups_[dev]->rails, &fresh->group); st != Status::kOk) {
-      return st;
-    }
+    if (Status st = groupFor(dev, config, &fresh->group); st != Status::kOk) return st;
+    std::unique_lock<std::mutex> lock;
+    if (fresh->group->shared()) lock = std::unique_lock<std::mutex>(fresh->group->mutex());
     Endpoint& ep = fresh->group->rail(0);
     fresh->peerName = ep.addrString(h.addr.data(), h.addrLen);
     if (Status st = ep.insert(h.addr.data(), h.addrLen, &fresh->peer); st != Status::kOk) return st;
@@ -220,6 +241,7 @@ Status FabricBackend::connect(int dev, const CommConfig& config, void* handle, S
     fresh->listenId = h.listenId;
     fresh->flags = localProtocolFlags(ep.device());
     fresh->eagerMax = static_cast<uint32_t>(device(dev).eagerMax());
+    lock = {};  // pollConnect takes it again
     pc = pending_.add(handle, std::move(fresh));
   }
   Status st = pollConnect(*pc, out);
@@ -228,6 +250,8 @@ Status FabricBackend::connect(int dev, const CommConfig& config, void* handle, S
 }
 
 Status FabricBackend::pollConnect(PendingConnect& pc, SendComm** out) {
+  std::unique_lock<std::mutex> lock;
+  if (pc.group->shared()) lock = std::unique_lock<std::mutex>(pc.group->mutex());
   Endpoint& ep = pc.group->rail(0);
   const DeviceProps& p = ep.device().props();
   if (pc.slot < 0) {  // every connect slot of the endpoint was busy: try again

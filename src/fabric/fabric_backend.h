@@ -28,7 +28,7 @@ class FabricBackend final : public Backend {
   // NICs (rails) of NCCL device `dev`; rail 0 is the one the handle names.
   int railCount(int dev) const { return static_cast<int>(groups_[dev]->rails.size()); }
   const FabricDevice& device(int dev, int rail = 0) const { return *groups_[dev]->rails[rail]; }
-  Status listen(int dev, void* handle, ListenComm** out) override;
+  Status listen(int dev, const CommConfig& config, void* handle, ListenComm** out) override;
   Status connect(int dev, const CommConfig& config, void* handle, SendComm** out) override;
   Status makeVDevice(const int* devs, int n, int* out) override;
 
@@ -50,7 +50,10 @@ class FabricBackend final : public Backend {
     int slot = -1;                               // rail 0's connect slot (-1: not started yet)
     uint32_t listenId = 0, flags = 0, eagerMax = 0;
     ~PendingConnect() {
-      if (group != nullptr && slot >= 0) group->rail(0).endConnect(slot);
+      if (group == nullptr || slot < 0) return;
+      std::unique_lock<std::mutex> lock;
+      if (group->shared()) lock = std::unique_lock<std::mutex>(group->mutex());
+      group->rail(0).endConnect(slot);
     }
     fi_addr_t peer = FI_ADDR_UNSPEC;
     std::string peerName;
@@ -59,6 +62,10 @@ class FabricBackend final : public Backend {
     std::chrono::steady_clock::time_point started;
   };
   Status pollConnect(PendingConnect& pc, SendComm** out);
+  Status groupFor(int dev, const CommConfig& config, std::shared_ptr<EndpointGroup>* out);
+  bool sharedEndpoints_ = false;  // WEFT_SHARED_ENDPOINTS
+  std::mutex sharedMutex_;
+  std::map<std::pair<const void*, int>, std::weak_ptr<EndpointGroup>> shared_;
 
   std::vector<std::unique_ptr<FabricDevice>> nics_;
   // Devices NCCL sees. makeVDevice appends while other communicators may read: slots are written before the

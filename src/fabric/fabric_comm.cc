@@ -35,7 +35,11 @@ FabricDataComm::FabricDataComm(std::shared_ptr<EndpointGroup> group, std::vector
       pool_(new FabricRequest[poolSize]),
       probeIntervalMs_(params::getInt("WEFT_PROBE_INTERVAL")),
       peerTimeoutMs_(params::getInt("WEFT_PEER_TIMEOUT") * 1000) {
-  for (Rail& r : rails_) r.ep->setPeerId(peerId_);
+  for (size_t k = 0; k < rails_.size(); ++k) {
+    rails_[k].probeCtx.comm = localId_.get();
+    rails_[k].probeCtx.index = static_cast<uint16_t>(k);
+    rails_[k].probeCtx.kind = OpKind::kProbeSend;
+  }
   free_.reserve(poolSize);
   for (int i = poolSize - 1; i >= 0; --i) {
     FabricRequest& r = pool_[i];
@@ -68,11 +72,56 @@ FabricDataComm::~FabricDataComm() {
     }
     WEFT_INFO(NCCL_NET, "comm with {} closed; sent per rail: {}", peerName_, per);
   }
+  if (parkedIn_ != nullptr) {  // its endpoints may be closed already (the group is closing)
+    parkedIn_->table().detach(localId_.get());
+    return;
+  }
   if (joined_) group_->table().detach(localId_.get());
   rails_[0].ep->closeListen(localId_.get());  // a receive comm: the listen it came from refuses replays until now
   for (Rail& r : rails_) r.ep = nullptr;
   group_.reset();
 }
+
+int FabricDataComm::opsInFlight() const {
+  int n = offerRecvsPosted_;
+  for (int i = 0; i < poolSize_; ++i) n += pool_[i].ops;
+  for (const Rail& r : rails_) n += r.probe == Rail::kProbeInFlight ? 1 : 0;
+  return n;
+}
+
+bool FabricDataComm::drained(DataSink* s) { return static_cast<FabricDataComm*>(s)->opsInFlight() == 0; }
+
+void FabricDataComm::closeComm() {
+  if (!group_->shared()) {
+    delete this;  // its own endpoints close with it, canceling whatever is in flight
+    return;
+  }
+  std::shared_ptr<EndpointGroup> keep = group_;  // the group (and its lock) outlive this comm
+  {
+    std::lock_guard<std::mutex> lock(keep->mutex());
+    closing_ = true;
+    // Receives nothing will fill any more: canceled (each comes back as a canceled completion).
+    for (int i = 0; i < poolSize_; ++i) {
+      FabricRequest& r = pool_[i];
+      if (r.magic_ != kRequestMagic || !r.recv) continue;
+      for (int b = 0; b < r.n; ++b) {
+        if ((r.flags[b] & FabricRequest::kPosted) == 0 || (r.flags[b] & FabricRequest::kCanceled) != 0) continue;
+        if (fi_cancel(&rails_[r.rail[b]].ep->ep()->fid, &r.ctx[b].fi) == 0) r.flags[b] |= FabricRequest::kCanceled;
+      }
+    }
+    cancelOwnRecvs();
+    if (opsInFlight() == 0) {
+      delete this;  // leaves the table under the lock
+    } else {
+      WEFT_INFO(NCCL_NET, "comm with {} closed with {} operations in flight: parked until they complete", peerName_,
+                opsInFlight());
+      rails_[0].ep->closeListen(localId_.get());
+      parkedIn_ = keep.get();
+      group_.reset();
+      keep->park(this, &FabricDataComm::drained);
+    }
+  }
+}  // the last comm of the group gone: the group closes here, outside its lock
 
 Status FabricDataComm::join(bool legacy32) {
   if (Status st = group_->table().attach(localId_.get(), this, legacy32); st != Status::kOk) return st;
@@ -145,6 +194,7 @@ Status FabricDataComm::progress() {
     if (s != Status::kOk && st == Status::kOk) st = s;
   }
   if (st != Status::kOk && fatal_ == Status::kOk) fatal_ = st;
+  if (group_->shared() && group_->parked() > 0) group_->sweep();
   flushOffers();
   if ((outstanding_ > 0 || waitingOffer_) && probeIntervalMs_ > 0 && (++polls_ & 1023) == 0) checkPeer();
   return st;
@@ -207,14 +257,15 @@ void FabricDataComm::checkPeer() {
   // Every rail is probed: a link down on one NIC of a device stalls the messages that rail carries.
   bool inFlight = false;
   for (Rail& rail : rails_) {
-    if (Status st = rail.ep->probeError(); st != Status::kOk) {
+    if (rail.probe == Rail::kProbeQueued) trySendProbe(rail);
+    if (Status st = rail.probeError; st != Status::kOk) {
       WEFT_WARN("peer {} on {} is gone: a liveness probe failed after {} ms without progress (process exited or "
                 "was killed, or the connection broke); its {} outstanding requests fail",
                 peerName_, rail.ep->device().props().name, now - lastActivityMs_, outstanding_);
       fatal_ = Status::kRemote;
       return;
     }
-    if (!rail.ep->probeInFlight()) continue;
+    if (rail.probe == Rail::kProbeIdle) continue;
     inFlight = true;
     if (now - probeSentMs_ > peerTimeoutMs_) {
       WEFT_WARN("peer {} on {} unreachable: a liveness probe was not delivered within {} s (host down, link "
@@ -226,15 +277,35 @@ void FabricDataComm::checkPeer() {
   }
   if (inFlight) return;
   if (now - lastActivityMs_ >= probeIntervalMs_ && now - probeSentMs_ >= probeIntervalMs_) {
-    for (Rail& rail : rails_) rail.ep->sendProbe(rail.peer);
+    for (Rail& rail : rails_) {
+      rail.probe = Rail::kProbeQueued;
+      trySendProbe(rail);
+    }
     probeSentMs_ = now;
   }
 }
 
+// A probe the provider pushes back on stays queued (retried at the next look): one it cannot even hand over
+// within WEFT_PEER_TIMEOUT counts as undelivered.
+void FabricDataComm::trySendProbe(Rail& rail) {
+  ssize_t rc = rail.ep->sendProbe(rail.peer, peerId_, rail.probeCtx);
+  if (rc == 0) {
+    rail.probe = Rail::kProbeInFlight;
+  } else if (rc != -FI_EAGAIN) {
+    rail.probe = Rail::kProbeIdle;
+    rail.probeError = statusOfFiError(static_cast<int>(-rc));
+  }
+}
+
 void FabricDataComm::onComplete(OpContext* ctx, size_t len) noexcept {
+  if (ctx->kind == OpKind::kProbeSend) {  // the peer's host took it: alive (not progress of ours)
+    rails_[ctx->index].probe = Rail::kProbeIdle;
+    return;
+  }
   ++completions_;
   if (ctx->kind == OpKind::kOfferRecv) {
-    onOfferRecv(ctx->index);
+    --offerRecvsPosted_;
+    if (!closing_) onOfferRecv(ctx->index);
     return;
   }
   auto* r = static_cast<FabricRequest*>(ctx->owner);
@@ -255,8 +326,15 @@ void FabricDataComm::onComplete(OpContext* ctx, size_t len) noexcept {
 }
 
 void FabricDataComm::onError(OpContext* ctx, int fiErr, Status st) noexcept {
+  if (ctx->kind == OpKind::kProbeSend) {
+    rails_[ctx->index].probe = Rail::kProbeIdle;
+    if (fiErr != FI_ECANCELED && rails_[ctx->index].probeError == Status::kOk) rails_[ctx->index].probeError = st;
+    return;
+  }
   ++completions_;
   if (ctx->kind == OpKind::kOfferRecv) {
+    --offerRecvsPosted_;
+    if (closing_) return;
     // Only when the endpoint is torn down or the peer is gone; the comm is unusable either way.
     if (fiErr != FI_ECANCELED && fatal_ == Status::kOk) fatal_ = st;
     return;
@@ -359,6 +437,7 @@ Status FabricDataComm::postPending(FabricRequest* r) {
 }
 
 Status FabricDataComm::testRequest(FabricRequest* r, bool* done, int* sizesOut) {
+  auto lock = lockGroup();
   *done = false;
   if (r->reported) {
     WEFT_WARN("test on a request that already completed");
@@ -485,8 +564,14 @@ Status FabricSendComm::postOfferRecv(int index) {
                                 dev_.directedRecv() ? rails_[0].peer : FI_ADDR_UNSPEC,
                                 wire::ctrlTag(wire::CtrlKind::kOffer, localId_.get()),
                                 offerRecvCtx_[index], "buffer-offer");
+  if (st == Status::kOk) ++offerRecvsPosted_;
   if (st != Status::kOk && fatal_ == Status::kOk) fatal_ = st;
   return st;
+}
+
+void FabricSendComm::cancelOwnRecvs() {
+  if (offerRecvCtx_ == nullptr) return;
+  for (int i = 0; i < kOfferRecvs; ++i) fi_cancel(&ctl().ep()->fid, &offerRecvCtx_[i].fi);
 }
 
 void FabricSendComm::onOfferRecv(int index) noexcept {
@@ -635,6 +720,7 @@ Status FabricSendComm::postSegments(FabricRequest* r, bool* again) {
 }
 
 Status FabricSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Request** request) {
+  auto lock = lockGroup();
   *request = nullptr;
   if (fatal_ != Status::kOk) return fatal_;
   if (Status st = checkHandle(mh, "isend"); st != Status::kOk) return st;
@@ -752,6 +838,7 @@ void FabricRecvComm::flushOffers() {
 
 Status FabricRecvComm::irecv(int n, void** data, const size_t* sizes, const int* tags, MemHandle** mhs, bool optional,
                              Request** request) {
+  auto lock = lockGroup();
   *request = nullptr;
   if (fatal_ != Status::kOk) return fatal_;
   if (n < 1 || n > maxRecvs_) {
@@ -846,6 +933,7 @@ Status FabricRecvComm::irecv(int n, void** data, const size_t* sizes, const int*
 }
 
 Status FabricRecvComm::iflush(int n, void** data, const int* sizes, MemHandle** mhs, Request** request) {
+  auto lock = lockGroup();
   (void)data;
   (void)sizes;
   *request = nullptr;
@@ -866,7 +954,10 @@ FabricListenComm::FabricListenComm(std::shared_ptr<EndpointGroup> group, uint64_
 
 // Requests still queued for this listen are refused; once accepted, the group belongs to the receive comm.
 FabricListenComm::~FabricListenComm() {
-  if (group_ != nullptr) group_->rail(0).closeListen(id_.get());
+  if (group_ == nullptr) return;
+  std::unique_lock<std::mutex> lock;
+  if (group_->shared()) lock = std::unique_lock<std::mutex>(group_->mutex());
+  group_->rail(0).closeListen(id_.get());
 }
 
 Status FabricListenComm::accept(RecvComm** recvComm) {
@@ -875,6 +966,8 @@ Status FabricListenComm::accept(RecvComm** recvComm) {
     WEFT_WARN("accept called again on a listen comm that already produced its connection");
     return Status::kInternal;
   }
+  std::unique_lock<std::mutex> lock;
+  if (group_->shared()) lock = std::unique_lock<std::mutex>(group_->mutex());
   Endpoint& ep = group_->rail(0);
   if (Status st = ep.progress(); st != Status::kOk) return st;
   if (!replying_) {

@@ -27,6 +27,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -103,6 +104,11 @@ struct Rail {
   Endpoint* ep = nullptr;
   fi_addr_t peer = FI_ADDR_UNSPEC;
   uint64_t txMsgs = 0, txBytes = 0;
+  // Liveness probe on this rail (see FabricDataComm::checkPeer).
+  enum : uint8_t { kProbeIdle, kProbeQueued, kProbeInFlight };
+  uint8_t probe = kProbeIdle;
+  Status probeError = Status::kOk;
+  OpContext probeCtx;
 };
 
 // What send and receive comms share: the endpoints, the peer, the request pool, progress and completion.
@@ -115,6 +121,9 @@ class FabricDataComm : public DataSink {
   ~FabricDataComm() override;
 
   Status testRequest(FabricRequest* r, bool* done, int* sizes);
+  // NCCL closed the comm. In a shared group, posted receives are canceled and, while operations are still in
+  // the provider's hands, the comm stays parked in the group (routed to, never posting) until they complete.
+  void closeComm();
   void onComplete(OpContext* ctx, size_t len) noexcept override;
   void onError(OpContext* ctx, int fiErr, Status st) noexcept override;
   void onRemoteData(uint64_t data, size_t len) noexcept override;
@@ -138,6 +147,7 @@ class FabricDataComm : public DataSink {
   virtual void onOfferRecv(int index) noexcept { (void)index; }
   virtual void flushOffers() {}
   virtual void resumeSend(FabricRequest* r) { (void)r; }  // sends: post what the provider pushed back on
+  virtual void cancelOwnRecvs() {}  // at close in a shared group: weft's own receives (offers)
 
   // A tag NCCL passed that the wire cannot carry is refused (never folded onto another tag).
   Status checkTag(int tag, const char* op) const;
@@ -173,6 +183,16 @@ class FabricDataComm : public DataSink {
 
   // Liveness (see checkPeer), looked at once per 1024 progress calls while requests are outstanding.
   void checkPeer();
+  void trySendProbe(Rail& rail);
+  // The group's lock where it is shared (an empty lock otherwise): every entry point of a comm holds it.
+  std::unique_lock<std::mutex> lockGroup() {
+    return group_->shared() ? std::unique_lock<std::mutex>(group_->mutex()) : std::unique_lock<std::mutex>();
+  }
+  int opsInFlight() const;  // provider operations of this comm not yet completed
+  static bool drained(DataSink* s);
+  bool closing_ = false;          // NCCL closed it: nothing more is posted
+  EndpointGroup* parkedIn_ = nullptr;  // parked: the group that owns it (group_ released)
+  int offerRecvsPosted_ = 0;      // sends: offer receives in the provider's hands
   int outstanding_ = 0;
   bool waitingOffer_ = false;  // isend is waiting for the receiver's offer
   uint32_t completions_ = 0;      // every completion, success or error
@@ -194,6 +214,7 @@ class FabricSendComm final : public SendComm, public FabricDataComm {
   Status isend(void* data, size_t size, int tag, MemHandle* mh, Request** request) override;
   std::string peerName() const override { return peerName_; }
   std::string deviceName() const override;
+  void close() override { closeComm(); }
   Status regMr(void* data, size_t size, int type, MemHandle** out) override {
     return regOnDevice(data, size, type, -1, 0, out);
   }
@@ -211,6 +232,7 @@ class FabricSendComm final : public SendComm, public FabricDataComm {
     postSegments(r, &again);
   }
   Status postOfferRecv(int index);
+  void cancelOwnRecvs() override;
   // *again: the provider pushed back; nothing was posted.
   Status sendTagged(FabricRequest* r, void* data, size_t size, MemHandle* mh, uint64_t ftag, bool* again);
   Status write(FabricRequest* r, void* data, size_t size, MemHandle* mh, const OfferEntry& o, uint32_t seq,
@@ -230,6 +252,7 @@ class FabricRecvComm final : public RecvComm, public FabricDataComm {
   Status start();  // joins the group; rdma: opens the offer array
   std::string peerName() const override { return peerName_; }
   std::string deviceName() const override;
+  void close() override { closeComm(); }
   Status irecv(int n, void** data, const size_t* sizes, const int* tags, MemHandle** mhs, bool optional,
                Request** request) override;
   Status iflush(int n, void** data, const int* sizes, MemHandle** mhs, Request** request) override;

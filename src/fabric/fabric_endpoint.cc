@@ -204,8 +204,13 @@ bool Endpoint::measureWriteLen(FabricDevice& dev) {
   return landed && len == kLen;
 }
 
+// Each peer address once: a shared endpoint meets the same peer for many connections.
 Status Endpoint::insert(const void* addr, size_t len, fi_addr_t* out) {
-  (void)len;
+  std::string key(static_cast<const char*>(addr), len);
+  if (auto it = peers_.find(key); it != peers_.end()) {
+    *out = it->second;
+    return Status::kOk;
+  }
   fi_addr_t a = FI_ADDR_UNSPEC;
   int rc = fi_av_insert(av_.get(), addr, 1, &a, 0, nullptr);
   if (rc != 1) {
@@ -213,6 +218,7 @@ Status Endpoint::insert(const void* addr, size_t len, fi_addr_t* out) {
               rc < 0 ? fi_strerror(-rc) : "address not inserted");
     return Status::kSystem;
   }
+  peers_.emplace(std::move(key), a);
   *out = a;
   return Status::kOk;
 }
@@ -302,11 +308,6 @@ void Endpoint::handleControl(OpContext* ctx, bool ok, Status st) {
       postProbeRecv();  // a probe from the peer: drained and discarded
       return;
     case OpKind::kCtrlSend:
-      if (ctx == &probeSendCtx_) {
-        probeState_ = SlotState::kFree;
-        if (!ok && probeError_ == Status::kOk) probeError_ = st;
-        return;
-      }
       if (ctx->owner == &connects_) {
         ConnectSlot& c = connects_[ctx->index];
         c.request = SlotState::kFree;
@@ -480,13 +481,10 @@ Status Endpoint::postProbeRecv() {
                          probeRecvCtx_, OpKind::kProbeRecv, "probe", wire::ctrlTagCommMask());
 }
 
-void Endpoint::sendProbe(fi_addr_t to) {
-  if (probeState_ != SlotState::kFree) return;
-  probeSendCtx_.kind = OpKind::kCtrlSend;
-  probeTo_ = to;
-  probeState_ = SlotState::kQueued;
-  controlQueued_ = true;
-  flushControl();
+ssize_t Endpoint::sendProbe(fi_addr_t to, uint32_t peerComm, OpContext& ctx) {
+  ctx.kind = OpKind::kProbeSend;
+  return fi_tsend(ep_.get(), ctl_->probeOut, sizeof(ctl_->probeOut), ctlDesc_, to,
+                  wire::ctrlTag(wire::CtrlKind::kProbe, peerComm), &ctx.fi);
 }
 
 // Control sends wait here until the provider takes them: rxm answers -FI_EAGAIN until its connection to the
@@ -521,12 +519,6 @@ void Endpoint::flushControl() {
         st != Status::kOk && c.error == Status::kOk) {
       c.error = st;
     }
-  }
-  if (Status st = trySend(probeState_, ctl_->probeOut, sizeof(ctl_->probeOut), probeTo_,
-                          wire::ctrlTag(wire::CtrlKind::kProbe, peerId_), probeSendCtx_,
-                          nullptr);  // a failed probe is reported by the comm that sent it
-      st != Status::kOk) {
-    probeError_ = st;
   }
   for (int i = 0; i < kReplySlots; ++i) {
     const SlotState before = replySlot_[i];

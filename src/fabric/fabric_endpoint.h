@@ -107,11 +107,9 @@ class Endpoint {
   // Liveness: a small message the peer's endpoint drains and discards. Its send completing proves the path to
   // a live peer works; an error proves the peer (or the way to it) is gone.
   Status postProbeRecv();
-  bool probeInFlight() const { return probeState_ != SlotState::kFree; }
-  void sendProbe(fi_addr_t to);
-  // The peer comm's id, once the handshake told it (probes to it carry it).
-  void setPeerId(uint32_t id) { peerId_ = id; }
-  Status probeError() const { return probeError_; }
+  // Sends a probe to the peer comm `peerComm` at `to` for a comm, whose context `ctx` (kind kProbeSend, routed to
+  // it) reports the outcome. Returns -FI_EAGAIN when the provider pushes back (try again later), 0, or an error.
+  ssize_t sendProbe(fi_addr_t to, uint32_t peerComm, OpContext& ctx);
 
   // Connector side: up to kConnectSlots connections in progress at once per endpoint, each with its own request
   // buffer and reply receive, tagged with the connecting comm's id (a reply names whom it answers). A version-3
@@ -152,7 +150,6 @@ class Endpoint {
   };
 
   FabricDevice& dev_;
-  uint32_t peerId_ = 0;  // the peer's comm
   CommTable* table_ = nullptr;  // the group's: where the comms' completions go
   // Acquisition order; destroyed in reverse (endpoint before its queues and control registration).
   std::unique_ptr<Control> ctl_;
@@ -162,6 +159,7 @@ class Endpoint {
   EpPtr ep_;
   void* ctlDesc_ = nullptr;
   std::vector<uint8_t> name_;
+  std::unordered_map<std::string, fi_addr_t> peers_;  // addresses inserted into av_
 
   std::array<OpContext, kRequestSlots> requestRecvCtx_;
   bool requestsPosted_ = false;
@@ -192,10 +190,7 @@ class Endpoint {
   OpContext replyAnyCtx_;
   bool replyAnyPosted_ = false;
   bool controlQueued_ = false;  // a control send is waiting for the provider to accept it
-  OpContext probeSendCtx_, probeRecvCtx_;
-  SlotState probeState_ = SlotState::kFree;
-  fi_addr_t probeTo_ = FI_ADDR_UNSPEC;
-  Status probeError_ = Status::kOk;
+  OpContext probeRecvCtx_;
   int refusals_ = 0;
 };
 

@@ -11,8 +11,18 @@
 
 namespace weft::fabric {
 
-// kData, kOfferSend and kOfferRecv belong to a comm (delivered to its DataSink); the rest to the endpoint.
-enum class OpKind : uint8_t { kData = 0, kOfferSend, kOfferRecv, kConnRequest, kConnReply, kCtrlSend, kProbeRecv };
+// kData, kOfferSend, kOfferRecv and kProbeSend belong to a comm (delivered to its DataSink); the rest to the
+// endpoint.
+enum class OpKind : uint8_t {
+  kData = 0,
+  kOfferSend,
+  kOfferRecv,
+  kConnRequest,
+  kConnReply,
+  kCtrlSend,
+  kProbeRecv,
+  kProbeSend,
+};
 
 struct OpContext {
   fi_context2 fi;  // first: libfabric is handed &fi
@@ -22,7 +32,9 @@ struct OpContext {
   OpKind kind = OpKind::kData;
 };
 
-inline bool isCommOp(OpKind k) { return k == OpKind::kData || k == OpKind::kOfferSend || k == OpKind::kOfferRecv; }
+inline bool isCommOp(OpKind k) {
+  return k == OpKind::kData || k == OpKind::kOfferSend || k == OpKind::kOfferRecv || k == OpKind::kProbeSend;
+}
 
 class DataSink {
  public:

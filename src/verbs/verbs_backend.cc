@@ -65,7 +65,8 @@ Status VerbsBackend::makeVDevice(const int* devs, int n, int* out) {
   return Status::kOk;
 }
 
-Status VerbsBackend::listen(int dev, void* handle, ListenComm** out) {
+Status VerbsBackend::listen(int dev, const CommConfig& config, void* handle, ListenComm** out) {
+  (void)config;
   *out = nullptr;
   if (dev < 0 || dev >= deviceCount()) {
     WEFT_WARN("listen on device {}, but there are {} devices", dev, deviceCount());

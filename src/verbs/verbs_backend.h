@@ -25,7 +25,7 @@ class VerbsBackend final : public Backend {
   const char* name() const override { return "verbs"; }
   int deviceCount() const override { return count_.load(std::memory_order_acquire); }
   const DeviceProps& props(int dev) const override { return slots_[dev].props; }
-  Status listen(int dev, void* handle, ListenComm** out) override;
+  Status listen(int dev, const CommConfig& config, void* handle, ListenComm** out) override;
   Status connect(int dev, const CommConfig& config, void* handle, SendComm** out) override;
   // A virtual device of one port (NCCL asks for single ones too); fusing several ports is not offered over
   // verbs: NCCL is told so and keeps them separate.

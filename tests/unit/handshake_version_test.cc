@@ -84,7 +84,7 @@ TEST_CASE("a peer speaking handshake version 3 is refused naming both versions, 
   }
   uint8_t handle[kHandleSize];
   ListenComm* lcRaw = nullptr;
-  REQUIRE(backend->listen(0, handle, &lcRaw) == Status::kOk);
+  REQUIRE(backend->listen(0, CommConfig{}, handle, &lcRaw) == Status::kOk);
   std::unique_ptr<ListenComm> lc(lcRaw);
   WireHandle h;
   REQUIRE(WireHandle::decode(handle, &h, &why) == Status::kOk);

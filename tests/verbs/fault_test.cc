@@ -78,7 +78,7 @@ Pair connect(VerbsBackend& b, bool recv) {
   ListenComm* l = nullptr;
   auto t0 = Clock::now();
   if (recv) {
-    if (b.listen(0, handle, &l) != Status::kOk) die("listen");
+    if (b.listen(0, CommConfig{}, handle, &l) != Status::kOk) die("listen");
     sendMsg(handle, sizeof(handle));
     while (p.r == nullptr) {
       if (l->accept(&p.r) != Status::kOk) die("accept");

@@ -42,6 +42,8 @@ struct DeviceProps {
 
 struct CommConfig {
   int trafficClass = -1;  // NCCL_NET_TRAFFIC_CLASS_UNDEF
+  // The NCCL context (v11+ init) the call belongs to; nullptr before v11. Shared endpoints are shared within it.
+  const void* scope = nullptr;
 };
 
 // Every object handed to NCCL starts with a magic word so a stale or foreign pointer is refused with a clear
@@ -90,6 +92,9 @@ class Comm : public Object {
   virtual Status regMr(void* data, size_t size, int type, MemHandle** out) = 0;
   virtual Status regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd, MemHandle** out) = 0;
   virtual Status deregMr(MemHandle* mh) = 0;
+  // NCCL closed the comm: by default it goes at once; a backend may keep it until the network is done with its
+  // buffers (the plugin never touches it again either way).
+  virtual void close() { delete this; }
 };
 
 class SendComm : public Comm {
@@ -123,7 +128,7 @@ class Backend {
   virtual const char* name() const = 0;
   virtual int deviceCount() const = 0;
   virtual const DeviceProps& props(int dev) const = 0;
-  virtual Status listen(int dev, void* handle, ListenComm** out) = 0;
+  virtual Status listen(int dev, const CommConfig& config, void* handle, ListenComm** out) = 0;
   // Non-blocking: *out stays nullptr until the peer has accepted; the same `handle` pointer identifies the
   // attempt across calls (NCCL polls with the same buffer).
   virtual Status connect(int dev, const CommConfig& config, void* handle, SendComm** out) = 0;
