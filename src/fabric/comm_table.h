@@ -44,6 +44,10 @@ class CommTable {
     if (id == lastId_ && last_ != nullptr) return last_;
     return lookup(id, "a remote write");
   }
+  DataSink* forId(uint32_t id, const char* what) {
+    if (id == lastId_ && last_ != nullptr) return last_;
+    return lookup(id, what);
+  }
   // The id a remote write's completion data names under this table's forms (0: none).
   uint32_t remoteDataComm(uint64_t data) const;
 

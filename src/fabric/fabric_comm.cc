@@ -83,7 +83,7 @@ FabricDataComm::~FabricDataComm() {
 }
 
 int FabricDataComm::opsInFlight() const {
-  int n = offerRecvsPosted_;
+  int n = 0;
   for (int i = 0; i < poolSize_; ++i) n += pool_[i].ops;
   for (const Rail& r : rails_) n += r.probe == Rail::kProbeInFlight ? 1 : 0;
   return n;
@@ -109,7 +109,6 @@ void FabricDataComm::closeComm() {
         if (fi_cancel(&rails_[r.rail[b]].ep->ep()->fid, &r.ctx[b].fi) == 0) r.flags[b] |= FabricRequest::kCanceled;
       }
     }
-    cancelOwnRecvs();
     if (opsInFlight() == 0) {
       delete this;  // leaves the table under the lock
     } else {
@@ -303,11 +302,7 @@ void FabricDataComm::onComplete(OpContext* ctx, size_t len) noexcept {
     return;
   }
   ++completions_;
-  if (ctx->kind == OpKind::kOfferRecv) {
-    --offerRecvsPosted_;
-    if (!closing_) onOfferRecv(ctx->index);
-    return;
-  }
+
   auto* r = static_cast<FabricRequest*>(ctx->owner);
   if (ctx->kind == OpKind::kOfferSend) {
     r->offerSent = true;
@@ -332,13 +327,6 @@ void FabricDataComm::onError(OpContext* ctx, int fiErr, Status st) noexcept {
     return;
   }
   ++completions_;
-  if (ctx->kind == OpKind::kOfferRecv) {
-    --offerRecvsPosted_;
-    if (closing_) return;
-    // Only when the endpoint is torn down or the peer is gone; the comm is unusable either way.
-    if (fiErr != FI_ECANCELED && fatal_ == Status::kOk) fatal_ = st;
-    return;
-  }
   auto* r = static_cast<FabricRequest*>(ctx->owner);
   if (fiErr == FI_ECANCELED && ctx->kind == OpKind::kData && r->recv &&
       (r->flags[ctx->index] & FabricRequest::kCanceled) != 0) {
@@ -547,36 +535,16 @@ FabricSendComm::FabricSendComm(std::shared_ptr<EndpointGroup> group, std::vector
 Status FabricSendComm::start() {
   if (Status st = join(false); st != Status::kOk) return st;
   if (!proto_.rdma) return Status::kOk;
-  if (Status st = openOffers(kOfferRecvs); st != Status::kOk) return st;
-  offerRecvCtx_.reset(new OpContext[kOfferRecvs]);
-  for (int i = 0; i < kOfferRecvs; ++i) {
-    offerRecvCtx_[i].owner = this;
-    offerRecvCtx_[i].comm = localId_.get();
-    offerRecvCtx_[i].index = static_cast<uint16_t>(i);
-    offerRecvCtx_[i].kind = OpKind::kOfferRecv;
-    if (Status st = postOfferRecv(i); st != Status::kOk) return st;
-  }
-  return Status::kOk;
+  // The receiver's offers come to rail 0's endpoint, whose pool of receives serves every send comm on it.
+  return ctl().ensureOfferPool(group_->shared() ? kSharedOfferRecvs : kOfferRecvs);
 }
 
-Status FabricSendComm::postOfferRecv(int index) {
-  Status st = ctl().postOwnRecv(&offers_[index], sizeof(OfferMsg), offersDesc_,
-                                dev_.directedRecv() ? rails_[0].peer : FI_ADDR_UNSPEC,
-                                wire::ctrlTag(wire::CtrlKind::kOffer, localId_.get()),
-                                offerRecvCtx_[index], "buffer-offer");
-  if (st == Status::kOk) ++offerRecvsPosted_;
-  if (st != Status::kOk && fatal_ == Status::kOk) fatal_ = st;
-  return st;
-}
-
-void FabricSendComm::cancelOwnRecvs() {
-  if (offerRecvCtx_ == nullptr) return;
-  for (int i = 0; i < kOfferRecvs; ++i) fi_cancel(&ctl().ep()->fid, &offerRecvCtx_[i].fi);
-}
-
-void FabricSendComm::onOfferRecv(int index) noexcept {
-  const OfferMsg& m = offers_[index];
-  if (m.magic != OfferMsg::kMagic || m.count < 1 || m.count > kMaxRecvs) {
+void FabricSendComm::onOffer(const void* msg, size_t len) noexcept {
+  ++completions_;
+  if (closing_) return;
+  const auto& m = *static_cast<const OfferMsg*>(msg);
+  if (len < offsetof(OfferMsg, entry) || m.magic != OfferMsg::kMagic || m.count < 1 || m.count > kMaxRecvs ||
+      len < OfferMsg::bytes(m.count)) {
     WEFT_WARN("peer {} on {} sent a malformed buffer offer: connection closed for safety", peerName_,
               dev_.props().name);
     if (fatal_ == Status::kOk) fatal_ = Status::kRemote;
@@ -591,7 +559,6 @@ void FabricSendComm::onOfferRecv(int index) noexcept {
       return;
     }
   }
-  postOfferRecv(index);
 }
 
 Status FabricSendComm::sendTagged(FabricRequest* r, void* data, size_t size, MemHandle* mh, uint64_t ftag,

@@ -144,10 +144,8 @@ class FabricDataComm : public DataSink {
   // Enters the group's comm table: from now on completions naming this comm come here. legacy32: remote writes
   // to it carry no comm id (it cannot share the group).
   Status join(bool legacy32);
-  virtual void onOfferRecv(int index) noexcept { (void)index; }
   virtual void flushOffers() {}
   virtual void resumeSend(FabricRequest* r) { (void)r; }  // sends: post what the provider pushed back on
-  virtual void cancelOwnRecvs() {}  // at close in a shared group: weft's own receives (offers)
 
   // A tag NCCL passed that the wire cannot carry is refused (never folded onto another tag).
   Status checkTag(int tag, const char* op) const;
@@ -192,7 +190,6 @@ class FabricDataComm : public DataSink {
   static bool drained(DataSink* s);
   bool closing_ = false;          // NCCL closed it: nothing more is posted
   EndpointGroup* parkedIn_ = nullptr;  // parked: the group that owns it (group_ released)
-  int offerRecvsPosted_ = 0;      // sends: offer receives in the provider's hands
   int outstanding_ = 0;
   bool waitingOffer_ = false;  // isend is waiting for the receiver's offer
   uint32_t completions_ = 0;      // every completion, success or error
@@ -223,16 +220,17 @@ class FabricSendComm final : public SendComm, public FabricDataComm {
   }
   Status deregMr(MemHandle* mh) override { return deregOnDevice(mh); }
 
+  // Offer receives of a private endpoint (one send comm) and of a shared one (all the send comms of a context on
+  // the device; offers beyond wait in the provider as unexpected messages until a receive is posted again).
   static constexpr int kOfferRecvs = 2 * kMaxRequests;
+  static constexpr int kSharedOfferRecvs = 512;
 
  private:
-  void onOfferRecv(int index) noexcept override;
+  void onOffer(const void* msg, size_t len) noexcept override;
   void resumeSend(FabricRequest* r) override {
     bool again;
     postSegments(r, &again);
   }
-  Status postOfferRecv(int index);
-  void cancelOwnRecvs() override;
   // *again: the provider pushed back; nothing was posted.
   Status sendTagged(FabricRequest* r, void* data, size_t size, MemHandle* mh, uint64_t ftag, bool* again);
   Status write(FabricRequest* r, void* data, size_t size, MemHandle* mh, const OfferEntry& o, uint32_t seq,
@@ -242,7 +240,6 @@ class FabricSendComm final : public SendComm, public FabricDataComm {
   bool inject_;
   size_t stripeMin_;
   OfferTable<OfferEntry> table_;
-  std::unique_ptr<OpContext[]> offerRecvCtx_;
 };
 
 class FabricRecvComm final : public RecvComm, public FabricDataComm {

@@ -248,6 +248,12 @@ Status Endpoint::progress() {
       }
       if (isCommOp(ctx->kind)) {
         if (DataSink* sink = table_ != nullptr ? table_->forContext(ctx) : nullptr) sink->onComplete(ctx, entries[i].len);
+      } else if (ctx->kind == OpKind::kOfferRecv) {
+        const uint32_t id = wire::ctrlTagComm(entries[i].tag);
+        if (DataSink* sink = table_ != nullptr ? table_->forId(id, "a buffer offer") : nullptr) {
+          sink->onOffer(&offerPool_[ctx->index], entries[i].len);
+        }
+        postOfferPoolRecv(ctx->index);
       } else {
         handleControl(ctx, true, Status::kOk);
       }
@@ -274,6 +280,13 @@ Status Endpoint::progress() {
     WEFT_WARN("completion error without a request on {}: {} ({})", dev_.props().name, fi_strerror(err.err),
               provMsg ? provMsg : "");
     return st;
+  }
+  if (ctx->kind == OpKind::kOfferRecv) {
+    if (err.err != FI_ECANCELED) {
+      WEFT_WARN("a buffer-offer receive on {} failed: {} ({}); it is not posted again", dev_.props().name,
+                fi_strerror(err.err), provMsg ? provMsg : "");
+    }
+    return Status::kOk;
   }
   if (isCommOp(ctx->kind)) {
     if (err.err == FI_ETRUNC) {
@@ -527,6 +540,31 @@ void Endpoint::flushControl() {
     if (before == SlotState::kQueued && replySlot_[i] == SlotState::kFree) ++replyGen_[i];  // failed: it is over
   }
   controlQueued_ = still;
+}
+
+Status Endpoint::ensureOfferPool(int n) {
+  if (offerPoolSize_ > 0) return Status::kOk;
+  offerPool_.reset(new wire::OfferMsg[static_cast<size_t>(n)]);
+  std::memset(static_cast<void*>(offerPool_.get()), 0, sizeof(wire::OfferMsg) * static_cast<size_t>(n));
+  offerPoolCtx_.reset(new OpContext[static_cast<size_t>(n)]);
+  if (Status st = dev_.registerInternal(offerPool_.get(), sizeof(wire::OfferMsg) * static_cast<size_t>(n),
+                                        "offer receive buffers", &offerPoolMr_, &offerPoolDesc_);
+      st != Status::kOk) {
+    return st;
+  }
+  offerPoolSize_ = n;
+  for (int i = 0; i < n; ++i) {
+    offerPoolCtx_[i].index = static_cast<uint16_t>(i);
+    if (Status st = postOfferPoolRecv(i); st != Status::kOk) return st;
+  }
+  return Status::kOk;
+}
+
+// Any comm's offers: the tag's comm bits are ignored, the comm is read back from the completion's tag.
+Status Endpoint::postOfferPoolRecv(int i) {
+  offerPoolCtx_[i].kind = OpKind::kOfferRecv;
+  return postOwnRecv(&offerPool_[i], sizeof(wire::OfferMsg), offerPoolDesc_, FI_ADDR_UNSPEC,
+                     wire::ctrlTag(wire::CtrlKind::kOffer, 0), offerPoolCtx_[i], "buffer-offer", wire::ctrlTagCommMask());
 }
 
 Status Endpoint::startConnect(uint32_t commId, fi_addr_t to, uint64_t token, uint32_t listenId, uint32_t flags,

@@ -111,6 +111,11 @@ class Endpoint {
   // it) reports the outcome. Returns -FI_EAGAIN when the provider pushes back (try again later), 0, or an error.
   ssize_t sendProbe(fi_addr_t to, uint32_t peerComm, OpContext& ctx);
 
+  // Buffer offers (rdma protocol) to every send comm of the endpoint: `n` receives for any comm's offers, each
+  // handed to the comm its tag names (DataSink::onOffer) and posted again. Opened by the first send comm; a
+  // later call changes nothing.
+  Status ensureOfferPool(int n);
+
   // Connector side: up to kConnectSlots connections in progress at once per endpoint, each with its own request
   // buffer and reply receive, tagged with the connecting comm's id (a reply names whom it answers). A version-3
   // listener answers under id 0: one receive for those, matched by token. *slot: where this connect waits, or -1
@@ -160,6 +165,12 @@ class Endpoint {
   void* ctlDesc_ = nullptr;
   std::vector<uint8_t> name_;
   std::unordered_map<std::string, fi_addr_t> peers_;  // addresses inserted into av_
+  std::unique_ptr<wire::OfferMsg[]> offerPool_;
+  std::unique_ptr<OpContext[]> offerPoolCtx_;
+  MrPtr offerPoolMr_;
+  void* offerPoolDesc_ = nullptr;
+  int offerPoolSize_ = 0;
+  Status postOfferPoolRecv(int i);
 
   std::array<OpContext, kRequestSlots> requestRecvCtx_;
   bool requestsPosted_ = false;

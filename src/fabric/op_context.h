@@ -11,8 +11,8 @@
 
 namespace weft::fabric {
 
-// kData, kOfferSend, kOfferRecv and kProbeSend belong to a comm (delivered to its DataSink); the rest to the
-// endpoint.
+// kData, kOfferSend and kProbeSend belong to a comm (delivered to its DataSink); the rest to the endpoint
+// (kOfferRecv: its pool of offer receives, whose messages it hands to the comm they name).
 enum class OpKind : uint8_t {
   kData = 0,
   kOfferSend,
@@ -33,7 +33,7 @@ struct OpContext {
 };
 
 inline bool isCommOp(OpKind k) {
-  return k == OpKind::kData || k == OpKind::kOfferSend || k == OpKind::kOfferRecv || k == OpKind::kProbeSend;
+  return k == OpKind::kData || k == OpKind::kOfferSend || k == OpKind::kProbeSend;
 }
 
 class DataSink {
@@ -45,6 +45,11 @@ class DataSink {
   // An RMA write with remote completion data landed in one of our buffers.
   // len: the completion entry's length (0 where the provider does not report it).
   virtual void onRemoteData(uint64_t data, size_t len) noexcept = 0;
+  // A buffer offer (wire::OfferMsg, `len` bytes) the peer sent to this comm; valid during the call only.
+  virtual void onOffer(const void* msg, size_t len) noexcept {
+    (void)msg;
+    (void)len;
+  }
 };
 
 }  // namespace weft::fabric
