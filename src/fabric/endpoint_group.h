@@ -2,7 +2,7 @@
 // endpoints, step 2). Completions of every rail are read by the rail's endpoint and routed through the table
 // (fabric/comm_table.h) to the comm they name.
 //
-// By default each connection opens its own group (private: one comm, no lock). With WEFT_SHARED_ENDPOINTS=1 the
+// By default each connection opens its own group (private: one comm, no lock). With WEFT_FABRIC_SHARED_EP=1 the
 // comms of one NCCL context on one device share a group (step 2 of shared endpoints): listens, connects and the
 // data path of every comm take the group's lock (its completions may be read by any of them), and a comm closed
 // with operations still in the provider's hands is parked in the group until they complete.

@@ -53,7 +53,7 @@ std::unique_ptr<FabricBackend> FabricBackend::discover(std::string* why) {
   auto b = std::unique_ptr<FabricBackend>(new FabricBackend());
   b->maxRecvs_ = static_cast<int>(params::getInt("WEFT_MAX_RECVS"));
   b->connectTimeoutSec_ = static_cast<int>(params::getInt("WEFT_CONNECT_TIMEOUT"));
-  b->sharedEndpoints_ = params::getBool("WEFT_SHARED_ENDPOINTS");
+  b->sharedEndpoints_ = params::getBool("WEFT_FABRIC_SHARED_EP");
   b->pending_.setTimeout(b->connectTimeoutSec_);
   std::vector<NicInfo> nics;
   for (auto& c : found) {
@@ -186,7 +186,7 @@ Status FabricBackend::listen(int dev, const CommConfig& config, void* handle, Li
   return Status::kOk;
 }
 
-// A private group per connection, or with WEFT_SHARED_ENDPOINTS the one of this (context, device), opened on
+// A private group per connection, or with WEFT_FABRIC_SHARED_EP the one of this (context, device), opened on
 // first use and gone when its last comm is.
 Status FabricBackend::groupFor(int dev, const CommConfig& config, std::shared_ptr<EndpointGroup>* out) {
   if (!sharedEndpoints_) return EndpointGroup::open(groups_[dev]->rails, out);

@@ -63,7 +63,7 @@ class FabricBackend final : public Backend {
   };
   Status pollConnect(PendingConnect& pc, SendComm** out);
   Status groupFor(int dev, const CommConfig& config, std::shared_ptr<EndpointGroup>* out);
-  bool sharedEndpoints_ = false;  // WEFT_SHARED_ENDPOINTS
+  bool sharedEndpoints_ = false;  // WEFT_FABRIC_SHARED_EP
   std::mutex sharedMutex_;
   std::map<std::pair<const void*, int>, std::weak_ptr<EndpointGroup>> shared_;
 

@@ -323,7 +323,7 @@ Status FabricDevice::open() {
   size_t epCnt = info_->domain_attr->ep_cnt;
   if (epCnt > 0 && epCnt < 1024) {
     WEFT_WARN("device {}: provider {} advertises at most {} endpoints per domain and weft opens one per "
-              "connection (unless WEFT_SHARED_ENDPOINTS=1), so jobs with many channels and peers may exhaust it{}",
+              "connection (unless WEFT_FABRIC_SHARED_EP=1), so jobs with many channels and peers may exhaust it{}",
               index_, props_.provider, epCnt,
               props_.provider == "sockets"
                   ? " (libfabric 1.17's sockets provider stops connecting after that many were ever opened, even "
