@@ -59,23 +59,26 @@ FabricDataComm::FabricDataComm(std::shared_ptr<EndpointGroup> group, std::vector
   }
 }
 
-// Leaving the group's table first: from then on a completion naming this comm is a stray, never delivered to
-// freed memory. The group (this comm is its only one for now) closes its endpoints, which cancels whatever is
-// still in flight: NCCL may close a comm with requests outstanding (communicator abort), and nothing of ours
-// waits for the network here.
-FabricDataComm::~FabricDataComm() {
-  if (nRails_ > 1) {
-    std::string per;
-    for (const Rail& r : rails_) {
-      per += fmt::format("{}{}: {} msgs {} B", per.empty() ? "" : ", ", r.ep->device().props().name, r.txMsgs,
-                         r.txBytes);
-    }
-    WEFT_INFO(NCCL_NET, "comm with {} closed; sent per rail: {}", peerName_, per);
+void FabricDataComm::logRails() const {
+  if (nRails_ <= 1) return;
+  std::string per;
+  for (const Rail& r : rails_) {
+    per += fmt::format("{}{}: {} msgs {} B", per.empty() ? "" : ", ", r.ep->device().props().name, r.txMsgs,
+                       r.txBytes);
   }
-  if (parkedIn_ != nullptr) {  // its endpoints may be closed already (the group is closing)
+  WEFT_INFO(NCCL_NET, "comm with {} closed; sent per rail: {}", peerName_, per);
+}
+
+// Leaving the group's table first: from then on a completion naming this comm is a stray, never delivered to
+// freed memory. A private group closes its endpoints with this comm, which cancels whatever is still in flight:
+// NCCL may close a comm with requests outstanding (communicator abort), and nothing of ours waits for the network
+// here.
+FabricDataComm::~FabricDataComm() {
+  if (parkedIn_ != nullptr) {  // its endpoints may be closed already (the group is closing): not touched
     parkedIn_->table().detach(localId_.get());
     return;
   }
+  logRails();
   if (joined_) group_->table().detach(localId_.get());
   rails_[0].ep->closeListen(localId_.get());  // a receive comm: the listen it came from refuses replays until now
   for (Rail& r : rails_) r.ep = nullptr;
@@ -114,6 +117,7 @@ void FabricDataComm::closeComm() {
     } else {
       WEFT_INFO(NCCL_NET, "comm with {} closed with {} operations in flight: parked until they complete", peerName_,
                 opsInFlight());
+      logRails();
       rails_[0].ep->closeListen(localId_.get());
       parkedIn_ = keep.get();
       group_.reset();

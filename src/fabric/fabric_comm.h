@@ -187,6 +187,7 @@ class FabricDataComm : public DataSink {
     return group_->shared() ? std::unique_lock<std::mutex>(group_->mutex()) : std::unique_lock<std::mutex>();
   }
   int opsInFlight() const;  // provider operations of this comm not yet completed
+  void logRails() const;    // multi-rail: what each rail carried
   static bool drained(DataSink* s);
   bool closing_ = false;          // NCCL closed it: nothing more is posted
   EndpointGroup* parkedIn_ = nullptr;  // parked: the group that owns it (group_ released)
