@@ -250,8 +250,10 @@ Status FabricBackend::connect(int dev, const CommConfig& config, void* handle, S
 }
 
 Status FabricBackend::pollConnect(PendingConnect& pc, SendComm** out) {
+  // `keep` outlives `lock`: the group moves to the send comm below, which may go again if it fails to start.
+  std::shared_ptr<EndpointGroup> keep = pc.group;
   std::unique_lock<std::mutex> lock;
-  if (pc.group->shared()) lock = std::unique_lock<std::mutex>(pc.group->mutex());
+  if (keep->shared()) lock = std::unique_lock<std::mutex>(keep->mutex());
   Endpoint& ep = pc.group->rail(0);
   const DeviceProps& p = ep.device().props();
   if (pc.slot < 0) {  // every connect slot of the endpoint was busy: try again

@@ -937,8 +937,10 @@ Status FabricListenComm::accept(RecvComm** recvComm) {
     WEFT_WARN("accept called again on a listen comm that already produced its connection");
     return Status::kInternal;
   }
+  // `keep` outlives `lock`: the group moves to the receive comm below, which may go again if it fails to start.
+  std::shared_ptr<EndpointGroup> keep = group_;
   std::unique_lock<std::mutex> lock;
-  if (group_->shared()) lock = std::unique_lock<std::mutex>(group_->mutex());
+  if (keep->shared()) lock = std::unique_lock<std::mutex>(keep->mutex());
   Endpoint& ep = group_->rail(0);
   if (Status st = ep.progress(); st != Status::kOk) return st;
   if (!replying_) {
