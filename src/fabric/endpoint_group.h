@@ -6,6 +6,9 @@
 // comms of one NCCL context on one device share a group (step 2 of shared endpoints): listens, connects and the
 // data path of every comm take the group's lock (its completions may be read by any of them), and a comm closed
 // with operations still in the provider's hands is parked in the group until they complete.
+// The lock breaks DESIGN rule 4 (the data path takes no lock) and is step 2's stopgap: step 3 makes one thread the
+// only reader of a shared CQ (NCCL drives a context's comms from its one progress thread; the handshake moves to
+// what the service thread may poll alone) before sharing becomes the default.
 #pragma once
 
 #include <memory>
