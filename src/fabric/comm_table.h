@@ -35,19 +35,13 @@ class CommTable {
   bool shareable() const { return legacy_ == 0; }
 
   // Where a completion goes; nullptr (counted as a stray, warned) when its comm is not in the table.
-  DataSink* forContext(const OpContext* ctx) {
-    if (ctx->comm == lastId_ && last_ != nullptr) return last_;
-    return lookup(ctx->comm, "an operation's completion");
-  }
-  DataSink* forRemoteData(uint64_t data) {
-    uint32_t id = remoteDataComm(data);
-    if (id == lastId_ && last_ != nullptr) return last_;
-    return lookup(id, "a remote write");
-  }
+  // what: the completion's kind, for the warning.
   DataSink* forId(uint32_t id, const char* what) {
     if (id == lastId_ && last_ != nullptr) return last_;
     return lookup(id, what);
   }
+  DataSink* forContext(const OpContext* ctx) { return forId(ctx->comm, "an operation's completion"); }
+  DataSink* forRemoteData(uint64_t data) { return forId(remoteDataComm(data), "a remote write"); }
   // The id a remote write's completion data names under this table's forms (0: none).
   uint32_t remoteDataComm(uint64_t data) const;
 
