@@ -35,6 +35,11 @@ class EndpointGroup {
   void keepRails(int n);
   bool shared() const { return shared_; }
   std::mutex& mutex() { return mu_; }
+  // The group's lock where it is shared (an empty lock for a private group): every listen, connect, accept and
+  // data-path call on a shared group holds it.
+  std::unique_lock<std::mutex> lockIfShared() {
+    return shared_ ? std::unique_lock<std::mutex>(mu_) : std::unique_lock<std::mutex>();
+  }
 
   // A closed comm whose operations are still in the provider's hands: kept (and still routed to) until
   // `drained` says they are over (sweep), or until the group closes its endpoints. Caller holds the lock.

@@ -164,8 +164,7 @@ Status FabricBackend::listen(int dev, const CommConfig& config, void* handle, Li
   if (!id) return Status::kSystem;
   std::shared_ptr<EndpointGroup> group;
   if (Status st = groupFor(dev, config, &group); st != Status::kOk) return st;
-  std::unique_lock<std::mutex> lock;
-  if (group->shared()) lock = std::unique_lock<std::mutex>(group->mutex());
+  auto lock = group->lockIfShared();
   Endpoint* ep = &group->rail(0);
   if (ep->name().size() > WireHandle::kMaxAddr) {
     WEFT_WARN("provider address of {} bytes does not fit the handle", ep->name().size());
@@ -232,8 +231,7 @@ Status FabricBackend::connect(int dev, const CommConfig& config, void* handle, S
     fresh->id = newCommId("connect", dev);
     if (!fresh->id) return Status::kSystem;
     if (Status st = groupFor(dev, config, &fresh->group); st != Status::kOk) return st;
-    std::unique_lock<std::mutex> lock;
-    if (fresh->group->shared()) lock = std::unique_lock<std::mutex>(fresh->group->mutex());
+    auto lock = fresh->group->lockIfShared();
     Endpoint& ep = fresh->group->rail(0);
     fresh->peerName = ep.addrString(h.addr.data(), h.addrLen);
     if (Status st = ep.insert(h.addr.data(), h.addrLen, &fresh->peer); st != Status::kOk) return st;
@@ -252,8 +250,7 @@ Status FabricBackend::connect(int dev, const CommConfig& config, void* handle, S
 Status FabricBackend::pollConnect(PendingConnect& pc, SendComm** out) {
   // `keep` outlives `lock`: the group moves to the send comm below, which may go again if it fails to start.
   std::shared_ptr<EndpointGroup> keep = pc.group;
-  std::unique_lock<std::mutex> lock;
-  if (keep->shared()) lock = std::unique_lock<std::mutex>(keep->mutex());
+  auto lock = keep->lockIfShared();
   Endpoint& ep = pc.group->rail(0);
   const DeviceProps& p = ep.device().props();
   if (pc.slot < 0) {  // every connect slot of the endpoint was busy: try again

@@ -51,8 +51,7 @@ class FabricBackend final : public Backend {
     uint32_t listenId = 0, flags = 0, eagerMax = 0;
     ~PendingConnect() {
       if (group == nullptr || slot < 0) return;
-      std::unique_lock<std::mutex> lock;
-      if (group->shared()) lock = std::unique_lock<std::mutex>(group->mutex());
+      auto lock = group->lockIfShared();
       group->rail(0).endConnect(slot);
     }
     fi_addr_t peer = FI_ADDR_UNSPEC;

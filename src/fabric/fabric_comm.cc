@@ -429,7 +429,7 @@ Status FabricDataComm::postPending(FabricRequest* r) {
 }
 
 Status FabricDataComm::testRequest(FabricRequest* r, bool* done, int* sizesOut) {
-  auto lock = lockGroup();
+  auto lock = group_->lockIfShared();
   *done = false;
   if (r->reported) {
     WEFT_WARN("test on a request that already completed");
@@ -691,7 +691,7 @@ Status FabricSendComm::postSegments(FabricRequest* r, bool* again) {
 }
 
 Status FabricSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Request** request) {
-  auto lock = lockGroup();
+  auto lock = group_->lockIfShared();
   *request = nullptr;
   if (fatal_ != Status::kOk) return fatal_;
   if (Status st = checkHandle(mh, "isend"); st != Status::kOk) return st;
@@ -809,7 +809,7 @@ void FabricRecvComm::flushOffers() {
 
 Status FabricRecvComm::irecv(int n, void** data, const size_t* sizes, const int* tags, MemHandle** mhs, bool optional,
                              Request** request) {
-  auto lock = lockGroup();
+  auto lock = group_->lockIfShared();
   *request = nullptr;
   if (fatal_ != Status::kOk) return fatal_;
   if (n < 1 || n > maxRecvs_) {
@@ -904,7 +904,7 @@ Status FabricRecvComm::irecv(int n, void** data, const size_t* sizes, const int*
 }
 
 Status FabricRecvComm::iflush(int n, void** data, const int* sizes, MemHandle** mhs, Request** request) {
-  auto lock = lockGroup();
+  auto lock = group_->lockIfShared();
   (void)data;
   (void)sizes;
   *request = nullptr;
@@ -926,8 +926,7 @@ FabricListenComm::FabricListenComm(std::shared_ptr<EndpointGroup> group, uint64_
 // Requests still queued for this listen are refused; once accepted, the group belongs to the receive comm.
 FabricListenComm::~FabricListenComm() {
   if (group_ == nullptr) return;
-  std::unique_lock<std::mutex> lock;
-  if (group_->shared()) lock = std::unique_lock<std::mutex>(group_->mutex());
+  auto lock = group_->lockIfShared();
   group_->rail(0).closeListen(id_.get());
 }
 
@@ -939,8 +938,7 @@ Status FabricListenComm::accept(RecvComm** recvComm) {
   }
   // `keep` outlives `lock`: the group moves to the receive comm below, which may go again if it fails to start.
   std::shared_ptr<EndpointGroup> keep = group_;
-  std::unique_lock<std::mutex> lock;
-  if (keep->shared()) lock = std::unique_lock<std::mutex>(keep->mutex());
+  auto lock = keep->lockIfShared();
   Endpoint& ep = group_->rail(0);
   if (Status st = ep.progress(); st != Status::kOk) return st;
   if (!replying_) {

@@ -182,10 +182,6 @@ class FabricDataComm : public DataSink {
   // Liveness (see checkPeer), looked at once per 1024 progress calls while requests are outstanding.
   void checkPeer();
   void trySendProbe(Rail& rail);
-  // The group's lock where it is shared (an empty lock otherwise): every entry point of a comm holds it.
-  std::unique_lock<std::mutex> lockGroup() {
-    return group_->shared() ? std::unique_lock<std::mutex>(group_->mutex()) : std::unique_lock<std::mutex>();
-  }
   int opsInFlight() const;  // provider operations of this comm not yet completed
   void logRails() const;    // multi-rail: what each rail carried
   static bool drained(DataSink* s);
