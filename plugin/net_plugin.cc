@@ -10,6 +10,7 @@
 
 #include <time.h>
 
+#include "fabric/fabric_endpoint.h"
 #include "plugin/engine.h"
 #include "telemetry/profiler_core.h"
 #include "telemetry/sink.h"
@@ -529,6 +530,7 @@ ncclResult_t finalize_v11(void* ctx) {
       return Status::kInternal;
     }
     c->magic = 0;
+    if (Backend* b = Engine::instance().backend()) b->releaseScope(c);
     delete c;
     return Status::kOk;
   });
@@ -662,5 +664,21 @@ WEFT_EXPORT ncclNet_v12_t ncclNetPlugin_v12 = {
     iflushImpl,    testImpl,      closeSendImpl,   closeRecvImpl,
     closeListenImpl, nullptr, nullptr, makeVDeviceImpl<ncclNetVDeviceProps_v12_t>, finalize_v11, nullptr,
 };
+
+// weft's own figures, for tools (`weft conformance` reports endpoints open with it); not part of NCCL's ABI.
+// Returns 0 and sets *value for a known key, -1 otherwise. Keys: "fabric.endpoints_open" (libfabric endpoints
+// open in this process), "fabric.probes_sent" (liveness probes sent so far).
+WEFT_EXPORT int weftNetStat(const char* key, long long* value) {
+  if (key == nullptr || value == nullptr) return -1;
+  if (std::strcmp(key, "fabric.endpoints_open") == 0) {
+    *value = weft::fabric::Endpoint::openCount();
+    return 0;
+  }
+  if (std::strcmp(key, "fabric.probes_sent") == 0) {
+    *value = weft::fabric::Endpoint::probesSent();
+    return 0;
+  }
+  return -1;
+}
 
 }  // extern "C"

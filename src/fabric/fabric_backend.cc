@@ -203,6 +203,27 @@ Status FabricBackend::groupFor(int dev, const CommConfig& config, std::shared_pt
   return Status::kOk;
 }
 
+void FabricBackend::releaseScope(const void* scope) {
+  if (scope == nullptr) return;  // the process-wide key (tables before v11) has no finalize
+  std::vector<std::shared_ptr<EndpointGroup>> stillOpen;
+  {
+    std::lock_guard<std::mutex> lock(sharedMutex_);
+    for (auto it = shared_.begin(); it != shared_.end();) {
+      if (it->first.first != scope) {
+        ++it;
+        continue;
+      }
+      if (auto g = it->second.lock()) stillOpen.push_back(std::move(g));
+      it = shared_.erase(it);
+    }
+  }
+  for (const auto& g : stillOpen) {
+    auto held = g->lockIfShared();
+    WEFT_WARN("finalize of context {}: its endpoint group on {} still has {} comms open (not closed by NCCL); it "
+              "closes with the last of them", scope, g->rail(0).device().props().name, g->table().size());
+  }
+}
+
 Status FabricBackend::connect(int dev, const CommConfig& config, void* handle, SendComm** out) {
   *out = nullptr;
   if (dev < 0 || dev >= deviceCount()) {

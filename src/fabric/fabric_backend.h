@@ -31,6 +31,9 @@ class FabricBackend final : public Backend {
   Status listen(int dev, const CommConfig& config, void* handle, ListenComm** out) override;
   Status connect(int dev, const CommConfig& config, void* handle, SendComm** out) override;
   Status makeVDevice(const int* devs, int n, int* out) override;
+  // The context's groups leave the registry; any still held by comms NCCL has not closed stay open for them
+  // (with a warning) and close with their last comm.
+  void releaseScope(const void* scope) override;
 
   static constexpr int kMaxDevices = 256;
 

@@ -35,11 +35,6 @@ FabricDataComm::FabricDataComm(std::shared_ptr<EndpointGroup> group, std::vector
       pool_(new FabricRequest[poolSize]),
       probeIntervalMs_(params::getInt("WEFT_PROBE_INTERVAL")),
       peerTimeoutMs_(params::getInt("WEFT_PEER_TIMEOUT") * 1000) {
-  for (size_t k = 0; k < rails_.size(); ++k) {
-    rails_[k].probeCtx.comm = localId_.get();
-    rails_[k].probeCtx.index = static_cast<uint16_t>(k);
-    rails_[k].probeCtx.kind = OpKind::kProbeSend;
-  }
   free_.reserve(poolSize);
   for (int i = poolSize - 1; i >= 0; --i) {
     FabricRequest& r = pool_[i];
@@ -88,7 +83,6 @@ FabricDataComm::~FabricDataComm() {
 int FabricDataComm::opsInFlight() const {
   int n = 0;
   for (int i = 0; i < poolSize_; ++i) n += pool_[i].ops;
-  for (const Rail& r : rails_) n += r.probe == Rail::kProbeInFlight ? 1 : 0;
   return n;
 }
 
@@ -203,31 +197,12 @@ Status FabricDataComm::progress() {
   return st;
 }
 
-// Whether a NIC's link is up, from sysfs: a network interface's operstate (up, or unknown as loopback reports),
-// or an RDMA device's port state; a name sysfs does not know counts as up.
-bool linkUp(const std::string& nic) {
-  char buf[64] = {0};
-  std::string path = "/sys/class/net/" + nic + "/operstate";
-  if (FILE* f = std::fopen(path.c_str(), "r")) {
-    size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
-    std::fclose(f);
-    std::string st(buf, n);
-    return st.rfind("up", 0) == 0 || st.rfind("unknown", 0) == 0;
-  }
-  path = "/sys/class/infiniband/" + nic + "/ports/1/state";
-  if (FILE* f = std::fopen(path.c_str(), "r")) {
-    size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
-    std::fclose(f);
-    return std::string(buf, n).find("ACTIVE") != std::string::npos;
-  }
-  return true;
-}
-
 // Requests have been outstanding with nothing completing. A live peer may simply be busy (NCCL posts receives
-// long before the data comes), so silence alone proves nothing: after WEFT_PROBE_INTERVAL ms of it, send the
-// peer a probe. A live peer's host takes it at once, whatever its process is doing; a dead process answers
-// with a connection error (reported by the provider on the probe's completion); a probe the provider cannot
-// even hand over within WEFT_PEER_TIMEOUT means the host or the link is gone.
+// long before the data comes), so silence alone proves nothing: after WEFT_PROBE_INTERVAL ms of it, the peer is
+// probed (per peer address, by the endpoint: every comm to one peer shares the probes). A live peer's host takes
+// a probe at once, whatever its process is doing; a dead process answers with a connection error (reported by
+// the provider on the probe's completion); a probe the provider cannot even hand over within WEFT_PEER_TIMEOUT
+// means the host or the link is gone.
 void FabricDataComm::checkPeer() {
   if (fatal_ != Status::kOk) return;
   int64_t now = coarseNowMs();
@@ -236,75 +211,43 @@ void FabricDataComm::checkPeer() {
     lastActivityMs_ = now;
     return;
   }
+  if (now - lastActivityMs_ < probeIntervalMs_) return;
   // Stalled past the probe interval: a NIC whose link is down (its own cable, or for a veth the peer end) fails
   // the connection once it has stayed down for WEFT_PEER_TIMEOUT. A probe cannot show that over TCP: it is
-  // "delivered" into the socket buffer and retransmitted for minutes.
-  // sysfs is read at most every 100 ms per comm: a receive NCCL posted long before its data stalls for as long.
-  if (now - lastActivityMs_ >= probeIntervalMs_ && now - lastLinkCheckMs_ >= 100) {
-    lastLinkCheckMs_ = now;
-    bool allUp = true;
-    for (Rail& rail : rails_) {
-      const std::string& nic = rail.ep->device().props().name;
-      if (linkUp(nic)) continue;
-      allUp = false;
-      if (linkDownSinceMs_ == 0) linkDownSinceMs_ = now;
-      if (now - linkDownSinceMs_ > peerTimeoutMs_) {
-        WEFT_WARN("peer {} unreachable: the link of {} has been down for {} s with {} requests outstanding; they fail "
-                  "(WEFT_PEER_TIMEOUT)", peerName_, nic, (now - linkDownSinceMs_) / 1000, outstanding_);
-        fatal_ = Status::kRemote;
-        return;
-      }
+  // "delivered" into the socket buffer and retransmitted for minutes. (The endpoint reads sysfs at most every
+  // 100 ms, whatever the number of comms.)
+  for (Rail& rail : rails_) {
+    int64_t down = rail.ep->linkDownForMs(now);
+    if (down > peerTimeoutMs_) {
+      WEFT_WARN("peer {} unreachable: the link of {} has been down for {} s with {} requests outstanding; they fail "
+                "(WEFT_PEER_TIMEOUT)", peerName_, rail.ep->device().props().name, down / 1000, outstanding_);
+      fatal_ = Status::kRemote;
+      return;
     }
-    if (allUp) linkDownSinceMs_ = 0;
   }
   // Every rail is probed: a link down on one NIC of a device stalls the messages that rail carries.
-  bool inFlight = false;
   for (Rail& rail : rails_) {
-    if (rail.probe == Rail::kProbeQueued) trySendProbe(rail);
-    if (Status st = rail.probeError; st != Status::kOk) {
-      WEFT_WARN("peer {} on {} is gone: a liveness probe failed after {} ms without progress (process exited or "
-                "was killed, or the connection broke); its {} outstanding requests fail",
-                peerName_, rail.ep->device().props().name, now - lastActivityMs_, outstanding_);
-      fatal_ = Status::kRemote;
-      return;
+    Status why = Status::kOk;
+    switch (rail.ep->checkPeer(rail.peer, lastActivityMs_, now, probeIntervalMs_, peerTimeoutMs_, &why)) {
+      case Endpoint::PeerVerdict::kOk: break;
+      case Endpoint::PeerVerdict::kGone:
+        WEFT_WARN("peer {} on {} is gone: a liveness probe failed after {} ms without progress (process exited or "
+                  "was killed, or the connection broke); its {} outstanding requests fail",
+                  peerName_, rail.ep->device().props().name, now - lastActivityMs_, outstanding_);
+        (void)why;  // the provider's error was logged with the completion; NCCL sees a remote failure
+        fatal_ = Status::kRemote;
+        return;
+      case Endpoint::PeerVerdict::kUnreachable:
+        WEFT_WARN("peer {} on {} unreachable: a liveness probe was not delivered within {} s (host down, link "
+                  "down, or traffic filtered); its {} outstanding requests fail (WEFT_PEER_TIMEOUT)",
+                  peerName_, rail.ep->device().props().name, peerTimeoutMs_ / 1000, outstanding_);
+        fatal_ = Status::kRemote;
+        return;
     }
-    if (rail.probe == Rail::kProbeIdle) continue;
-    inFlight = true;
-    if (now - probeSentMs_ > peerTimeoutMs_) {
-      WEFT_WARN("peer {} on {} unreachable: a liveness probe was not delivered within {} s (host down, link "
-                "down, or traffic filtered); its {} outstanding requests fail (WEFT_PEER_TIMEOUT)",
-                peerName_, rail.ep->device().props().name, peerTimeoutMs_ / 1000, outstanding_);
-      fatal_ = Status::kRemote;
-      return;
-    }
-  }
-  if (inFlight) return;
-  if (now - lastActivityMs_ >= probeIntervalMs_ && now - probeSentMs_ >= probeIntervalMs_) {
-    for (Rail& rail : rails_) {
-      rail.probe = Rail::kProbeQueued;
-      trySendProbe(rail);
-    }
-    probeSentMs_ = now;
-  }
-}
-
-// A probe the provider pushes back on stays queued (retried at the next look): one it cannot even hand over
-// within WEFT_PEER_TIMEOUT counts as undelivered.
-void FabricDataComm::trySendProbe(Rail& rail) {
-  ssize_t rc = rail.ep->sendProbe(rail.peer, peerId_, rail.probeCtx);
-  if (rc == 0) {
-    rail.probe = Rail::kProbeInFlight;
-  } else if (rc != -FI_EAGAIN) {
-    rail.probe = Rail::kProbeIdle;
-    rail.probeError = statusOfFiError(static_cast<int>(-rc));
   }
 }
 
 void FabricDataComm::onComplete(OpContext* ctx, size_t len) noexcept {
-  if (ctx->kind == OpKind::kProbeSend) {  // the peer's host took it: alive (not progress of ours)
-    rails_[ctx->index].probe = Rail::kProbeIdle;
-    return;
-  }
   ++completions_;
 
   auto* r = static_cast<FabricRequest*>(ctx->owner);
@@ -325,11 +268,6 @@ void FabricDataComm::onComplete(OpContext* ctx, size_t len) noexcept {
 }
 
 void FabricDataComm::onError(OpContext* ctx, int fiErr, Status st) noexcept {
-  if (ctx->kind == OpKind::kProbeSend) {
-    rails_[ctx->index].probe = Rail::kProbeIdle;
-    if (fiErr != FI_ECANCELED && rails_[ctx->index].probeError == Status::kOk) rails_[ctx->index].probeError = st;
-    return;
-  }
   ++completions_;
   auto* r = static_cast<FabricRequest*>(ctx->owner);
   if (fiErr == FI_ECANCELED && ctx->kind == OpKind::kData && r->recv &&

@@ -104,11 +104,6 @@ struct Rail {
   Endpoint* ep = nullptr;
   fi_addr_t peer = FI_ADDR_UNSPEC;
   uint64_t txMsgs = 0, txBytes = 0;
-  // Liveness probe on this rail (see FabricDataComm::checkPeer).
-  enum : uint8_t { kProbeIdle, kProbeQueued, kProbeInFlight };
-  uint8_t probe = kProbeIdle;
-  Status probeError = Status::kOk;
-  OpContext probeCtx;
 };
 
 // What send and receive comms share: the endpoints, the peer, the request pool, progress and completion.
@@ -139,7 +134,7 @@ class FabricDataComm : public DataSink {
   Status deregOnDevice(MemHandle* mh);
   Status checkHandle(const MemHandle* mh, const char* op) const;
   int railOf(uint32_t seq) const { return nRails_ == 1 ? 0 : static_cast<int>(seq % nRails_); }
-  Endpoint& ctl() const { return *rails_[0].ep; }  // handshake, offers, probes
+  Endpoint& ctl() const { return *rails_[0].ep; }  // handshake, offers
   Status openOffers(int count);  // registered array of `count` offer messages
   // Enters the group's comm table: from now on completions naming this comm come here. legacy32: remote writes
   // to it carry no comm id (it cannot share the group).
@@ -181,7 +176,6 @@ class FabricDataComm : public DataSink {
 
   // Liveness (see checkPeer), looked at once per 1024 progress calls while requests are outstanding.
   void checkPeer();
-  void trySendProbe(Rail& rail);
   int opsInFlight() const;  // provider operations of this comm not yet completed
   void logRails() const;    // multi-rail: what each rail carried
   static bool drained(DataSink* s);
@@ -193,11 +187,8 @@ class FabricDataComm : public DataSink {
   uint32_t completionsSeen_ = 0;  // completions_ at checkPeer's last look
   uint32_t polls_ = 0;
   int64_t lastActivityMs_ = 0;
-  int64_t probeSentMs_ = 0;
   int64_t probeIntervalMs_;
   int64_t peerTimeoutMs_;
-  int64_t linkDownSinceMs_ = 0;  // when a rail's link was first seen down while stalled (0: all up)
-  int64_t lastLinkCheckMs_ = 0;
 };
 
 class FabricSendComm final : public SendComm, public FabricDataComm {

@@ -8,6 +8,7 @@
 #include "weft/common/clock.h"
 #include "weft/nccl/net.h"
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 
@@ -69,6 +70,11 @@ void Endpoint::applyProviderOptions(FabricDevice& dev, fid_ep* ep) {
   (void)once;
 #endif
 }
+
+namespace {
+std::atomic<int64_t> gOpen{0};    // endpoints open in this process
+std::atomic<int64_t> gProbes{0};  // liveness probes handed to the provider
+}  // namespace
 
 static_assert(sizeof(ConnectRequest) >= wire::kRequestBufBytes, "a request of any version must fit requestIn");
 
@@ -132,11 +138,18 @@ Status Endpoint::open(FabricDevice& dev, std::unique_ptr<Endpoint>* out) {
   name.resize(len);
   e->name_ = std::move(name);
   if (Status st = e->postProbeRecv(); st != Status::kOk) return st;
+  e->counted_ = true;
+  gOpen.fetch_add(1, std::memory_order_relaxed);
   *out = std::move(e);
   return Status::kOk;
 }
 
-Endpoint::~Endpoint() = default;
+Endpoint::~Endpoint() {
+  if (counted_) gOpen.fetch_sub(1, std::memory_order_relaxed);
+}
+
+int64_t Endpoint::openCount() { return gOpen.load(std::memory_order_relaxed); }
+int64_t Endpoint::probesSent() { return gProbes.load(std::memory_order_relaxed); }
 
 bool Endpoint::writeLenReported(FabricDevice& dev) {
   std::lock_guard<std::mutex> lock(dev.measureMutex());
@@ -320,6 +333,15 @@ void Endpoint::handleControl(OpContext* ctx, bool ok, Status st) {
     case OpKind::kProbeRecv:
       postProbeRecv();  // a probe from the peer: drained and discarded
       return;
+    case OpKind::kProbeSend: {  // the peer's host took it (alive), or it failed (gone)
+      auto* l = static_cast<Liveness*>(ctx->owner);
+      l->state = Liveness::kIdle;
+      if (!ok && st != Status::kOk && l->error == Status::kOk) {
+        l->error = st;
+        l->errorMs = coarseNowMs();
+      }
+      return;
+    }
     case OpKind::kCtrlSend:
       if (ctx->owner == &connects_) {
         ConnectSlot& c = connects_[ctx->index];
@@ -494,10 +516,75 @@ Status Endpoint::postProbeRecv() {
                          probeRecvCtx_, OpKind::kProbeRecv, "probe", wire::ctrlTagCommMask());
 }
 
-ssize_t Endpoint::sendProbe(fi_addr_t to, uint32_t peerComm, OpContext& ctx) {
-  ctx.kind = OpKind::kProbeSend;
-  return fi_tsend(ep_.get(), ctl_->probeOut, sizeof(ctl_->probeOut), ctlDesc_, to,
-                  wire::ctrlTag(wire::CtrlKind::kProbe, peerComm), &ctx.fi);
+Endpoint::PeerVerdict Endpoint::checkPeer(fi_addr_t to, int64_t stalledSinceMs, int64_t nowMs, int64_t intervalMs,
+                                          int64_t timeoutMs, Status* why) {
+  std::unique_ptr<Liveness>& slot = liveness_[to];
+  if (!slot) {
+    slot = std::make_unique<Liveness>();
+    slot->ctx.owner = slot.get();
+    slot->ctx.kind = OpKind::kProbeSend;
+  }
+  Liveness& l = *slot;
+  if (l.error != Status::kOk && l.errorMs < stalledSinceMs) l.error = Status::kOk;  // older than this stall
+  if (l.state == Liveness::kQueued) trySendProbe(to, l, nowMs);
+  if (l.error != Status::kOk) {
+    *why = l.error;
+    return PeerVerdict::kGone;
+  }
+  if (l.state != Liveness::kIdle) return nowMs - l.sentMs > timeoutMs ? PeerVerdict::kUnreachable : PeerVerdict::kOk;
+  if (l.sentMs == 0 || nowMs - l.sentMs >= intervalMs) {
+    l.state = Liveness::kQueued;
+    l.sentMs = nowMs;
+    trySendProbe(to, l, nowMs);
+    if (l.error != Status::kOk) {
+      *why = l.error;
+      return PeerVerdict::kGone;
+    }
+  }
+  return PeerVerdict::kOk;
+}
+
+// A probe the provider pushes back on stays queued (retried at the next look): one it cannot even hand over
+// within the timeout counts as undelivered. Probes name no comm (the receiver drains any).
+void Endpoint::trySendProbe(fi_addr_t to, Liveness& l, int64_t nowMs) {
+  ssize_t rc = fi_tsend(ep_.get(), ctl_->probeOut, sizeof(ctl_->probeOut), ctlDesc_, to,
+                        wire::ctrlTag(wire::CtrlKind::kProbe, 0), &l.ctx.fi);
+  if (rc == 0) {
+    l.state = Liveness::kInFlight;
+    gProbes.fetch_add(1, std::memory_order_relaxed);
+  } else if (rc != -FI_EAGAIN) {
+    l.state = Liveness::kIdle;
+    l.error = statusOfFiError(static_cast<int>(-rc));
+    l.errorMs = nowMs;
+  }
+}
+
+int64_t Endpoint::linkDownForMs(int64_t nowMs) {
+  if (nowMs - linkCheckMs_ < 100) return linkDownSinceMs_ == 0 ? 0 : nowMs - linkDownSinceMs_;
+  linkCheckMs_ = nowMs;
+  const std::string& nic = dev_.props().name;
+  bool up = true;
+  char buf[64] = {0};
+  std::string path = "/sys/class/net/" + nic + "/operstate";
+  if (FILE* f = std::fopen(path.c_str(), "r")) {
+    size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+    std::fclose(f);
+    std::string st(buf, n);
+    up = st.rfind("up", 0) == 0 || st.rfind("unknown", 0) == 0;
+  } else {
+    path = "/sys/class/infiniband/" + nic + "/ports/1/state";
+    if (FILE* f2 = std::fopen(path.c_str(), "r")) {
+      size_t n = std::fread(buf, 1, sizeof(buf) - 1, f2);
+      std::fclose(f2);
+      up = std::string(buf, n).find("ACTIVE") != std::string::npos;
+    }
+  }
+  if (up) {
+    linkDownSinceMs_ = 0;
+    return 0;
+  }
+  if (linkDownSinceMs_ == 0) linkDownSinceMs_ = nowMs;
+  return nowMs - linkDownSinceMs_;
 }
 
 // Control sends wait here until the provider takes them: rxm answers -FI_EAGAIN until its connection to the

@@ -62,6 +62,11 @@ class Endpoint {
   Endpoint(const Endpoint&) = delete;
   Endpoint& operator=(const Endpoint&) = delete;
 
+  // Process-wide: endpoints open now (the measure of sharing: it must not grow with connections), and liveness
+  // probes sent so far.
+  static int64_t openCount();
+  static int64_t probesSent();
+
   fid_ep* ep() const { return ep_.get(); }
   FabricDevice& device() const { return dev_; }
   const std::vector<uint8_t>& name() const { return name_; }
@@ -104,12 +109,25 @@ class Endpoint {
   Status postOwnRecv(void* buf, size_t len, void* desc, fi_addr_t from, uint64_t tag, OpContext& ctx,
                      const char* what, uint64_t ignore = 0);
 
-  // Liveness: a small message the peer's endpoint drains and discards. Its send completing proves the path to
-  // a live peer works; an error proves the peer (or the way to it) is gone.
+  // Liveness, per peer address: every comm to one peer process shares its probes, so a thousand stalled comms to
+  // one peer send one probe per interval, not a thousand. A probe is a small message the peer's endpoint drains
+  // and discards: its send completing proves a live peer's host took it; an error proves the peer (or the way
+  // to it) is gone.
   Status postProbeRecv();
-  // Sends a probe to the peer comm `peerComm` at `to` for a comm, whose context `ctx` (kind kProbeSend, routed to
-  // it) reports the outcome. Returns -FI_EAGAIN when the provider pushes back (try again later), 0, or an error.
-  ssize_t sendProbe(fi_addr_t to, uint32_t peerComm, OpContext& ctx);
+  enum class PeerVerdict : uint8_t {
+    kOk,           // nothing proves the peer gone (a probe is out, or one came back since the stall began)
+    kGone,         // a probe sent after the stall began failed (*why: its status)
+    kUnreachable,  // a probe has not been delivered within timeoutMs
+  };
+  // For a comm to `to` that has seen no progress since `stalledSinceMs`: probes the peer at most every
+  // intervalMs (whichever comm asks), and says what the probes found. An error seen before the stall began
+  // (the peer's address reused by a new process since) is forgotten and the peer probed again.
+  PeerVerdict checkPeer(fi_addr_t to, int64_t stalledSinceMs, int64_t nowMs, int64_t intervalMs, int64_t timeoutMs,
+                        Status* why);
+  // How long this endpoint's NIC has been seen down (0: up), from sysfs read at most every 100 ms: a network
+  // interface's operstate (up, or unknown as loopback reports), or an RDMA device's port state; a name sysfs
+  // does not know counts as up.
+  int64_t linkDownForMs(int64_t nowMs);
 
   // Buffer offers (rdma protocol) to every send comm of the endpoint: `n` receives for any comm's offers, each
   // handed to the comm its tag names (DataSink::onOffer) and posted again. Opened by the first send comm; a
@@ -153,6 +171,14 @@ class Endpoint {
     uint64_t probeOut[2];
     uint64_t probeIn[2];
   };
+  struct Liveness {
+    enum : uint8_t { kIdle, kQueued, kInFlight } state = kIdle;
+    int64_t sentMs = 0;   // when the last probe was queued (0: never)
+    int64_t errorMs = 0;  // when `error` was seen
+    Status error = Status::kOk;
+    OpContext ctx;  // kind kProbeSend, owner: this
+  };
+  void trySendProbe(fi_addr_t to, Liveness& l, int64_t nowMs);
 
   FabricDevice& dev_;
   CommTable* table_ = nullptr;  // the group's: where the comms' completions go
@@ -202,7 +228,10 @@ class Endpoint {
   bool replyAnyPosted_ = false;
   bool controlQueued_ = false;  // a control send is waiting for the provider to accept it
   OpContext probeRecvCtx_;
+  std::unordered_map<fi_addr_t, std::unique_ptr<Liveness>> liveness_;  // by peer address, kept with the AV
+  int64_t linkCheckMs_ = 0, linkDownSinceMs_ = 0;
   int refusals_ = 0;
+  bool counted_ = false;  // in openCount()
 };
 
 }  // namespace weft::fabric

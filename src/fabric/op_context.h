@@ -11,8 +11,8 @@
 
 namespace weft::fabric {
 
-// kData, kOfferSend and kProbeSend belong to a comm (delivered to its DataSink); the rest to the endpoint
-// (kOfferRecv: its pool of offer receives, whose messages it hands to the comm they name).
+// kData and kOfferSend belong to a comm (delivered to its DataSink); the rest to the endpoint (kOfferRecv: its
+// pool of offer receives, whose messages it hands to the comm they name; kProbeSend: its per-peer liveness).
 enum class OpKind : uint8_t {
   kData = 0,
   kOfferSend,
@@ -33,7 +33,7 @@ struct OpContext {
 };
 
 inline bool isCommOp(OpKind k) {
-  return k == OpKind::kData || k == OpKind::kOfferSend || k == OpKind::kProbeSend;
+  return k == OpKind::kData || k == OpKind::kOfferSend;
 }
 
 class DataSink {

@@ -35,9 +35,9 @@ constexpr uint32_t kMaxCommId = (1u << kCommIdBits) - 1;
 //               NCCL_NET_MAX_REQUESTS (32) requests of up to 8 buffers per comm, 256 messages; 2^22 is 16,384
 //               times that.
 //
-// Control: [49:32] the receiving comm's id (offers: the send comm; probes: the peer's comm), or 0 where the
-//                  message body names its destination (connection requests carry the listen id, replies the
-//                  connector's comm id)
+// Control: [49:32] the receiving comm's id (offers: the send comm), or 0 where the message names no comm
+//                  (probes: per peer process, drained whatever id they carry) or its body names its destination
+//                  (connection requests carry the listen id, replies the connector's comm id)
 //          [7:0]   kind
 //          every other bit 0. A connection request and reply keep exactly the tags of handshake version 3
 //          (id 0, kinds 1 and 2), so that a peer of another version still gets a clean refusal.

@@ -76,6 +76,7 @@ WorkerArgs parseWorkerArgs(int argc, char** argv) {
     else if (f == "--soak") w.soakMessages = a.number(1, 2000000000);
     else if (f == "--cycles") w.cycles = a.number(1, 10000000);
     else if (f == "--conns") w.conns = a.number(1, 1000000);
+    else if (f == "--max-endpoints") w.maxEndpoints = a.number(0, 1000000);
     else if (f == "--verbose") w.verbose = true;
     else if (f == "--raw-provider") w.rawProvider = a.value();
     else if (f == "--raw-iface") w.rawIface = a.value();
@@ -83,6 +84,8 @@ WorkerArgs parseWorkerArgs(int argc, char** argv) {
     else if (f == "--patterns") w.patterns = a.value();
     else if (f == "--lat-sizes") w.latSizes = a.value();
     else if (f == "--raw-modes") w.rawModes = a.value();
+    else if (f == "--conns-list") w.connsList = a.value();
+    else if (f == "--raw-max-conns") w.rawMaxConns = a.number(1, 100000);
     else a.unknown();
   }
   return w;

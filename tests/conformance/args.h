@@ -39,8 +39,10 @@ struct WorkerArgs {
   int64_t soakMessages = 0;  // soak.random: messages in all (0: the check's default)
   int cycles = 0;            // hygiene.*: cycles (0: the checks' defaults)
   int conns = 0;             // comms.scale: connections held at once (0: the check's default)
+  int maxEndpoints = -1;     // comms.scale: endpoints the plugin may report open per process (-1: not checked)
   // weft bench only: the raw libfabric reference (empty provider: none), rounds per point, which patterns.
-  std::string rawProvider, rawIface, patterns = "lat,bw,conns,steps", latSizes, rawModes;
+  std::string rawProvider, rawIface, patterns = "lat,bw,conns,steps", latSizes, rawModes, connsList;
+  int rawMaxConns = 16;
   int rounds = 3;
 };
 WorkerArgs parseWorkerArgs(int argc, char** argv);

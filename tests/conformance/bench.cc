@@ -246,7 +246,14 @@ int runBenchWorker(int argc, char** argv) {
   };
   try {
     std::printf("INFO\t%s\t%d\n", env.props.name.c_str(), env.props.speed);
-    const int maxConns = want("conns") ? (quick ? 8 : 16) : want("steps") ? 8 : 1;
+    std::vector<int> connsList = quick ? std::vector<int>{1, 8} : std::vector<int>{1, 2, 4, 8, 16};
+    if (!wa.connsList.empty()) {
+      connsList.clear();
+      for (const auto& t : split(wa.connsList, ',')) connsList.push_back(std::stoi(t));
+    }
+    int maxConns = want("steps") ? 8 : 1;
+    if (want("conns")) maxConns = std::max(maxConns, *std::max_element(connsList.begin(), connsList.end()));
+    const int rawConns = std::min(maxConns, wa.rawMaxConns);
     // Implementations side by side: the plugin, then the raw references on the same provider.
     std::vector<std::pair<std::string, std::vector<std::unique_ptr<Link>>>> impls;
     impls.emplace_back("plugin", openPluginLinks(env, maxConns));
@@ -254,7 +261,7 @@ int runBenchWorker(int argc, char** argv) {
       // Same layout as a plugin with one endpoint per comm: one endpoint per direction.
       for (RawMode m : {RawMode::kTagged, RawMode::kRma}) {
         if (!wantRaw(rawModeName(m))) continue;
-        impls.emplace_back(rawModeName(m), openRawLinks(env.oob, wa.rawProvider, wa.rawIface, m, maxConns, true,
+        impls.emplace_back(rawModeName(m), openRawLinks(env.oob, wa.rawProvider, wa.rawIface, m, rawConns, true,
                                                         rawModeName(m)));
       }
       // For latency only, and never in the ratio: one endpoint for both directions (one queue to poll).
@@ -271,6 +278,7 @@ int runBenchWorker(int argc, char** argv) {
                       const std::vector<std::vector<double>>& b) {
       if (!env.recv()) return;
       for (size_t i = 0; i < a.size(); ++i) {
+        if (a[i].empty()) continue;  // a raw reference with fewer links than the point
         std::printf("R\t%s\t%zu\t%s\t%.3f\t%.3f\n", pattern, param, impls[i].first.c_str(), median(a[i]),
                     b.empty() ? 0.0 : median(b[i]));
       }
@@ -302,6 +310,7 @@ int runBenchWorker(int argc, char** argv) {
       for (int r = 0; r < rounds; ++r) {
         for (size_t k = 0; k < streamImpls; ++k) {
           size_t i = (k + r) % streamImpls;  // rotate who goes first
+          if (impls[i].second.size() < static_cast<size_t>(nlinks)) continue;
           std::vector<Link*> ls;
           for (int k = 0; k < nlinks; ++k) ls.push_back(impls[i].second[k].get());
           gbps[i].push_back(stream(env, ls, size, count, bidir));
@@ -316,8 +325,7 @@ int runBenchWorker(int argc, char** argv) {
       for (size_t s : sizes) streamPoint("bw", s, s, 1, false, std::max(total, 16 * s));
     }
     if (want("conns")) {
-      std::vector<int> ns = quick ? std::vector<int>{1, 8} : std::vector<int>{1, 2, 4, 8, 16};
-      for (int n : ns) streamPoint("conns", static_cast<size_t>(n), 1 << 20, n, false, total);
+      for (int n : connsList) streamPoint("conns", static_cast<size_t>(n), 1 << 20, n, false, total);
     }
     if (want("steps")) {
       std::vector<int> ns = quick ? std::vector<int>{8} : std::vector<int>{2, 8};
@@ -366,6 +374,8 @@ int runBench(const BenchOptions& o) {
   }
   if (!o.latSizes.empty()) args.insert(args.end(), {"--lat-sizes", o.latSizes});
   if (!o.rawModes.empty()) args.insert(args.end(), {"--raw-modes", o.rawModes});
+  if (!o.connsList.empty()) args.insert(args.end(), {"--conns-list", o.connsList});
+  args.insert(args.end(), {"--raw-max-conns", std::to_string(o.rawMaxConns)});
   if (o.quick) args.push_back("--quick");
   if (!o.fuse.empty()) args.insert(args.end(), {"--fuse", o.fuse});
   WorkerProcess procs[2];

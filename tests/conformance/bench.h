@@ -21,8 +21,10 @@ struct BenchOptions {
   bool json = false;
   int rounds = 3;                                 // each point: median over this many alternating runs
   std::string patterns = "lat,bw,conns,steps";
-  std::string latSizes;
-  std::string rawModes;                           // subset of raw-tagged,raw-rma,raw-tagged-1ep (empty: all)                           // comma-separated bytes (empty: the built-in list)
+  std::string latSizes;                           // comma-separated bytes (empty: the built-in list)
+  std::string rawModes;                           // subset of raw-tagged,raw-rma,raw-tagged-1ep (empty: all)
+  std::string connsList;                          // conns pattern: connection counts (empty: 1,2,4,8,16)
+  int rawMaxConns = 16;                           // raw references open at most this many links (memory)
   std::string rawProvider, rawIface;              // the raw reference (empty provider: none)
   PairOptions pair;
 };

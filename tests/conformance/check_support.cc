@@ -36,6 +36,8 @@ bool WorkerSession::open(const WorkerArgs& wa, std::string* error) {
   env.soakMessages = wa.soakMessages;
   env.cycles = wa.cycles;
   env.conns = wa.conns;
+  env.plugin = plugin_.get();
+  env.maxEndpoints = wa.maxEndpoints;
   env.timeout = std::chrono::seconds(wa.timeoutSec);
   env.callLimit = std::chrono::milliseconds(wa.callLimitMs);
   env.isWeft = std::string(net.name()) == "weft";

@@ -1084,6 +1084,41 @@ void hygieneRegisterCycles(CheckEnv& env) {
   closeConn(env, c);
 }
 
+// Listening TCP sockets this process holds: a figure any plugin over TCP shows (an rxm endpoint listens for its
+// connections; NCCL's Socket transport listens per listen comm), read from /proc.
+int listeningSockets() {
+  std::set<unsigned long> mine;
+  if (DIR* d = opendir("/proc/self/fd")) {
+    while (dirent* e = readdir(d)) {
+      char path[300], target[64];
+      std::snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+      ssize_t n = readlink(path, target, sizeof(target) - 1);
+      if (n <= 0) continue;
+      target[n] = 0;
+      unsigned long inode = 0;
+      if (std::sscanf(target, "socket:[%lu]", &inode) == 1) mine.insert(inode);
+    }
+    closedir(d);
+  }
+  int count = 0;
+  for (const char* table : {"/proc/self/net/tcp", "/proc/self/net/tcp6"}) {
+    FILE* f = std::fopen(table, "r");
+    if (f == nullptr) continue;
+    char line[512];
+    while (std::fgets(line, sizeof(line), f)) {
+      unsigned st = 0;
+      unsigned long inode = 0;
+      // sl local rem st tx:rx tr:when retrnsmt uid timeout inode
+      if (std::sscanf(line, " %*s %*s %*s %x %*s %*s %*s %*u %*u %lu", &st, &inode) == 2 && st == 0x0A &&
+          mine.count(inode) != 0) {
+        ++count;
+      }
+    }
+    std::fclose(f);
+  }
+  return count;
+}
+
 // What a connection costs: N connections held at once between the two processes (NCCL keeps hundreds to thousands
 // per GPU at scale), each carrying one message. Prints the time to connect them all and the resident memory and
 // file descriptors per connection after the first message (a provider may allocate send buffers only then). The
@@ -1096,6 +1131,9 @@ void commsScale(CheckEnv& env) {
   Buffer buf(kMsg * n);  // the harness's own memory, touched before the baseline
   std::memset(buf.data(), 0, buf.size());
   Usage before = usage();
+  long long epBefore = -1, epAfter = -1;
+  const bool epReported = env.plugin != nullptr && env.plugin->stat("fabric.endpoints_open", &epBefore);
+  const int listenBefore = listeningSockets();
   auto t0 = std::chrono::steady_clock::now();
   std::vector<Conn> conns;
   conns.reserve(n);
@@ -1109,6 +1147,17 @@ void commsScale(CheckEnv& env) {
   }
   double connectSec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   Usage connected = usage();
+  if (epReported) env.plugin->stat("fabric.endpoints_open", &epAfter);
+  const int listenAfter = listeningSockets();
+  std::printf("INFO\t%d connections: libfabric endpoints open %s; listening TCP sockets %d -> %d\n", n,
+              epReported ? (std::to_string(epBefore) + " -> " + std::to_string(epAfter) + " (as the plugin reports)").c_str()
+                         : "not reported by the plugin",
+              listenBefore, listenAfter);
+  if (env.maxEndpoints >= 0 && epReported && epAfter > env.maxEndpoints) {
+    for (auto& c : conns) closeConn(env, c);
+    fail(std::to_string(n) + " connections hold " + std::to_string(epAfter) + " libfabric endpoints open, more than "
+         "--max-endpoints " + std::to_string(env.maxEndpoints) + ": endpoints are not shared");
+  }
   {
     std::vector<void*> mhs(n, nullptr), reqs(n, nullptr);
     for (int i = 0; i < n; ++i) {

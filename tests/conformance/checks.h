@@ -27,6 +27,8 @@ struct CheckEnv {
   int64_t soakMessages = 0;  // soak.random: messages in all (0: default)
   int cycles = 0;            // hygiene.*: cycles (0: default)
   int conns = 0;             // comms.scale: connections (0: default)
+  int maxEndpoints = -1;     // comms.scale: plugin-reported endpoints allowed open (-1: not checked)
+  const LoadedPlugin* plugin = nullptr;  // the file under test (its optional self-reported figures)
   std::chrono::seconds timeout{60};
   // A backstop, not the test of non-blocking (connect.nonblocking withholds the peer for that): a single
   // listen/connect/accept call on a live peer that takes longer than this has blocked by any measure. Below it, a

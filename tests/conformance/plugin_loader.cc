@@ -322,12 +322,17 @@ std::unique_ptr<LoadedPlugin> LoadedPlugin::open(const std::string& path, int ve
     *error = path + " does not export ncclNetPlugin_v" + std::to_string(v) + " (it exports " + list + ")";
     return nullptr;
   }
+  p->stat_ = reinterpret_cast<int (*)(const char*, long long*)>(dlsym(p->lib_, "weftNetStat"));
   p->api_ = makeApi(sym, v);
   if (p->api_->name() == nullptr) {
     *error = path + ": ncclNetPlugin_v" + std::to_string(v) + ".name is NULL (NCCL reads it before init)";
     return nullptr;
   }
   return p;
+}
+
+bool LoadedPlugin::stat(const char* key, long long* value) const {
+  return stat_ != nullptr && stat_(key, value) == 0;
 }
 
 LoadedPlugin::~LoadedPlugin() {

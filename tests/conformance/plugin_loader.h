@@ -77,9 +77,13 @@ class LoadedPlugin {
   NetApi& api() { return *api_; }
   const std::vector<int>& exported() const { return exported_; }
   const std::string& path() const { return path_; }
+  // A figure the plugin reports about itself through weft's optional `weftNetStat` export (not NCCL's ABI);
+  // false where the plugin has no such export or does not know the key.
+  bool stat(const char* key, long long* value) const;
 
  private:
   void* lib_ = nullptr;
+  int (*stat_)(const char*, long long*) = nullptr;
   std::string path_;
   std::vector<int> exported_;
   std::unique_ptr<NetApi> api_;

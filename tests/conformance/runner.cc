@@ -84,6 +84,7 @@ int runConformance(const RunOptions& o) {
   if (o.soakMessages > 0) args.insert(args.end(), {"--soak", std::to_string(o.soakMessages)});
   if (o.cycles > 0) args.insert(args.end(), {"--cycles", std::to_string(o.cycles)});
   if (o.conns > 0) args.insert(args.end(), {"--conns", std::to_string(o.conns)});
+  if (o.maxEndpoints >= 0) args.insert(args.end(), {"--max-endpoints", std::to_string(o.maxEndpoints)});
   if (o.verbose) args.push_back("--verbose");
   if (!o.fuse.empty()) args.insert(args.end(), {"--fuse", o.fuse});
   WorkerProcess procs[2];

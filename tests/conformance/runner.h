@@ -21,6 +21,7 @@ struct RunOptions {
   int64_t soakMessages = 0;  // soak.random: how many messages (0: 20,000; 2,000 with --quick)
   int cycles = 0;            // hygiene.*: cycles (0: 2,000 connect and 10,000 register cycles; fewer with --quick)
   int conns = 0;             // comms.scale: connections held at once (0: 64; 16 with --quick)
+  int maxEndpoints = -1;     // comms.scale: libfabric endpoints a worker may hold open (plugin-reported; -1: any)
   int dev = -1;     // -1: device 0
   std::string fuse;  // "0,1": the workers fuse these devices with makeVDevice and test the fused one
   int timeoutSec = 60;

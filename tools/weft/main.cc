@@ -38,6 +38,8 @@ void usage() {
                "      [--soak N]                messages for soak.random (default 20,000; 2,000 with --quick)\n"
                "      [--cycles N]              cycles for hygiene.* (default 2,000 connects, 10,000 registrations)\n"
                "      [--conns N]               connections held at once by comms.scale (default 64; 16 with --quick)\n"
+               "      [--max-endpoints N]       comms.scale fails if a worker holds more libfabric endpoints open\n"
+               "                                (as the plugin reports them through weftNetStat; others: not checked)\n"
                "      [--call-limit MS]         backstop: a listen/connect/accept call longer than this has blocked (10000)\n"
                "      [--env K=V] [--recv-env K=V] [--send-env K=V]   environment for both / one worker\n"
                "      [--recv-netns NS] [--send-netns NS]           run a worker inside a network namespace\n"
@@ -47,6 +49,9 @@ void usage() {
                "      [--raw PROVIDER] [--raw-iface IF] [--no-raw]  the reference (default: WEFT_PROVIDER/IFACE)\n"
                "      [--patterns lat,bw,conns,steps] [--rounds N] (median of N alternating runs, default 3)\n"
                "      [--lat-sizes 8,4096,...]  latency message sizes in bytes\n"
+               "      [--conns-list 1,16,64]    connection counts of the conns pattern (default 1,2,4,8,16)\n"
+               "      [--raw-max-conns N]       raw references run conns points up to N only (default 16: each raw\n"
+               "                                link is its own endpoints, tens of MiB each over rxm)\n"
                "      [--raw-modes raw-tagged,raw-rma,raw-tagged-1ep]  which references to run (default: all)\n"
                "      [--table N] [--dev N] [--fuse 0,1] [--quick] [--json] and the --env/--netns options above\n"
                "  report DIR                    read the timing records of a job (WEFT_TELEMETRY_DIR of every rank):\n"
@@ -100,6 +105,7 @@ int conformance(int argc, char** argv) {
     else if (f == "--soak") o.soakMessages = a.number(1, 2000000000);
     else if (f == "--cycles") o.cycles = a.number(1, 10000000);
     else if (f == "--conns") o.conns = a.number(1, 1000000);
+    else if (f == "--max-endpoints") o.maxEndpoints = a.number(0, 1000000);
     else if (f == "--verbose") o.verbose = true;
     else if (f == "--timeout") o.timeoutSec = a.number(1, 3600);
     else if (f == "--call-limit") o.callLimitMs = a.number(1, 3600000);
@@ -142,6 +148,17 @@ int bench(int argc, char** argv) {
     else if (f == "--raw") o.rawProvider = a.value();
     else if (f == "--raw-iface") o.rawIface = a.value();
     else if (f == "--raw-modes") o.rawModes = a.value();
+    else if (f == "--conns-list") {
+      o.connsList = a.value();
+      for (const auto& t : weft::harness::split(o.connsList, ',')) {
+        if (t.empty() || t.find_first_not_of("0123456789") != std::string::npos || t.size() > 5 || std::stoi(t) < 1) {
+          std::fprintf(stderr, "weft bench: --conns-list wants connection counts separated by commas, got '%s'\n",
+                       t.c_str());
+          return 2;
+        }
+      }
+    }
+    else if (f == "--raw-max-conns") o.rawMaxConns = a.number(1, 100000);
     else if (f == "--no-raw") noRaw = true;
     else a.unknown();
   }

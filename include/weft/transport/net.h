@@ -134,6 +134,9 @@ class Backend {
   virtual Status connect(int dev, const CommConfig& config, void* handle, SendComm** out) = 0;
   // NCCL's NIC fusion (v9+): a new device made of `devs` (devices of ours); its index in *out.
   virtual Status makeVDevice(const int* devs, int n, int* out) = 0;
+  // NCCL finalized the context `scope` (CommConfig::scope): what the backend keeps per context is released (a
+  // later context at the same address starts afresh).
+  virtual void releaseScope(const void* scope) { (void)scope; }
 };
 
 }  // namespace weft
