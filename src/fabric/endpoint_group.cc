@@ -13,7 +13,7 @@ Status EndpointGroup::open(const std::vector<FabricDevice*>& rails, std::shared_
   std::shared_ptr<EndpointGroup> g(new EndpointGroup(rails[0]->props().name, shared));
   for (size_t k = 0; k < rails.size(); ++k) {
     std::unique_ptr<Endpoint> ep;
-    if (Status st = Endpoint::open(*rails[k], &ep); st != Status::kOk) return st;
+    if (Status st = Endpoint::open(*rails[k], &ep, shared); st != Status::kOk) return st;
     if (k > 0 && ep->name().size() > RailAddrs::kMaxAddr) {
       WEFT_WARN("provider address of {} bytes on {} does not fit the rail handshake ({} B)", ep->name().size(),
                 ep->device().props().name, RailAddrs::kMaxAddr);

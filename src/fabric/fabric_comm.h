@@ -211,7 +211,7 @@ class FabricSendComm final : public SendComm, public FabricDataComm {
   // Offer receives of a private endpoint (one send comm) and of a shared one (all the send comms of a context on
   // the device; offers beyond wait in the provider as unexpected messages until a receive is posted again).
   static constexpr int kOfferRecvs = 2 * kMaxRequests;
-  static constexpr int kSharedOfferRecvs = 512;
+  static constexpr int kSharedOfferRecvs = Endpoint::kSharedOfferRecvs;
 
  private:
   void onOffer(const void* msg, size_t len) noexcept override;

@@ -8,6 +8,7 @@
 #include "weft/common/clock.h"
 #include "weft/nccl/net.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -78,7 +79,15 @@ std::atomic<int64_t> gProbes{0};  // liveness probes handed to the provider
 
 static_assert(sizeof(ConnectRequest) >= wire::kRequestBufBytes, "a request of any version must fit requestIn");
 
-Status Endpoint::open(FabricDevice& dev, std::unique_ptr<Endpoint>* out) {
+size_t Endpoint::cqEntries(const fi_info* info, bool shared) {
+  const size_t priv = 4 * (kMaxRequests * kMaxRecvs) + 64;
+  if (!shared) return priv;
+  size_t tx = info != nullptr && info->tx_attr != nullptr ? info->tx_attr->size : 0;
+  size_t rx = info != nullptr && info->rx_attr != nullptr ? info->rx_attr->size : 0;
+  return std::max(priv, tx + rx + kSharedOfferRecvs + 64);
+}
+
+Status Endpoint::open(FabricDevice& dev, std::unique_ptr<Endpoint>* out, bool shared) {
   Status st = dev.open();
   if (st != Status::kOk) return st;
   std::unique_ptr<Endpoint> e(new Endpoint(dev));
@@ -95,7 +104,7 @@ Status Endpoint::open(FabricDevice& dev, std::unique_ptr<Endpoint>* out) {
   fi_cq_attr cqAttr{};
   cqAttr.format = FI_CQ_FORMAT_TAGGED;
   cqAttr.wait_obj = FI_WAIT_NONE;
-  cqAttr.size = 4 * (kMaxRequests * kMaxRecvs) + 64;
+  cqAttr.size = cqEntries(info, shared);
   fid_cq* cq = nullptr;
   int rc = fi_cq_open(dev.domain(), &cqAttr, &cq, nullptr);
   if (rc != 0) {
@@ -103,6 +112,11 @@ Status Endpoint::open(FabricDevice& dev, std::unique_ptr<Endpoint>* out) {
     return Status::kSystem;
   }
   e->cq_.reset(cq);
+  if (shared) {
+    WEFT_INFO(NCCL_NET, "shared endpoint on {}: completion queue of {} entries for the provider's tx {} and rx {}", where,
+              cqAttr.size, info->tx_attr != nullptr ? info->tx_attr->size : 0,
+              info->rx_attr != nullptr ? info->rx_attr->size : 0);
+  }
 
   fi_av_attr avAttr{};
   avAttr.type = info->domain_attr->av_type != FI_AV_UNSPEC ? info->domain_attr->av_type : FI_AV_TABLE;

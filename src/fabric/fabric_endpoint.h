@@ -52,7 +52,14 @@ Status statusOfFiError(int err);
 
 class Endpoint {
  public:
-  static Status open(FabricDevice& dev, std::unique_ptr<Endpoint>* out);
+  static constexpr int kSharedOfferRecvs = 512;  // offer receives of a shared endpoint (see FabricSendComm)
+  // shared: the endpoint of a shared group (its completion queue sized for every comm of a context, below).
+  static Status open(FabricDevice& dev, std::unique_ptr<Endpoint>* out, bool shared = false);
+  // Completion queue entries: a private endpoint's comm has at most kMaxRequests requests of kMaxRecvs
+  // operations each in flight (x4 for offers, remote writes and control: 1,088). A shared endpoint's comms
+  // together have at most what its queues take (the provider's tx and rx sizes: a send or receive beyond them is
+  // pushed back and waits in weft's own queue), plus its offer receives and control messages.
+  static size_t cqEntries(const fi_info* info, bool shared);
   // Whether `dev`'s provider reports an RMA write's length at the target: one write with completion data to an
   // endpoint of our own, its target completion read (bounded wait). False on any failure.
   static bool measureWriteLen(FabricDevice& dev);
