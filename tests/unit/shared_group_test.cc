@@ -1,14 +1,19 @@
 // Shared endpoint groups (WEFT_FABRIC_SHARED_EP=1), over tcp;ofi_rxm on loopback with connections to this process
 // itself: liveness probes are per peer address (many stalled comms to one peer process send one probe per
-// WEFT_PROBE_INTERVAL between them, not one each), and finalizing a context releases its groups.
+// WEFT_PROBE_INTERVAL between them, not one each), finalizing a context releases its groups, and a hostile
+// message naming one comm disturbs no other.
 #include <catch2/catch.hpp>
 
 #include <chrono>
 #include <cstdlib>
+#include <deque>
 #include <memory>
 #include <vector>
 
 #include "fabric/fabric_backend.h"
+#include "fabric/fabric_comm.h"
+#include "fabric/wire.h"
+#include "raw_peer.h"
 #include "fabric/fabric_endpoint.h"
 #include "weft/common/params.h"
 #include "weft/transport/handle.h"
@@ -127,5 +132,136 @@ TEST_CASE("finalizing a context releases its endpoint groups", "[fabric][shared]
   delete c;
   CHECK(Endpoint::openCount() == endpoints0);
   for (const char* v : {"WEFT_PROVIDER", "WEFT_IFACE", "WEFT_FABRIC_SHARED_EP"}) unsetenv(v);
+  params::reload();
+}
+
+namespace {
+
+// Moves one message of `size` bytes over a connected pair, both ends polled here; true when it arrived intact.
+// The buffers live in `arena` (beyond the comms' close: a receive that never completed is still posted).
+bool transfer(SendComm* s, RecvComm* r, size_t size, int seed, Status* sendErr,
+              std::deque<std::vector<uint8_t>>& arena) {
+  std::vector<uint8_t>& out = arena.emplace_back(size);
+  std::vector<uint8_t>& in = arena.emplace_back(size, 0);
+  for (size_t i = 0; i < size; ++i) out[i] = static_cast<uint8_t>(i * 31 + seed);
+  MemHandle *ms = nullptr, *mr = nullptr;
+  if (s->regMr(out.data(), size, NCCL_PTR_HOST, &ms) != Status::kOk) return false;
+  if (r->regMr(in.data(), size, NCCL_PTR_HOST, &mr) != Status::kOk) return false;
+  Request *rs = nullptr, *rr = nullptr;
+  void* data[1] = {in.data()};
+  size_t sizes[1] = {size};
+  int tags[1] = {seed};
+  bool ok = r->irecv(1, data, sizes, tags, &mr, false, &rr) == Status::kOk && rr != nullptr;
+  bool sdone = false, rdone = false;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (ok && !(sdone && rdone) && std::chrono::steady_clock::now() < deadline) {
+    if (rs == nullptr) {
+      *sendErr = s->isend(out.data(), size, seed, ms, &rs);
+      if (*sendErr != Status::kOk) break;
+    }
+    if (rs != nullptr && !sdone && (*sendErr = rs->test(&sdone, nullptr)) != Status::kOk) break;
+    int got = 0;
+    if (!rdone && rr->test(&rdone, &got) != Status::kOk) ok = false;
+  }
+  bool intact = ok && sdone && rdone && *sendErr == Status::kOk && in == out;
+  if (sdone) s->deregMr(ms);
+  if (rdone) r->deregMr(mr);  // else still posted: deregistered with the comm
+  return intact;
+}
+
+}  // namespace
+
+TEST_CASE("a hostile message naming one comm of a shared endpoint disturbs no other", "[fabric][shared]") {
+  setenv("WEFT_PROVIDER", "tcp;ofi_rxm", 1);
+  setenv("WEFT_IFACE", "lo", 1);
+  setenv("WEFT_FABRIC_SHARED_EP", "1", 1);
+  setenv("WEFT_PROTOCOL", "rdma", 1);  // send comms take buffer offers, routed by the comm id in their tag
+  params::reload();
+  std::string why;
+  auto backend = FabricBackend::discover(&why);
+  if (!backend) {
+    WARN("skipped: no tcp;ofi_rxm on lo here (" << why << ")");
+    return;
+  }
+  std::deque<std::vector<uint8_t>> arena;  // outlives the comms (declared before them)
+  int scope = 0;
+  CommConfig cfg{};
+  cfg.scope = &scope;
+  constexpr int kPairs = 3;  // 0: the target, 1 and 2: bystanders
+  std::vector<SendComm*> sends(kPairs, nullptr);
+  std::vector<RecvComm*> recvs(kPairs, nullptr);
+  uint8_t handle[kHandleSize];
+  for (int i = 0; i < kPairs; ++i) {
+    ListenComm* lcRaw = nullptr;
+    REQUIRE(backend->listen(0, cfg, handle, &lcRaw) == Status::kOk);
+    std::unique_ptr<ListenComm> lc(lcRaw);
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while ((sends[i] == nullptr || recvs[i] == nullptr) && std::chrono::steady_clock::now() < deadline) {
+      if (sends[i] == nullptr) REQUIRE(backend->connect(0, cfg, handle, &sends[i]) == Status::kOk);
+      if (recvs[i] == nullptr) REQUIRE(lc->accept(&recvs[i]) == Status::kOk);
+    }
+    REQUIRE(sends[i] != nullptr);
+    REQUIRE(recvs[i] != nullptr);
+  }
+  Status err = Status::kOk;
+  for (int i = 0; i < kPairs; ++i) REQUIRE(transfer(sends[i], recvs[i], 65536, 10 + i, &err, arena));
+
+  // Another process sends the shared endpoint a malformed buffer offer naming the target's id, and one naming an
+  // id no comm has.
+  WireHandle h;
+  REQUIRE(WireHandle::decode(handle, &h, &why) == Status::kOk);
+  weft::testing::RawPeer hostile;
+  REQUIRE(hostile.open());
+  auto junk = std::make_unique<uint8_t[]>(256);
+  for (int i = 0; i < 256; ++i) junk[i] = static_cast<uint8_t>(0xA5 ^ i);
+  void* desc = nullptr;
+  if ((hostile.info->domain_attr->mr_mode & FI_MR_LOCAL) != 0) {
+    REQUIRE(fi_mr_reg(hostile.domain, junk.get(), 256, FI_SEND, 0, 0, 0, &hostile.mr, nullptr) == 0);
+    desc = fi_mr_desc(hostile.mr);
+  }
+  fi_addr_t target = FI_ADDR_UNSPEC;
+  REQUIRE(fi_av_insert(hostile.av, h.addr.data(), 1, &target, 0, nullptr) == 1);
+  const uint32_t victim = dynamic_cast<FabricSendComm*>(sends[0])->commId();
+  const uint32_t nobody = wire::kMaxCommId;
+  fi_context2 ctx[2]{};
+  int sent = 0;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (uint32_t id : {victim, nobody}) {
+    ssize_t rc;
+    do {
+      rc = fi_tsend(hostile.ep, junk.get(), 96, desc, target, wire::ctrlTag(wire::CtrlKind::kOffer, id), &ctx[sent]);
+      if (rc == -FI_EAGAIN) {  // rxm connects while both sides make progress
+        fi_cq_tagged_entry e[4];
+        fi_cq_read(hostile.cq, e, 4);
+        Status ignored;
+        transfer(sends[1], recvs[1], 64, 1, &ignored, arena);
+      }
+    } while (rc == -FI_EAGAIN && std::chrono::steady_clock::now() < deadline);
+    REQUIRE(rc == 0);
+    ++sent;
+  }
+  int completed = 0;
+  while (completed < sent && std::chrono::steady_clock::now() < deadline) {
+    fi_cq_tagged_entry e[4];
+    ssize_t n = fi_cq_read(hostile.cq, e, 4);
+    if (n > 0) completed += static_cast<int>(n);
+  }
+  REQUIRE(completed == sent);
+
+  // The bystanders go on carrying intact data (and drive the shared endpoint, which delivers the junk); the
+  // target's connection is closed for safety, its sends failing from then on.
+  Status victimErr = Status::kOk;
+  for (int round = 0; round < 3; ++round) {
+    CHECK(transfer(sends[1], recvs[1], 65536, 20 + round, &err, arena));
+    CHECK(transfer(sends[2], recvs[2], 4096, 30 + round, &err, arena));
+  }
+  CHECK_FALSE(transfer(sends[0], recvs[0], 65536, 40, &victimErr, arena));
+  CHECK(victimErr != Status::kOk);
+
+  for (int i = 0; i < kPairs; ++i) {
+    sends[i]->close();
+    recvs[i]->close();
+  }
+  for (const char* v : {"WEFT_PROVIDER", "WEFT_IFACE", "WEFT_FABRIC_SHARED_EP", "WEFT_PROTOCOL"}) unsetenv(v);
   params::reload();
 }
