@@ -32,12 +32,23 @@ FabricDataComm::FabricDataComm(std::shared_ptr<EndpointGroup> group, std::vector
       peerName_(std::move(peerName)),
       proto_(proto),
       poolSize_(poolSize),
-      pool_(new FabricRequest[poolSize]),
       probeIntervalMs_(params::getInt("WEFT_PROBE_INTERVAL")),
       peerTimeoutMs_(params::getInt("WEFT_PEER_TIMEOUT") * 1000) {
   free_.reserve(poolSize);
-  for (int i = poolSize - 1; i >= 0; --i) {
-    FabricRequest& r = pool_[i];
+  chunks_.reserve(static_cast<size_t>((poolSize + kChunk - 1) / kChunk));
+}
+
+// Requests come kChunk at a time, when the comm first has more in flight than it had: an idle connection holds
+// none, a busy one what it used at its peak (at most poolSize_). Growing is the only allocation of the data path,
+// at most poolSize_ / kChunk times in a comm's life; a failed one is back-pressure (NULL request, NCCL retries).
+bool FabricDataComm::grow() {
+  if (allocated_ >= poolSize_) return false;
+  std::unique_ptr<FabricRequest[]> chunk(new (std::nothrow) FabricRequest[kChunk]);
+  if (!chunk) return false;
+  const int base = allocated_;
+  for (int j = 0; j < kChunk; ++j) {
+    FabricRequest& r = chunk[j];
+    const int i = base + j;
     r.comm = this;
     r.poolIndex = static_cast<uint16_t>(i);
     for (int k = 0; k < kMaxRecvs; ++k) {
@@ -50,8 +61,11 @@ FabricDataComm::FabricDataComm(std::shared_ptr<EndpointGroup> group, std::vector
     r.offerCtx.comm = localId_.get();
     r.offerCtx.index = static_cast<uint16_t>(i);
     r.offerCtx.kind = OpKind::kOfferSend;
-    free_.push_back(static_cast<uint16_t>(i));
   }
+  chunks_.push_back(std::move(chunk));  // capacity reserved: never reallocates
+  allocated_ = std::min(poolSize_, base + kChunk);
+  for (int i = allocated_ - 1; i >= base; --i) free_.push_back(static_cast<uint16_t>(i));
+  return true;
 }
 
 void FabricDataComm::logRails() const {
@@ -82,7 +96,7 @@ FabricDataComm::~FabricDataComm() {
 
 int FabricDataComm::opsInFlight() const {
   int n = 0;
-  for (int i = 0; i < poolSize_; ++i) n += pool_[i].ops;
+  for (int i = 0; i < allocated_; ++i) n += req(i).ops;
   return n;
 }
 
@@ -98,8 +112,8 @@ void FabricDataComm::closeComm() {
     std::lock_guard<std::mutex> lock(keep->mutex());
     closing_ = true;
     // Receives nothing will fill any more: canceled (each comes back as a canceled completion).
-    for (int i = 0; i < poolSize_; ++i) {
-      FabricRequest& r = pool_[i];
+    for (int i = 0; i < allocated_; ++i) {
+      FabricRequest& r = req(i);
       if (r.magic_ != kRequestMagic || !r.recv) continue;
       for (int b = 0; b < r.n; ++b) {
         if ((r.flags[b] & FabricRequest::kPosted) == 0 || (r.flags[b] & FabricRequest::kCanceled) != 0) continue;
@@ -133,8 +147,8 @@ Status FabricDataComm::openOffers(int count) {
 }
 
 FabricRequest* FabricDataComm::acquire() {
-  if (free_.empty()) return nullptr;
-  FabricRequest* r = &pool_[free_.back()];
+  if (free_.empty() && !grow()) return nullptr;
+  FabricRequest* r = &req(free_.back());
   free_.pop_back();
   r->magic_ = kRequestMagic;
   ++outstanding_;
@@ -310,7 +324,7 @@ void FabricDataComm::onRemoteData(uint64_t d, size_t len) noexcept {
   if (entry == kSeqParked) return;  // a buffer already reported done (LL/LL128): NCCL watches its data itself
   const int slot = static_cast<int>(entry) - 1;
   const int index = slot / kMaxRecvs, i = slot % kMaxRecvs;
-  FabricRequest* r = slot >= 0 && index < poolSize_ ? &pool_[index] : nullptr;
+  FabricRequest* r = slot >= 0 && index < allocated_ ? &req(index) : nullptr;
   if (r == nullptr || r->magic_ != kRequestMagic || !r->recv || i >= r->n ||
       (r->flags[i] & (FabricRequest::kOffered | FabricRequest::kDone)) != FabricRequest::kOffered) {
     WEFT_WARN("peer {} on {} wrote into receive sequence {}, which it was not offered: connection closed for "
@@ -477,6 +491,9 @@ FabricSendComm::FabricSendComm(std::shared_ptr<EndpointGroup> group, std::vector
 Status FabricSendComm::start() {
   if (Status st = join(false); st != Status::kOk) return st;
   if (!proto_.rdma) return Status::kOk;
+  // Only the rdma protocol keeps offers (a sendrecv comm holds no table: 2,048 slots are ~100 KiB).
+  table_.reset(new (std::nothrow) OfferTable<OfferEntry>());
+  if (!table_) return Status::kSystem;
   // The receiver's offers come to rail 0's endpoint, whose pool of receives serves every send comm on it.
   return ctl().ensureOfferPool(group_->shared() ? kSharedOfferRecvs : kOfferRecvs);
 }
@@ -485,6 +502,12 @@ void FabricSendComm::onOffer(const void* msg, size_t len) noexcept {
   ++completions_;
   if (closing_) return;
   const auto& m = *static_cast<const OfferMsg*>(msg);
+  if (!table_) {  // a sendrecv connection: offers are not part of its protocol
+    WEFT_WARN("peer {} on {} sent a buffer offer on a connection without the rdma protocol: connection closed for "
+              "safety", peerName_, dev_.props().name);
+    if (fatal_ == Status::kOk) fatal_ = Status::kRemote;
+    return;
+  }
   if (len < offsetof(OfferMsg, entry) || m.magic != OfferMsg::kMagic || m.count < 1 || m.count > kMaxRecvs ||
       len < OfferMsg::bytes(m.count)) {
     WEFT_WARN("peer {} on {} sent a malformed buffer offer: connection closed for safety", peerName_,
@@ -494,7 +517,7 @@ void FabricSendComm::onOffer(const void* msg, size_t len) noexcept {
   }
   for (int i = 0; i < m.count; ++i) {
     bool dropped = false;
-    if (!table_.addOffer(m.entry[i].tagSeq, m.entry[i], &dropped)) {
+    if (!table_->addOffer(m.entry[i].tagSeq, m.entry[i], &dropped)) {
       WEFT_WARN("peer {} on {} offered a buffer twice or more than NCCL can have outstanding: connection closed",
                 peerName_, dev_.props().name);
       if (fatal_ == Status::kOk) fatal_ = Status::kRemote;
@@ -649,15 +672,15 @@ Status FabricSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Re
   const OfferEntry* offer = nullptr;
   if (proto_.rdma) {
     if (eager) {
-      if (!table_.eagerRoom()) {  // the receiver is far behind: wait for its offers to catch up
+      if (!table_->eagerRoom()) {  // the receiver is far behind: wait for its offers to catch up
         progress();
         return Status::kOk;
       }
     } else {
-      offer = table_.findOffer(ftag);
+      offer = table_->findOffer(ftag);
       if (offer == nullptr) {
         progress();
-        offer = table_.findOffer(ftag);
+        offer = table_->findOffer(ftag);
         // The receiver has not offered this buffer yet: NCCL retries. Waiting on the peer counts for liveness
         // like an outstanding request does (a dead receiver never offers).
         waitingOffer_ = offer == nullptr;
@@ -691,9 +714,9 @@ Status FabricSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Re
   }
   if (proto_.rdma) {
     if (offer != nullptr) {
-      table_.eraseOffer(ftag);
+      table_->eraseOffer(ftag);
     } else {
-      table_.markEager(ftag);
+      table_->markEager(ftag);
     }
   }
   seqs_.consume(tag);
@@ -741,7 +764,7 @@ bool FabricRecvComm::sendOffer(FabricRequest* r) {
 // Offers the provider pushed back on leave in irecv order (the sender matches by tag, so order is only fairness).
 void FabricRecvComm::flushOffers() {
   size_t k = 0;
-  while (k < offerQueue_.size() && sendOffer(&pool_[offerQueue_[k]])) ++k;
+  while (k < offerQueue_.size() && sendOffer(&req(offerQueue_[k]))) ++k;
   if (k > 0) offerQueue_.erase(offerQueue_.begin(), offerQueue_.begin() + static_cast<std::ptrdiff_t>(k));
 }
 

@@ -156,7 +156,12 @@ class FabricDataComm : public DataSink {
   std::string peerName_;
   Protocol proto_;
   int poolSize_;
-  std::unique_ptr<FabricRequest[]> pool_;
+  // The request pool: up to poolSize_ requests, grown kChunk at a time (grow()); request i is req(i).
+  static constexpr int kChunk = 8;
+  std::vector<std::unique_ptr<FabricRequest[]>> chunks_;
+  int allocated_ = 0;
+  bool grow();
+  FabricRequest& req(int i) const { return chunks_[static_cast<size_t>(i / kChunk)][i % kChunk]; }
   std::vector<uint16_t> free_;  // capacity reserved up front: push/pop never allocate
   TagSequence seqs_;
   Status fatal_ = Status::kOk;  // once set, every call on this comm fails with it
@@ -228,7 +233,7 @@ class FabricSendComm final : public SendComm, public FabricDataComm {
 
   bool inject_;
   size_t stripeMin_;
-  OfferTable<OfferEntry> table_;
+  std::unique_ptr<OfferTable<OfferEntry>> table_;  // rdma only (start())
 };
 
 class FabricRecvComm final : public RecvComm, public FabricDataComm {
