@@ -3,12 +3,15 @@
 // (fabric/comm_table.h) to the comm they name.
 //
 // By default each connection opens its own group (private: one comm, no lock). With WEFT_FABRIC_SHARED_EP=1 the
-// comms of one NCCL context on one device share a group (step 2 of shared endpoints): listens, connects and the
-// data path of every comm take the group's lock (its completions may be read by any of them), and a comm closed
-// with operations still in the provider's hands is parked in the group until they complete.
-// The lock breaks DESIGN rule 4 (the data path takes no lock) and is step 2's stopgap: step 3 makes one thread the
-// only reader of a shared CQ (NCCL drives a context's comms from its one progress thread; the handshake moves to
-// what the service thread may poll alone) before sharing becomes the default.
+// comms of one NCCL context on one device share a group (step 2 of shared endpoints): whoever reads the group's
+// completion queues dispatches to every comm of it, so one thread at a time works on the group. Listens,
+// connects, accepts and closes (NCCL's service thread) take the group's lock and may wait for it; the data path
+// (NCCL's progress thread) never waits: it try-locks, and backs off when the group is busy (isend/irecv return a
+// NULL request, test reports not done, and NCCL calls again). A context's one progress thread finds the lock free
+// except while its service thread runs a handshake step or a close (short, and only while connections are set up
+// or torn down). A comm closed with operations still in the provider's hands is parked in the group until they
+// complete. DESIGN rule 4 (no lock on the data path) is kept in what matters, never waiting; the uncontended
+// try-lock is the one atomic operation it adds.
 #pragma once
 
 #include <memory>
@@ -36,9 +39,20 @@ class EndpointGroup {
   bool shared() const { return shared_; }
   std::mutex& mutex() { return mu_; }
   // The group's lock where it is shared (an empty lock for a private group): every listen, connect, accept and
-  // data-path call on a shared group holds it.
+  // close on a shared group holds it (NCCL's service thread: it may wait).
   std::unique_lock<std::mutex> lockIfShared() {
     return shared_ ? std::unique_lock<std::mutex>(mu_) : std::unique_lock<std::mutex>();
+  }
+  // The data path's way in (NCCL's progress thread: it never waits): the lock if it is free, else *busy and
+  // the caller backs off (isend/irecv return a NULL request, test reports not done; NCCL calls again).
+  std::unique_lock<std::mutex> tryLockIfShared(bool* busy) {
+    if (!shared_) {
+      *busy = false;
+      return std::unique_lock<std::mutex>();
+    }
+    std::unique_lock<std::mutex> l(mu_, std::try_to_lock);
+    *busy = !l.owns_lock();
+    return l;
   }
 
   // A closed comm whose operations are still in the provider's hands: kept (and still routed to) until

@@ -381,8 +381,10 @@ Status FabricDataComm::postPending(FabricRequest* r) {
 }
 
 Status FabricDataComm::testRequest(FabricRequest* r, bool* done, int* sizesOut) {
-  auto lock = group_->lockIfShared();
   *done = false;
+  bool busy = false;
+  auto lock = group_->tryLockIfShared(&busy);
+  if (busy) return Status::kOk;  // another thread works on the group: not done yet
   if (r->reported) {
     WEFT_WARN("test on a request that already completed");
     return Status::kInternal;
@@ -652,8 +654,10 @@ Status FabricSendComm::postSegments(FabricRequest* r, bool* again) {
 }
 
 Status FabricSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Request** request) {
-  auto lock = group_->lockIfShared();
   *request = nullptr;
+  bool busy = false;
+  auto lock = group_->tryLockIfShared(&busy);
+  if (busy) return Status::kOk;  // back-pressure: NCCL posts it again
   if (fatal_ != Status::kOk) return fatal_;
   if (Status st = checkHandle(mh, "isend"); st != Status::kOk) return st;
   if (Status st = checkTag(tag, "isend"); st != Status::kOk) return st;
@@ -770,8 +774,10 @@ void FabricRecvComm::flushOffers() {
 
 Status FabricRecvComm::irecv(int n, void** data, const size_t* sizes, const int* tags, MemHandle** mhs, bool optional,
                              Request** request) {
-  auto lock = group_->lockIfShared();
   *request = nullptr;
+  bool busy = false;
+  auto lock = group_->tryLockIfShared(&busy);
+  if (busy) return Status::kOk;  // back-pressure: NCCL posts it again
   if (fatal_ != Status::kOk) return fatal_;
   if (n < 1 || n > maxRecvs_) {
     WEFT_WARN("irecv with n={} buffers, but this device reported maxRecvs={}", n, maxRecvs_);
@@ -865,11 +871,12 @@ Status FabricRecvComm::irecv(int n, void** data, const size_t* sizes, const int*
 }
 
 Status FabricRecvComm::iflush(int n, void** data, const int* sizes, MemHandle** mhs, Request** request) {
-  auto lock = group_->lockIfShared();
   (void)data;
   (void)sizes;
   *request = nullptr;
-  if (fatal_ != Status::kOk) return fatal_;
+  bool busy = false;
+  auto lock = group_->tryLockIfShared(&busy);
+  if (!busy && fatal_ != Status::kOk) return fatal_;  // (busy: the failure shows in the next test)
   // Host buffers are coherent once the receive completed: nothing to flush (NULL request, as NCCL's IB
   // transport does when no flush is needed). NCCL flushes GPU buffers only on pre-Hopper GPUs or when a NIC
   // sets forceFlush; the read-back flush those need is not implemented yet, which the README states.

@@ -117,6 +117,7 @@ class FabricDataComm : public DataSink {
 
   Status testRequest(FabricRequest* r, bool* done, int* sizes);
   uint32_t commId() const { return localId_.get(); }  // what messages to this comm carry
+  EndpointGroup& group() const { return *group_; }
   // NCCL closed the comm. In a shared group, posted receives are canceled and, while operations are still in
   // the provider's hands, the comm stays parked in the group (routed to, never posting) until they complete.
   void closeComm();

@@ -1,12 +1,15 @@
 // Shared endpoint groups (WEFT_FABRIC_SHARED_EP=1), over tcp;ofi_rxm on loopback with connections to this process
 // itself: liveness probes are per peer address (many stalled comms to one peer process send one probe per
 // WEFT_PROBE_INTERVAL between them, not one each), finalizing a context releases its groups, and a hostile
-// message naming one comm disturbs no other.
+// message naming one comm disturbs no other, and the data path never waits for a group another thread holds.
 #include <catch2/catch.hpp>
 
 #include <chrono>
 #include <cstdlib>
 #include <deque>
+#include <future>
+#include <mutex>
+#include <thread>
 #include <memory>
 #include <vector>
 
@@ -263,5 +266,91 @@ TEST_CASE("a hostile message naming one comm of a shared endpoint disturbs no ot
     recvs[i]->close();
   }
   for (const char* v : {"WEFT_PROVIDER", "WEFT_IFACE", "WEFT_FABRIC_SHARED_EP", "WEFT_PROTOCOL"}) unsetenv(v);
+  params::reload();
+}
+
+TEST_CASE("the data path never waits for a shared group another thread holds", "[fabric][shared]") {
+  setenv("WEFT_PROVIDER", "tcp;ofi_rxm", 1);
+  setenv("WEFT_IFACE", "lo", 1);
+  setenv("WEFT_FABRIC_SHARED_EP", "1", 1);
+  params::reload();
+  std::string why;
+  auto backend = FabricBackend::discover(&why);
+  if (!backend) {
+    WARN("skipped: no tcp;ofi_rxm on lo here (" << why << ")");
+    return;
+  }
+  std::deque<std::vector<uint8_t>> arena;
+  int scope = 0;
+  CommConfig cfg{};
+  cfg.scope = &scope;
+  uint8_t handle[kHandleSize];
+  ListenComm* lcRaw = nullptr;
+  REQUIRE(backend->listen(0, cfg, handle, &lcRaw) == Status::kOk);
+  std::unique_ptr<ListenComm> lc(lcRaw);
+  SendComm* s = nullptr;
+  RecvComm* r = nullptr;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while ((s == nullptr || r == nullptr) && std::chrono::steady_clock::now() < deadline) {
+    if (s == nullptr) REQUIRE(backend->connect(0, cfg, handle, &s) == Status::kOk);
+    if (r == nullptr) REQUIRE(lc->accept(&r) == Status::kOk);
+  }
+  REQUIRE(s != nullptr);
+  REQUIRE(r != nullptr);
+  Status err = Status::kOk;
+  REQUIRE(transfer(s, r, 4096, 1, &err, arena));
+
+  std::vector<uint8_t>& buf = arena.emplace_back(4096);
+  MemHandle *ms = nullptr, *mr = nullptr;
+  REQUIRE(s->regMr(buf.data(), buf.size(), NCCL_PTR_HOST, &ms) == Status::kOk);
+  REQUIRE(r->regMr(buf.data(), buf.size(), NCCL_PTR_HOST, &mr) == Status::kOk);
+  Request* pending = nullptr;  // a receive posted before the group is taken
+  void* data[1] = {buf.data()};
+  size_t sizes[1] = {buf.size()};
+  int tags[1] = {7};
+  REQUIRE(r->irecv(1, data, sizes, tags, &mr, false, &pending) == Status::kOk);
+  REQUIRE(pending != nullptr);
+
+  // Another thread (NCCL's service thread in a handshake step or a close) holds the group: every data-path call
+  // returns at once, backing off (a call that waited would never return while the holder waits for it).
+  EndpointGroup& group = dynamic_cast<FabricSendComm*>(s)->group();
+  std::promise<void> held, release;
+  std::thread holder([&] {
+    std::lock_guard<std::mutex> l(group.mutex());
+    held.set_value();
+    release.get_future().wait();
+  });
+  held.get_future().wait();
+  auto calls = std::async(std::launch::async, [&] {
+    Request *rs = nullptr, *rr = nullptr;
+    bool done = true;
+    const bool sendBacksOff = s->isend(buf.data(), buf.size(), 7, ms, &rs) == Status::kOk && rs == nullptr;
+    const bool recvBacksOff = r->irecv(1, data, sizes, tags, &mr, false, &rr) == Status::kOk && rr == nullptr;
+    const bool testNotDone = pending->test(&done, nullptr) == Status::kOk && !done;
+    return sendBacksOff && recvBacksOff && testNotDone;
+  });
+  const bool returned = calls.wait_for(std::chrono::seconds(60)) == std::future_status::ready;
+  release.set_value();
+  holder.join();
+  REQUIRE(returned);
+  CHECK(calls.get());
+
+  // Free again: the same calls go through, and the message arrives.
+  Request* rs = nullptr;
+  bool sdone = false, rdone = false;
+  deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!(sdone && rdone) && std::chrono::steady_clock::now() < deadline) {
+    if (rs == nullptr) REQUIRE(s->isend(buf.data(), buf.size(), 7, ms, &rs) == Status::kOk);
+    if (rs != nullptr && !sdone) REQUIRE(rs->test(&sdone, nullptr) == Status::kOk);
+    if (!rdone) REQUIRE(pending->test(&rdone, nullptr) == Status::kOk);
+  }
+  CHECK(sdone);
+  CHECK(rdone);
+  s->deregMr(ms);
+  r->deregMr(mr);
+  s->close();
+  r->close();
+  lc.reset();
+  for (const char* v : {"WEFT_PROVIDER", "WEFT_IFACE", "WEFT_FABRIC_SHARED_EP"}) unsetenv(v);
   params::reload();
 }
