@@ -932,6 +932,18 @@ Status FabricListenComm::accept(RecvComm** recvComm) {
     if ((agreed & ConnectRequest::kFlagImm4) != 0 && Endpoint::writeLenReported(dev_)) {
       agreed |= ConnectRequest::kFlagLenFromCq;
     }
+    // The compact form without the comm id (lengths in the completion data) names no comm: such a comm must be
+    // alone in its group, so a shared group carries those connections with sendrecv instead.
+    if ((agreed & ConnectRequest::kFlagImm4) != 0 && (agreed & ConnectRequest::kFlagLenFromCq) == 0 &&
+        group_->shared()) {
+      static std::once_flag once;
+      std::call_once(once, [&] {
+        WEFT_INFO(NCCL_INIT | NCCL_NET, "{}: the provider carries 4 bytes of completion data and does not report "
+                  "write lengths, so writes cannot name their comm on a shared endpoint: connections use the "
+                  "sendrecv protocol", dev_.props().name);
+      });
+      agreed = 0;
+    }
     proto_.rdma = (agreed & ConnectRequest::kFlagRdma) != 0;
     proto_.imm4 = (agreed & ConnectRequest::kFlagImm4) != 0;
     proto_.immId = proto_.imm4 && (agreed & ConnectRequest::kFlagLenFromCq) != 0;
