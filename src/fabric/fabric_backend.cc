@@ -186,11 +186,15 @@ Status FabricBackend::listen(int dev, const CommConfig& config, void* handle, Li
 }
 
 // A private group per connection, or with WEFT_FABRIC_SHARED_EP the one of this (context, device), opened on
-// first use and gone when its last comm is.
+// first use and gone when its last comm is. Tables before v11 pass no context: their comms are grouped by the
+// thread that listens or connects, NCCL's proxy service thread, of which each communicator (or set of
+// communicators sharing proxy resources) has one, beside the one progress thread that drives their data. One
+// group per process would make every communicator's progress thread compete for it.
 Status FabricBackend::groupFor(int dev, const CommConfig& config, std::shared_ptr<EndpointGroup>* out) {
   if (!sharedEndpoints_) return EndpointGroup::open(groups_[dev]->rails, out);
+  thread_local char threadKey;  // a live thread's own address: distinct from every other live thread's
   std::lock_guard<std::mutex> lock(sharedMutex_);
-  auto key = std::make_pair(config.scope, dev);
+  auto key = std::make_pair(config.scope != nullptr ? config.scope : static_cast<const void*>(&threadKey), dev);
   if (auto it = shared_.find(key); it != shared_.end()) {
     if ((*out = it->second.lock()) != nullptr) return Status::kOk;
   }
@@ -204,7 +208,7 @@ Status FabricBackend::groupFor(int dev, const CommConfig& config, std::shared_pt
 }
 
 void FabricBackend::releaseScope(const void* scope) {
-  if (scope == nullptr) return;  // the process-wide key (tables before v11) has no finalize
+  if (scope == nullptr) return;  // tables before v11 have no finalize (their groups are keyed by thread)
   std::vector<std::shared_ptr<EndpointGroup>> stillOpen;
   {
     std::lock_guard<std::mutex> lock(sharedMutex_);

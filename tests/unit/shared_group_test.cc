@@ -354,3 +354,34 @@ TEST_CASE("the data path never waits for a shared group another thread holds", "
   for (const char* v : {"WEFT_PROVIDER", "WEFT_IFACE", "WEFT_FABRIC_SHARED_EP"}) unsetenv(v);
   params::reload();
 }
+
+TEST_CASE("without a context (tables before v11), comms are grouped by the thread that sets them up",
+          "[fabric][shared]") {
+  setenv("WEFT_PROVIDER", "tcp;ofi_rxm", 1);
+  setenv("WEFT_IFACE", "lo", 1);
+  setenv("WEFT_FABRIC_SHARED_EP", "1", 1);
+  params::reload();
+  std::string why;
+  auto backend = FabricBackend::discover(&why);
+  if (!backend) {
+    WARN("skipped: no tcp;ofi_rxm on lo here (" << why << ")");
+    return;
+  }
+  const int64_t endpoints0 = Endpoint::openCount();
+  CommConfig none{};  // scope nullptr, as listen_v7 passes
+  uint8_t h1[kHandleSize], h2[kHandleSize], h3[kHandleSize];
+  ListenComm *a = nullptr, *b = nullptr, *c = nullptr;
+  REQUIRE(backend->listen(0, none, h1, &a) == Status::kOk);
+  REQUIRE(backend->listen(0, none, h2, &b) == Status::kOk);
+  CHECK(Endpoint::openCount() == endpoints0 + 1);  // one (service) thread: one group
+  Status other = Status::kInternal;
+  std::thread([&] { other = backend->listen(0, none, h3, &c); }).join();  // another communicator's thread
+  REQUIRE(other == Status::kOk);
+  CHECK(Endpoint::openCount() == endpoints0 + 2);
+  delete a;
+  delete b;
+  delete c;
+  CHECK(Endpoint::openCount() == endpoints0);
+  for (const char* v : {"WEFT_PROVIDER", "WEFT_IFACE", "WEFT_FABRIC_SHARED_EP"}) unsetenv(v);
+  params::reload();
+}
