@@ -206,6 +206,12 @@ Status FabricDataComm::progress() {
   }
   if (st != Status::kOk && fatal_ == Status::kOk) fatal_ = st;
   if (group_->shared() && group_->parked() > 0) group_->sweep();
+  if (offerError_ != Status::kOk && fatal_ == Status::kOk && outstanding_ > 0 &&
+      coarseNowMs() - offerErrorMs_ >= std::max<int64_t>(probeIntervalMs_, 1000)) {
+    WEFT_WARN("peer {} on {}: a buffer offer could not be sent (the connection broke) and {} receives still wait "
+              "for data: they fail", peerName_, dev_.props().name, outstanding_);
+    fatal_ = offerError_;
+  }
   flushOffers();
   if ((outstanding_ > 0 || waitingOffer_) && probeIntervalMs_ > 0 && (++polls_ & 1023) == 0) checkPeer();
   return st;
@@ -288,6 +294,18 @@ void FabricDataComm::onError(OpContext* ctx, int fiErr, Status st) noexcept {
       (r->flags[ctx->index] & FabricRequest::kCanceled) != 0) {
     r->flags[ctx->index] &= static_cast<uint8_t>(~(FabricRequest::kPosted | FabricRequest::kCanceled));
     opDone(r);  // our own cancel of a receive that RMA filled instead: not an error
+    return;
+  }
+  if (ctx->kind == OpKind::kOfferSend && fiErr != FI_ECANCELED) {
+    // The offer did not reach the sender: typically its process closed the connection right after its last sends
+    // completed (NCCL's teardown does), and a message of eager size needs no offer: what the sender sent before
+    // closing is still delivered. So the receive is not failed at once: the comm fails if it still waits for
+    // data a grace period later (FabricDataComm::progress).
+    if (offerError_ == Status::kOk) {
+      offerError_ = st;
+      offerErrorMs_ = coarseNowMs();
+    }
+    opDone(r);
     return;
   }
   if (r->error == Status::kOk) r->error = st;

@@ -194,6 +194,9 @@ class FabricDataComm : public DataSink {
   uint32_t completionsSeen_ = 0;  // completions_ at checkPeer's last look
   uint32_t polls_ = 0;
   int64_t lastActivityMs_ = 0;
+  // rdma receives: an offer the provider failed to send (the first), and when; see onError.
+  Status offerError_ = Status::kOk;
+  int64_t offerErrorMs_ = 0;
   int64_t probeIntervalMs_;
   int64_t peerTimeoutMs_;
 };
