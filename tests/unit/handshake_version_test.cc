@@ -15,6 +15,7 @@
 #include <memory>
 
 #include "fabric/fabric_backend.h"
+#include "fabric_test_env.h"
 #include "raw_peer.h"
 #include "fabric/wire.h"
 #include "weft/common/params.h"
@@ -35,15 +36,10 @@ struct Bufs {
 
 TEST_CASE("a peer speaking handshake version 3 is refused naming both versions, and the listen stays open",
           "[fabric][handshake]") {
-  setenv("WEFT_PROVIDER", "tcp;ofi_rxm", 1);
-  setenv("WEFT_IFACE", "lo", 1);
-  params::reload();
+  weft::testing::FabricTestEnv env;
+  WEFT_REQUIRE_FABRIC(env);
+  FabricBackend* backend = env.backend();
   std::string why;
-  auto backend = FabricBackend::discover(&why);
-  if (!backend) {
-    WARN("skipped: no tcp;ofi_rxm on lo here (" << why << ")");
-    return;
-  }
   uint8_t handle[kHandleSize];
   ListenComm* lcRaw = nullptr;
   REQUIRE(backend->listen(0, CommConfig{}, handle, &lcRaw) == Status::kOk);
@@ -107,17 +103,8 @@ TEST_CASE("a peer speaking handshake version 3 is refused naming both versions, 
   CommConfig cfg{};
   SendComm* sc = nullptr;
   RecvComm* rcv = nullptr;
-  deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while ((sc == nullptr || rcv == nullptr) && std::chrono::steady_clock::now() < deadline) {
-    if (sc == nullptr) REQUIRE(backend->connect(0, cfg, handle, &sc) == Status::kOk);
-    if (rcv == nullptr) REQUIRE(lc->accept(&rcv) == Status::kOk);
-  }
-  CHECK(sc != nullptr);
-  CHECK(rcv != nullptr);
+  CHECK(env.connect(lc.get(), cfg, handle, &sc, &rcv));
   delete sc;
   delete rcv;
   lc.reset();
-  unsetenv("WEFT_PROVIDER");
-  unsetenv("WEFT_IFACE");
-  params::reload();
 }

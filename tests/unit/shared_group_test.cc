@@ -16,6 +16,7 @@
 #include "fabric/fabric_backend.h"
 #include "fabric/fabric_comm.h"
 #include "fabric/wire.h"
+#include "fabric_test_env.h"
 #include "raw_peer.h"
 #include "fabric/fabric_endpoint.h"
 #include "weft/common/params.h"
@@ -26,17 +27,9 @@ using namespace weft;
 using namespace weft::fabric;
 
 TEST_CASE("stalled comms to one peer share its liveness probes", "[fabric][liveness]") {
-  setenv("WEFT_PROVIDER", "tcp;ofi_rxm", 1);
-  setenv("WEFT_IFACE", "lo", 1);
-  setenv("WEFT_FABRIC_SHARED_EP", "1", 1);
-  setenv("WEFT_PROBE_INTERVAL", "50", 1);
-  params::reload();
-  std::string why;
-  auto backend = FabricBackend::discover(&why);
-  if (!backend) {
-    WARN("skipped: no tcp;ofi_rxm on lo here (" << why << ")");
-    return;
-  }
+  weft::testing::FabricTestEnv env{{"WEFT_FABRIC_SHARED_EP", "1"}, {"WEFT_PROBE_INTERVAL", "50"}};
+  WEFT_REQUIRE_FABRIC(env);
+  FabricBackend* backend = env.backend();
   constexpr int kComms = 32;
   const int64_t endpoints0 = Endpoint::openCount();
   int scope = 0;  // stands for one NCCL context: every comm below shares its endpoint group
@@ -52,14 +45,8 @@ TEST_CASE("stalled comms to one peer share its liveness probes", "[fabric][liven
     REQUIRE(backend->listen(0, cfg, handles.back().data(), &lc) == Status::kOk);
     listens.emplace_back(lc);
   }
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   for (int i = 0; i < kComms; ++i) {
-    while ((sends[i] == nullptr || recvs[i] == nullptr) && std::chrono::steady_clock::now() < deadline) {
-      if (sends[i] == nullptr) REQUIRE(backend->connect(0, cfg, handles[i].data(), &sends[i]) == Status::kOk);
-      if (recvs[i] == nullptr) REQUIRE(listens[i]->accept(&recvs[i]) == Status::kOk);
-    }
-    REQUIRE(sends[i] != nullptr);
-    REQUIRE(recvs[i] != nullptr);
+    REQUIRE(env.connect(listens[i].get(), cfg, handles[i].data(), &sends[i], &recvs[i]));
   }
   REQUIRE(Endpoint::openCount() == endpoints0 + 1);  // one rail, one shared endpoint for all of them
 
@@ -78,7 +65,7 @@ TEST_CASE("stalled comms to one peer share its liveness probes", "[fabric][liven
   const int64_t probes0 = Endpoint::probesSent();
   auto t0 = std::chrono::steady_clock::now();
   // Until a few probes went out (each comm looks at its peer once per 1024 of its test calls).
-  deadline = t0 + std::chrono::seconds(30);
+  auto deadline = t0 + std::chrono::seconds(30);
   while (Endpoint::probesSent() - probes0 < 4 && std::chrono::steady_clock::now() < deadline) {
     for (int i = 0; i < kComms; ++i) {
       bool done = false;
@@ -100,21 +87,12 @@ TEST_CASE("stalled comms to one peer share its liveness probes", "[fabric][liven
     sends[i]->close();
   }
   listens.clear();
-  for (const char* v : {"WEFT_PROVIDER", "WEFT_IFACE", "WEFT_FABRIC_SHARED_EP", "WEFT_PROBE_INTERVAL"}) unsetenv(v);
-  params::reload();
 }
 
 TEST_CASE("finalizing a context releases its endpoint groups", "[fabric][shared]") {
-  setenv("WEFT_PROVIDER", "tcp;ofi_rxm", 1);
-  setenv("WEFT_IFACE", "lo", 1);
-  setenv("WEFT_FABRIC_SHARED_EP", "1", 1);
-  params::reload();
-  std::string why;
-  auto backend = FabricBackend::discover(&why);
-  if (!backend) {
-    WARN("skipped: no tcp;ofi_rxm on lo here (" << why << ")");
-    return;
-  }
+  weft::testing::FabricTestEnv env{{"WEFT_FABRIC_SHARED_EP", "1"}};
+  WEFT_REQUIRE_FABRIC(env);
+  FabricBackend* backend = env.backend();
   const int64_t endpoints0 = Endpoint::openCount();
   int scope = 0;
   CommConfig cfg{};
@@ -134,8 +112,6 @@ TEST_CASE("finalizing a context releases its endpoint groups", "[fabric][shared]
   CHECK(Endpoint::openCount() == endpoints0 + 1);  // the released group closed with its last listen
   delete c;
   CHECK(Endpoint::openCount() == endpoints0);
-  for (const char* v : {"WEFT_PROVIDER", "WEFT_IFACE", "WEFT_FABRIC_SHARED_EP"}) unsetenv(v);
-  params::reload();
 }
 
 namespace {
@@ -175,17 +151,11 @@ bool transfer(SendComm* s, RecvComm* r, size_t size, int seed, Status* sendErr,
 }  // namespace
 
 TEST_CASE("a hostile message naming one comm of a shared endpoint disturbs no other", "[fabric][shared]") {
-  setenv("WEFT_PROVIDER", "tcp;ofi_rxm", 1);
-  setenv("WEFT_IFACE", "lo", 1);
-  setenv("WEFT_FABRIC_SHARED_EP", "1", 1);
-  setenv("WEFT_PROTOCOL", "rdma", 1);  // send comms take buffer offers, routed by the comm id in their tag
-  params::reload();
+  // rdma: send comms take buffer offers, routed by the comm id in their tag
+  weft::testing::FabricTestEnv env{{"WEFT_FABRIC_SHARED_EP", "1"}, {"WEFT_PROTOCOL", "rdma"}};
+  WEFT_REQUIRE_FABRIC(env);
+  FabricBackend* backend = env.backend();
   std::string why;
-  auto backend = FabricBackend::discover(&why);
-  if (!backend) {
-    WARN("skipped: no tcp;ofi_rxm on lo here (" << why << ")");
-    return;
-  }
   std::deque<std::vector<uint8_t>> arena;  // outlives the comms (declared before them)
   int scope = 0;
   CommConfig cfg{};
@@ -198,13 +168,7 @@ TEST_CASE("a hostile message naming one comm of a shared endpoint disturbs no ot
     ListenComm* lcRaw = nullptr;
     REQUIRE(backend->listen(0, cfg, handle, &lcRaw) == Status::kOk);
     std::unique_ptr<ListenComm> lc(lcRaw);
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while ((sends[i] == nullptr || recvs[i] == nullptr) && std::chrono::steady_clock::now() < deadline) {
-      if (sends[i] == nullptr) REQUIRE(backend->connect(0, cfg, handle, &sends[i]) == Status::kOk);
-      if (recvs[i] == nullptr) REQUIRE(lc->accept(&recvs[i]) == Status::kOk);
-    }
-    REQUIRE(sends[i] != nullptr);
-    REQUIRE(recvs[i] != nullptr);
+    REQUIRE(env.connect(lc.get(), cfg, handle, &sends[i], &recvs[i]));
   }
   Status err = Status::kOk;
   for (int i = 0; i < kPairs; ++i) REQUIRE(transfer(sends[i], recvs[i], 65536, 10 + i, &err, arena));
@@ -265,21 +229,12 @@ TEST_CASE("a hostile message naming one comm of a shared endpoint disturbs no ot
     sends[i]->close();
     recvs[i]->close();
   }
-  for (const char* v : {"WEFT_PROVIDER", "WEFT_IFACE", "WEFT_FABRIC_SHARED_EP", "WEFT_PROTOCOL"}) unsetenv(v);
-  params::reload();
 }
 
 TEST_CASE("the data path never waits for a shared group another thread holds", "[fabric][shared]") {
-  setenv("WEFT_PROVIDER", "tcp;ofi_rxm", 1);
-  setenv("WEFT_IFACE", "lo", 1);
-  setenv("WEFT_FABRIC_SHARED_EP", "1", 1);
-  params::reload();
-  std::string why;
-  auto backend = FabricBackend::discover(&why);
-  if (!backend) {
-    WARN("skipped: no tcp;ofi_rxm on lo here (" << why << ")");
-    return;
-  }
+  weft::testing::FabricTestEnv env{{"WEFT_FABRIC_SHARED_EP", "1"}};
+  WEFT_REQUIRE_FABRIC(env);
+  FabricBackend* backend = env.backend();
   std::deque<std::vector<uint8_t>> arena;
   int scope = 0;
   CommConfig cfg{};
@@ -290,13 +245,7 @@ TEST_CASE("the data path never waits for a shared group another thread holds", "
   std::unique_ptr<ListenComm> lc(lcRaw);
   SendComm* s = nullptr;
   RecvComm* r = nullptr;
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while ((s == nullptr || r == nullptr) && std::chrono::steady_clock::now() < deadline) {
-    if (s == nullptr) REQUIRE(backend->connect(0, cfg, handle, &s) == Status::kOk);
-    if (r == nullptr) REQUIRE(lc->accept(&r) == Status::kOk);
-  }
-  REQUIRE(s != nullptr);
-  REQUIRE(r != nullptr);
+  REQUIRE(env.connect(lc.get(), cfg, handle, &s, &r));
   Status err = Status::kOk;
   REQUIRE(transfer(s, r, 4096, 1, &err, arena));
 
@@ -338,7 +287,7 @@ TEST_CASE("the data path never waits for a shared group another thread holds", "
   // Free again: the same calls go through, and the message arrives.
   Request* rs = nullptr;
   bool sdone = false, rdone = false;
-  deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (!(sdone && rdone) && std::chrono::steady_clock::now() < deadline) {
     if (rs == nullptr) REQUIRE(s->isend(buf.data(), buf.size(), 7, ms, &rs) == Status::kOk);
     if (rs != nullptr && !sdone) REQUIRE(rs->test(&sdone, nullptr) == Status::kOk);
@@ -351,22 +300,13 @@ TEST_CASE("the data path never waits for a shared group another thread holds", "
   s->close();
   r->close();
   lc.reset();
-  for (const char* v : {"WEFT_PROVIDER", "WEFT_IFACE", "WEFT_FABRIC_SHARED_EP"}) unsetenv(v);
-  params::reload();
 }
 
 TEST_CASE("without a context (tables before v11), comms are grouped by the thread that sets them up",
           "[fabric][shared]") {
-  setenv("WEFT_PROVIDER", "tcp;ofi_rxm", 1);
-  setenv("WEFT_IFACE", "lo", 1);
-  setenv("WEFT_FABRIC_SHARED_EP", "1", 1);
-  params::reload();
-  std::string why;
-  auto backend = FabricBackend::discover(&why);
-  if (!backend) {
-    WARN("skipped: no tcp;ofi_rxm on lo here (" << why << ")");
-    return;
-  }
+  weft::testing::FabricTestEnv env{{"WEFT_FABRIC_SHARED_EP", "1"}};
+  WEFT_REQUIRE_FABRIC(env);
+  FabricBackend* backend = env.backend();
   const int64_t endpoints0 = Endpoint::openCount();
   CommConfig none{};  // scope nullptr, as listen_v7 passes
   uint8_t h1[kHandleSize], h2[kHandleSize], h3[kHandleSize];
@@ -382,6 +322,4 @@ TEST_CASE("without a context (tables before v11), comms are grouped by the threa
   delete b;
   delete c;
   CHECK(Endpoint::openCount() == endpoints0);
-  for (const char* v : {"WEFT_PROVIDER", "WEFT_IFACE", "WEFT_FABRIC_SHARED_EP"}) unsetenv(v);
-  params::reload();
 }
