@@ -54,10 +54,10 @@ const std::vector<Def> kDefs = {
   {"WEFT_PEER_TIMEOUT", Kind::kInt, "10", 1, 86400, nullptr,
    "Seconds a liveness probe may stay undelivered before the peer counts as unreachable (host or link down) and "
    "the connection's requests fail with ncclRemoteError."},
-  {"WEFT_FABRIC_SHARED_EP", Kind::kBool, "0", 0, 1, nullptr,
+  {"WEFT_FABRIC_SHARED_EP", Kind::kBool, "1", 0, 1, nullptr,
    "libfabric: the connections of one NCCL context on one device share one endpoint per NIC (and its completion "
    "queue and address vector) instead of opening their own: a connection then costs its buffers, not an "
-   "endpoint. Off by default while it is being proven (shared endpoints, step 2)."},
+   "endpoint. 0: an endpoint per connection (the old path, kept until it is deleted)."},
   {"WEFT_INJECT", Kind::kBool, "1", 0, 1, nullptr,
    "Send messages up to the provider's inject size with fi_tinject (complete at once, no completion entry), "
    "on providers that transmit without further progress calls (verbs, automatic progress)."},
