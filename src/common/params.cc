@@ -114,8 +114,11 @@ const std::vector<Def> kDefs = {
 };
 // clang-format on
 
-// Interim, until comms share endpoints (then a shared receive context is the right trade again, and this goes).
-// Each weft comm opens its own rxm endpoint today, and over tcp libfabric 1.17's rxm turns on a shared receive
+// Chosen when each weft comm opened its own rxm endpoint, and re-measured on shared endpoints (one per context,
+// device and NIC; 256 connections to one peer process): 36 MiB per endpoint without a shared receive context,
+// 87 MiB with it, bandwidth equal or better without. Without it rxm posts 128 buffers (~2 MiB) per peer
+// process, so past ~25 peers per endpoint (all-to-all at scale) a user does better with FI_OFI_RXM_USE_SRX=1
+// (the README says so). Over tcp libfabric 1.17's rxm turns on a shared receive
 // context by default, which posts 4,096 receive buffers of ~17.4 KiB at fi_enable and zero-fills them
 // (prov/rxm/src/rxm_init.c rxm_use_srx, rxm_ep.c, util_buf.c): 85 MiB and 0.43 s a comm. Without it: 34.5 MiB and
 // 57 ms (rxm still allocates 2 x 1,024 bounce buffers of FI_OFI_RXM_BUFFER_SIZE per endpoint), latency and
@@ -126,8 +129,8 @@ const std::vector<Def> kDefs = {
 // clang-format off
 const std::vector<ForeignDefault> kForeignDefaults = {
   {"FI_OFI_RXM_USE_SRX", "0",
-   "rxm: no shared receive context per endpoint (interim, while every comm has its own endpoint: 85 MiB and "
-   "0.43 s a comm with it over tcp, 34.5 MiB and 57 ms without; verbs has it off already)"},
+   "rxm: no shared receive context per endpoint (over tcp, with one peer: 87 MiB an endpoint with it, 36 MiB "
+   "without; set 1 for all-to-all over ~25 peer processes and more; verbs has it off already)"},
   {"RDMAV_FORK_SAFE", "1",
    "rdma-core: fork() (PyTorch DataLoader workers) must not corrupt registered memory by copy-on-write; NCCL's "
    "own IB transport does the same with ibv_fork_init"},
