@@ -1296,6 +1296,86 @@ void peerKilled(CheckEnv& env, Role victim) {
 }
 
 
+// Isolation at scale: the sending process holds N connections to the receiver (256; 64 with --quick; --conns), as
+// a rank does to one peer across channels and communicators, and is SIGKILLed with a receive pending on every one.
+// On the receiver, every one of them must fail within a bound, while its connections to itself through the same
+// plugin context (with shared endpoints: the same endpoint, queue and address vector) keep carrying intact data
+// during the failures and after the broken comms are closed.
+void faultsKilledMany(CheckEnv& env) {
+  const int n = env.conns > 0 ? env.conns : (env.quick ? 64 : 256);
+  std::vector<Conn> conns;
+  conns.reserve(n);
+  for (int i = 0; i < n; ++i) conns.push_back(establish(env, "many" + std::to_string(i)));
+  const size_t size = 65536;
+  Buffer buf(size * static_cast<size_t>(n));
+  std::vector<std::unique_ptr<Registration>> regs;
+  for (int i = 0; i < n; ++i) {
+    regs.push_back(std::make_unique<Registration>(env.net, conns[i].comm(), buf.data() + i * size, size));
+  }
+  constexpr int kSelf = 4;
+  std::vector<SelfPair> others;
+  if (env.recv()) {
+    for (int k = 0; k < kSelf; ++k) {
+      others.push_back(connectToSelf(env));
+      selfMessages(env, others.back(), {8, 1 << 20}, 1000 + k, "other connection before the kill");
+    }
+  }
+  std::vector<void*> reqs(n, nullptr);
+  if (env.recv()) {
+    for (int i = 0; i < n; ++i) {
+      void* data[1] = {buf.data() + i * size};
+      size_t sz[1] = {size};
+      int tags[1] = {0};
+      void* mhs[1] = {regs[i]->mh()};
+      Deadline d(env.timeout);
+      while (reqs[i] == nullptr) {
+        expectOk(env.net.irecv(conns[i].recvComm, 1, data, sz, tags, mhs, &reqs[i]), "irecv");
+        if (d.expired()) fail("irecv on connection " + std::to_string(i) + " never posted");
+      }
+    }
+  }
+  env.oob.barrier("posted", env.timeout);
+  if (!env.recv()) {
+    std::printf("RESULT\tfaults.killed_many\tPASS\t\n");
+    std::fflush(stdout);
+    kill(getpid(), SIGKILL);
+  }
+  env.peerGone = true;
+  auto t0 = std::chrono::steady_clock::now();
+  Deadline d(env.timeout);
+  int failed = 0, rounds = 0;
+  std::vector<bool> over(n, false);
+  while (failed < n) {
+    for (int i = 0; i < n; ++i) {
+      if (over[i]) continue;
+      int done = 0, sizes[NCCL_PROXY_MAX_SUBS];
+      ncclResult_t r = env.net.test(reqs[i], &done, sizes);
+      if (r != ncclSuccess) {
+        over[i] = true;
+        ++failed;
+      } else if (done) {
+        fail("a receive on connection " + std::to_string(i) + " completed, but its sender was killed before sending");
+      }
+    }
+    // The other connections keep working while the broken ones fail.
+    if (++rounds % 64 == 0) selfMessages(env, others[rounds / 64 % kSelf], {4096}, 2000 + rounds, "during the failures");
+    if (d.expired()) {
+      fail(std::to_string(n - failed) + " of " + std::to_string(n) + " receives from a killed peer neither failed "
+           "nor completed within " + std::to_string(env.timeout.count()) + " s");
+    }
+  }
+  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("INFO\t%d connections to a killed peer failed within %.0f ms\n", n, ms);
+  regs.clear();
+  for (auto& c : conns) closeConn(env, c);
+  const std::vector<size_t> sizes = {0, 8, 65536, 1 << 20, (1 << 20) + 3};
+  for (int k = 0; k < kSelf; ++k) {
+    selfMessages(env, others[k], sizes, 3000 + 10 * k, "other connection after closing the broken ones");
+    closeSelf(env, others[k]);
+  }
+  std::printf("INFO\t%d other connections kept carrying intact data\n", kSelf);
+}
+
 // The link between the two namespaces goes down mid-stream (the sender takes its own veth down): pending requests
 // on both ends must fail within a bound; the link comes back, the broken comms close without hanging, and a new
 // connection works. Only inside a private network namespace (netns_conformance.sh --link-down), never on a host.
@@ -1685,6 +1765,9 @@ const std::vector<Check>& allChecks() {
        faultsSenderKilled},
       {"faults.receiver_killed", "the receiving process is SIGKILLed: pending sends fail within a bound, other connections keep working (alone)",
        faultsReceiverKilled},
+      {"faults.killed_many", "the sending process, holding N connections (256; 64 with --quick; --conns), is SIGKILLed: "
+       "all of them fail within a bound, the receiver's other connections keep carrying intact data (alone)",
+       faultsKilledMany},
       {"profiler.net_events", "net-plugin profiler events (v10+): never a NULL pHandle, each started event stopped once",
        profilerNetEvents},
       {"faults.link_down", "the link goes down mid-stream: pending requests fail within a bound; back up, a new "
