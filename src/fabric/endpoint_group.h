@@ -66,6 +66,7 @@ class EndpointGroup {
 
  private:
   explicit EndpointGroup(std::string where, bool shared) : table_(std::move(where)), shared_(shared) {}
+  void drain();  // reads what peers sent before the endpoints close (see endpoint_group.cc)
   // The table outlives the endpoints and parked comms (declared first, destroyed last).
   CommTable table_;
   bool shared_;

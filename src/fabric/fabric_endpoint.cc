@@ -262,10 +262,11 @@ std::string Endpoint::addrString(const void* addr, size_t len) const {
   return s != nullptr ? std::string(s) : std::string("<unprintable address>");
 }
 
-Status Endpoint::progress() {
+Status Endpoint::progress(int* read) {
   if (controlQueued_) flushControl();
   fi_cq_tagged_entry entries[16];
   ssize_t n = fi_cq_read(cq_.get(), entries, 16);
+  if (read != nullptr) *read = n > 0 ? static_cast<int>(n) : (n == -FI_EAVAIL ? 1 : 0);
   if (n > 0) {
     for (ssize_t i = 0; i < n; ++i) {
       auto* ctx = static_cast<OpContext*>(entries[i].op_context);

@@ -83,7 +83,7 @@ class Endpoint {
   // Reads one bounded batch of completions. A comm's completions go where the comm table routes them (none
   // before the endpoint joins a group: dropped as strays); control ones are handled here. Returns a non-OK
   // status only for a failure of the queue itself.
-  Status progress();
+  Status progress(int* read = nullptr);  // *read: completions read (0 when the queue was empty)
   void setTable(CommTable* t) { table_ = t; }
 
   // Listener side. Connection requests are received by the endpoint (kRequestSlots at a time) and queued per
