@@ -319,16 +319,26 @@ Status FabricDevice::open() {
   }
   domain_.reset(domain);
   opened_ = true;
-  // weft opens one endpoint per connection; a job connects nChannels x peers x 2 of them.
+  // weft opens one endpoint per NCCL context and device (one per connection with WEFT_FABRIC_SHARED_EP=0).
   size_t epCnt = info_->domain_attr->ep_cnt;
   if (epCnt > 0 && epCnt < 1024) {
-    WEFT_WARN("device {}: provider {} advertises at most {} endpoints per domain and weft opens one per "
-              "connection (unless WEFT_FABRIC_SHARED_EP=1), so jobs with many channels and peers may exhaust it{}",
+    WEFT_WARN("device {}: provider {} advertises at most {} endpoints per domain: enough for weft's shared "
+              "endpoints (one per NCCL communicator and device), not for one per connection "
+              "(WEFT_FABRIC_SHARED_EP=0){}",
               index_, props_.provider, epCnt,
               props_.provider == "sockets"
                   ? " (libfabric 1.17's sockets provider stops connecting after that many were ever opened, even "
-                    "closed ones): prefer tcp;ofi_rxm"
+                    "closed ones)"
                   : "");
+  }
+  if (props_.provider == "sockets") {
+    // Seen here about once in 100 runs of 256 messages in flight on one connection (Linux 6.18, loopback): the
+    // receiver's socket holds 2-14 bytes of a header in a buffer whose memory is full, the window stays shut,
+    // both sides wait for good. weft's liveness probe then fails the peer as unreachable (WEFT_PEER_TIMEOUT).
+    WEFT_WARN("device {}: provider sockets (deprecated upstream) can stall a connection for good under load: it "
+              "peeks each message header, and a partly arrived header can hold a full TCP receive buffer with the "
+              "window shut; the peer then fails as unreachable after WEFT_PEER_TIMEOUT. Prefer tcp;ofi_rxm",
+              index_);
   }
   WEFT_INFO(NCCL_INIT | NCCL_NET,
             "device {} ({}): domain {} open, protocol {}, eager up to {} B, mr_mode {:#x}, inject {} B{}, max msg {} "
