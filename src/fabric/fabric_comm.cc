@@ -40,14 +40,27 @@ FabricDataComm::FabricDataComm(std::shared_ptr<EndpointGroup> group, std::vector
 
 // Requests come kChunk at a time, when the comm first has more in flight than it had: an idle connection holds
 // none, a busy one what it used at its peak (at most poolSize_). Growing is the only allocation of the data path,
-// at most poolSize_ / kChunk times in a comm's life; a failed one is back-pressure (NULL request, NCCL retries).
+// at most poolSize_ / kChunk times in a comm's life; a failed one is back-pressure (NULL request, NCCL retries),
+// except a failed registration of the chunk's offer messages, which fails the comm (it would fail again).
 bool FabricDataComm::grow() {
-  if (allocated_ >= poolSize_) return false;
-  std::unique_ptr<FabricRequest[]> chunk(new (std::nothrow) FabricRequest[kChunk]);
-  if (!chunk) return false;
+  if (allocated_ >= poolSize_ || fatal_ != Status::kOk) return false;
+  Chunk chunk;
+  chunk.reqs.reset(new (std::nothrow) FabricRequest[kChunk]);
+  if (!chunk.reqs) return false;
+  if (wantOffers_) {
+    chunk.offers.reset(new (std::nothrow) OfferMsg[kChunk]);
+    if (!chunk.offers) return false;
+    std::memset(static_cast<void*>(chunk.offers.get()), 0, sizeof(OfferMsg) * kChunk);
+    Status st = dev_.registerInternal(chunk.offers.get(), sizeof(OfferMsg) * kChunk, "offer buffers",
+                                      &chunk.offersMr, &chunk.offersDesc);
+    if (st != Status::kOk) {
+      fatal_ = st;
+      return false;
+    }
+  }
   const int base = allocated_;
   for (int j = 0; j < kChunk; ++j) {
-    FabricRequest& r = chunk[j];
+    FabricRequest& r = chunk.reqs[j];
     const int i = base + j;
     r.comm = this;
     r.poolIndex = static_cast<uint16_t>(i);
@@ -138,12 +151,6 @@ Status FabricDataComm::join(bool legacy32) {
   if (Status st = group_->table().attach(localId_.get(), this, legacy32); st != Status::kOk) return st;
   joined_ = true;
   return Status::kOk;
-}
-
-Status FabricDataComm::openOffers(int count) {
-  offers_.reset(new OfferMsg[count]);
-  std::memset(static_cast<void*>(offers_.get()), 0, sizeof(OfferMsg) * count);
-  return dev_.registerInternal(offers_.get(), sizeof(OfferMsg) * count, "offer buffers", &offersMr_, &offersDesc_);
 }
 
 FabricRequest* FabricDataComm::acquire() {
@@ -712,7 +719,7 @@ Status FabricSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Re
   }
   waitingOffer_ = false;
   FabricRequest* r = acquire();
-  if (r == nullptr) return Status::kOk;  // all requests in flight: NCCL retries later
+  if (r == nullptr) return fatal_;  // all requests in flight: NCCL retries later (or the pool could not grow)
   r->recv = false;
   r->n = 1;
   r->sizes[0] = static_cast<int>(size > INT_MAX ? INT_MAX : size);
@@ -762,12 +769,13 @@ Status FabricRecvComm::start() {
   if (!proto_.rdma) return Status::kOk;
   nSeqs_ = proto_.imm4 && !proto_.immId ? WriteImm32::kSeqs : WriteImm::kSeqs;
   bySeq_.reset(new uint16_t[nSeqs_]());
-  return openOffers(poolSize_);
+  wantOffers_ = true;  // registered with each chunk of requests (grow())
+  return Status::kOk;
 }
 
 bool FabricRecvComm::sendOffer(FabricRequest* r) {
-  const OfferMsg& m = offers_[r->poolIndex];
-  ssize_t rc = fi_tsend(ctl().ep(), &m, OfferMsg::bytes(m.count), offersDesc_, rails_[0].peer,
+  const OfferMsg& m = offer(r->poolIndex);
+  ssize_t rc = fi_tsend(ctl().ep(), &m, OfferMsg::bytes(m.count), offerDesc(r->poolIndex), rails_[0].peer,
                         wire::ctrlTag(wire::CtrlKind::kOffer, peerId_), &r->offerCtx.fi);
   if (rc == 0) {
     ++r->ops;
@@ -806,14 +814,14 @@ Status FabricRecvComm::irecv(int n, void** data, const size_t* sizes, const int*
     if (Status st = checkTag(tags[i], "irecv"); st != Status::kOk) return st;
   }
   FabricRequest* r = acquire();
-  if (r == nullptr) return Status::kOk;
+  if (r == nullptr) return fatal_;  // kOk: NCCL retries (see grow())
   r->recv = true;
   r->n = static_cast<uint8_t>(n);
   // Early completion is safe only where the provider places data without further calls from us (hardware
   // RMA): with manual progress in software (tcp, sockets, shm) the data would land only when NCCL next calls
   // test, which for an early-completed LL receive it never does.
   r->optional = optional && n == 1 && proto_.rdma && dev_.hardwarePlacement();
-  OfferMsg* m = proto_.rdma ? &offers_[r->poolIndex] : nullptr;
+  OfferMsg* m = proto_.rdma ? &offer(r->poolIndex) : nullptr;
   for (int i = 0; i < n; ++i) {
     uint32_t ahead = 0;  // the same tag twice in one group takes consecutive sequence numbers
     for (int j = 0; j < i; ++j) ahead += tags[j] == tags[i] ? 1 : 0;

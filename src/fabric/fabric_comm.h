@@ -137,7 +137,6 @@ class FabricDataComm : public DataSink {
   Status checkHandle(const MemHandle* mh, const char* op) const;
   int railOf(uint32_t seq) const { return nRails_ == 1 ? 0 : static_cast<int>(seq % nRails_); }
   Endpoint& ctl() const { return *rails_[0].ep; }  // handshake, offers
-  Status openOffers(int count);  // registered array of `count` offer messages
   // Enters the group's comm table: from now on completions naming this comm come here. legacy32: remote writes
   // to it carry no comm id (it cannot share the group).
   Status join(bool legacy32);
@@ -157,16 +156,27 @@ class FabricDataComm : public DataSink {
   std::string peerName_;
   Protocol proto_;
   int poolSize_;
-  // The request pool: up to poolSize_ requests, grown kChunk at a time (grow()); request i is req(i).
-  static constexpr int kChunk = 8;
-  std::vector<std::unique_ptr<FabricRequest[]>> chunks_;
+  // The request pool: up to poolSize_ requests, grown kChunk at a time (grow()); request i is req(i). A receive
+  // comm of the rdma protocol (wantOffers_) gets with each chunk the registered offer messages of its requests:
+  // request i sends offer(i) (one memory registration per chunk where the provider needs them: at most 16 for
+  // a receive comm's 64 requests, and only as deep as NCCL ever went on it).
+  static constexpr int kChunk = 4;
+  struct Chunk {
+    std::unique_ptr<FabricRequest[]> reqs;
+    std::unique_ptr<OfferMsg[]> offers;
+    MrPtr offersMr;
+    void* offersDesc = nullptr;
+  };
+  std::vector<Chunk> chunks_;
   int allocated_ = 0;
+  bool wantOffers_ = false;
   bool grow();
-  FabricRequest& req(int i) const { return chunks_[static_cast<size_t>(i / kChunk)][i % kChunk]; }
+  FabricRequest& req(int i) const { return chunks_[static_cast<size_t>(i / kChunk)].reqs[i % kChunk]; }
+  OfferMsg& offer(int i) const { return chunks_[static_cast<size_t>(i / kChunk)].offers[i % kChunk]; }
+  void* offerDesc(int i) const { return chunks_[static_cast<size_t>(i / kChunk)].offersDesc; }
   std::vector<uint16_t> free_;  // capacity reserved up front: push/pop never allocate
   TagSequence seqs_;
   Status fatal_ = Status::kOk;  // once set, every call on this comm fails with it
-  std::unique_ptr<OfferMsg[]> offers_;  // rdma: sent (receiver) or received (sender) offers
 
   // rdma, receive side: offered buffers by the sequence the sender's writes name (wire::WriteImm). Handed out
   // cyclically, skipping those in use; freed when the buffer's data has landed or its request goes back to the
@@ -178,8 +188,6 @@ class FabricDataComm : public DataSink {
   uint64_t strayWrites_ = 0;  // writes naming another comm's id: dropped
   bool allocSeq(uint16_t slot, uint16_t* seq);
   void releaseSeqs(FabricRequest* r);
-  MrPtr offersMr_;
-  void* offersDesc_ = nullptr;
 
   // Liveness (see checkPeer), looked at once per 1024 progress calls while requests are outstanding.
   void checkPeer();

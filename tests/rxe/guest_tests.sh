@@ -12,7 +12,9 @@ step() {  # step NAME TIMEOUT COMMAND...
   if [ $rc -eq 0 ]; then echo "STEP $name: ok ($((t1 - t0)) s)"; else echo "STEP $name: FAILED rc=$rc ($((t1 - t0)) s), see step-$name.log"; tail -15 "step-$name.log"; fails=$((fails + 1)); fi
 }
 ibv_devices | sed 's/^/  /'
-C="$RXE_BIN conformance --plugin $RXE_SO --timeout 60"
+# comms.scale holds 64 connections here (default 256 with --quick, 1,024 without): native verbs keeps an RC QP per
+# connection, as NCCL's IB transport does, and QP creation in emulation is slow.
+C="$RXE_BIN conformance --plugin $RXE_SO --timeout 60 --conns 64"
 V="--env WEFT_BACKEND=verbs"
 # Every table version NCCL may load, over native verbs.
 for t in 12 11 10 9 8 7; do
@@ -21,7 +23,7 @@ done
 # The full suite (1 GiB message, full soak and cycles) on the newest table, and striping over 4 QPs.
 # The 1 GiB message takes 20-30 s in emulation on a quiet host and went past 60 s with the host's two cores busy:
 # its liveness bound is 240 s here (each stream must still finish, or the check fails).
-step verbs.full.v12 900 $RXE_BIN conformance --plugin $RXE_SO --timeout 240 --table 12 $V
+step verbs.full.v12 900 $RXE_BIN conformance --plugin $RXE_SO --timeout 240 --conns 64 --table 12 $V
 step verbs.qps4.v11 300 $C --table 11 --quick $V --env WEFT_IB_QPS_PER_CONN=4 --env WEFT_STRIPE_MIN=65536
 # Dead peers and unreachable listeners over verbs.
 step verbs.sender_killed 120 $C --only faults.sender_killed $V
@@ -33,7 +35,7 @@ step verbs.unreachable_peer 120 $C --only weft.unreachable_peer $V --env WEFT_CO
 # namespaces over a veth pair with delay, loss, reordering and duplication on both ends: every byte must arrive.
 NETNS=$(dirname "$0")/../conformance/netns_conformance.sh
 step fabric.tcp.netem.v11 600 "$NETNS" --netem "delay 1ms loss 0.5% reorder 25% 50% duplicate 0.5%" \
-  "$RXE_BIN" "$RXE_SO" --table 11 --quick --call-limit 5000 --env WEFT_BACKEND=fabric
+  "$RXE_BIN" "$RXE_SO" --table 11 --quick --conns 64 --call-limit 5000 --env WEFT_BACKEND=fabric
 # libfabric over the same device: verbs;ofi_rxm (its MSG CQ is sized by FI_UNIVERSE_SIZE; rxe allows 32767 entries),
 # behind RXE_FABRIC=1: libfabric 1.17's ofi_rxm over rxe crashes inside fi_close of an endpoint (SIGSEGV in
 # libfabric, at a different check from run to run), which ends the worker and fails every later check. Emulated

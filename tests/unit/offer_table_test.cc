@@ -75,3 +75,27 @@ TEST_CASE("random inserts and deletes match a reference map", "[offers]") {
     }
   }
 }
+
+TEST_CASE("the table starts small and doubles when half full, keeping every entry", "[offers]") {
+  OfferTable<uint64_t, 2048> t;
+  CHECK(t.slots() == 32);  // a quiet connection pays for 32 slots, not 2,048
+  bool dropped = false;
+  for (uint64_t k = 0; k < 16; ++k) REQUIRE(t.addOffer(k << 32 | 1, k, &dropped));
+  CHECK(t.slots() == 32);
+  REQUIRE(t.markEager(99));  // the 17th entry: half full, the table doubles
+  CHECK(t.slots() == 64);
+  for (uint64_t k = 16; k < 1500; ++k) REQUIRE(t.addOffer(k << 32 | 1, k, &dropped));
+  CHECK(t.slots() == 2048);
+  for (uint64_t k = 0; k < 1500; ++k) {
+    REQUIRE(t.findOffer(k << 32 | 1) != nullptr);
+    REQUIRE(*t.findOffer(k << 32 | 1) == k);
+  }
+  CHECK(t.findOffer(99) == nullptr);
+  REQUIRE(t.addOffer(99, 7, &dropped));  // the marker survived the rehashes
+  CHECK(dropped);
+  // Up to the last hole of the largest table, then full.
+  uint64_t k = 1500;
+  while (t.size() < 2047) REQUIRE(t.addOffer(k++ << 32 | 1, 0, &dropped));
+  CHECK(t.slots() == 2048);
+  CHECK_FALSE(t.addOffer(k << 32 | 1, 0, &dropped));
+}

@@ -37,7 +37,7 @@ void usage() {
                "      [--list] [--quick] [--verbose] [--timeout SEC] [--dev N] [--fuse 0,1]\n"
                "      [--soak N]                messages for soak.random (default 20,000; 2,000 with --quick)\n"
                "      [--cycles N]              cycles for hygiene.* (default 2,000 connects, 10,000 registrations)\n"
-               "      [--conns N]               connections held at once by comms.scale (default 64; 16 with --quick)\n"
+               "      [--conns N]               connections held at once by comms.scale (default 1,024; 256 with --quick)\n"
                "      [--max-endpoints N]       comms.scale fails if a worker holds more libfabric endpoints open\n"
                "                                (as the plugin reports them through weftNetStat; others: not checked)\n"
                "      [--call-limit MS]         backstop: a listen/connect/accept call longer than this has blocked (10000)\n"
