@@ -57,7 +57,8 @@ const std::vector<Def> kDefs = {
   {"WEFT_FABRIC_SHARED_EP", Kind::kBool, "1", 0, 1, nullptr,
    "libfabric: the connections of one NCCL context on one device share one endpoint per NIC (and its completion "
    "queue and address vector) instead of opening their own: a connection then costs its buffers, not an "
-   "endpoint. 0: an endpoint per connection (the old path, kept until it is deleted)."},
+   "endpoint. 0: an endpoint per connection (a group of one comm, no lock): the rdma protocol on a provider with "
+   "4-byte completion data and no write lengths needs it (shared endpoints carry those connections with sendrecv)."},
   {"WEFT_INJECT", Kind::kBool, "1", 0, 1, nullptr,
    "Send messages up to the provider's inject size with fi_tinject (complete at once, no completion entry), "
    "on providers that transmit without further progress calls (verbs, automatic progress)."},
