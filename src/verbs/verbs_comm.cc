@@ -255,13 +255,9 @@ Status QpSet::connect(const QpInfo& peer, int trafficClass, std::string* why) {
 Status VerbsRequest::test(bool* done, int* sizes) { return comm->testRequest(this, done, sizes); }
 
 VerbsDataComm::VerbsDataComm(std::unique_ptr<QpSet> qps, std::string peerName, int poolSize)
-    : q_(std::move(qps)), dev_(q_->dev), peerName_(std::move(peerName)), pool_(poolSize) {
-  free_.reserve(poolSize);
-  for (int i = poolSize - 1; i >= 0; --i) {
-    pool_[i].comm = this;
-    pool_[i].poolIndex = static_cast<uint16_t>(i);
-    free_.push_back(static_cast<uint16_t>(i));
-  }
+    : q_(std::move(qps)), dev_(q_->dev), peerName_(std::move(peerName)), poolSize_(static_cast<size_t>(poolSize)) {
+  free_.reserve(poolSize_);
+  chunks_.reserve((poolSize_ + kChunk - 1) / kChunk);
   probeIntervalMs_ = static_cast<int>(params::getInt("WEFT_PROBE_INTERVAL"));
   peerTimeoutMs_ = params::getInt("WEFT_PEER_TIMEOUT") * 1000;
   stripeMin_ = static_cast<uint64_t>(params::getInt("WEFT_STRIPE_MIN"));
@@ -270,13 +266,29 @@ VerbsDataComm::VerbsDataComm(std::unique_ptr<QpSet> qps, std::string peerName, i
 }
 
 VerbsDataComm::~VerbsDataComm() {
-  for (auto& r : pool_) r.magic_ = 0;
+  for (size_t i = 0; i < allocated_; ++i) reqAt(i)->magic_ = 0;
   q_.reset();  // QPs first (outstanding work requests are flushed with them), then the CQ
 }
 
+// The only allocation of the data path, at most poolSize_ / kChunk times in a comm's life.
+bool VerbsDataComm::grow() {
+  if (allocated_ >= poolSize_) return false;
+  std::unique_ptr<VerbsRequest[]> chunk(new (std::nothrow) VerbsRequest[kChunk]);
+  if (!chunk) return false;
+  const size_t base = allocated_;
+  for (int j = 0; j < kChunk; ++j) {
+    chunk[j].comm = this;
+    chunk[j].poolIndex = static_cast<uint16_t>(base + j);
+  }
+  chunks_.push_back(std::move(chunk));  // capacity reserved: never reallocates
+  allocated_ = std::min(poolSize_, base + kChunk);
+  for (size_t i = allocated_; i-- > base;) free_.push_back(static_cast<uint16_t>(i));
+  return true;
+}
+
 VerbsRequest* VerbsDataComm::acquire() {
-  if (free_.empty()) return nullptr;
-  VerbsRequest* r = &pool_[free_.back()];
+  if (free_.empty() && !grow()) return nullptr;
+  VerbsRequest* r = reqAt(free_.back());
   free_.pop_back();
   uint16_t idx = r->poolIndex;
   VerbsDataComm* c = r->comm;
@@ -358,8 +370,7 @@ void VerbsDataComm::onError(const ibv_wc& wc) {
     case kFlush: {
       if (kind != kFlush && qp >= 0) --sendQueued_[qp];
       if (kind == kFlush) --flushQueued_;
-      if (idx < pool_.size() && pool_[idx].inUse) {
-        VerbsRequest* r = &pool_[idx];
+      if (VerbsRequest* r = reqAt(idx); r != nullptr && r->inUse) {
         if (r->error == Status::kOk) r->error = st;
         if (kind == kOfferSend) r->offerPending = false;
         opDone(r);
@@ -575,8 +586,7 @@ void VerbsSendComm::onCompletion(const ibv_wc& wc) {
     }
     case kWrite: {
       if (int qp = qpIndex(wc.qp_num); qp >= 0) --sendQueued_[qp];
-      if (idx < pool_.size() && pool_[idx].inUse) {
-        VerbsRequest* r = &pool_[idx];
+      if (VerbsRequest* r = reqAt(idx); r != nullptr && r->inUse) {
         if (r->writesLeft > 0 && --r->writesLeft == 0) bytesInFlight_ -= std::min(bytesInFlight_, r->bytes[0]);
         opDone(r);
       }
@@ -623,8 +633,9 @@ Status VerbsSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Req
     if (sendQueued_[(first + p) % q_->nQps] >= q_->sendWr - 1) return Status::kOk;  // back-pressure: NCCL retries
   }
   VerbsRequest* r = acquire();
+  if (r == nullptr && allocated_ < poolSize_) return Status::kOk;  // no memory for more: NCCL retries
   if (r == nullptr) {
-    WEFT_WARN("isend to {}: more requests in flight than NCCL allows ({})", peerName_, pool_.size());
+    WEFT_WARN("isend to {}: more requests in flight than NCCL allows ({})", peerName_, poolSize_);
     return Status::kInternal;
   }
   if (truncated) {
@@ -723,7 +734,7 @@ void VerbsRecvComm::onCompletion(const ibv_wc& wc) {
       const uint32_t imm = ntohl(wc.imm_data);
       const uint32_t slot = Imm::slot(imm);
       const uint32_t ri = slot / kMaxRecvs, bi = slot % kMaxRecvs;
-      VerbsRequest* r = ri < pool_.size() ? &pool_[ri] : nullptr;
+      VerbsRequest* r = reqAt(ri);
       if (r == nullptr || !r->inUse || !r->recv || bi >= r->n || r->bufDone[bi] || Imm::pieces(imm) < 1 ||
           r->bytes[bi] + wc.byte_len > r->cap[bi]) {
         WEFT_WARN("peer {} on {} wrote into receive slot {} that has no matching receive: connection closed",
@@ -747,16 +758,15 @@ void VerbsRecvComm::onCompletion(const ibv_wc& wc) {
     }
     case kOfferSend: {
       --sendQueued_[0];
-      if (idx < pool_.size() && pool_[idx].inUse) {
-        pool_[idx].offerPending = false;
-        opDone(&pool_[idx]);
+      if (VerbsRequest* r = reqAt(idx); r != nullptr && r->inUse) {
+        r->offerPending = false;
+        opDone(r);
       }
       break;
     }
     case kFlush: {
       --flushQueued_;
-      if (idx < pool_.size() && pool_[idx].inUse) {
-        VerbsRequest* r = &pool_[idx];
+      if (VerbsRequest* r = reqAt(idx); r != nullptr && r->inUse) {
         if (r->writesLeft > 0) --r->writesLeft;
         opDone(r);
       }
@@ -787,6 +797,7 @@ Status VerbsRecvComm::irecv(int n, void** data, const size_t* sizes, const int* 
     if (sendQueued_[0] >= q_->sendWr - 1) return Status::kOk;
   }
   VerbsRequest* r = acquire();
+  if (r == nullptr && allocated_ < poolSize_) return Status::kOk;  // no memory for more: NCCL retries
   if (r == nullptr) {
     WEFT_WARN("irecv from {}: more than {} receives outstanding (NCCL_NET_MAX_REQUESTS)", peerName_, kMaxRequests);
     return Status::kInternal;
@@ -873,7 +884,7 @@ Status VerbsRecvComm::iflush(int n, void** data, const int* sizes, MemHandle** m
   if (Status st = ensureFlushQp(); st != Status::kOk) return st;
   if (flushQueued_ >= flushQp_->sendWr - 1) return Status::kOk;
   VerbsRequest* r = acquire();
-  if (r == nullptr) return Status::kInternal;
+  if (r == nullptr) return Status::kInternal;  // a flush is never dropped: no request to carry it is an error
   r->recv = false;
   r->n = 1;
   r->writesLeft = 1;

@@ -188,7 +188,13 @@ class VerbsDataComm {
   std::unique_ptr<QpSet> q_;
   VerbsDevice& dev_;
   std::string peerName_;
-  std::vector<VerbsRequest> pool_;
+  // Requests come kChunk at a time when the comm first has more in flight (an idle one holds none), up to
+  // poolSize_; request i is reqAt(i), which stays where it is.
+  static constexpr int kChunk = 4;
+  std::vector<std::unique_ptr<VerbsRequest[]>> chunks_;
+  size_t poolSize_ = 0, allocated_ = 0;
+  bool grow();
+  VerbsRequest* reqAt(size_t i) const { return i < allocated_ ? &chunks_[i / kChunk][i % kChunk] : nullptr; }
   std::vector<uint16_t> free_;
   Status fatal_ = Status::kOk;
   int sendQueued_[kMaxQps] = {};  // work requests posted and not yet completed, per QP
