@@ -1,5 +1,7 @@
 #include "fabric/comm_table.h"
 
+#include <algorithm>
+
 #include "fabric/wire.h"
 #include "weft/common/log.h"
 
@@ -25,8 +27,15 @@ Status CommTable::attach(uint32_t id, DataSink* sink, bool legacy32) {
   return Status::kOk;
 }
 
-void CommTable::detach(uint32_t id) {
-  comms_.erase(id);
+void CommTable::detach(uint32_t id, Clock::time_point now) {
+  if (comms_.erase(id) == 0) return;
+  if (closed_.size() >= pruneAt_) {  // amortized: the next prune waits until the record has doubled
+    for (auto it = closed_.begin(); it != closed_.end();) {
+      it = now - it->second > closedHold_ ? closed_.erase(it) : std::next(it);
+    }
+    pruneAt_ = std::max<size_t>(64, 2 * closed_.size());
+  }
+  closed_[id] = now;
   if (legacy_ == id) legacy_ = 0;
   if (lastId_ == id) {
     lastId_ = 0;
@@ -51,6 +60,13 @@ DataSink* CommTable::lookup(uint32_t id, const char* what) {
     lastId_ = id;
     last_ = it->second;
     return last_;
+  }
+  if (auto c = closed_.find(id); c != closed_.end() && Clock::now() - c->second <= closedHold_) {
+    if (lateStrays_++ == 0) {
+      WEFT_INFO(NCCL_NET, "on {}: {} names comm {}, closed moments ago: dropped (traffic the peer sent before it "
+                "learned of the close; said once per endpoint group)", where_, what, id);
+    }
+    return nullptr;
   }
   if (strays_++ % 1024 == 0) {
     WEFT_WARN("on {}: {} names comm {}, which this endpoint group does not serve (closed, or never opened here): "

@@ -20,6 +20,7 @@
 
 #include "fabric/comm_table.h"
 #include "fabric/fabric_endpoint.h"
+#include "weft/common/params.h"
 
 namespace weft::fabric {
 
@@ -65,7 +66,9 @@ class EndpointGroup {
   RailAddrs railAddrs() const;
 
  private:
-  explicit EndpointGroup(std::string where, bool shared) : table_(std::move(where)), shared_(shared) {}
+  // A closed comm's late traffic is expected for as long as its id is held back (WEFT_PEER_TIMEOUT).
+  explicit EndpointGroup(std::string where, bool shared)
+      : table_(std::move(where), std::chrono::seconds(params::getInt("WEFT_PEER_TIMEOUT"))), shared_(shared) {}
   void drain();  // reads what peers sent before the endpoints close (see endpoint_group.cc)
   // The table outlives the endpoints and parked comms (declared first, destroyed last).
   CommTable table_;

@@ -125,3 +125,35 @@ TEST_CASE("a comm whose writes carry no id is alone in its table and gets every 
   REQUIRE(t.attach(3, &other, false) == Status::kOk);
   CHECK(t.attach(2, &legacy, true) != Status::kOk);
 }
+
+TEST_CASE("traffic for a comm closed moments ago is dropped quietly, for others with a count of strays", "[comm_table]") {
+  using namespace std::chrono_literals;
+  CommTable t("test0", 5s);  // long enough for a loaded machine; "long ago" is a minute back
+  Sink a, b;
+  REQUIRE(t.attach(5, &a, false) == Status::kOk);
+  REQUIRE(t.attach(6, &b, false) == Status::kOk);
+  const auto now = CommTable::Clock::now();
+  t.detach(5, now);
+  OpContext gone = ctxOf(5), never = ctxOf(7), live = ctxOf(6);
+  CHECK(t.forContext(&gone) == nullptr);  // the peer's offers still on their way at close
+  CHECK(t.forContext(&gone) == nullptr);
+  CHECK(t.lateStrays() == 2);
+  CHECK(t.forContext(&never) == nullptr);  // a comm this group never served: a stray to warn about
+  CHECK(t.strays() == 3);
+  CHECK(t.lateStrays() == 2);
+  CHECK(t.forContext(&live) == &b);
+  // Past the hold, the closed comm's id is a stray like any other.
+  t.detach(6, now - 1min);
+  CHECK(t.forContext(&live) == nullptr);
+  CHECK(t.lateStrays() == 2);
+  CHECK(t.strays() == 4);
+  // Many comms closing: the record of closed ids is pruned of those past the hold as it grows, not kept forever.
+  for (uint32_t id = 100; id < 400; ++id) REQUIRE(t.attach(id, &a, false) == Status::kOk);
+  for (uint32_t id = 100; id < 400; ++id) t.detach(id, now - 1min);  // closed long ago
+  for (uint32_t id = 1000; id < 1300; ++id) REQUIRE(t.attach(id, &a, false) == Status::kOk);
+  for (uint32_t id = 1000; id < 1300; ++id) t.detach(id, CommTable::Clock::now());
+  OpContext recent = ctxOf(1299);
+  CHECK(t.forContext(&recent) == nullptr);
+  CHECK(t.lateStrays() == 3);
+  CHECK(t.closedRemembered() <= 302);  // the 300 closed long ago are gone
+}
