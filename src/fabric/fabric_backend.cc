@@ -155,6 +155,7 @@ FabricBackend::~FabricBackend() = default;
 
 Status FabricBackend::listen(int dev, const CommConfig& config, void* handle, ListenComm** out) {
   *out = nullptr;
+  ClosingComms::poll();
   if (dev < 0 || dev >= deviceCount()) {
     WEFT_WARN("listen on device {}, but there are {} devices", dev, deviceCount());
     return Status::kInternal;
@@ -209,6 +210,9 @@ Status FabricBackend::groupFor(int dev, const CommConfig& config, std::shared_pt
 
 void FabricBackend::releaseScope(const void* scope) {
   if (scope == nullptr) return;  // tables before v11 have no finalize (their groups are keyed by thread)
+  // Send comms closed moments ago, waiting for their peers to acknowledge all they sent: a bounded wait (a peer
+  // still receiving answers within a round trip; one that closed its side fails the notice at once).
+  ClosingComms::drain(1000);
   std::vector<std::shared_ptr<EndpointGroup>> stillOpen;
   {
     std::lock_guard<std::mutex> lock(sharedMutex_);
@@ -230,6 +234,7 @@ void FabricBackend::releaseScope(const void* scope) {
 
 Status FabricBackend::connect(int dev, const CommConfig& config, void* handle, SendComm** out) {
   *out = nullptr;
+  ClosingComms::poll();
   if (dev < 0 || dev >= deviceCount()) {
     WEFT_WARN("connect on device {}, but there are {} devices", dev, deviceCount());
     return Status::kInternal;

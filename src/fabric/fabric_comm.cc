@@ -36,6 +36,13 @@ FabricDataComm::FabricDataComm(std::shared_ptr<EndpointGroup> group, std::vector
       peerTimeoutMs_(params::getInt("WEFT_PEER_TIMEOUT") * 1000) {
   free_.reserve(poolSize);
   chunks_.reserve(static_cast<size_t>((poolSize + kChunk - 1) / kChunk));
+  for (size_t k = 0; k < rails_.size(); ++k) {
+    OpContext& c = rails_[k].noteCtx;
+    c.owner = this;
+    c.comm = localId_.get();
+    c.index = static_cast<uint16_t>(k);
+    c.kind = OpKind::kNote;
+  }
 }
 
 // Requests come kChunk at a time, when the comm first has more in flight than it had: an idle connection holds
@@ -110,14 +117,34 @@ FabricDataComm::~FabricDataComm() {
 int FabricDataComm::opsInFlight() const {
   int n = 0;
   for (int i = 0; i < allocated_; ++i) n += req(i).ops;
+  for (const Rail& r : rails_) n += (r.note & kNoteInFlight) != 0 ? 1 : 0;  // a close ack: its context is ours
   return n;
 }
 
 bool FabricDataComm::drained(DataSink* s) { return static_cast<FabricDataComm*>(s)->opsInFlight() == 0; }
 
-void FabricDataComm::closeComm() {
+void FabricDataComm::closeComm(bool sendSide) {
+  ClosingComms::poll();
   if (!group_->shared()) {
-    delete this;  // its own endpoints close with it, canceling whatever is in flight
+    // Its own endpoints close with it, canceling whatever is in flight (an abort: NCCL closed it with requests
+    // outstanding). A send comm whose sends are all done first makes sure they reached the peer where the
+    // provider runs over TCP: it may still hold their last bytes (tcp: in its own buffer, thrown away with the
+    // endpoint; or the socket's, lost to the reset that closing with the peer's offers unread sends), and the
+    // peer's receive would then wait for them forever (seen: 17 runs in 200 of data.recv_larger on a loaded
+    // machine, two rails between namespaces).
+    bool sent = false;
+    for (const Rail& r : rails_) sent = sent || r.txMsgs > 0;
+    if (sendSide && sent && fatal_ == Status::kOk && opsInFlight() == 0 && dev_.streamSockets()) {
+      closing_ = true;
+      lingering_ = true;
+      for (Rail& r : rails_) r.note = kNoteWant;
+      notesWaiting_ = nRails_;
+      noticeMs_ = coarseNowMs();
+      postNotes();
+      ClosingComms::add(this, coarseNowMs() + peerTimeoutMs_);
+      return;
+    }
+    delete this;
     return;
   }
   std::shared_ptr<EndpointGroup> keep = group_;  // the group (and its lock) outlive this comm
@@ -206,6 +233,7 @@ void FabricDataComm::opDone(FabricRequest* r) {
 }
 
 Status FabricDataComm::progress() {
+  ClosingComms::poll();
   Status st = Status::kOk;
   for (Rail& rail : rails_) {
     Status s = rail.ep->progress();
@@ -220,6 +248,7 @@ Status FabricDataComm::progress() {
     fatal_ = offerError_;
   }
   flushOffers();
+  if (notesWaiting_ > 0) postNotes();
   if ((outstanding_ > 0 || waitingOffer_) && probeIntervalMs_ > 0 && (++polls_ & 1023) == 0) checkPeer();
   return st;
 }
@@ -274,7 +303,65 @@ void FabricDataComm::checkPeer() {
   }
 }
 
+// Close notices (a lingering send comm) and acks (a receive comm): posted where wanted; a push-back leaves the
+// rail wanting, for the next progress call.
+void FabricDataComm::postNotes() {
+  for (Rail& r : rails_) {
+    if ((r.note & kNoteWant) == 0 || (r.note & kNoteInFlight) != 0) continue;
+    bool again = false;
+    Status st = r.ep->sendCloseNote(r.peer, peerId_, !lingering_, r.noteCtx, &again);
+    if (again) continue;
+    r.note = static_cast<uint8_t>((r.note & ~kNoteWant) | (st == Status::kOk ? kNoteInFlight : kNoteFailed));
+    --notesWaiting_;
+  }
+}
+
+void FabricDataComm::onCloseNote(Endpoint* ep, bool ack) noexcept {
+  for (Rail& r : rails_) {
+    if (r.ep != ep) continue;
+    if (ack) {
+      if (lingering_) r.note |= kNoteAcked;
+      return;
+    }
+    if (lingering_ || (r.note & kNoteWant) != 0) return;  // a notice to a send comm: not ours to answer
+    r.note |= kNoteWant;
+    ++notesWaiting_;
+    postNotes();  // an ack in flight already: this one goes when it has completed
+    return;
+  }
+}
+
+// A notice "sent" may only sit in the provider's buffer, and a peer that closed its side after taking it never
+// acks: so an unacknowledged notice goes again every kNoticeRepeatMs. A live receive comm acks each; an endpoint
+// closed since makes the send fail (the connection is refused), which ends the wait.
+bool FabricDataComm::lingerStep() {
+  const int64_t now = coarseNowMs();
+  if (now - noticeMs_ >= kNoticeRepeatMs) {
+    noticeMs_ = now;
+    for (Rail& r : rails_) {
+      if ((r.note & (kNoteAcked | kNoteFailed | kNoteInFlight | kNoteWant)) != 0) continue;
+      r.note |= kNoteWant;
+      ++notesWaiting_;
+    }
+  }
+  if (notesWaiting_ > 0) postNotes();
+  for (Rail& rail : rails_) {
+    if (rail.ep->progress() != Status::kOk) return true;  // the queue itself failed: nothing more will come
+  }
+  if (fatal_ != Status::kOk) return true;
+  for (const Rail& r : rails_) {
+    if ((r.note & (kNoteAcked | kNoteFailed)) == 0) return false;
+  }
+  return true;
+}
+
 void FabricDataComm::onComplete(OpContext* ctx, size_t len) noexcept {
+  if (ctx->kind == OpKind::kNote) {
+    Rail& r = rails_[ctx->index];
+    r.note &= static_cast<uint8_t>(~kNoteInFlight);
+    if (notesWaiting_ > 0) postNotes();
+    return;
+  }
   ++completions_;
 
   auto* r = static_cast<FabricRequest*>(ctx->owner);
@@ -295,6 +382,14 @@ void FabricDataComm::onComplete(OpContext* ctx, size_t len) noexcept {
 }
 
 void FabricDataComm::onError(OpContext* ctx, int fiErr, Status st) noexcept {
+  if (ctx->kind == OpKind::kNote) {
+    // The peer is gone or closed its side: nothing of ours can reach it any more, and nobody waits for it.
+    (void)fiErr;
+    (void)st;
+    Rail& r = rails_[ctx->index];
+    r.note = static_cast<uint8_t>((r.note & ~kNoteInFlight) | kNoteFailed);
+    return;
+  }
   ++completions_;
   auto* r = static_cast<FabricRequest*>(ctx->owner);
   if (fiErr == FI_ECANCELED && ctx->kind == OpKind::kData && r->recv &&
@@ -613,6 +708,77 @@ Status FabricSendComm::write(FabricRequest* r, void* data, size_t size, MemHandl
   return postSegments(r, again);
 }
 
+// ---- closed send comms waiting for their close acks -------------------------------------------------------------
+
+namespace {
+
+struct Closing {
+  FabricDataComm* comm;
+  int64_t deadlineMs;
+};
+
+struct ClosingState {
+  std::mutex mu;
+  std::vector<Closing> list;
+};
+
+ClosingState& closingState() {
+  static ClosingState* s = new ClosingState;  // never destroyed: nothing of libfabric is touched at exit
+  return *s;
+}
+
+}  // namespace
+
+std::atomic<size_t> ClosingComms::count_{0};
+
+void ClosingComms::add(FabricDataComm* comm, int64_t deadlineMs) {
+  ClosingState& s = closingState();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.list.push_back(Closing{comm, deadlineMs});
+  count_.store(s.list.size(), std::memory_order_relaxed);
+}
+
+void ClosingComms::pollSlow(bool wait) {
+  ClosingState& s = closingState();
+  std::unique_lock<std::mutex> lock(s.mu, std::defer_lock);
+  if (wait) {
+    lock.lock();
+  } else if (!lock.try_lock()) {
+    return;  // another thread is at it
+  }
+  const int64_t now = coarseNowMs();
+  for (size_t i = 0; i < s.list.size();) {
+    Closing& c = s.list[i];
+    const bool done = c.comm->lingerStep();
+    if (!done && now < c.deadlineMs) {
+      ++i;
+      continue;
+    }
+    if (!done) {
+      WEFT_INFO(NCCL_NET, "a closed send comm's close notice was not acknowledged within WEFT_PEER_TIMEOUT (the "
+                "peer closed its side, or runs an older weft): its endpoints close now");
+    }
+    delete c.comm;
+    c = s.list.back();
+    s.list.pop_back();
+  }
+  count_.store(s.list.size(), std::memory_order_relaxed);
+}
+
+void ClosingComms::drain(int64_t budgetMs) {
+  const int64_t end = coarseNowMs() + budgetMs;
+  while (size() != 0 && coarseNowMs() < end) pollSlow(true);
+  ClosingState& s = closingState();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (!s.list.empty()) {
+    WEFT_INFO(NCCL_NET, "finalize: {} closed send comms still wait for their peers' close acks after {} ms; their "
+              "endpoints close now", s.list.size(), budgetMs);
+  }
+  for (Closing& c : s.list) delete c.comm;
+  s.list.clear();
+  count_.store(0, std::memory_order_relaxed);
+}
+
 int planWrite(uint64_t size, int nRails, uint64_t stripeMin, bool imm4, int singleRail, uint64_t* off,
               uint64_t* len, uint32_t* field, uint8_t* rail) {
   int stripes = 1;
@@ -928,6 +1094,7 @@ FabricListenComm::~FabricListenComm() {
 
 Status FabricListenComm::accept(RecvComm** recvComm) {
   *recvComm = nullptr;
+  ClosingComms::poll();
   if (accepted_) {
     WEFT_WARN("accept called again on a listen comm that already produced its connection");
     return Status::kInternal;

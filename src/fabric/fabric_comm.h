@@ -26,6 +26,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -104,6 +105,9 @@ struct Rail {
   Endpoint* ep = nullptr;
   fi_addr_t peer = FI_ADDR_UNSPEC;
   uint64_t txMsgs = 0, txBytes = 0;
+  // Close notice (send comm) or ack (receive comm) on this rail (wire.h): Note* flags, its operation's context.
+  uint8_t note = 0;
+  OpContext noteCtx;
 };
 
 // What send and receive comms share: the endpoints, the peer, the request pool, progress and completion.
@@ -120,10 +124,17 @@ class FabricDataComm : public DataSink {
   EndpointGroup& group() const { return *group_; }
   // NCCL closed the comm. In a shared group, posted receives are canceled and, while operations are still in
   // the provider's hands, the comm stays parked in the group (routed to, never posting) until they complete.
-  void closeComm();
+  // A send comm with endpoints of its own (sendSide) that sent anything instead sends a close notice on every
+  // rail and lingers (ClosingComms) until the peer acknowledged them all, so that nothing it reported sent is
+  // lost with its endpoints.
+  void closeComm(bool sendSide = false);
   void onComplete(OpContext* ctx, size_t len) noexcept override;
   void onError(OpContext* ctx, int fiErr, Status st) noexcept override;
   void onRemoteData(uint64_t data, size_t len) noexcept override;
+  void onCloseNote(Endpoint* ep, bool ack) noexcept override;
+  // Lingering after close: posts what waits, reads the endpoints; true once every rail's notice was acked or
+  // failed (or the comm failed): it may be deleted.
+  bool lingerStep();
 
  protected:
   FabricRequest* acquire();
@@ -195,6 +206,13 @@ class FabricDataComm : public DataSink {
   void logRails() const;    // multi-rail: what each rail carried
   static bool drained(DataSink* s);
   bool closing_ = false;          // NCCL closed it: nothing more is posted
+  // Close notices and acks (Rail::note).
+  enum : uint8_t { kNoteWant = 1, kNoteInFlight = 2, kNoteAcked = 4, kNoteFailed = 8 };
+  bool lingering_ = false;  // a closed send comm waiting for its acks (notes are notices, not acks)
+  int notesWaiting_ = 0;    // rails with kNoteWant set (the provider pushed back)
+  int64_t noticeMs_ = 0;    // lingering: when the notices last went (sent again every kNoticeRepeatMs)
+  static constexpr int64_t kNoticeRepeatMs = 100;
+  void postNotes();
   EndpointGroup* parkedIn_ = nullptr;  // parked: the group that owns it (group_ released)
   int outstanding_ = 0;
   bool waitingOffer_ = false;  // isend is waiting for the receiver's offer
@@ -217,7 +235,7 @@ class FabricSendComm final : public SendComm, public FabricDataComm {
   Status isend(void* data, size_t size, int tag, MemHandle* mh, Request** request) override;
   std::string peerName() const override { return peerName_; }
   std::string deviceName() const override;
-  void close() override { closeComm(); }
+  void close() override { closeComm(true); }
   Status regMr(void* data, size_t size, int type, MemHandle** out) override {
     return regOnDevice(data, size, type, -1, 0, out);
   }
@@ -296,6 +314,26 @@ class FabricListenComm final : public ListenComm {
   Endpoint::ReplyTicket reply_;
   std::string peerName_;
   Protocol proto_;
+};
+
+// Send comms with endpoints of their own that NCCL closed after sending, kept until the peer has acknowledged
+// their close notices (FabricDataComm::closeComm), a rail failed, or WEFT_PEER_TIMEOUT passed. Process-wide.
+// Moved on by every later call into the libfabric backend (the data path only try-locks: it never waits) and
+// at finalize, which waits for them a bounded time. A table without finalize (v7-v10) leaves the last ones to
+// later calls, or to process exit.
+class ClosingComms {
+ public:
+  static void add(FabricDataComm* comm, int64_t deadlineMs);
+  static void poll() {
+    if (count_.load(std::memory_order_relaxed) != 0) pollSlow(false);
+  }
+  // Moves them on until none is left or budgetMs passed; those left are closed as they are (with a warning).
+  static void drain(int64_t budgetMs);
+  static size_t size() { return count_.load(std::memory_order_relaxed); }
+
+ private:
+  static void pollSlow(bool wait);
+  static std::atomic<size_t> count_;
 };
 
 // How an RMA write of `size` bytes goes out: from `stripeMin` bytes one segment per rail (4 KiB aligned), else

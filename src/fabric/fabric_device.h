@@ -39,6 +39,13 @@ class FabricDevice final : public Registrar {
   const DeviceProps& props() const { return props_; }
   const fi_info* info() const { return info_.get(); }
   int index() const { return index_; }
+  // Whether the provider carries messages over TCP streams (tcp, tcp;ofi_rxm, sockets): a send it reports done
+  // may still be in its own buffer or the socket's, lost if the endpoint closes (or resets the connection) then.
+  // Others complete a send once it reached the peer (shm: its memory; efa, verbs: the NIC's acknowledgment).
+  bool streamSockets() const {
+    const std::string& p = props_.provider;
+    return p.rfind("tcp", 0) == 0 || p.rfind("sockets", 0) == 0;
+  }
 
   // Opens fabric + domain once; safe to call from several threads.
   Status open();

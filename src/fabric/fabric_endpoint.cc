@@ -92,6 +92,9 @@ Status Endpoint::open(FabricDevice& dev, std::unique_ptr<Endpoint>* out, bool sh
   if (st != Status::kOk) return st;
   std::unique_ptr<Endpoint> e(new Endpoint(dev));
   e->ctl_ = std::make_unique<Control>();
+  e->ctl_->probeOut[0] = wire::kProbeBody;
+  e->ctl_->noticeOut[0] = wire::kCloseNotice;
+  e->ctl_->ackOut[0] = wire::kCloseAck;
   // make_unique value-initializes: every byte sent from Control starts zeroed.
   const fi_info* info = dev.info();
   const char* where = dev.props().name.c_str();
@@ -280,6 +283,9 @@ Status Endpoint::progress(int* read) {
       }
       if (isCommOp(ctx->kind)) {
         if (DataSink* sink = table_ != nullptr ? table_->forContext(ctx) : nullptr) sink->onComplete(ctx, entries[i].len);
+      } else if (ctx->kind == OpKind::kProbeRecv) {
+        onProbe(entries[i].tag, entries[i].len);
+        postProbeRecv();
       } else if (ctx->kind == OpKind::kOfferRecv) {
         const uint32_t id = wire::ctrlTagComm(entries[i].tag);
         if (DataSink* sink = table_ != nullptr ? table_->forId(id, "a buffer offer") : nullptr) {
@@ -375,7 +381,8 @@ void Endpoint::handleControl(OpContext* ctx, bool ok, Status st) {
       return;
     case OpKind::kData:
     case OpKind::kOfferSend:
-    case OpKind::kOfferRecv: return;
+    case OpKind::kOfferRecv:
+    case OpKind::kNote: return;
   }
 }
 
@@ -561,6 +568,30 @@ Endpoint::PeerVerdict Endpoint::checkPeer(fi_addr_t to, int64_t stalledSinceMs, 
     }
   }
   return PeerVerdict::kOk;
+}
+
+// Probes (id 0) are drained. A close notice or ack names the comm it is for; a comm closed already (a notice
+// after its receive comm went, an ack after its send comm stopped waiting) is a stray the table counts.
+void Endpoint::onProbe(uint64_t tag, size_t len) {
+  const uint32_t id = wire::ctrlTagComm(tag);
+  if (id == 0 || len < sizeof(uint64_t) || table_ == nullptr) return;
+  const uint64_t body = ctl_->probeIn[0];
+  if (body != wire::kCloseNotice && body != wire::kCloseAck) return;
+  if (DataSink* sink = table_->forId(id, body == wire::kCloseAck ? "a close ack" : "a close notice")) {
+    sink->onCloseNote(this, body == wire::kCloseAck);
+  }
+}
+
+Status Endpoint::sendCloseNote(fi_addr_t to, uint32_t commId, bool ack, OpContext& ctx, bool* again) {
+  *again = false;
+  ssize_t rc = fi_tsend(ep_.get(), ack ? ctl_->ackOut : ctl_->noticeOut, sizeof(ctl_->noticeOut), ctlDesc_, to,
+                        wire::ctrlTag(wire::CtrlKind::kProbe, commId), &ctx.fi);
+  if (rc == 0) return Status::kOk;
+  if (rc == -FI_EAGAIN) {
+    *again = true;
+    return Status::kOk;
+  }
+  return statusOfFiError(static_cast<int>(-rc));
 }
 
 // A probe the provider pushes back on stays queued (retried at the next look): one it cannot even hand over

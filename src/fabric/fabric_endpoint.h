@@ -121,6 +121,9 @@ class Endpoint {
   // and discards: its send completing proves a live peer's host took it; an error proves the peer (or the way
   // to it) is gone.
   Status postProbeRecv();
+  // A close notice (ack false) or ack (true) to the comm `commId` of the peer at `to` (wire.h). The body is the
+  // endpoint's; ctx (kind kNote) is the comm's. *again: the provider pushed back, nothing was sent.
+  Status sendCloseNote(fi_addr_t to, uint32_t commId, bool ack, OpContext& ctx, bool* again);
   enum class PeerVerdict : uint8_t {
     kOk,           // nothing proves the peer gone (a probe is out, or one came back since the stall began)
     kGone,         // a probe sent after the stall began failed (*why: its status)
@@ -177,6 +180,8 @@ class Endpoint {
     std::array<ConnectReply, kReplySlots> replyOut;
     uint64_t probeOut[2];
     uint64_t probeIn[2];
+    uint64_t noticeOut[2];
+    uint64_t ackOut[2];
   };
   struct Liveness {
     enum : uint8_t { kIdle, kQueued, kInFlight } state = kIdle;
@@ -186,6 +191,7 @@ class Endpoint {
     OpContext ctx;  // kind kProbeSend, owner: this
   };
   void trySendProbe(fi_addr_t to, Liveness& l, int64_t nowMs);
+  void onProbe(uint64_t tag, size_t len);  // a probe, or a close notice or ack for the comm the tag names
 
   FabricDevice& dev_;
   CommTable* table_ = nullptr;  // the group's: where the comms' completions go

@@ -11,8 +11,11 @@
 
 namespace weft::fabric {
 
-// kData and kOfferSend belong to a comm (delivered to its DataSink); the rest to the endpoint (kOfferRecv: its
-// pool of offer receives, whose messages it hands to the comm they name; kProbeSend: its per-peer liveness).
+class Endpoint;
+
+// kData, kOfferSend and kNote (a close notice or ack, wire.h) belong to a comm (delivered to its DataSink); the
+// rest to the endpoint (kOfferRecv: its pool of offer receives, whose messages it hands to the comm they name;
+// kProbeSend: its per-peer liveness; kProbeRecv: probes, and close notices and acks it hands to the comm named).
 enum class OpKind : uint8_t {
   kData = 0,
   kOfferSend,
@@ -22,6 +25,7 @@ enum class OpKind : uint8_t {
   kCtrlSend,
   kProbeRecv,
   kProbeSend,
+  kNote,
 };
 
 struct OpContext {
@@ -33,7 +37,7 @@ struct OpContext {
 };
 
 inline bool isCommOp(OpKind k) {
-  return k == OpKind::kData || k == OpKind::kOfferSend;
+  return k == OpKind::kData || k == OpKind::kOfferSend || k == OpKind::kNote;
 }
 
 class DataSink {
@@ -49,6 +53,11 @@ class DataSink {
   virtual void onOffer(const void* msg, size_t len) noexcept {
     (void)msg;
     (void)len;
+  }
+  // A close notice (ack false) or close ack (true) the peer sent this comm on the rail of endpoint `ep`.
+  virtual void onCloseNote(Endpoint* ep, bool ack) noexcept {
+    (void)ep;
+    (void)ack;
   }
 };
 

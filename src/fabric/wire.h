@@ -159,6 +159,19 @@ inline const uint8_t* requestAddr(const ConnectRequest& r) {
 constexpr size_t kRequestBufBytes =
     sizeof(ConnectRequest) > sizeof(ConnectRequestV3) ? sizeof(ConnectRequest) : sizeof(ConnectRequestV3);
 
+// ---- probes and close notices: tag ctrlTag(kProbe, id), a 16-byte body ----
+//
+// A liveness probe names no comm (id 0, body kProbeBody) and is drained. A send comm with endpoints of its own
+// (WEFT_FABRIC_SHARED_EP=0) that NCCL closes sends on every rail a close notice (body kCloseNotice) naming the
+// peer's receive comm, and keeps its endpoints until that comm answers on the same rail with a close ack (body
+// kCloseAck) naming the send comm: over a byte stream the ack proves that everything sent before the notice has
+// reached the peer's process (libfabric's tcp provider reports a send done once it sits in its own user-space
+// buffer, which closing the endpoint throws away). An older peer drains a notice as a probe and never acks: the
+// sender then keeps its endpoints for WEFT_PEER_TIMEOUT.
+constexpr uint64_t kProbeBody = 0;
+constexpr uint64_t kCloseNotice = 0x6e69665f74666577;  // "weft_fin"
+constexpr uint64_t kCloseAck = 0x6b63615f74666577;     // "weft_ack"
+
 // ---- buffer offers (rdma protocol): receiver -> sender, tag ctrlTag(kOffer, the send comm's id) ----
 
 // One receive buffer as the receiver offers it.

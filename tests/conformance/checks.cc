@@ -923,6 +923,49 @@ void teardownInflight(CheckEnv& env) {
   closeConn(env, c);
 }
 
+// NCCL's teardown after a last send: the sender's proxy sees its sends done and the communicator is destroyed at
+// once, while the receiver is still behind. Every byte reported sent must still arrive: a plugin whose provider
+// holds the tail of a send (libfabric's tcp: in its own buffer while the socket is full) must not throw it away
+// with the comm. 16 connections; each sender closes its comm the moment its last send completes, the receiver
+// reads slowly (a pause between its rounds of test calls) so that the senders' sockets are full when they close.
+void teardownCloseAfterSends(CheckEnv& env) {
+  const int kConns = 16;
+  const int kMsgs = env.quick ? 24 : 64;
+  std::vector<Conn> conns;
+  for (int i = 0; i < kConns; ++i) conns.push_back(establish(env, "ch" + std::to_string(i)));
+  std::vector<std::unique_ptr<StreamState>> streams;
+  for (int i = 0; i < kConns; ++i) {
+    StreamSpec s;
+    // Large ones fill the socket; small ones (the tail above all) are what a provider buffers and reports sent,
+    // and what may go without waiting for the receiver (eager), whose later messages then wait unread.
+    for (int m = 0; m < kMsgs; ++m) s.sizes.push_back(m % 2 == 0 && m < kMsgs - 4 ? 256 << 10 : 100 * m + i);
+    s.inflight = 8;
+    s.slotSize = 256 << 10;
+    s.recvSize = 256 << 10;  // receives are posted larger than the small sends, as NCCL's are
+    s.seed = 7100 + i;
+    s.tag = i;
+    streams.push_back(std::make_unique<StreamState>(env, conns[i], s));
+  }
+  Deadline d(env.timeout);
+  int left = kConns;
+  for (uint64_t it = 0; left > 0; ++it) {
+    for (int i = 0; i < kConns; ++i) {
+      if (streams[i] == nullptr || !streams[i]->step()) continue;
+      streams[i].reset();  // deregisters, as NCCL does before closing
+      --left;
+      if (!env.recv()) closeConn(env, conns[i]);  // at once: the receiver is still behind
+    }
+    if (env.recv()) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    if (d.expired()) {
+      fail(std::to_string(left) + " of 16 connections did not finish within " + std::to_string(env.timeout.count()) +
+           " s" + (env.recv() ? " (data sent before the sender closed never arrived)" : ""));
+    }
+    if (it % 1024 == 0) checkPeer(env);
+  }
+  env.oob.barrier("received", env.timeout);
+  for (auto& c : conns) closeConn(env, c);
+}
+
 // A communicator aborted with transfers in flight, and a new one opened at once (elastic jobs, NCCL's abort and
 // re-init): whatever was still on its way for the old comm must never land in the new one's buffers. The new comm's
 // buffers are filled with a marker first and checked twice: when its own messages have completed, and again after
@@ -1781,6 +1824,8 @@ const std::vector<Check>& allChecks() {
       {"teardown.inflight", "deregMr and close with requests in flight (communicator abort)", teardownInflight},
       {"teardown.close_then_reconnect", "a comm closed with 8 MiB in flight, a new one at once: no old byte lands "
        "in the new comm's buffers", teardownCloseThenReconnect},
+      {"teardown.close_after_sends", "16 senders close their comms the moment their last sends complete, the "
+       "receiver still behind: every byte arrives", teardownCloseAfterSends},
       {"hygiene.connect_cycles", "many listen/connect/accept/close cycles leave no fds or memory behind",
        hygieneConnectCycles},
       {"hygiene.register_cycles", "many regMr/deregMr cycles leave no fds or memory behind", hygieneRegisterCycles},
