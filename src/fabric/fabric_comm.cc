@@ -720,6 +720,7 @@ struct Closing {
 struct ClosingState {
   std::mutex mu;
   std::vector<Closing> list;
+  std::atomic<int64_t> lastMs{0};  // the last look (coarse milliseconds)
 };
 
 ClosingState& closingState() {
@@ -738,15 +739,19 @@ void ClosingComms::add(FabricDataComm* comm, int64_t deadlineMs) {
   count_.store(s.list.size(), std::memory_order_relaxed);
 }
 
+// From the data path at most once per millisecond: each look reads every closing comm's queues, and a teardown
+// can close thousands at once while other comms still carry data.
 void ClosingComms::pollSlow(bool wait) {
   ClosingState& s = closingState();
+  const int64_t now = coarseNowMs();
+  if (!wait && now == s.lastMs.load(std::memory_order_relaxed)) return;
   std::unique_lock<std::mutex> lock(s.mu, std::defer_lock);
   if (wait) {
     lock.lock();
   } else if (!lock.try_lock()) {
     return;  // another thread is at it
   }
-  const int64_t now = coarseNowMs();
+  s.lastMs.store(now, std::memory_order_relaxed);
   for (size_t i = 0; i < s.list.size();) {
     Closing& c = s.list[i];
     const bool done = c.comm->lingerStep();
