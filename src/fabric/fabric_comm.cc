@@ -139,7 +139,6 @@ void FabricDataComm::closeComm(bool sendSide) {
       lingering_ = true;
       for (Rail& r : rails_) r.note = kNoteWant;
       notesWaiting_ = nRails_;
-      noticeMs_ = coarseNowMs();
       postNotes();
       ClosingComms::add(this, coarseNowMs() + peerTimeoutMs_);
       return;
@@ -233,7 +232,7 @@ void FabricDataComm::opDone(FabricRequest* r) {
 }
 
 Status FabricDataComm::progress() {
-  ClosingComms::poll();
+  ClosingComms::pollFromDataPath();
   Status st = Status::kOk;
   for (Rail& rail : rails_) {
     Status s = rail.ep->progress();
@@ -331,19 +330,11 @@ void FabricDataComm::onCloseNote(Endpoint* ep, bool ack) noexcept {
   }
 }
 
-// A notice "sent" may only sit in the provider's buffer, and a peer that closed its side after taking it never
-// acks: so an unacknowledged notice goes again every kNoticeRepeatMs. A live receive comm acks each; an endpoint
-// closed since makes the send fail (the connection is refused), which ends the wait.
+// A notice is sent once per rail. A peer that closed its side before reading it never acks: the comm then waits
+// for WEFT_PEER_TIMEOUT (or finalize). Sending it again to find out costs more: over rxm each send to a closed
+// peer sets up a new connection attempt, and repeating every 100 ms grew a process by 140 MiB over the
+// hygiene.connect_cycles check that followed.
 bool FabricDataComm::lingerStep() {
-  const int64_t now = coarseNowMs();
-  if (now - noticeMs_ >= kNoticeRepeatMs) {
-    noticeMs_ = now;
-    for (Rail& r : rails_) {
-      if ((r.note & (kNoteAcked | kNoteFailed | kNoteInFlight | kNoteWant)) != 0) continue;
-      r.note |= kNoteWant;
-      ++notesWaiting_;
-    }
-  }
   if (notesWaiting_ > 0) postNotes();
   for (Rail& rail : rails_) {
     if (rail.ep->progress() != Status::kOk) return true;  // the queue itself failed: nothing more will come
@@ -739,12 +730,10 @@ void ClosingComms::add(FabricDataComm* comm, int64_t deadlineMs) {
   count_.store(s.list.size(), std::memory_order_relaxed);
 }
 
-// From the data path at most once per millisecond: each look reads every closing comm's queues, and a teardown
-// can close thousands at once while other comms still carry data.
-void ClosingComms::pollSlow(bool wait) {
+void ClosingComms::pollSlow(bool wait, bool rateLimited) {
   ClosingState& s = closingState();
   const int64_t now = coarseNowMs();
-  if (!wait && now == s.lastMs.load(std::memory_order_relaxed)) return;
+  if (rateLimited && now == s.lastMs.load(std::memory_order_relaxed)) return;
   std::unique_lock<std::mutex> lock(s.mu, std::defer_lock);
   if (wait) {
     lock.lock();
@@ -772,7 +761,7 @@ void ClosingComms::pollSlow(bool wait) {
 
 void ClosingComms::drain(int64_t budgetMs) {
   const int64_t end = coarseNowMs() + budgetMs;
-  while (size() != 0 && coarseNowMs() < end) pollSlow(true);
+  while (size() != 0 && coarseNowMs() < end) pollSlow(true, false);
   ClosingState& s = closingState();
   std::lock_guard<std::mutex> lock(s.mu);
   if (!s.list.empty()) {

@@ -210,8 +210,6 @@ class FabricDataComm : public DataSink {
   enum : uint8_t { kNoteWant = 1, kNoteInFlight = 2, kNoteAcked = 4, kNoteFailed = 8 };
   bool lingering_ = false;  // a closed send comm waiting for its acks (notes are notices, not acks)
   int notesWaiting_ = 0;    // rails with kNoteWant set (the provider pushed back)
-  int64_t noticeMs_ = 0;    // lingering: when the notices last went (sent again every kNoticeRepeatMs)
-  static constexpr int64_t kNoticeRepeatMs = 100;
   void postNotes();
   EndpointGroup* parkedIn_ = nullptr;  // parked: the group that owns it (group_ released)
   int outstanding_ = 0;
@@ -324,15 +322,21 @@ class FabricListenComm final : public ListenComm {
 class ClosingComms {
  public:
   static void add(FabricDataComm* comm, int64_t deadlineMs);
+  // From the service side (listen, connect, accept, close): every call looks.
   static void poll() {
-    if (count_.load(std::memory_order_relaxed) != 0) pollSlow(false);
+    if (count_.load(std::memory_order_relaxed) != 0) pollSlow(false, false);
+  }
+  // From the data path (test): at most once per coarse millisecond, since each look reads every closing comm's
+  // queues and a teardown can close thousands while other comms still carry data.
+  static void pollFromDataPath() {
+    if (count_.load(std::memory_order_relaxed) != 0) pollSlow(false, true);
   }
   // Moves them on until none is left or budgetMs passed; those left are closed as they are (with a warning).
   static void drain(int64_t budgetMs);
   static size_t size() { return count_.load(std::memory_order_relaxed); }
 
  private:
-  static void pollSlow(bool wait);
+  static void pollSlow(bool wait, bool rateLimited);
   static std::atomic<size_t> count_;
 };
 
