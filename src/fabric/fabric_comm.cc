@@ -22,7 +22,7 @@ Status FabricRequest::test(bool* done, int* sizesOut) { return comm->testRequest
 // ---- shared data-comm machinery --------------------------------------------------------------------------------
 
 FabricDataComm::FabricDataComm(std::shared_ptr<EndpointGroup> group, std::vector<Rail> rails, std::string peerName,
-                               int poolSize, Protocol proto, CommId localId, uint32_t peerId)
+                               int poolSize, Protocol proto, CommId localId, uint32_t peerId, bool recvSide)
     : dev_(rails.at(0).ep->device()),
       group_(std::move(group)),
       localId_(std::move(localId)),
@@ -32,10 +32,9 @@ FabricDataComm::FabricDataComm(std::shared_ptr<EndpointGroup> group, std::vector
       peerName_(std::move(peerName)),
       proto_(proto),
       poolSize_(poolSize),
+      recvSide_(recvSide),
       probeIntervalMs_(params::getInt("WEFT_PROBE_INTERVAL")),
       peerTimeoutMs_(params::getInt("WEFT_PEER_TIMEOUT") * 1000) {
-  free_.reserve(poolSize);
-  chunks_.reserve(static_cast<size_t>((poolSize + kChunk - 1) / kChunk));
   for (size_t k = 0; k < rails_.size(); ++k) {
     OpContext& c = rails_[k].noteCtx;
     c.owner = this;
@@ -52,8 +51,12 @@ FabricDataComm::FabricDataComm(std::shared_ptr<EndpointGroup> group, std::vector
 bool FabricDataComm::grow() {
   if (allocated_ >= poolSize_ || fatal_ != Status::kOk) return false;
   Chunk chunk;
-  chunk.reqs.reset(new (std::nothrow) FabricRequest[kChunk]);
-  if (!chunk.reqs) return false;
+  if (recvSide_) {
+    chunk.recvs.reset(new (std::nothrow) FabricRecvRequest[kChunk]);
+  } else {
+    chunk.sends.reset(new (std::nothrow) FabricSendRequest[kChunk]);
+  }
+  if (!chunk.recvs && !chunk.sends) return false;
   if (wantOffers_) {
     chunk.offers.reset(new (std::nothrow) OfferMsg[kChunk]);
     if (!chunk.offers) return false;
@@ -67,23 +70,32 @@ bool FabricDataComm::grow() {
   }
   const int base = allocated_;
   for (int j = 0; j < kChunk; ++j) {
-    FabricRequest& r = chunk.reqs[j];
+    FabricRequest& r = recvSide_ ? static_cast<FabricRequest&>(chunk.recvs[j]) : chunk.sends[j];
     const int i = base + j;
     r.comm = this;
     r.poolIndex = static_cast<uint16_t>(i);
+    r.recv = recvSide_;
     for (int k = 0; k < kMaxRecvs; ++k) {
       r.ctx[k].owner = &r;
       r.ctx[k].comm = localId_.get();
       r.ctx[k].index = static_cast<uint16_t>(k);
       r.ctx[k].kind = OpKind::kData;
     }
-    r.offerCtx.owner = &r;
-    r.offerCtx.comm = localId_.get();
-    r.offerCtx.index = static_cast<uint16_t>(i);
-    r.offerCtx.kind = OpKind::kOfferSend;
+    if (!recvSide_) continue;
+    OpContext& o = chunk.recvs[j].offerCtx;
+    o.owner = &r;
+    o.comm = localId_.get();
+    o.index = static_cast<uint16_t>(i);
+    o.kind = OpKind::kOfferSend;
   }
-  chunks_.push_back(std::move(chunk));  // capacity reserved: never reallocates
+  // The list of chunks grows as it needs (not reserved for poolSize_ up front: 2.5 KiB a send comm); requests
+  // live in the chunks' own arrays, which never move.
+  chunks_.push_back(std::move(chunk));
   allocated_ = std::min(poolSize_, base + kChunk);
+  // Room for every request allocated so far: release() never allocates.
+  if (free_.capacity() < static_cast<size_t>(allocated_)) {
+    free_.reserve(std::max(static_cast<size_t>(allocated_), 2 * free_.capacity()));
+  }
   for (int i = allocated_ - 1; i >= base; --i) free_.push_back(static_cast<uint16_t>(i));
   return true;
 }
@@ -151,12 +163,14 @@ void FabricDataComm::closeComm(bool sendSide) {
     std::lock_guard<std::mutex> lock(keep->mutex());
     closing_ = true;
     // Receives nothing will fill any more: canceled (each comes back as a canceled completion).
-    for (int i = 0; i < allocated_; ++i) {
-      FabricRequest& r = req(i);
-      if (r.magic_ != kRequestMagic || !r.recv) continue;
+    for (int i = 0; recvSide_ && i < allocated_; ++i) {
+      FabricRecvRequest& r = recvReq(i);
+      if (r.magic_ != kRequestMagic) continue;
       for (int b = 0; b < r.n; ++b) {
-        if ((r.flags[b] & FabricRequest::kPosted) == 0 || (r.flags[b] & FabricRequest::kCanceled) != 0) continue;
-        if (fi_cancel(&rails_[r.rail[b]].ep->ep()->fid, &r.ctx[b].fi) == 0) r.flags[b] |= FabricRequest::kCanceled;
+        if ((r.flags[b] & FabricRecvRequest::kPosted) == 0 || (r.flags[b] & FabricRecvRequest::kCanceled) != 0) {
+          continue;
+        }
+        if (fi_cancel(&rails_[r.rail[b]].ep->ep()->fid, &r.ctx[b].fi) == 0) r.flags[b] |= FabricRecvRequest::kCanceled;
       }
     }
     if (opsInFlight() == 0) {
@@ -189,15 +203,19 @@ FabricRequest* FabricDataComm::acquire() {
   r->doneBufs = 0;
   r->ops = 0;
   r->reported = false;
-  r->optional = false;
-  r->offerSent = false;
   r->error = Status::kOk;
-  r->nSeg = r->nextSeg = r->segsLeft = 1;
+  if (recvSide_) {
+    asRecv(r).optional = false;
+    asRecv(r).offerSent = false;
+  } else {
+    FabricSendRequest& q = asSend(r);
+    q.nSeg = q.nextSeg = q.segsLeft = 1;
+  }
   return r;
 }
 
 void FabricDataComm::release(FabricRequest* r) {
-  if (r->recv && bySeq_) releaseSeqs(r);
+  if (r->recv && bySeq_) releaseSeqs(&asRecv(r));
   r->magic_ = 0;
   --outstanding_;
   free_.push_back(r->poolIndex);
@@ -216,12 +234,12 @@ bool FabricDataComm::allocSeq(uint16_t slot, uint16_t* seq) {
   return false;
 }
 
-void FabricDataComm::releaseSeqs(FabricRequest* r) {
+void FabricDataComm::releaseSeqs(FabricRecvRequest* r) {
   for (int i = 0; i < r->n; ++i) {
-    if ((r->flags[i] & FabricRequest::kOffered) == 0) continue;
+    if ((r->flags[i] & FabricRecvRequest::kOffered) == 0) continue;
     uint16_t& e = bySeq_[r->seq[i]];
     if (e != r->poolIndex * kMaxRecvs + i + 1) continue;  // freed when its data landed, maybe reused since
-    e = (r->flags[i] & FabricRequest::kDone) == 0 && r->optional ? kSeqParked : kSeqFree;
+    e = (r->flags[i] & FabricRecvRequest::kDone) == 0 && r->optional ? kSeqParked : kSeqFree;
   }
 }
 
@@ -357,16 +375,17 @@ void FabricDataComm::onComplete(OpContext* ctx, size_t len) noexcept {
 
   auto* r = static_cast<FabricRequest*>(ctx->owner);
   if (ctx->kind == OpKind::kOfferSend) {
-    r->offerSent = true;
+    asRecv(r).offerSent = true;
   } else if (!r->recv) {
-    if (--r->segsLeft == 0) r->doneBufs = 1;
+    if (--asSend(r).segsLeft == 0) r->doneBufs = 1;
   } else {
+    FabricRecvRequest& q = asRecv(r);
     int i = ctx->index;
-    r->flags[i] &= static_cast<uint8_t>(~FabricRequest::kPosted);
-    if ((r->flags[i] & FabricRequest::kDone) == 0) {
-      r->flags[i] |= FabricRequest::kDone;
-      r->sizes[i] = static_cast<int>(len > INT_MAX ? INT_MAX : len);
-      ++r->doneBufs;
+    q.flags[i] &= static_cast<uint8_t>(~FabricRecvRequest::kPosted);
+    if ((q.flags[i] & FabricRecvRequest::kDone) == 0) {
+      q.flags[i] |= FabricRecvRequest::kDone;
+      q.sizes[i] = static_cast<int>(len > INT_MAX ? INT_MAX : len);
+      ++q.doneBufs;
     }
   }
   opDone(r);
@@ -384,8 +403,8 @@ void FabricDataComm::onError(OpContext* ctx, int fiErr, Status st) noexcept {
   ++completions_;
   auto* r = static_cast<FabricRequest*>(ctx->owner);
   if (fiErr == FI_ECANCELED && ctx->kind == OpKind::kData && r->recv &&
-      (r->flags[ctx->index] & FabricRequest::kCanceled) != 0) {
-    r->flags[ctx->index] &= static_cast<uint8_t>(~(FabricRequest::kPosted | FabricRequest::kCanceled));
+      (asRecv(r).flags[ctx->index] & FabricRecvRequest::kCanceled) != 0) {
+    asRecv(r).flags[ctx->index] &= static_cast<uint8_t>(~(FabricRecvRequest::kPosted | FabricRecvRequest::kCanceled));
     opDone(r);  // our own cancel of a receive that RMA filled instead: not an error
     return;
   }
@@ -435,9 +454,9 @@ void FabricDataComm::onRemoteData(uint64_t d, size_t len) noexcept {
   if (entry == kSeqParked) return;  // a buffer already reported done (LL/LL128): NCCL watches its data itself
   const int slot = static_cast<int>(entry) - 1;
   const int index = slot / kMaxRecvs, i = slot % kMaxRecvs;
-  FabricRequest* r = slot >= 0 && index < allocated_ ? &req(index) : nullptr;
-  if (r == nullptr || r->magic_ != kRequestMagic || !r->recv || i >= r->n ||
-      (r->flags[i] & (FabricRequest::kOffered | FabricRequest::kDone)) != FabricRequest::kOffered) {
+  FabricRecvRequest* r = slot >= 0 && index < allocated_ && recvSide_ ? &recvReq(index) : nullptr;
+  if (r == nullptr || r->magic_ != kRequestMagic || i >= r->n ||
+      (r->flags[i] & (FabricRecvRequest::kOffered | FabricRecvRequest::kDone)) != FabricRecvRequest::kOffered) {
     WEFT_WARN("peer {} on {} wrote into receive sequence {}, which it was not offered: connection closed for "
               "safety",
               peerName_, dev_.props().name, seq);
@@ -453,16 +472,16 @@ void FabricDataComm::onRemoteData(uint64_t d, size_t len) noexcept {
   }
   r->rmaBytes[i] += bytes;
   if (++r->rmaSegs[i] < pieces) return;  // more pieces (rails, or lengths split for compact data) to come
-  r->flags[i] |= FabricRequest::kDone;
+  r->flags[i] |= FabricRecvRequest::kDone;
   bySeq_[seq] = kSeqFree;  // a second write naming it is a violation from now on
   r->sizes[i] = static_cast<int>(r->rmaBytes[i] > INT_MAX ? INT_MAX : r->rmaBytes[i]);
   ++r->doneBufs;
-  if ((r->flags[i] & FabricRequest::kNeedPost) != 0) {
-    r->flags[i] &= static_cast<uint8_t>(~FabricRequest::kNeedPost);  // never handed over: nothing to cancel
-  } else if ((r->flags[i] & FabricRequest::kPosted) != 0) {
+  if ((r->flags[i] & FabricRecvRequest::kNeedPost) != 0) {
+    r->flags[i] &= static_cast<uint8_t>(~FabricRecvRequest::kNeedPost);  // never handed over: nothing to cancel
+  } else if ((r->flags[i] & FabricRecvRequest::kPosted) != 0) {
     int rc = fi_cancel(&rails_[r->rail[i]].ep->ep()->fid, &r->ctx[i].fi);
     if (rc == 0) {
-      r->flags[i] |= FabricRequest::kCanceled;
+      r->flags[i] |= FabricRecvRequest::kCanceled;
     } else {
       // The receive stays posted under a tag nothing will send; the request is kept out of the pool.
       WEFT_WARN("on {}: canceling the unused tagged receive of sequence {} failed: {}", dev_.props().name, seq,
@@ -471,9 +490,9 @@ void FabricDataComm::onRemoteData(uint64_t d, size_t len) noexcept {
   }
 }
 
-Status FabricDataComm::postPending(FabricRequest* r) {
+Status FabricDataComm::postPending(FabricRecvRequest* r) {
   for (int i = 0; i < r->n; ++i) {
-    if ((r->flags[i] & FabricRequest::kNeedPost) == 0) continue;
+    if ((r->flags[i] & FabricRecvRequest::kNeedPost) == 0) continue;
     const Rail& rail = rails_[r->rail[i]];
     ssize_t rc = fi_trecv(rail.ep->ep(), r->data[i], r->len[i], r->desc[i],
                           dev_.directedRecv() ? rail.peer : FI_ADDR_UNSPEC, r->tag[i], 0, &r->ctx[i].fi);
@@ -487,7 +506,7 @@ Status FabricDataComm::postPending(FabricRequest* r) {
       fatal_ = Status::kSystem;
       return Status::kSystem;
     }
-    r->flags[i] = static_cast<uint8_t>((r->flags[i] & ~FabricRequest::kNeedPost) | FabricRequest::kPosted);
+    r->flags[i] = static_cast<uint8_t>((r->flags[i] & ~FabricRecvRequest::kNeedPost) | FabricRecvRequest::kPosted);
     ++r->ops;
   }
   return Status::kOk;
@@ -504,12 +523,12 @@ Status FabricDataComm::testRequest(FabricRequest* r, bool* done, int* sizesOut) 
   }
   if (r->doneBufs < r->n && r->error == Status::kOk) {
     if (r->recv) {
-      postPending(r);
-    } else if (r->nextSeg < r->nSeg) {
-      resumeSend(r);
+      postPending(&asRecv(r));
+    } else if (asSend(r).nextSeg < asSend(r).nSeg) {
+      resumeSend(&asSend(r));
     }
     progress();
-    if (r->recv) postPending(r);
+    if (r->recv) postPending(&asRecv(r));
   }
   if (r->error != Status::kOk || (fatal_ != Status::kOk && r->doneBufs < r->n)) {
     Status st = r->error != Status::kOk ? r->error : fatal_;
@@ -521,11 +540,15 @@ Status FabricDataComm::testRequest(FabricRequest* r, bool* done, int* sizesOut) 
   }
   // LL/LL128 with NCCL_NET_OPTIONAL_RECV_COMPLETION: NCCL watches the data's own flags, so the receive may be
   // reported done as soon as the sender can write (its offer has left).
-  bool early = r->optional && r->offerSent;
+  bool early = r->recv && asRecv(r).optional && asRecv(r).offerSent;
   if (r->doneBufs < r->n && !early) return Status::kOk;
   *done = true;
   if (sizesOut != nullptr) {
-    for (int i = 0; i < r->n; ++i) sizesOut[i] = r->sizes[i];
+    if (r->recv) {
+      for (int i = 0; i < r->n; ++i) sizesOut[i] = asRecv(r).sizes[i];
+    } else {
+      sizesOut[0] = asSend(r).size;
+    }
   }
   r->reported = true;
   if (r->ops == 0) release(r);
@@ -599,7 +622,7 @@ Status FabricDataComm::checkTag(int tag, const char* op) const {
 FabricSendComm::FabricSendComm(std::shared_ptr<EndpointGroup> group, std::vector<Rail> rails, std::string peerName,
                                int maxRecvs, Protocol proto, CommId localId, uint32_t peerId)
     : FabricDataComm(std::move(group), std::move(rails), std::move(peerName), kMaxRequests * maxRecvs, proto,
-                     std::move(localId), peerId),
+                     std::move(localId), peerId, false),
       inject_(params::getBool("WEFT_INJECT")),
       stripeMin_(static_cast<size_t>(params::getInt("WEFT_STRIPE_MIN"))) {}
 
@@ -641,7 +664,7 @@ void FabricSendComm::onOffer(const void* msg, size_t len) noexcept {
   }
 }
 
-Status FabricSendComm::sendTagged(FabricRequest* r, void* data, size_t size, MemHandle* mh, uint64_t ftag,
+Status FabricSendComm::sendTagged(FabricSendRequest* r, void* data, size_t size, MemHandle* mh, uint64_t ftag,
                                   bool* again) {
   const int k = railOf(static_cast<uint32_t>(ftag));  // the receiver posted this tag+sequence on the same rail
   Rail& rail = rails_[k];
@@ -670,7 +693,7 @@ Status FabricSendComm::sendTagged(FabricRequest* r, void* data, size_t size, Mem
 // comm, one segment per rail; with the compact completion data a segment whose length is not m * 2^e is written
 // as two or three pieces. The first piece decides whether the send is taken (*again: nothing was posted); later
 // ones the provider pushes back on are posted from test().
-Status FabricSendComm::write(FabricRequest* r, void* data, size_t size, MemHandle* mh, const OfferEntry& o,
+Status FabricSendComm::write(FabricSendRequest* r, void* data, size_t size, MemHandle* mh, const OfferEntry& o,
                              uint32_t seq, bool* again) {
   *again = false;
   r->offer = o;
@@ -807,7 +830,7 @@ int planWrite(uint64_t size, int nRails, uint64_t stripeMin, bool imm4, int sing
   return n;
 }
 
-Status FabricSendComm::postSegments(FabricRequest* r, bool* again) {
+Status FabricSendComm::postSegments(FabricSendRequest* r, bool* again) {
   *again = false;
   while (r->nextSeg < r->nSeg) {
     const int i = r->nextSeg;
@@ -880,11 +903,11 @@ Status FabricSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Re
     }
   }
   waitingOffer_ = false;
-  FabricRequest* r = acquire();
-  if (r == nullptr) return fatal_;  // all requests in flight: NCCL retries later (or the pool could not grow)
-  r->recv = false;
+  FabricRequest* acquired = acquire();
+  if (acquired == nullptr) return fatal_;  // all requests in flight: NCCL retries later (or the pool could not grow)
+  FabricSendRequest* r = &asSend(acquired);
   r->n = 1;
-  r->sizes[0] = static_cast<int>(size > INT_MAX ? INT_MAX : size);
+  r->size = static_cast<int>(size > INT_MAX ? INT_MAX : size);
   Status st;
   bool again = false;
   if (offer == nullptr || (offer->flags & kOfferTaggedOnly) != 0) {
@@ -920,7 +943,7 @@ Status FabricSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Re
 FabricRecvComm::FabricRecvComm(std::shared_ptr<EndpointGroup> group, std::vector<Rail> rails, std::string peerName,
                                int maxRecvs, Protocol proto, CommId localId, uint32_t peerId)
     : FabricDataComm(std::move(group), std::move(rails), std::move(peerName), 2 * kMaxRequests, proto,
-                     std::move(localId), peerId),
+                     std::move(localId), peerId, true),
       maxRecvs_(maxRecvs) {
   offerQueue_.reserve(poolSize_);
 }
@@ -935,7 +958,7 @@ Status FabricRecvComm::start() {
   return Status::kOk;
 }
 
-bool FabricRecvComm::sendOffer(FabricRequest* r) {
+bool FabricRecvComm::sendOffer(FabricRecvRequest* r) {
   const OfferMsg& m = offer(r->poolIndex);
   ssize_t rc = fi_tsend(ctl().ep(), &m, OfferMsg::bytes(m.count), offerDesc(r->poolIndex), rails_[0].peer,
                         wire::ctrlTag(wire::CtrlKind::kOffer, peerId_), &r->offerCtx.fi);
@@ -956,7 +979,7 @@ bool FabricRecvComm::sendOffer(FabricRequest* r) {
 // Offers the provider pushed back on leave in irecv order (the sender matches by tag, so order is only fairness).
 void FabricRecvComm::flushOffers() {
   size_t k = 0;
-  while (k < offerQueue_.size() && sendOffer(&req(offerQueue_[k]))) ++k;
+  while (k < offerQueue_.size() && sendOffer(&recvReq(offerQueue_[k]))) ++k;
   if (k > 0) offerQueue_.erase(offerQueue_.begin(), offerQueue_.begin() + static_cast<std::ptrdiff_t>(k));
 }
 
@@ -975,9 +998,9 @@ Status FabricRecvComm::irecv(int n, void** data, const size_t* sizes, const int*
     if (Status st = checkHandle(mhs ? mhs[i] : nullptr, "irecv"); st != Status::kOk) return st;
     if (Status st = checkTag(tags[i], "irecv"); st != Status::kOk) return st;
   }
-  FabricRequest* r = acquire();
-  if (r == nullptr) return fatal_;  // kOk: NCCL retries (see grow())
-  r->recv = true;
+  FabricRequest* acquired = acquire();
+  if (acquired == nullptr) return fatal_;  // kOk: NCCL retries (see grow())
+  FabricRecvRequest* r = &asRecv(acquired);
   r->n = static_cast<uint8_t>(n);
   // Early completion is safe only where the provider places data without further calls from us (hardware
   // RMA): with manual progress in software (tcp, sockets, shm) the data would land only when NCCL next calls
@@ -1007,7 +1030,7 @@ Status FabricRecvComm::irecv(int n, void** data, const size_t* sizes, const int*
     r->rmaSegs[i] = 0;
     r->flags[i] = 0;
     if (m == nullptr) {
-      r->flags[i] = FabricRequest::kNeedPost;
+      r->flags[i] = FabricRecvRequest::kNeedPost;
       continue;
     }
     OfferEntry& e = m->entry[i];
@@ -1031,8 +1054,8 @@ Status FabricRecvComm::irecv(int n, void** data, const size_t* sizes, const int*
       e.key[q] = hq ? hq->entry->key : 0;
     }
     e.reserved = 0;
-    r->flags[i] = keyed ? FabricRequest::kOffered : 0;
-    if (!keyed || proto_.eagerMax > 0) r->flags[i] |= FabricRequest::kNeedPost;
+    r->flags[i] = keyed ? FabricRecvRequest::kOffered : 0;
+    if (!keyed || proto_.eagerMax > 0) r->flags[i] |= FabricRecvRequest::kNeedPost;
   }
   // The first tagged receive decides: if the provider has no room at all, hand the request back (NCCL retries).
   // Later ones that meet a full queue are posted from test().

@@ -49,10 +49,45 @@ using wire::WriteImm;
 using wire::WriteImm32;
 using wire::WriteImmId;
 
-class FabricRequest final : public Request {
+// What send and receive requests share: their comm and pool slot, the provider operations' contexts (a send's
+// pieces, a receive's buffers) and the completion state test() reads. Each kind has its own type below (a send
+// needs none of a receive's per-buffer arrays, a receive none of a send's write plan); a comm's pool holds one kind.
+class FabricRequest : public Request {
  public:
   Status test(bool* done, int* sizes) override;
 
+  FabricDataComm* comm = nullptr;
+  uint16_t poolIndex = 0;
+  uint8_t n = 0;        // buffers (1 for sends)
+  uint8_t doneBufs = 0;  // buffers whose data arrived (or, for a send, 1 when it completed)
+  bool recv = false;     // a FabricRecvRequest (else a FabricSendRequest)
+  bool reported = false;   // test() said done (or failed): the request is NCCL's no more
+  int ops = 0;          // operations in the provider's hands (the request is reusable only at 0)
+  Status error = Status::kOk;
+  OpContext ctx[kMaxRecvs];  // a send's pieces (wire::kMaxPieces), a receive's buffers
+};
+static_assert(wire::kMaxPieces <= kMaxRecvs, "a send's pieces use the request's operation contexts");
+
+class FabricSendRequest final : public FabricRequest {
+ public:
+  int size = 0;  // what test() reports
+  // An RMA write as pieces (one per rail when striped; more where the compact completion data cannot say a
+  // length in one), posted piece by piece (a piece the provider pushed back on is posted from test()).
+  uint8_t nSeg = 1;      // pieces of this send
+  uint8_t nextSeg = 1;   // the next piece to post
+  uint8_t segsLeft = 1;  // pieces whose completion has not come yet
+  uint8_t immFlags = 0;  // WriteImm flags every piece carries
+  uint8_t pieceRail[wire::kMaxPieces] = {};
+  uint32_t pieceField[wire::kMaxPieces] = {};  // compact form: the m/e field of each piece
+  uint64_t pieceOff[wire::kMaxPieces] = {};
+  uint64_t pieceLen[wire::kMaxPieces] = {};
+  const char* src = nullptr;
+  const MemHandle* mh = nullptr;
+  OfferEntry offer;
+};
+
+class FabricRecvRequest final : public FabricRequest {
+ public:
   // Per receive buffer.
   enum BufFlags : uint8_t {
     kNeedPost = 1,   // a tagged receive must still be handed to the provider (it pushed back)
@@ -61,43 +96,19 @@ class FabricRequest final : public Request {
     kDone = 8,       // data arrived
     kCanceled = 16,  // its tagged receive is being canceled
   };
-
-  FabricDataComm* comm = nullptr;
-  uint16_t poolIndex = 0;
-  uint8_t n = 0;        // buffers (1 for sends)
-  uint8_t doneBufs = 0;  // buffers whose data arrived (or, for a send, 1 when it completed)
-  int ops = 0;          // operations in the provider's hands (the request is reusable only at 0)
-  bool recv = false;
-  bool reported = false;   // test() said done (or failed): the request is NCCL's no more
   bool optional = false;   // NCCL_NET_OPTIONAL_RECV_COMPLETION: done once the offer has left
   bool offerSent = false;  // the offer's send completed
-  Status error = Status::kOk;
+  uint8_t flags[kMaxRecvs] = {};
+  uint8_t rmaSegs[kMaxRecvs] = {};  // pieces landed
+  uint8_t rail[kMaxRecvs] = {};  // the rail each tagged receive is posted on
+  uint16_t seq[kMaxRecvs] = {};  // rdma: the sequence each offered buffer is named by (wire::WriteImm)
   int sizes[kMaxRecvs] = {};
   void* data[kMaxRecvs] = {};
   size_t len[kMaxRecvs] = {};
   uint64_t tag[kMaxRecvs] = {};
   void* desc[kMaxRecvs] = {};
-  uint8_t flags[kMaxRecvs] = {};
   uint64_t rmaBytes[kMaxRecvs] = {};
-  uint8_t rmaSegs[kMaxRecvs] = {};  // pieces landed
-  uint8_t rail[kMaxRecvs] = {};  // the rail each tagged receive is posted on
-  uint16_t seq[kMaxRecvs] = {};  // rdma: the sequence each offered buffer is named by (wire::WriteImm)
-  OpContext ctx[kMaxRecvs];
   OpContext offerCtx;
-
-  // Sends: an RMA write as pieces (one per rail when striped; more where the compact completion data cannot
-  // say a length in one), posted piece by piece (a piece the provider pushed back on is posted from test()).
-  uint8_t nSeg = 1;      // pieces of this send
-  uint8_t nextSeg = 1;   // the next piece to post
-  uint8_t segsLeft = 1;  // pieces whose completion has not come yet
-  uint8_t immFlags = 0;  // WriteImm flags every piece carries
-  const char* src = nullptr;
-  const MemHandle* mh = nullptr;
-  uint64_t pieceOff[kMaxRecvs] = {};
-  uint64_t pieceLen[kMaxRecvs] = {};
-  uint32_t pieceField[kMaxRecvs] = {};  // compact form: the m/e field of each piece
-  uint8_t pieceRail[kMaxRecvs] = {};
-  OfferEntry offer;
 };
 
 // One NIC of a comm: its endpoint (its group's), the peer's address on it, and what crossed it.
@@ -115,8 +126,9 @@ class FabricDataComm : public DataSink {
  public:
   // group: the endpoints `rails` name (one per rail, in order); localId: this comm's id (messages to it carry it,
   // and the group's comm table routes by it); peerId: the peer comm's.
+  // recvSide: a receive comm (its pool holds receive requests).
   FabricDataComm(std::shared_ptr<EndpointGroup> group, std::vector<Rail> rails, std::string peerName, int poolSize,
-                 Protocol proto, CommId localId, uint32_t peerId);
+                 Protocol proto, CommId localId, uint32_t peerId, bool recvSide);
   ~FabricDataComm() override;
 
   Status testRequest(FabricRequest* r, bool* done, int* sizes);
@@ -141,7 +153,7 @@ class FabricDataComm : public DataSink {
   void release(FabricRequest* r);
   void opDone(FabricRequest* r);  // one provider operation of r finished
   Status progress();
-  Status postPending(FabricRequest* r);  // receives only: tagged receives the provider pushed back on
+  Status postPending(FabricRecvRequest* r);  // receives only: tagged receives the provider pushed back on
   // Registers on every rail's NIC (fd >= 0: a DMA-BUF); the handle chains the per-rail ones.
   Status regOnDevice(void* data, size_t size, int type, int fd, uint64_t offset, MemHandle** out);
   Status deregOnDevice(MemHandle* mh);
@@ -152,7 +164,7 @@ class FabricDataComm : public DataSink {
   // to it carry no comm id (it cannot share the group).
   Status join(bool legacy32);
   virtual void flushOffers() {}
-  virtual void resumeSend(FabricRequest* r) { (void)r; }  // sends: post what the provider pushed back on
+  virtual void resumeSend(FabricSendRequest* r) { (void)r; }  // sends: post what the provider pushed back on
 
   // A tag NCCL passed that the wire cannot carry is refused (never folded onto another tag).
   Status checkTag(int tag, const char* op) const;
@@ -167,13 +179,15 @@ class FabricDataComm : public DataSink {
   std::string peerName_;
   Protocol proto_;
   int poolSize_;
+  bool recvSide_;  // a receive comm: its pool holds FabricRecvRequests
   // The request pool: up to poolSize_ requests, grown kChunk at a time (grow()); request i is req(i). A receive
   // comm of the rdma protocol (wantOffers_) gets with each chunk the registered offer messages of its requests:
   // request i sends offer(i) (one memory registration per chunk where the provider needs them: at most 16 for
   // a receive comm's 64 requests, and only as deep as NCCL ever went on it).
   static constexpr int kChunk = 4;
-  struct Chunk {
-    std::unique_ptr<FabricRequest[]> reqs;
+  struct Chunk {  // a send comm's chunk holds send requests, a receive comm's receive requests
+    std::unique_ptr<FabricSendRequest[]> sends;
+    std::unique_ptr<FabricRecvRequest[]> recvs;
     std::unique_ptr<OfferMsg[]> offers;
     MrPtr offersMr;
     void* offersDesc = nullptr;
@@ -182,10 +196,16 @@ class FabricDataComm : public DataSink {
   int allocated_ = 0;
   bool wantOffers_ = false;
   bool grow();
-  FabricRequest& req(int i) const { return chunks_[static_cast<size_t>(i / kChunk)].reqs[i % kChunk]; }
+  FabricRequest& req(int i) const {
+    const Chunk& c = chunks_[static_cast<size_t>(i / kChunk)];
+    return c.recvs ? static_cast<FabricRequest&>(c.recvs[i % kChunk]) : c.sends[i % kChunk];
+  }
+  FabricRecvRequest& recvReq(int i) const { return chunks_[static_cast<size_t>(i / kChunk)].recvs[i % kChunk]; }
+  static FabricRecvRequest& asRecv(FabricRequest* r) { return *static_cast<FabricRecvRequest*>(r); }
+  static FabricSendRequest& asSend(FabricRequest* r) { return *static_cast<FabricSendRequest*>(r); }
   OfferMsg& offer(int i) const { return chunks_[static_cast<size_t>(i / kChunk)].offers[i % kChunk]; }
   void* offerDesc(int i) const { return chunks_[static_cast<size_t>(i / kChunk)].offersDesc; }
-  std::vector<uint16_t> free_;  // capacity reserved up front: push/pop never allocate
+  std::vector<uint16_t> free_;  // room for every allocated request (grow()): push/pop never allocate
   TagSequence seqs_;
   Status fatal_ = Status::kOk;  // once set, every call on this comm fails with it
 
@@ -198,7 +218,7 @@ class FabricDataComm : public DataSink {
   uint32_t nSeqs_ = 0, seqCursor_ = 0;
   uint64_t strayWrites_ = 0;  // writes naming another comm's id: dropped
   bool allocSeq(uint16_t slot, uint16_t* seq);
-  void releaseSeqs(FabricRequest* r);
+  void releaseSeqs(FabricRecvRequest* r);
 
   // Liveness (see checkPeer), looked at once per 1024 progress calls while requests are outstanding.
   void checkPeer();
@@ -249,15 +269,15 @@ class FabricSendComm final : public SendComm, public FabricDataComm {
 
  private:
   void onOffer(const void* msg, size_t len) noexcept override;
-  void resumeSend(FabricRequest* r) override {
+  void resumeSend(FabricSendRequest* r) override {
     bool again;
     postSegments(r, &again);
   }
   // *again: the provider pushed back; nothing was posted.
-  Status sendTagged(FabricRequest* r, void* data, size_t size, MemHandle* mh, uint64_t ftag, bool* again);
-  Status write(FabricRequest* r, void* data, size_t size, MemHandle* mh, const OfferEntry& o, uint32_t seq,
+  Status sendTagged(FabricSendRequest* r, void* data, size_t size, MemHandle* mh, uint64_t ftag, bool* again);
+  Status write(FabricSendRequest* r, void* data, size_t size, MemHandle* mh, const OfferEntry& o, uint32_t seq,
                bool* again);
-  Status postSegments(FabricRequest* r, bool* again);  // the pieces from r->nextSeg on
+  Status postSegments(FabricSendRequest* r, bool* again);  // the pieces from r->nextSeg on
 
   bool inject_;
   size_t stripeMin_;
@@ -285,7 +305,7 @@ class FabricRecvComm final : public RecvComm, public FabricDataComm {
 
  private:
   void flushOffers() override;
-  bool sendOffer(FabricRequest* r);  // false: the provider pushed back (queued)
+  bool sendOffer(FabricRecvRequest* r);  // false: the provider pushed back (queued)
 
   int maxRecvs_;
   std::vector<uint16_t> offerQueue_;  // requests whose offer waits for the provider (capacity reserved)
