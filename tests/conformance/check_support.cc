@@ -6,6 +6,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <stdexcept>
 
 namespace weft::harness {
@@ -221,6 +222,7 @@ Conn establish(CheckEnv& env, const std::string& label, uint8_t* handleCopy) {
     env.oob.send(std::string("handle:") + label + ":" + std::string(reinterpret_cast<char*>(handle), sizeof(handle)));
     while (c.recvComm == nullptr) {
       timedCall(env, "accept", [&] { return env.net.accept(listenComm, &c.recvComm); });
+      if (c.recvComm == nullptr) std::this_thread::yield();
       if (deadline.expired()) {
         env.net.closeListen(listenComm);
         fail("accept did not complete within " + std::to_string(env.timeout.count()) + " s");
@@ -241,6 +243,7 @@ Conn establish(CheckEnv& env, const std::string& label, uint8_t* handleCopy) {
     if (handleCopy != nullptr) std::memcpy(handleCopy, handle, sizeof(handle));
     while (c.sendComm == nullptr) {
       timedCall(env, "connect", [&] { return env.net.connect(env.ctx, env.dev, handle, &c.sendComm); });
+      if (c.sendComm == nullptr) std::this_thread::yield();
       if (deadline.expired()) fail("connect did not complete within " + std::to_string(env.timeout.count()) + " s");
       checkPeer(env);
     }
