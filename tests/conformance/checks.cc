@@ -694,33 +694,58 @@ void dataMaxRequests(CheckEnv& env) {
   closeConn(env, c);
 }
 
-void dataSendLargerThanRecv(CheckEnv& env) {
+void requireWeft(CheckEnv& env);  // weft's own guarantees, below
+
+// A send larger than the receive it matches (a user's count mismatch between ncclSend and ncclRecv). NCCL's
+// contract is only that nothing lands past the receive buffer: its Socket transport fails the receive, and its IB
+// transport has since 2.20.3 cut the write to the receiver's size and completed it (net_ib.cc, ncclIbIsend:
+// `if (size > slots[r].size) size = slots[r].size;`, line 2217 in v2.28.9). So the receive may fail, or complete
+// with at most its own size of the sender's first bytes; the bytes after the 1 KiB receive (a canary, in the same
+// registration) must stay untouched either way. weft promises more (weft.send_larger_than_recv): an error,
+// ncclInvalidUsage, never a silently truncated message.
+void sendLargerThanRecv(CheckEnv& env, bool weftPromise) {
+  if (weftPromise) requireWeft(env);
   Conn c = establish(env);
-  Buffer buf(64 << 10);
+  constexpr size_t kRecv = 1024, kSend = 64 << 10;
+  constexpr uint8_t kCanary = 0x5a;
+  Buffer buf(kSend);
   Registration reg(env.net, c.comm(), buf.data(), buf.size());
   void* req = nullptr;
   Deadline d(env.timeout);
   if (env.recv()) {
+    std::memset(buf.data(), kCanary, kSend);
     void* data[1] = {buf.data()};
-    size_t sz[1] = {1024};
+    size_t sz[1] = {kRecv};
     int tags[1] = {0};
     void* mhs[1] = {reg.mh()};
     while (req == nullptr) expectOk(env.net.irecv(c.recvComm, 1, data, sz, tags, mhs, &req), "irecv");
     env.oob.send("posted");
     ncclResult_t r = ncclSuccess;
+    int done = 0, sizes[NCCL_PROXY_MAX_SUBS] = {};
     for (;;) {
-      int done = 0, sizes[NCCL_PROXY_MAX_SUBS] = {};
       r = env.net.test(req, &done, sizes);
-      if (r != ncclSuccess) break;
-      if (done) fail("a 64 KiB send into a 1 KiB receive completed as success (" + std::to_string(sizes[0]) + " B)");
+      if (r != ncclSuccess || done) break;
       if (d.expired()) fail("the oversized send was neither delivered nor reported within the time limit");
     }
-    if (env.isWeft && r != ncclInvalidUsage) fail(std::string("expected ncclInvalidUsage, got ") + resultName(r));
-    env.oob.send("receiver-saw-error");
+    for (size_t k = kRecv; k < kSend; ++k) {
+      if (buf.data()[k] != kCanary) fail("the oversized send wrote past the 1 KiB receive buffer (byte " + std::to_string(k) + ")");
+    }
+    if (done) {
+      if (weftPromise) fail("a 64 KiB send into a 1 KiB receive completed as success (" + std::to_string(sizes[0]) + " B)");
+      if (sizes[0] < 0 || static_cast<size_t>(sizes[0]) > kRecv) {
+        fail("a 64 KiB send into a 1 KiB receive completed reporting " + std::to_string(sizes[0]) + " B");
+      }
+      if (findMismatch(buf.data(), static_cast<size_t>(sizes[0]), 3) != SIZE_MAX) {
+        fail("the truncated receive does not hold the send's first bytes");
+      }
+    } else if (weftPromise && r != ncclInvalidUsage) {
+      fail(std::string("expected ncclInvalidUsage, got ") + resultName(r));
+    }
+    env.oob.send("receiver-answered");
   } else {
-    fillPattern(buf.data(), 64 << 10, 3);
+    fillPattern(buf.data(), kSend, 3);
     if (env.oob.recvString(env.timeout) != "posted") fail("peer out of step");
-    while (req == nullptr) expectOk(env.net.isend(c.sendComm, buf.data(), 64 << 10, 0, reg.mh(), &req), "isend");
+    while (req == nullptr) expectOk(env.net.isend(c.sendComm, buf.data(), kSend, 0, reg.mh(), &req), "isend");
     // The sender may see success (the data left), an error, or nothing until the comm is closed: NCCL aborts
     // the communicator on the receiver's error. What it must not do is claim a result it cannot have.
     std::string m;
@@ -731,7 +756,7 @@ void dataSendLargerThanRecv(CheckEnv& env) {
         finished = env.net.test(req, &done, &sz) != ncclSuccess || done;
       }
       if (env.oob.tryRecv(&m)) {  // the comm stays open until the receiver has its answer
-        if (m == "receiver-saw-error") break;
+        if (m == "receiver-answered") break;
         env.oob.pushBack(m);
         throw PeerAborted("the receiving side gave up on this check");
       }
@@ -741,6 +766,8 @@ void dataSendLargerThanRecv(CheckEnv& env) {
   reg.release();
   closeConn(env, c);
 }
+
+void dataSendLargerThanRecv(CheckEnv& env) { sendLargerThanRecv(env, false); }
 
 void dataLarge(CheckEnv& env) {
   if (env.quick) throw CheckSkip("--quick");
@@ -796,7 +823,6 @@ void mrCache(CheckEnv& env) {
   closeConn(env, c);
 }
 
-void requireWeft(CheckEnv& env);  // weft's own guarantees, below
 
 // NCCL flushes only receives into GPU memory through GPUDirect (src/transport/net.cc: recvProxyProgress posts an
 // iflush when useGdr and the NIC needs it): iflush on host memory is never asked for, and NCCL's Socket transport
@@ -1554,6 +1580,8 @@ void requireWeft(CheckEnv& env) {
   }
 }
 
+void weftSendLargerThanRecv(CheckEnv& env) { sendLargerThanRecv(env, true); }
+
 // Polls connect with a handle the listener must refuse; requires an error (with a warning) within 30 s.
 void connectRefused(CheckEnv& env, uint8_t* handle, const std::string& what) {
   int warnings = warningCount();
@@ -1813,8 +1841,8 @@ const std::vector<Check>& allChecks() {
       {"data.grouped_receives", "irecv of n<=maxRecvs buffers, sends in any tag order, per-buffer sizes",
        dataGroupedReceives},
       {"data.max_requests", "32 receives outstanding on one comm, matched in posting order", dataMaxRequests},
-      {"data.send_larger_than_recv", "a send larger than its receive is an error, not silent truncation",
-       dataSendLargerThanRecv},
+      {"data.send_larger_than_recv", "a send larger than its receive: an error, or a completion truncated to the "
+       "receive's size (NCCL's IB transport); never a byte past the receive buffer", dataSendLargerThanRecv},
       {"data.large_1GiB", "one 1 GiB message, verified", dataLarge},
       {"mr.cache", "same range registered twice; sub-range transfers; deregister in any order", mrCache},
       {"threads.service_and_progress", "regMr/deregMr/listen on the service thread while data flows", threadsServiceAndProgress},
@@ -1846,6 +1874,8 @@ const std::vector<Check>& allChecks() {
        weftContextPerInit},
       {"weft.distinct_handles", "the same range registered twice gives two handles, deregistered in any order",
        weftDistinctHandles},
+      {"weft.send_larger_than_recv", "a send larger than its receive fails the receive with ncclInvalidUsage, "
+       "never a silently truncated message", weftSendLargerThanRecv},
       {"weft.iflush_host", "iflush on host memory (never asked by NCCL): NULL request or one that completes",
        weftIflushHost},
       {"weft.wrong_token", "a handle with a wrong token is refused with a warning; the real one still connects",

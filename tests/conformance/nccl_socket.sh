@@ -10,13 +10,5 @@ weft=$1
 out=$2
 shift 2
 here=$(cd "$(dirname "$0")" && pwd)
-src=${NCCL_BUILTIN_SRC:-$here/../../../shared/tools/nccl-builtin-net}
-lib=${NCCL_LIB:-/usr/local/cuda/lib64/libnccl.so.2}
-if [ ! -f "$src/shim.c" ]; then echo "skipped: the shim's source is not at $src (set NCCL_BUILTIN_SRC)"; exit 77; fi
-if [ ! -f "$lib" ]; then echo "skipped: no $lib (the CUDA toolkit's NCCL; set NCCL_LIB)"; exit 77; fi
-if ! command -v nm >/dev/null; then echo "skipped: nm is missing (binutils)"; exit 77; fi
-if ! make -s -C "$src" BUILD="$out" TABLE=ncclNetSocket NCCL_LIB="$lib"; then
-  echo "skipped: the shim did not build against $lib (a stripped libnccl.so.2 has no ncclNetSocket symbol)"
-  exit 77
-fi
+"$here/nccl_builtin_build.sh" ncclNetSocket "$out" || exit $?
 NCCL_SOCKET_IFNAME=lo exec "$weft" conformance --plugin "$out/libnccl-net-ncclNetSocket.so" --table 11 "$@"

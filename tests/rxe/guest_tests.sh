@@ -39,13 +39,23 @@ step fabric.tcp.netem.v11 600 "$NETNS" --netem "delay 1ms loss 0.5% reorder 25% 
 # libfabric over the same device: verbs;ofi_rxm on shared endpoints (the default: one endpoint per context and
 # device), every check but one. Its MSG CQ is sized by FI_UNIVERSE_SIZE (rxe allows 32767 entries). Emulated verbs
 # make endpoint creation slow (up to ~0.6 s), hence the longer call limit; devices.properties is skipped because
-# rxe's largest message is below NCCL's 1 GiB chunks. data.send_larger_than_recv is skipped: libfabric 1.17's rxm
+# rxe's largest message is below NCCL's 1 GiB chunks. data.send_larger_than_recv (and its weft.* twin) is skipped: libfabric 1.17's rxm
 # over verbs crashes the receiver (SIGSEGV inside fi_cq_read, 3 runs in 3) when a 64 KiB message, which rxm sends
 # by rendezvous, meets a 1 KiB receive; NCCL never sends more than the receive holds, and the same check passes on
 # tcp;ofi_rxm. (With an endpoint per connection, rxm over rxe also crashed in
 # fi_close of endpoints, at a different check from run to run; shared endpoints close one per context.)
 step fabric.verbs_rxm.v11 300 $C --table 11 --quick --call-limit 5000 --env WEFT_BACKEND=fabric \
   --env "WEFT_PROVIDER=verbs;ofi_rxm" --env FI_UNIVERSE_SIZE=16 --skip devices.properties \
-  --skip data.send_larger_than_recv
+  --skip data.send_larger_than_recv --skip weft.send_larger_than_recv
+# NCCL's own IB transport (the ncclNetIb table inside the CUDA toolkit's libnccl.so.2, built as a plugin file on
+# the host by tests/conformance/nccl_builtin_build.sh) on the same device, through the same harness: it must pass
+# every check that is not weft.* (those skip themselves for another plugin).
+if [ -n "${RXE_NCCL_IB:-}" ] && [ -f "$RXE_NCCL_IB" ]; then
+  export NCCL_IB_HCA=rxe0
+  step nccl_ib.v11 300 "$RXE_BIN" conformance --plugin "$RXE_NCCL_IB" --timeout 60 --conns 64 --table 11 --quick \
+    --call-limit 5000
+else
+  echo "STEP nccl_ib.v11: skipped (no NCCL IB shim: the CUDA toolkit's libnccl.so.2 or ../shared/tools/nccl-builtin-net is missing on the host)"
+fi
 echo "FAILED_STEPS=$fails"
 exit $fails
