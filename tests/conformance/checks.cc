@@ -276,6 +276,9 @@ void devicesProperties(CheckEnv& env) {
   if (mine.name != env.props.name) fail("properties of the device under test changed between calls");
 }
 
+// NCCL's proxy polls connect and accept until they hand out a comm: a NULL comm means "not yet" and the proxy
+// comes back (src/transport/net.cc in v2.28.9: sendProxyConnect, line 847 and `if (resources->netSendComm ==
+// NULL) { *done = 0; ...}` after it; recvProxyConnect, lines 1015-1025). Neither call may wait for the peer.
 void connectTwoProcess(CheckEnv& env) {
   Conn c = establish(env);
   closeConn(env, c);
@@ -527,6 +530,10 @@ void dataRecvLarger(CheckEnv& env) {
   closeConn(env, c);
 }
 
+// NCCL keeps up to NCCL_STEPS receives and sends in flight per connection and tests only the oldest: the receive
+// of step % NCCL_STEPS (net.cc v2.28.9 line 1508, recvProxyProgress), the send of its buffer slot (line 1339,
+// sendProxyProgress); each receive is posted for a whole slot, stepSize * sliceSteps bytes, or fewer for the last
+// piece of a message (lines 1459-1467).
 void dataNcclSteps(CheckEnv& env) {
   Conn c = establish(env);
   struct Pattern {
@@ -554,6 +561,9 @@ void dataNcclSteps(CheckEnv& env) {
   closeConn(env, c);
 }
 
+// For LL and LL128 receives of one buffer NCCL presets *request to NCCL_NET_OPTIONAL_RECV_COMPLETION before irecv
+// (net.cc v2.28.9 lines 1479-1482; plugin/nccl_net.h line 18): the plugin must overwrite it with a real request
+// (or NULL to be asked again), and may complete that request early.
 void dataRequestHint(CheckEnv& env) {
   if (env.net.version() < 9) throw CheckSkip("NCCL's v6-v8 shims clear the optional-completion hint");
   Conn c = establish(env);
@@ -578,6 +588,9 @@ int agreedMaxRecvs(CheckEnv& env) {
   return std::stoi(m.substr(9));
 }
 
+// NCCL groups up to maxRecvs receives of one peer (one per channel sub) into one irecv with n buffers, each with
+// its own tag and size (net.cc v2.28.9 lines 1377-1408 build the groups, 1482 posts them); test reports one size
+// per buffer into an array NCCL zeroes first (line 1507).
 void dataGroupedReceives(CheckEnv& env) {
   int maxRecvs = agreedMaxRecvs(env);
   if (maxRecvs <= 1) throw CheckSkip("the device reports maxRecvs=1 (grouped receives not offered)");
@@ -639,6 +652,8 @@ void dataGroupedReceives(CheckEnv& env) {
   closeConn(env, c);
 }
 
+// A plugin must take NCCL_NET_MAX_REQUESTS (32) requests outstanding per comm (plugin/nccl_net.h line 33 in
+// v2.28.9; 8 before table v7, net_v6.h).
 void dataMaxRequests(CheckEnv& env) {
   // NCCL_NET_MAX_REQUESTS (32) receives outstanding on one comm (shared comms), each of maxRecvs buffers when
   // the device groups receives, matched by 32 x maxRecvs sends in flight on one send comm (spec §3.4).
@@ -926,6 +941,9 @@ void commsMany(CheckEnv& env) {
   for (auto& c : conns) closeConn(env, c);
 }
 
+// At teardown NCCL's proxy deregisters each buffer and then closes the comm, without waiting for requests still
+// outstanding when the communicator is aborted (net.cc v2.28.9: sendProxyFree lines 1136-1166, deregMr then
+// closeSend; recvProxyFree lines 1184-1207).
 void teardownInflight(CheckEnv& env) {
   // Communicator abort: deregMr and close with requests still outstanding, never tested again.
   Conn c = establish(env);
