@@ -229,6 +229,10 @@ void soakRandom(CheckEnv& env) {
 
 // ---- set-up ----------------------------------------------------------------------------------------------------
 
+// NCCL calls init again for every new communicator, to get that communicator's context, and counts devices only
+// the first time (src/plugin/net.cc in v2.28.9, ncclNetPluginInit, lines 172-182); a communicator split from a
+// parent may share the parent's context (ncclNetInitFromParent, line 385). finalize gets each context back
+// (line 226); what the plugin returns as a context, NULL included, is its own business.
 void initIdempotent(CheckEnv& env) {
   int before = 0, after = 0;
   expectOk(env.net.devices(&before), "devices");
@@ -798,6 +802,9 @@ void dataLarge(CheckEnv& env) {
 
 // ---- registration and flush ------------------------------------------------------------------------------------
 
+// NCCL registers each protocol's buffer of a connection on its comm (net.cc v2.28.9 lines 954-959 and
+// 1109-1114) and, with user-buffer registration, ranges of user buffers that can overlap earlier ones (line
+// 1792); it deregisters each handle it got, once (lines 1139, 1184).
 void mrCache(CheckEnv& env) {
   Conn c = establish(env);
   const size_t size = 1 << 20;
