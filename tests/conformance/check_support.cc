@@ -222,6 +222,8 @@ Conn establish(CheckEnv& env, const std::string& label, uint8_t* handleCopy) {
     env.oob.send(std::string("handle:") + label + ":" + std::string(reinterpret_cast<char*>(handle), sizeof(handle)));
     while (c.recvComm == nullptr) {
       timedCall(env, "accept", [&] { return env.net.accept(listenComm, &c.recvComm); });
+      // As NCCL's progress thread does when nothing moved (src/proxy.cc v2.28.9 line 986: sched_yield): two
+      // spinning processes on one core otherwise wait a scheduler tick per call.
       if (c.recvComm == nullptr) std::this_thread::yield();
       if (deadline.expired()) {
         env.net.closeListen(listenComm);

@@ -877,6 +877,9 @@ void weftIflushHost(CheckEnv& env) {
 
 // ---- concurrency -----------------------------------------------------------------------------------------------
 
+// NCCL runs a plugin from two threads per proxy: the service thread sets up (listen, connect, accept, regMr and
+// deregMr, through proxyProgressAsync: src/proxy.cc in v2.28.9, ncclProxyService line 1599, lines 1484-1511)
+// while the progress thread moves data (isend, irecv, test: ncclProxyProgress, line 932), concurrently.
 void threadsServiceAndProgress(CheckEnv& env) {
   // NCCL's service thread registers user buffers and opens listens while the progress thread moves data on the
   // same comm.
