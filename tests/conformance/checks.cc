@@ -1328,7 +1328,10 @@ void commsScale(CheckEnv& env) {
 // ---- faults (each runs alone: it ends one worker) ---------------------------------------------------------------
 
 // One rank dies (SIGKILL) with the other's requests outstanding: every pending test on the survivor must return
-// an error within a bounded time, and closing the broken comm must work.
+// an error within a bounded time, and closing the broken comm must work. NCCL learns of a dead peer only from the
+// plugin: an error from test stops its progress thread and becomes the communicator's async error, which the
+// application sees and aborts on (src/proxy.cc v2.28.9, ncclProxyProgress lines 961-965); a test that never fails
+// leaves the job hung.
 void peerKilled(CheckEnv& env, Role victim) {
   Conn c = establish(env);
   const size_t size = 1 << 20;  // large enough for rendezvous protocols, where a send waits on its receiver
