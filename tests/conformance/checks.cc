@@ -29,6 +29,8 @@ using namespace std::chrono_literals;
 
 // ---- profiler events of the net plugin (v10+) ----------------------------------------------------------------
 
+// From table v10 NCCL hands isend and irecv a profiler handle per step (src/transport/net.cc v2.28.9: line 1319
+// for sends, the phandles of line 1482 for receives), through which the plugin reports its own events.
 void profilerNetEvents(CheckEnv& env) {
   if (env.net.version() < 10) throw CheckSkip("net-plugin profiler events exist from table v10 (NCCL 2.26)");
   resetNetEventStats();
@@ -490,6 +492,8 @@ void connectSelf(CheckEnv& env) {
   closeSelf(env, p);
 }
 
+// NCCL closes a listen comm once its one connection is accepted (net.cc v2.28.9 line 1038, recvProxyConnect);
+// a communicator torn down during set-up closes listens that never saw their connection.
 void listenCloseUnaccepted(CheckEnv& env) {
   // Shared comms: some listen comms are closed without a connection, some after accept polled in vain.
   uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
@@ -522,6 +526,8 @@ void dataSizes(CheckEnv& env) {
   closeConn(env, c);
 }
 
+// NCCL posts each receive for a whole slot (or the rest of the message) and takes the real size from test: what
+// it then hands on is sizes[i] (net.cc v2.28.9 lines 1459-1467 post, 1520 `sub->transSize = sizes[i]`).
 void dataRecvLarger(CheckEnv& env) {
   Conn c = establish(env);
   StreamSpec s;
