@@ -23,6 +23,33 @@
 
 using namespace weft::tuner;
 
+// Allocations made by this thread while gCounting is set, the tuner library's included: the executable's malloc
+// interposes on every library's (glibc's own is __libc_malloc). Not under a sanitizer, whose runtime owns malloc.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define WEFT_COUNT_ALLOCS 0
+static thread_local bool gCounting = false;
+static thread_local size_t gAllocs = 0;
+#else
+#define WEFT_COUNT_ALLOCS 1
+extern "C" void* __libc_malloc(size_t);
+extern "C" void* __libc_calloc(size_t, size_t);
+extern "C" void* __libc_realloc(void*, size_t);
+static thread_local bool gCounting = false;
+static thread_local size_t gAllocs = 0;
+extern "C" void* malloc(size_t n) {
+  if (gCounting) ++gAllocs;
+  return __libc_malloc(n);
+}
+extern "C" void* calloc(size_t n, size_t size) {
+  if (gCounting) ++gAllocs;
+  return __libc_calloc(n, size);
+}
+extern "C" void* realloc(void* p, size_t n) {
+  if (gCounting) ++gAllocs;
+  return __libc_realloc(p, n);
+}
+#endif
+
 namespace {
 
 std::string gMode, gDir, gProfile;
@@ -205,7 +232,36 @@ TEST_CASE("consistency: ranks with identical NCCL inputs but their own regBuff d
 }
 
 // getCollInfo's cost (target: under 100 ns a call) is measured by bench/tuner_bench.cc (weft_tuner_bench), not
-// here: a timed test fails on a busy machine (one CI run measured 108 ns where an idle one measures 50).
+// here: a timed test fails on a busy machine (one CI run measured 108 ns where an idle one measures 50). What
+// cannot flake is checked instead: the decision path allocates nothing (it runs for every collective NCCL enqueues).
+TEST_CASE("getCollInfo allocates nothing in any mode", "[driver][alloc]") {
+  if (!WEFT_COUNT_ALLOCS) {
+    WARN("allocations are not counted under a sanitizer");
+    return;
+  }
+  Api api = Api::load(6);
+  void* ctx = api.init(0x5eed, 16, 2);
+  float base[21];
+  fill(base, model::costTable(topo16(), 4, 1 << 20, 1));
+  for (int i = 0; i < 64; ++i) {  // whatever the first calls set up (a decision cache, say) is set up now
+    float table[21];
+    std::memcpy(table, base, sizeof(table));
+    int nch = 0;
+    api.collInfo(ctx, 4, (1u << 20) + (i & 7) * 4096, 1, table, 0, &nch);
+  }
+  gAllocs = 0;
+  gCounting = true;
+  for (int i = 0; i < 10000; ++i) {
+    float table[21];
+    std::memcpy(table, base, sizeof(table));
+    int nch = 0;
+    api.collInfo(ctx, 4, (1u << 20) + (i & 7) * 4096, 1, table, 0, &nch);
+  }
+  gCounting = false;
+  INFO("mode " << gMode);
+  CHECK(gAllocs == 0);
+  api.fin(ctx);
+}
 
 int main(int argc, char** argv) {
   const char* mode = std::getenv("WEFT_TUNER_TEST_MODE");
