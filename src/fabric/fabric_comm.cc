@@ -74,7 +74,6 @@ bool FabricDataComm::grow() {
     const int i = base + j;
     r.comm = this;
     r.poolIndex = static_cast<uint16_t>(i);
-    r.recv = recvSide_;
     for (int k = 0; k < kMaxRecvs; ++k) {
       r.ctx[k].owner = &r;
       r.ctx[k].comm = localId_.get();
@@ -215,7 +214,7 @@ FabricRequest* FabricDataComm::acquire() {
 }
 
 void FabricDataComm::release(FabricRequest* r) {
-  if (r->recv && bySeq_) releaseSeqs(&asRecv(r));
+  if (recvSide_ && bySeq_) releaseSeqs(&asRecv(r));
   r->magic_ = 0;
   --outstanding_;
   free_.push_back(r->poolIndex);
@@ -376,7 +375,7 @@ void FabricDataComm::onComplete(OpContext* ctx, size_t len) noexcept {
   auto* r = static_cast<FabricRequest*>(ctx->owner);
   if (ctx->kind == OpKind::kOfferSend) {
     asRecv(r).offerSent = true;
-  } else if (!r->recv) {
+  } else if (!recvSide_) {
     if (--asSend(r).segsLeft == 0) r->doneBufs = 1;
   } else {
     FabricRecvRequest& q = asRecv(r);
@@ -402,7 +401,7 @@ void FabricDataComm::onError(OpContext* ctx, int fiErr, Status st) noexcept {
   }
   ++completions_;
   auto* r = static_cast<FabricRequest*>(ctx->owner);
-  if (fiErr == FI_ECANCELED && ctx->kind == OpKind::kData && r->recv &&
+  if (fiErr == FI_ECANCELED && ctx->kind == OpKind::kData && recvSide_ &&
       (asRecv(r).flags[ctx->index] & FabricRecvRequest::kCanceled) != 0) {
     asRecv(r).flags[ctx->index] &= static_cast<uint8_t>(~(FabricRecvRequest::kPosted | FabricRecvRequest::kCanceled));
     opDone(r);  // our own cancel of a receive that RMA filled instead: not an error
@@ -522,13 +521,13 @@ Status FabricDataComm::testRequest(FabricRequest* r, bool* done, int* sizesOut) 
     return Status::kInternal;
   }
   if (r->doneBufs < r->n && r->error == Status::kOk) {
-    if (r->recv) {
+    if (recvSide_) {
       postPending(&asRecv(r));
     } else if (asSend(r).nextSeg < asSend(r).nSeg) {
       resumeSend(&asSend(r));
     }
     progress();
-    if (r->recv) postPending(&asRecv(r));
+    if (recvSide_) postPending(&asRecv(r));
   }
   if (r->error != Status::kOk || (fatal_ != Status::kOk && r->doneBufs < r->n)) {
     Status st = r->error != Status::kOk ? r->error : fatal_;
@@ -540,11 +539,11 @@ Status FabricDataComm::testRequest(FabricRequest* r, bool* done, int* sizesOut) 
   }
   // LL/LL128 with NCCL_NET_OPTIONAL_RECV_COMPLETION: NCCL watches the data's own flags, so the receive may be
   // reported done as soon as the sender can write (its offer has left).
-  bool early = r->recv && asRecv(r).optional && asRecv(r).offerSent;
+  bool early = recvSide_ && asRecv(r).optional && asRecv(r).offerSent;
   if (r->doneBufs < r->n && !early) return Status::kOk;
   *done = true;
   if (sizesOut != nullptr) {
-    if (r->recv) {
+    if (recvSide_) {
       for (int i = 0; i < r->n; ++i) sizesOut[i] = asRecv(r).sizes[i];
     } else {
       sizesOut[0] = asSend(r).size;

@@ -51,7 +51,8 @@ using wire::WriteImmId;
 
 // What send and receive requests share: their comm and pool slot, the provider operations' contexts (a send's
 // pieces, a receive's buffers) and the completion state test() reads. Each kind has its own type below (a send
-// needs none of a receive's per-buffer arrays, a receive none of a send's write plan); a comm's pool holds one kind.
+// needs none of a receive's per-buffer arrays, a receive none of a send's write plan); a comm's pool holds one kind
+// (FabricDataComm::recvSide_ says which).
 class FabricRequest : public Request {
  public:
   Status test(bool* done, int* sizes) override;
@@ -60,7 +61,6 @@ class FabricRequest : public Request {
   uint16_t poolIndex = 0;
   uint8_t n = 0;        // buffers (1 for sends)
   uint8_t doneBufs = 0;  // buffers whose data arrived (or, for a send, 1 when it completed)
-  bool recv = false;     // a FabricRecvRequest (else a FabricSendRequest)
   bool reported = false;   // test() said done (or failed): the request is NCCL's no more
   int ops = 0;          // operations in the provider's hands (the request is reusable only at 0)
   Status error = Status::kOk;
