@@ -380,7 +380,9 @@ void FabricDataComm::onComplete(OpContext* ctx, size_t len) noexcept {
   } else {
     FabricRecvRequest& q = asRecv(r);
     int i = ctx->index;
-    q.flags[i] &= static_cast<uint8_t>(~FabricRecvRequest::kPosted);
+    rails_[q.rail[i]].ep->dataRecvDone();
+    q.flags[i] &= static_cast<uint8_t>(~(FabricRecvRequest::kPosted | FabricRecvRequest::kCanceled |
+                                         FabricRecvRequest::kClaim));
     if ((q.flags[i] & FabricRecvRequest::kDone) == 0) {
       q.flags[i] |= FabricRecvRequest::kDone;
       q.sizes[i] = static_cast<int>(len > INT_MAX ? INT_MAX : len);
@@ -401,10 +403,16 @@ void FabricDataComm::onError(OpContext* ctx, int fiErr, Status st) noexcept {
   }
   ++completions_;
   auto* r = static_cast<FabricRequest*>(ctx->owner);
+  if (ctx->kind == OpKind::kData && recvSide_) rails_[asRecv(r).rail[ctx->index]].ep->dataRecvDone();
   if (fiErr == FI_ECANCELED && ctx->kind == OpKind::kData && recvSide_ &&
       (asRecv(r).flags[ctx->index] & FabricRecvRequest::kCanceled) != 0) {
-    asRecv(r).flags[ctx->index] &= static_cast<uint8_t>(~(FabricRecvRequest::kPosted | FabricRecvRequest::kCanceled));
-    opDone(r);  // our own cancel of a receive that RMA filled instead: not an error
+    uint8_t& f = asRecv(r).flags[ctx->index];
+    // Our own cancel: of a receive that RMA filled instead, or of a claim that found no message waiting (posted
+    // again later). Not an error.
+    const bool again = (f & FabricRecvRequest::kClaim) != 0 && (f & FabricRecvRequest::kDone) == 0 && !closing_;
+    f &= static_cast<uint8_t>(~(FabricRecvRequest::kPosted | FabricRecvRequest::kCanceled | FabricRecvRequest::kClaim));
+    if (again) f |= FabricRecvRequest::kNeedPost;
+    opDone(r);
     return;
   }
   if (ctx->kind == OpKind::kOfferSend && fiErr != FI_ECANCELED) {
@@ -493,6 +501,7 @@ Status FabricDataComm::postPending(FabricRecvRequest* r) {
   for (int i = 0; i < r->n; ++i) {
     if ((r->flags[i] & FabricRecvRequest::kNeedPost) == 0) continue;
     const Rail& rail = rails_[r->rail[i]];
+    const bool claim = !rail.ep->dataRecvRoom();
     ssize_t rc = fi_trecv(rail.ep->ep(), r->data[i], r->len[i], r->desc[i],
                           dev_.directedRecv() ? rail.peer : FI_ADDR_UNSPEC, r->tag[i], 0, &r->ctx[i].fi);
     // A full receive queue: -FI_EAGAIN, or -FI_ENOMEM from shm (1.17 says so when its rx_size entries, shared by
@@ -507,6 +516,13 @@ Status FabricDataComm::postPending(FabricRecvRequest* r) {
     }
     r->flags[i] = static_cast<uint8_t>((r->flags[i] & ~FabricRecvRequest::kNeedPost) | FabricRecvRequest::kPosted);
     ++r->ops;
+    rail.ep->dataRecvPosted();
+    // Over the endpoint's budget (Endpoint::dataRecvRoom): the receive stays only if it matched a message that
+    // came before it (the provider hands it over at once; the cancel then finds nothing). Otherwise the cancel
+    // takes it back, its completion marks it to be posted again, and its entry stays free for early messages.
+    if (claim && fi_cancel(&rail.ep->ep()->fid, &r->ctx[i].fi) == 0) {
+      r->flags[i] |= FabricRecvRequest::kCanceled | FabricRecvRequest::kClaim;
+    }
   }
   return Status::kOk;
 }
@@ -960,7 +976,7 @@ Status FabricRecvComm::start() {
 bool FabricRecvComm::sendOffer(FabricRecvRequest* r) {
   const OfferMsg& m = offer(r->poolIndex);
   ssize_t rc = fi_tsend(ctl().ep(), &m, OfferMsg::bytes(m.count), offerDesc(r->poolIndex), rails_[0].peer,
-                        wire::ctrlTag(wire::CtrlKind::kOffer, peerId_), &r->offerCtx.fi);
+                        wire::ctrlTag(wire::CtrlKind::kOffer), &r->offerCtx.fi);
   if (rc == 0) {
     ++r->ops;
     return true;
@@ -1073,6 +1089,8 @@ Status FabricRecvComm::irecv(int n, void** data, const size_t* sizes, const int*
     m->magic = OfferMsg::kMagic;
     m->count = static_cast<uint16_t>(n);
     m->reserved = 0;
+    m->toComm = peerId_;
+    m->reserved2 = 0;
     if (!sendOffer(r)) offerQueue_.push_back(r->poolIndex);  // capacity reserved: never allocates
   }
   for (int i = 0; i < n; ++i) seqs_.consume(tags[i]);

@@ -95,6 +95,7 @@ class FabricRecvRequest final : public FabricRequest {
     kOffered = 4,    // offered for RMA: completion data may fill it
     kDone = 8,       // data arrived
     kCanceled = 16,  // its tagged receive is being canceled
+    kClaim = 32,     // posted over the endpoint's budget and canceled at once: kept only if a message was waiting
   };
   bool optional = false;   // NCCL_NET_OPTIONAL_RECV_COMPLETION: done once the offer has left
   bool offerSent = false;  // the offer's send completed

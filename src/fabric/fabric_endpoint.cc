@@ -92,6 +92,10 @@ Status Endpoint::open(FabricDevice& dev, std::unique_ptr<Endpoint>* out, bool sh
   if (st != Status::kOk) return st;
   std::unique_ptr<Endpoint> e(new Endpoint(dev));
   e->ctl_ = std::make_unique<Control>();
+  if (dev.props().provider == "shm" && dev.info() != nullptr && dev.info()->rx_attr != nullptr) {
+    const int64_t rx = static_cast<int64_t>(dev.info()->rx_attr->size);
+    e->recvBudget_ = std::max<int64_t>(16, (rx - kSharedOfferRecvs - 64) / 2);
+  }
   e->ctl_->probeOut[0] = wire::kProbeBody;
   e->ctl_->noticeOut[0] = wire::kCloseNotice;
   e->ctl_->ackOut[0] = wire::kCloseAck;
@@ -284,12 +288,13 @@ Status Endpoint::progress(int* read) {
       if (isCommOp(ctx->kind)) {
         if (DataSink* sink = table_ != nullptr ? table_->forContext(ctx) : nullptr) sink->onComplete(ctx, entries[i].len);
       } else if (ctx->kind == OpKind::kProbeRecv) {
-        onProbe(entries[i].tag, entries[i].len);
+        onProbe(entries[i].len);
         postProbeRecv();
       } else if (ctx->kind == OpKind::kOfferRecv) {
-        const uint32_t id = wire::ctrlTagComm(entries[i].tag);
-        if (DataSink* sink = table_ != nullptr ? table_->forId(id, "a buffer offer") : nullptr) {
-          sink->onOffer(&offerPool_[ctx->index], entries[i].len);
+        const wire::OfferMsg& m = offerPool_[ctx->index];
+        const uint32_t id = entries[i].len >= offsetof(wire::OfferMsg, entry) ? m.toComm : 0;
+        if (DataSink* sink = table_ != nullptr && id != 0 ? table_->forId(id, "a buffer offer") : nullptr) {
+          sink->onOffer(&m, entries[i].len);
         }
         postOfferPoolRecv(ctx->index);
       } else {
@@ -393,8 +398,9 @@ void Endpoint::refuse(const ConnectRequest& r, uint16_t status) {
   // address vector without bound.
   if (++refusals_ > 16) return;
   fi_addr_t to;
-  // A version-4 connector waits for its answer under its comm id, an older one under id 0.
-  const uint32_t toComm = r.version == ConnectRequest::kVersion && r.commId <= wire::kMaxCommId ? r.commId : 0;
+  // A connector of version 4 or later waits for its answer under its comm id, an older one under id 0.
+  const uint32_t toComm =
+      r.version >= ConnectRequest::kLayoutSince && r.commId <= wire::kMaxCommId ? r.commId : 0;
   if (insert(wire::requestAddr(r), r.addrLen, &to) == Status::kOk) sendReply(to, toComm, status, r.token);
 }
 
@@ -403,10 +409,10 @@ void Endpoint::refuse(const ConnectRequest& r, uint16_t status) {
 // forever. The progress calls route completions through the comm table as any other: this may run inside a
 // progress call of a comm, and its data completions must not be dropped.
 Status Endpoint::postOwnRecv(void* buf, size_t len, void* desc, fi_addr_t from, uint64_t tag, OpContext& ctx,
-                             const char* what, uint64_t ignore) {
+                             const char* what) {
   ssize_t rc = -FI_EAGAIN;
   for (int tries = 0; tries < 1000 && rc == -FI_EAGAIN; ++tries) {
-    rc = fi_trecv(ep_.get(), buf, len, desc, from, tag, ignore, &ctx.fi);
+    rc = fi_trecv(ep_.get(), buf, len, desc, from, tag, 0, &ctx.fi);  // exact: see wire.h (tags)
     if (rc == -FI_EAGAIN && progress() != Status::kOk) rc = -FI_EIO;
   }
   if (rc != 0) {
@@ -418,10 +424,9 @@ Status Endpoint::postOwnRecv(void* buf, size_t len, void* desc, fi_addr_t from, 
 
 // Control receives: always from any source; some providers (sockets) see replies arrive over a connection the
 // listener opened back, under another address; replies echo the connector's token, which it checks instead.
-Status Endpoint::postControlRecv(void* buf, size_t len, uint64_t tag, OpContext& ctx, OpKind kind, const char* what,
-                                 uint64_t ignore) {
+Status Endpoint::postControlRecv(void* buf, size_t len, uint64_t tag, OpContext& ctx, OpKind kind, const char* what) {
   ctx.kind = kind;
-  return postOwnRecv(buf, len, ctlDesc_, FI_ADDR_UNSPEC, tag, ctx, what, ignore);
+  return postOwnRecv(buf, len, ctlDesc_, FI_ADDR_UNSPEC, tag, ctx, what);
 }
 
 Status Endpoint::postRequestRecv(int slot) {
@@ -465,7 +470,7 @@ void Endpoint::markAccepted(uint32_t listenId) {
 void Endpoint::onRequest(int slot) {
   const ConnectRequest& r = ctl_->requestIn[slot];
   if (r.magic != ConnectRequest::kMagic || r.addrLen == 0 || r.addrLen > sizeof(r.addr) ||
-      (r.version == ConnectRequest::kVersion && !r.rails.valid())) {
+      (r.version >= ConnectRequest::kLayoutSince && !r.rails.valid())) {
     WEFT_WARN("on {}: ignored a malformed connection request", dev_.props().name);
     return;
   }
@@ -538,8 +543,8 @@ Status Endpoint::sendReply(fi_addr_t to, uint32_t toComm, uint16_t status, uint6
 
 Status Endpoint::postProbeRecv() {
   // Any comm's probes: they are drained and discarded, whichever comm they name.
-  return postControlRecv(ctl_->probeIn, sizeof(ctl_->probeIn), wire::ctrlTag(wire::CtrlKind::kProbe, 0),
-                         probeRecvCtx_, OpKind::kProbeRecv, "probe", wire::ctrlTagCommMask());
+  return postControlRecv(ctl_->probeIn, sizeof(ctl_->probeIn), wire::ctrlTag(wire::CtrlKind::kProbe), probeRecvCtx_,
+                         OpKind::kProbeRecv, "probe");
 }
 
 Endpoint::PeerVerdict Endpoint::checkPeer(fi_addr_t to, int64_t stalledSinceMs, int64_t nowMs, int64_t intervalMs,
@@ -572,20 +577,25 @@ Endpoint::PeerVerdict Endpoint::checkPeer(fi_addr_t to, int64_t stalledSinceMs, 
 
 // Probes (id 0) are drained. A close notice or ack names the comm it is for; a comm closed already (a notice
 // after its receive comm went, an ack after its send comm stopped waiting) is a stray the table counts.
-void Endpoint::onProbe(uint64_t tag, size_t len) {
-  const uint32_t id = wire::ctrlTagComm(tag);
-  if (id == 0 || len < sizeof(uint64_t) || table_ == nullptr) return;
+void Endpoint::onProbe(size_t len) {
+  if (len < sizeof(ctl_->probeIn) || table_ == nullptr) return;
   const uint64_t body = ctl_->probeIn[0];
+  const uint64_t id = ctl_->probeIn[1];
+  if (id == 0 || id > wire::kMaxCommId) return;
   if (body != wire::kCloseNotice && body != wire::kCloseAck) return;
-  if (DataSink* sink = table_->forId(id, body == wire::kCloseAck ? "a close ack" : "a close notice")) {
+  if (DataSink* sink = table_->forId(static_cast<uint32_t>(id), body == wire::kCloseAck ? "a close ack" : "a close notice")) {
     sink->onCloseNote(this, body == wire::kCloseAck);
   }
 }
 
 Status Endpoint::sendCloseNote(fi_addr_t to, uint32_t commId, bool ack, OpContext& ctx, bool* again) {
   *again = false;
-  ssize_t rc = fi_tsend(ep_.get(), ack ? ctl_->ackOut : ctl_->noticeOut, sizeof(ctl_->noticeOut), ctlDesc_, to,
-                        wire::ctrlTag(wire::CtrlKind::kProbe, commId), &ctx.fi);
+  // The body is the endpoint's: notes are sent only by comms with endpoints of their own (one comm, one note of
+  // each kind at a time), so the id written here is still the one in the buffer when the provider reads it.
+  uint64_t* body = ack ? ctl_->ackOut : ctl_->noticeOut;
+  body[1] = commId;
+  ssize_t rc = fi_tsend(ep_.get(), body, sizeof(ctl_->noticeOut), ctlDesc_, to, wire::ctrlTag(wire::CtrlKind::kProbe),
+                        &ctx.fi);
   if (rc == 0) return Status::kOk;
   if (rc == -FI_EAGAIN) {
     *again = true;
@@ -598,7 +608,7 @@ Status Endpoint::sendCloseNote(fi_addr_t to, uint32_t commId, bool ack, OpContex
 // within the timeout counts as undelivered. Probes name no comm (the receiver drains any).
 void Endpoint::trySendProbe(fi_addr_t to, Liveness& l, int64_t nowMs) {
   ssize_t rc = fi_tsend(ep_.get(), ctl_->probeOut, sizeof(ctl_->probeOut), ctlDesc_, to,
-                        wire::ctrlTag(wire::CtrlKind::kProbe, 0), &l.ctx.fi);
+                        wire::ctrlTag(wire::CtrlKind::kProbe), &l.ctx.fi);
   if (rc == 0) {
     l.state = Liveness::kInFlight;
     gProbes.fetch_add(1, std::memory_order_relaxed);
@@ -697,11 +707,11 @@ Status Endpoint::ensureOfferPool(int n) {
   return Status::kOk;
 }
 
-// Any comm's offers: the tag's comm bits are ignored, the comm is read back from the completion's tag.
+// Any comm's offers: each names its comm in the body (wire::OfferMsg::toComm).
 Status Endpoint::postOfferPoolRecv(int i) {
   offerPoolCtx_[i].kind = OpKind::kOfferRecv;
   return postOwnRecv(&offerPool_[i], sizeof(wire::OfferMsg), offerPoolDesc_, FI_ADDR_UNSPEC,
-                     wire::ctrlTag(wire::CtrlKind::kOffer, 0), offerPoolCtx_[i], "buffer-offer", wire::ctrlTagCommMask());
+                     wire::ctrlTag(wire::CtrlKind::kOffer), offerPoolCtx_[i], "buffer-offer");
 }
 
 Status Endpoint::startConnect(uint32_t commId, fi_addr_t to, uint64_t token, uint32_t listenId, uint32_t flags,

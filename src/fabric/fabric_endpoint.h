@@ -14,6 +14,7 @@
 #include <rdma/fi_tagged.h>
 
 #include <array>
+#include <climits>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -114,7 +115,7 @@ class Endpoint {
   // Posts a receive for a message of weft's own (not NCCL data), retrying a bounded number of times while the
   // provider pushes back. A failure is logged naming `what`.
   Status postOwnRecv(void* buf, size_t len, void* desc, fi_addr_t from, uint64_t tag, OpContext& ctx,
-                     const char* what, uint64_t ignore = 0);
+                     const char* what);
 
   // Liveness, per peer address: every comm to one peer process shares its probes, so a thousand stalled comms to
   // one peer send one probe per interval, not a thousand. A probe is a small message the peer's endpoint drains
@@ -138,6 +139,18 @@ class Endpoint {
   // interface's operstate (up, or unknown as loopback reports), or an RDMA device's port state; a name sysfs
   // does not know counts as up.
   int64_t linkDownForMs(int64_t nowMs);
+
+  // Tagged receives of NCCL data posted here and not completed yet, against a budget. shm (libfabric 1.17) keeps
+  // posted receives and messages that arrive before their receive in one fixed set of rx_size entries, and a
+  // message that finds no entry stops every later one from the same peer: with its entries all taken by posted
+  // receives whose messages are queued behind it, nothing moves again. Posting stops at the budget (half of what
+  // the endpoint's own receives leave), so messages that come first always find room; a receive over the budget
+  // is posted only to claim a message that is already there (FabricDataComm::postPending). Other providers
+  // buffer early messages apart from posted receives: no budget.
+  bool dataRecvRoom() const { return dataRecvs_ < recvBudget_; }
+  void dataRecvPosted() { ++dataRecvs_; }
+  void dataRecvDone() { --dataRecvs_; }
+  int64_t dataRecvs() const { return dataRecvs_; }
 
   // Buffer offers (rdma protocol) to every send comm of the endpoint: `n` receives for any comm's offers, each
   // handed to the comm its tag names (DataSink::onOffer) and posted again. Opened by the first send comm; a
@@ -165,8 +178,7 @@ class Endpoint {
   void tryFreeConnect(int slot);
   Status postRequestRecv(int slot);
   void flushControl();
-  Status postControlRecv(void* buf, size_t len, uint64_t tag, OpContext& ctx, OpKind kind, const char* what,
-                         uint64_t ignore = 0);
+  Status postControlRecv(void* buf, size_t len, uint64_t tag, OpContext& ctx, OpKind kind, const char* what);
 
   static constexpr int kReplySlots = 8;
   static constexpr int kRequestSlots = 4;
@@ -191,12 +203,14 @@ class Endpoint {
     OpContext ctx;  // kind kProbeSend, owner: this
   };
   void trySendProbe(fi_addr_t to, Liveness& l, int64_t nowMs);
-  void onProbe(uint64_t tag, size_t len);  // a probe, or a close notice or ack for the comm the tag names
+  void onProbe(size_t len);  // a probe, or a close notice or ack for the comm its body names
 
   FabricDevice& dev_;
   CommTable* table_ = nullptr;  // the group's: where the comms' completions go
   // Acquisition order; destroyed in reverse (endpoint before its queues and control registration).
   std::unique_ptr<Control> ctl_;
+  int64_t dataRecvs_ = 0;
+  int64_t recvBudget_ = INT64_MAX;
   MrPtr ctlMr_;
   CqPtr cq_;
   AvPtr av_;

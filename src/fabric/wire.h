@@ -35,12 +35,18 @@ constexpr uint32_t kMaxCommId = (1u << kCommIdBits) - 1;
 //               NCCL_NET_MAX_REQUESTS (32) requests of up to 8 buffers per comm, 256 messages; 2^22 is 16,384
 //               times that.
 //
-// Control: [49:32] the receiving comm's id (offers: the send comm), or 0 where the message names no comm
-//                  (probes: per peer process, drained whatever id they carry) or its body names its destination
-//                  (connection requests carry the listen id, replies the connector's comm id)
+// Control: [49:32] the receiving comm's id where a receive is posted for that comm alone (connection replies:
+//                  the connector's comm id), else 0: messages received by a pool of the endpoint (connection
+//                  requests, offers, probes, close notices) name their comm in the body.
 //          [7:0]   kind
 //          every other bit 0. A connection request and reply keep exactly the tags of handshake version 3
 //          (id 0, kinds 1 and 2), so that a peer of another version still gets a clean refusal.
+//
+// Every receive weft posts matches its tag exactly (ignore mask 0). An ignore mask is not safe on shm before
+// libfabric 1.19: a message that arrived before its receive keeps the ignore mask its entry had in an earlier use
+// (prov/shm/src/smr_ep.c v1.17.0, smr_get_tag leaves entry->ignore as it was; smr_match_tagged applies it), so a
+// masked receive never matches such a message (offers were lost) and an exact one may match a message that is
+// not its own.
 constexpr uint64_t kCtrlBit = uint64_t{1} << 63;
 constexpr int kNcclTagBits = 23;
 constexpr int kSeqBits = 22;
@@ -66,8 +72,6 @@ inline uint64_t ctrlTag(CtrlKind kind, uint32_t commId = 0) {
   return kCtrlBit | (static_cast<uint64_t>(commId & kMaxCommId) << 32) | static_cast<uint64_t>(kind);
 }
 inline bool isCtrlTag(uint64_t tag) { return (tag & kCtrlBit) != 0; }
-// The bits of a control tag that hold the comm id (an ignore mask: a receive for any comm's messages of a kind).
-constexpr uint64_t ctrlTagCommMask() { return static_cast<uint64_t>(kMaxCommId) << 32; }
 inline uint32_t ctrlTagComm(uint64_t tag) { return static_cast<uint32_t>(tag >> 32) & kMaxCommId; }
 inline uint8_t ctrlTagKind(uint64_t tag) { return static_cast<uint8_t>(tag); }
 
@@ -76,8 +80,10 @@ inline uint8_t ctrlTagKind(uint64_t tag) { return static_cast<uint8_t>(tag); }
 //   connector --ConnectRequest{token, listen id, its comm id, its address}--> listener
 //   listener  --ConnectReply{accepted | refused, the receiving comm's id}--> connector
 //
-// Version 4 added the listen id and the comm ids. The first fields (magic, version) never move, so a peer of
-// another version is recognised and refused naming both versions (ConnectRequestV3 finds its address).
+// Version 4 added the listen id and the comm ids. Version 5 moved the comm id of offers, probes and close
+// notices from the tag into the body (no receive uses an ignore mask; tags, above), with the request's layout of
+// version 4. The first fields (magic, version) never move, so a peer of another version is recognised and refused
+// naming both versions (ConnectRequestV3 finds a version-3 request's address).
 
 // The addresses of a multi-rail device's further endpoints (rail 0's travels in the handle or the request).
 struct RailAddrs {
@@ -97,7 +103,8 @@ struct RailAddrs {
 
 struct ConnectRequest {
   static constexpr uint32_t kMagic = 0x57465251;  // "WFRQ"
-  static constexpr uint16_t kVersion = 4;
+  static constexpr uint16_t kVersion = 5;
+  static constexpr uint16_t kLayoutSince = 4;  // versions from this one on share this layout
   static constexpr uint32_t kFlagRdma = 1;
   static constexpr uint32_t kFlagImm4 = 2;  // this end needs the 4-byte completion-data form
   // The listener's provider reports a write's length at the target: the 4-byte form carries the comm id
@@ -150,7 +157,7 @@ struct ConnectReply {
 
 // The address in a request of either version (version 3's sits 8 bytes earlier): a refusal goes back to it.
 inline const uint8_t* requestAddr(const ConnectRequest& r) {
-  return r.version == ConnectRequest::kVersion
+  return r.version >= ConnectRequest::kLayoutSince
              ? r.addr
              : reinterpret_cast<const uint8_t*>(&r) + offsetof(ConnectRequestV3, addr);
 }
@@ -159,9 +166,9 @@ inline const uint8_t* requestAddr(const ConnectRequest& r) {
 constexpr size_t kRequestBufBytes =
     sizeof(ConnectRequest) > sizeof(ConnectRequestV3) ? sizeof(ConnectRequest) : sizeof(ConnectRequestV3);
 
-// ---- probes and close notices: tag ctrlTag(kProbe, id), a 16-byte body ----
+// ---- probes and close notices: tag ctrlTag(kProbe), a 16-byte body {kind, comm id} ----
 //
-// A liveness probe names no comm (id 0, body kProbeBody) and is drained. A send comm with endpoints of its own
+// A liveness probe names no comm (body {kProbeBody, 0}) and is drained. A send comm with endpoints of its own
 // (WEFT_FABRIC_SHARED_EP=0) that NCCL closes sends on every rail a close notice (body kCloseNotice) naming the
 // peer's receive comm, and keeps its endpoints until that comm answers on the same rail with a close ack (body
 // kCloseAck) naming the send comm: over a byte stream the ack proves that everything sent before the notice has
@@ -172,7 +179,7 @@ constexpr uint64_t kProbeBody = 0;
 constexpr uint64_t kCloseNotice = 0x6e69665f74666577;  // "weft_fin"
 constexpr uint64_t kCloseAck = 0x6b63615f74666577;     // "weft_ack"
 
-// ---- buffer offers (rdma protocol): receiver -> sender, tag ctrlTag(kOffer, the send comm's id) ----
+// ---- buffer offers (rdma protocol): receiver -> sender, tag ctrlTag(kOffer), the send comm's id in the body ----
 
 // One receive buffer as the receiver offers it.
 struct OfferEntry {
@@ -191,6 +198,8 @@ struct OfferMsg {
   uint32_t magic;
   uint16_t count;
   uint16_t reserved;
+  uint32_t toComm;  // the send comm the offer is for
+  uint32_t reserved2;
   OfferEntry entry[kMaxRecvs];
   static size_t bytes(int count) { return offsetof(OfferMsg, entry) + sizeof(OfferEntry) * count; }
 };

@@ -1227,6 +1227,59 @@ int listeningSockets() {
   return count;
 }
 
+// One message of `msg` bytes per connection i, at buf + i * msg (patterned by the sender, checked by the
+// receiver): registers every slot.
+void registerEach(CheckEnv& env, std::vector<Conn>& conns, Buffer& buf, size_t msg, std::vector<void*>* mhs) {
+  for (size_t i = 0; i < conns.size(); ++i) {
+    expectOk(env.net.regMr(conns[i].comm(), buf.data() + i * msg, msg, NCCL_PTR_HOST, &(*mhs)[i]), "regMr");
+    if (!env.recv()) fillPattern(buf.data() + i * msg, msg, 7000 + static_cast<int>(i));
+  }
+}
+
+// Posts connection i's message (a NULL request, "not yet", is retried by the caller).
+void postOne(CheckEnv& env, std::vector<Conn>& conns, Buffer& buf, size_t msg, std::vector<void*>& mhs,
+             std::vector<void*>* reqs, int i) {
+  uint8_t* slot = buf.data() + i * msg;
+  if (env.recv()) {
+    void* data[1] = {slot};
+    size_t sizes[1] = {msg};
+    int tags[1] = {i};
+    expectOk(env.net.irecv(conns[i].recvComm, 1, data, sizes, tags, &mhs[i], &(*reqs)[i]), "irecv");
+  } else {
+    expectOk(env.net.isend(conns[i].sendComm, slot, msg, i, mhs[i], &(*reqs)[i]), "isend");
+  }
+}
+
+// Posts (where not posted yet) and tests every connection's message, sweeping in `order`, as NCCL's progress
+// thread sweeps its connections, until all completed: fails on a message that does not arrive within the timeout
+// or arrives wrong.
+void oneMessageEach(CheckEnv& env, std::vector<Conn>& conns, Buffer& buf, size_t msg, std::vector<void*>& mhs,
+                    std::vector<void*>* reqs, const std::vector<int>& order) {
+  const int n = static_cast<int>(conns.size());
+  std::vector<bool> done(n, false);
+  int remaining = n;
+  Deadline d(env.timeout);
+  for (uint64_t it = 0; remaining > 0; ++it) {
+    for (int i : order) {
+      if (done[i]) continue;
+      if ((*reqs)[i] == nullptr) {
+        postOne(env, conns, buf, msg, mhs, reqs, i);
+        continue;
+      }
+      int fin = 0, size = 0;
+      expectOk(env.net.test((*reqs)[i], &fin, &size), "test");
+      if (!fin) continue;
+      done[i] = true;
+      --remaining;
+      if (env.recv() && (size != static_cast<int>(msg) || findMismatch(buf.data() + i * msg, msg, 7000 + i) != SIZE_MAX)) {
+        fail("the message on connection " + std::to_string(i) + " arrived wrong");
+      }
+    }
+    if (d.expired()) fail(std::to_string(remaining) + " of " + std::to_string(n) + " messages did not complete");
+    if (it % 256 == 0) checkPeer(env);
+  }
+}
+
 // What a connection costs: N connections held at once between the two processes (NCCL keeps hundreds to thousands
 // per GPU at scale), each carrying one message. Prints the time to connect them all, and per connection the
 // resident memory and the heap in use (malloc, the plugin's and its provider's) after connecting and after the
@@ -1275,40 +1328,10 @@ void commsScale(CheckEnv& env) {
   }
   {
     std::vector<void*> mhs(n, nullptr), reqs(n, nullptr);
-    for (int i = 0; i < n; ++i) {
-      expectOk(env.net.regMr(conns[i].comm(), buf.data() + i * kMsg, kMsg, NCCL_PTR_HOST, &mhs[i]), "regMr");
-      if (!env.recv()) fillPattern(buf.data() + i * kMsg, kMsg, 7000 + i);
-    }
-    std::vector<bool> done(n, false);
-    int remaining = n;
-    Deadline d(env.timeout);
-    for (uint64_t it = 0; remaining > 0; ++it) {
-      for (int i = 0; i < n; ++i) {
-        if (done[i]) continue;
-        uint8_t* slot = buf.data() + i * kMsg;
-        if (reqs[i] == nullptr) {
-          if (env.recv()) {
-            void* data[1] = {slot};
-            size_t sizes[1] = {kMsg};
-            int tags[1] = {i};
-            expectOk(env.net.irecv(conns[i].recvComm, 1, data, sizes, tags, &mhs[i], &reqs[i]), "irecv");
-          } else {
-            expectOk(env.net.isend(conns[i].sendComm, slot, kMsg, i, mhs[i], &reqs[i]), "isend");
-          }
-          continue;
-        }
-        int fin = 0, size = 0;
-        expectOk(env.net.test(reqs[i], &fin, &size), "test");
-        if (!fin) continue;
-        done[i] = true;
-        --remaining;
-        if (env.recv() && (size != static_cast<int>(kMsg) || findMismatch(slot, kMsg, 7000 + i) != SIZE_MAX)) {
-          fail("the message on connection " + std::to_string(i) + " arrived wrong");
-        }
-      }
-      if (d.expired()) fail(std::to_string(remaining) + " of " + std::to_string(n) + " messages did not complete");
-      if (it % 256 == 0) checkPeer(env);
-    }
+    registerEach(env, conns, buf, kMsg, &mhs);
+    std::vector<int> order(n);
+    for (int i = 0; i < n; ++i) order[i] = i;
+    oneMessageEach(env, conns, buf, kMsg, mhs, &reqs, order);
     Usage used = usage();
     // Per connection: the connections after the first, over what the first left (it opened what is shared).
     const int more = std::max(1, n - 1);
@@ -1328,6 +1351,40 @@ void commsScale(CheckEnv& env) {
                 static_cast<double>(used.fds - first.fds) / more, first.fds, used.fds);
     for (int i = 0; i < n; ++i) expectOk(env.net.deregMr(conns[i].comm(), mhs[i]), "deregMr");
   }
+  for (auto& c : conns) closeConn(env, c);
+}
+
+// Connections are independent: NCCL's proxy posts each connection's receives when that connection's step is
+// ready, in no order related to the order in which the peer sends (src/transport/net.cc v2.28.9, recvProxyProgress
+// posts per sub-connection as buffers free up). Here every receive is posted before any send, in the reverse of
+// the send order, on more connections (2,048; --conns) than a provider's receive queue holds (1,024 entries for
+// shm and rxm in libfabric 1.17): a plugin that posts them all into one shared queue fills it with receives whose
+// messages come last, and the first message sent finds no room. Each message must still arrive, intact.
+void commsCrossOrder(CheckEnv& env) {
+  const int n = env.conns > 0 ? env.conns : 2048;
+  const size_t kMsg = 1024;
+  Buffer buf(kMsg * n);
+  std::memset(buf.data(), 0, buf.size());
+  std::vector<Conn> conns;
+  conns.reserve(n);
+  for (int i = 0; i < n; ++i) {
+    try {
+      conns.push_back(establish(env, "order" + std::to_string(i)));
+    } catch (const CheckFailure& e) {
+      for (auto& c : conns) closeConn(env, c);
+      fail("connection " + std::to_string(i) + " of " + std::to_string(n) + ": " + e.what());
+    }
+  }
+  std::vector<void*> mhs(n, nullptr), reqs(n, nullptr);
+  registerEach(env, conns, buf, kMsg, &mhs);
+  std::vector<int> order(n);
+  for (int i = 0; i < n; ++i) order[i] = env.recv() ? n - 1 - i : i;
+  if (env.recv()) {
+    for (int i : order) postOne(env, conns, buf, kMsg, mhs, &reqs, i);  // all before the first send
+  }
+  env.oob.barrier("receives-posted", env.timeout);
+  oneMessageEach(env, conns, buf, kMsg, mhs, &reqs, order);
+  for (int i = 0; i < n; ++i) expectOk(env.net.deregMr(conns[i].comm(), mhs[i]), "deregMr");
   for (auto& c : conns) closeConn(env, c);
 }
 
@@ -1886,6 +1943,8 @@ const std::vector<Check>& allChecks() {
       {"comms.many", "8 connections progressed round-robin from one thread", commsMany},
       {"comms.scale", "N connections (1,024; 256 with --quick; --conns) held at once, one message each: connect time, "
        "RSS and fds per connection printed", commsScale},
+      {"comms.cross_order", "N connections (2,048; --conns), every receive posted before any send and in the "
+       "reverse of the send order: every message arrives intact", commsCrossOrder},
       {"teardown.inflight", "deregMr and close with requests in flight (communicator abort)", teardownInflight},
       {"teardown.close_then_reconnect", "a comm closed with 8 MiB in flight, a new one at once: no old byte lands "
        "in the new comm's buffers", teardownCloseThenReconnect},

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <cstring>
 #include <cstdlib>
 #include <deque>
 #include <future>
@@ -173,17 +174,17 @@ TEST_CASE("a hostile message naming one comm of a shared endpoint disturbs no ot
   Status err = Status::kOk;
   for (int i = 0; i < kPairs; ++i) REQUIRE(transfer(sends[i], recvs[i], 65536, 10 + i, &err, arena));
 
-  // Another process sends the shared endpoint a malformed buffer offer naming the target's id, and one naming an
-  // id no comm has.
+  // Another process sends the shared endpoint a malformed buffer offer naming the target's id (in the body, where
+  // offers name their comm), and one naming an id no comm has.
   WireHandle h;
   REQUIRE(WireHandle::decode(handle, &h, &why) == Status::kOk);
   weft::testing::RawPeer hostile;
   REQUIRE(hostile.open());
-  auto junk = std::make_unique<uint8_t[]>(256);
-  for (int i = 0; i < 256; ++i) junk[i] = static_cast<uint8_t>(0xA5 ^ i);
+  auto junk = std::make_unique<uint8_t[]>(512);  // one 256-byte message per id
+  for (int i = 0; i < 512; ++i) junk[i] = static_cast<uint8_t>(0xA5 ^ i);
   void* desc = nullptr;
   if ((hostile.info->domain_attr->mr_mode & FI_MR_LOCAL) != 0) {
-    REQUIRE(fi_mr_reg(hostile.domain, junk.get(), 256, FI_SEND, 0, 0, 0, &hostile.mr, nullptr) == 0);
+    REQUIRE(fi_mr_reg(hostile.domain, junk.get(), 512, FI_SEND, 0, 0, 0, &hostile.mr, nullptr) == 0);
     desc = fi_mr_desc(hostile.mr);
   }
   fi_addr_t target = FI_ADDR_UNSPEC;
@@ -194,9 +195,11 @@ TEST_CASE("a hostile message naming one comm of a shared endpoint disturbs no ot
   int sent = 0;
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   for (uint32_t id : {victim, nobody}) {
+    uint8_t* msg = junk.get() + 256 * sent;
+    std::memcpy(msg + offsetof(wire::OfferMsg, toComm), &id, sizeof(id));
     ssize_t rc;
     do {
-      rc = fi_tsend(hostile.ep, junk.get(), 96, desc, target, wire::ctrlTag(wire::CtrlKind::kOffer, id), &ctx[sent]);
+      rc = fi_tsend(hostile.ep, msg, 96, desc, target, wire::ctrlTag(wire::CtrlKind::kOffer), &ctx[sent]);
       if (rc == -FI_EAGAIN) {  // rxm connects while both sides make progress
         fi_cq_tagged_entry e[4];
         fi_cq_read(hostile.cq, e, 4);

@@ -74,7 +74,25 @@ TEST_CASE("the handshake keeps the fields a peer of another version reads", "[wi
   CHECK(offsetof(ConnectReply, token) == 8);
   CHECK(offsetof(ConnectReply, commId) == 20);
   CHECK(offsetof(ConnectReply, rails) == 24);
-  CHECK(ConnectRequest::kVersion == 4);
+  CHECK(ConnectRequest::kVersion == 5);
+  // Versions 4 and 5 share the request layout: a version-4 request's address is found where it sits, so the
+  // refusal reaches it.
+  ConnectRequest r{};
+  for (uint16_t v : {uint16_t{4}, ConnectRequest::kVersion}) {
+    r.version = v;
+    CHECK(requestAddr(r) == r.addr);
+  }
+  r.version = 3;
+  CHECK(requestAddr(r) == reinterpret_cast<const uint8_t*>(&r) + offsetof(ConnectRequestV3, addr));
+}
+
+TEST_CASE("offers and notes name their comm in the body, never in the tag", "[wire]") {
+  // Version 5: every receive matches its tag exactly (see wire.h: an ignore mask is unsafe on shm before 1.19).
+  CHECK(offsetof(OfferMsg, toComm) == 8);
+  CHECK(offsetof(OfferMsg, entry) == 16);
+  CHECK(OfferMsg::bytes(1) == 16 + sizeof(OfferEntry));
+  CHECK(ctrlTagComm(ctrlTag(CtrlKind::kOffer)) == 0);
+  CHECK(ctrlTagComm(ctrlTag(CtrlKind::kProbe)) == 0);
 }
 
 TEST_CASE("a released comm id comes back only after its quarantine", "[wire][comm_ids]") {
