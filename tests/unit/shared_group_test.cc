@@ -152,7 +152,7 @@ bool transfer(SendComm* s, RecvComm* r, size_t size, int seed, Status* sendErr,
 }  // namespace
 
 TEST_CASE("a hostile message naming one comm of a shared endpoint disturbs no other", "[fabric][shared]") {
-  // rdma: send comms take buffer offers, routed by the comm id in their tag
+  // rdma: send comms take buffer offers, routed by the comm id in their body
   weft::testing::FabricTestEnv env{{"WEFT_FABRIC_SHARED_EP", "1"}, {"WEFT_PROTOCOL", "rdma"}};
   WEFT_REQUIRE_FABRIC(env);
   FabricBackend* backend = env.backend();
@@ -229,6 +229,82 @@ TEST_CASE("a hostile message naming one comm of a shared endpoint disturbs no ot
   CHECK(victimErr != Status::kOk);
 
   for (int i = 0; i < kPairs; ++i) {
+    sends[i]->close();
+    recvs[i]->close();
+  }
+}
+
+// shm keeps posted receives and messages that came before their receive in one set of 1,024 entries, and handles
+// messages in arrival order (Endpoint::dataRecvRoom). More receives than that, posted in the reverse order of the
+// sends, deadlocked it: now receives past the endpoint's budget only claim messages already there.
+TEST_CASE("shm: receives posted past the endpoint's budget, in the reverse order of the sends, all complete",
+          "[fabric][shared][shm]") {
+  weft::testing::FabricTestEnv env{{"WEFT_FABRIC_SHARED_EP", "1"}, {"WEFT_PROVIDER", "shm"}, {"WEFT_IFACE", ""},
+                                   {"WEFT_PROTOCOL", "sendrecv"}};
+  WEFT_REQUIRE_FABRIC(env);
+  FabricBackend* backend = env.backend();
+  int scope = 0;
+  CommConfig cfg{};
+  cfg.scope = &scope;
+  constexpr int kPairs = 1200;  // past the budget (224) and past shm's 1,024 entries
+  constexpr size_t kSize = 256;
+  std::vector<SendComm*> sends(kPairs, nullptr);
+  std::vector<RecvComm*> recvs(kPairs, nullptr);
+  uint8_t handle[kHandleSize];
+  for (int i = 0; i < kPairs; ++i) {
+    ListenComm* lcRaw = nullptr;
+    REQUIRE(backend->listen(0, cfg, handle, &lcRaw) == Status::kOk);
+    std::unique_ptr<ListenComm> lc(lcRaw);
+    REQUIRE(env.connect(lc.get(), cfg, handle, &sends[i], &recvs[i]));
+  }
+  Endpoint& ep = dynamic_cast<FabricRecvComm*>(recvs[0])->group().rail(0);
+  REQUIRE(&ep == &dynamic_cast<FabricSendComm*>(sends[0])->group().rail(0));  // one endpoint: sends to itself
+  std::vector<uint8_t> out(kSize * kPairs), in(kSize * kPairs, 0);
+  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<uint8_t>(i * 7 + i / kSize);
+  std::vector<MemHandle*> ms(kPairs, nullptr), mr(kPairs, nullptr);
+  std::vector<Request*> rs(kPairs, nullptr), rr(kPairs, nullptr);
+  for (int i = 0; i < kPairs; ++i) {
+    REQUIRE(sends[i]->regMr(out.data() + i * kSize, kSize, NCCL_PTR_HOST, &ms[i]) == Status::kOk);
+    REQUIRE(recvs[i]->regMr(in.data() + i * kSize, kSize, NCCL_PTR_HOST, &mr[i]) == Status::kOk);
+  }
+  auto postRecv = [&](int i) {
+    void* data[1] = {in.data() + i * kSize};
+    size_t sizes[1] = {kSize};
+    int tags[1] = {1};
+    return recvs[i]->irecv(1, data, sizes, tags, &mr[i], false, &rr[i]);
+  };
+  for (int i = kPairs - 1; i >= 0; --i) REQUIRE(postRecv(i) == Status::kOk);  // all first, the last first
+  std::vector<bool> sdone(kPairs, false), rdone(kPairs, false);
+  int left = 2 * kPairs;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (left > 0 && std::chrono::steady_clock::now() < deadline) {
+    for (int i = 0; i < kPairs; ++i) {
+      if (rs[i] == nullptr) {
+        REQUIRE(sends[i]->isend(out.data() + i * kSize, kSize, 1, ms[i], &rs[i]) == Status::kOk);
+      } else if (!sdone[i]) {
+        bool d = false;
+        REQUIRE(rs[i]->test(&d, nullptr) == Status::kOk);
+        if (d) sdone[i] = true, --left;
+      }
+      if (rr[i] == nullptr) {
+        REQUIRE(postRecv(i) == Status::kOk);
+      } else if (!rdone[i]) {
+        bool d = false;
+        int got = 0;
+        REQUIRE(rr[i]->test(&d, &got) == Status::kOk);
+        if (d) {
+          rdone[i] = true, --left;
+          CHECK(got == static_cast<int>(kSize));
+        }
+      }
+    }
+  }
+  REQUIRE(left == 0);
+  CHECK(in == out);
+  CHECK(ep.dataRecvs() == 0);  // every receive posted was accounted back: the budget does not leak
+  for (int i = 0; i < kPairs; ++i) {
+    sends[i]->deregMr(ms[i]);
+    recvs[i]->deregMr(mr[i]);
     sends[i]->close();
     recvs[i]->close();
   }
