@@ -14,6 +14,7 @@
 #include "plugin/engine.h"
 #include "telemetry/profiler_core.h"
 #include "telemetry/sink.h"
+#include "tuner/agreement.h"
 #include "weft/common/log.h"
 #include "weft/common/params.h"
 #include "weft/nccl/net.h"
@@ -190,7 +191,18 @@ void timingDone(Request* r, const int* sizes) {
 // ---- one implementation ----------------------------------------------------------------------------------------
 
 ncclResult_t initImpl(ncclDebugLogger_t logger) {
-  return guarded("init", [&] { return Engine::instance().init(logger); });
+  return guarded("init", [&] {
+    Status st = Engine::instance().init(logger);  // sets the logger first
+    // This library's tuner is the one NCCL 2.21+ uses by default: connections carry its decision state and are
+    // refused where the two ends' differ (weft/transport/agreement.h). Once per process.
+    static std::once_flag agreement;
+    std::call_once(agreement, [] {
+      transport::setAgreementSource(&tuner::decisionState);
+      transport::Agreement a = transport::localAgreement();
+      WEFT_INFO(NCCL_INIT | NCCL_TUNING, "tuner decision state {:016x}: {}", a.digest, a.summary);
+    });
+    return st;
+  });
 }
 
 ncclResult_t devicesImpl(int* ndev) {

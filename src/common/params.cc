@@ -106,6 +106,10 @@ const std::vector<Def> kDefs = {
    "Sweep mode: ALGO/PROTO[/CHANNELS] (e.g. RING/LL128, TREE/SIMPLE/8) wherever NCCL's table allows it."},
   {"WEFT_TUNER_MARGIN", Kind::kInt, "3", 0, 50, nullptr,
    "Percent a measured winner must beat NCCL's own pick by (and by two standard errors) before the tuner changes it."},
+  {"WEFT_TUNER_CHECK", Kind::kBool, "1", 0, 0, nullptr,
+   "Refuse a connection whose peer's tuner would decide differently (other WEFT_TUNER* settings, another or a "
+   "missing profile): NCCL's init fails naming both instead of hanging. 0 where NCCL does not use this library's "
+   "tuner (before 2.21 without NCCL_TUNER_PLUGIN=weft)."},
   {"WEFT_TUNER_LOG", Kind::kBool, "0", 0, 0, nullptr,
    "Log the tuner's decision for the first call of each collective and size bucket (NCCL_DEBUG=INFO, "
    "NCCL_DEBUG_SUBSYS=TUNING)."},

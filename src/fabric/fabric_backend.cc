@@ -5,6 +5,7 @@
 
 #include "fabric/rails.h"
 #include "weft/common/params.h"
+#include "weft/transport/agreement.h"
 #include "weft/transport/handle.h"
 
 namespace weft::fabric {
@@ -311,6 +312,11 @@ Status FabricBackend::pollConnect(PendingConnect& pc, SendComm** out) {
                 "same weft build on every node)",
                 pc.peerName, p.name, replyStatusName(reply.status), reply.version, ConnectRequest::kVersion);
       return Status::kRemote;
+    }
+    if (reply.status == kTunerMismatch) {
+      WEFT_WARN("connect to {} on {}: {}", pc.peerName, p.name,
+                transport::agreementMismatch(reply.tunerDigest, pc.peerName));
+      return Status::kInvalidUsage;
     }
     if (reply.status != kAccepted) {
       WEFT_WARN("connect to {} on {}: {}", pc.peerName, p.name, replyStatusName(reply.status));

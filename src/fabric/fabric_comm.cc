@@ -14,6 +14,7 @@
 
 #include "weft/common/params.h"
 #include "weft/nccl/net.h"
+#include "weft/transport/agreement.h"
 
 namespace weft::fabric {
 
@@ -1151,6 +1152,14 @@ Status FabricListenComm::accept(RecvComm** recvComm) {
       WEFT_WARN("listen on {}: connection from {} names comm id {}, outside [1, {}]", dev_.props().name, from,
                 req.commId, wire::kMaxCommId);
       return Status::kOk;  // malformed: ignored, the legitimate peer may still come
+    }
+    const uint64_t digest = transport::localAgreement().digest;
+    if (req.tunerDigest != 0 && digest != 0 && req.tunerDigest != digest) {
+      // The real peer, tuning differently: refused (it fails its connect naming both), and so does this accept.
+      WEFT_WARN("listen on {}: connection from {}: {}", dev_.props().name, from,
+                transport::agreementMismatch(req.tunerDigest, from));
+      ep.refuse(req, kTunerMismatch);
+      return Status::kInvalidUsage;
     }
     // rdma only if both ends offer it; the compact completion data if either end needs it.
     const uint32_t mine = localProtocolFlags(dev_);

@@ -7,6 +7,7 @@
 
 #include "weft/common/clock.h"
 #include "weft/nccl/net.h"
+#include "weft/transport/agreement.h"
 
 #include <algorithm>
 #include <atomic>
@@ -22,6 +23,7 @@ const char* wire::replyStatusName(uint16_t s) {
     case kAlreadyConnected: return "refused: that listen already has its connection (replayed handle)";
     case kBadVersion: return "refused: different weft connection protocol version";
     case kNoSuchListen: return "refused: no such listen at that address (a stale or foreign handle)";
+    case kTunerMismatch: return "refused: the two ends' tuners would decide differently";
   }
   return "refused: unknown reason";
 }
@@ -398,10 +400,13 @@ void Endpoint::refuse(const ConnectRequest& r, uint16_t status) {
   // address vector without bound.
   if (++refusals_ > 16) return;
   fi_addr_t to;
-  // A connector of version 4 or later waits for its answer under its comm id, an older one under id 0.
-  const uint32_t toComm =
-      r.version >= ConnectRequest::kLayoutSince && r.commId <= wire::kMaxCommId ? r.commId : 0;
-  if (insert(wire::requestAddr(r), r.addrLen, &to) == Status::kOk) sendReply(to, toComm, status, r.token);
+  // A connector of version 4 or later waits for its answer under its comm id, an older one under id 0; one before
+  // version 5 reads the shorter reply.
+  const uint32_t id = wire::requestComm(r);
+  const uint32_t toComm = id <= wire::kMaxCommId ? id : 0;
+  if (insert(wire::requestAddr(r), r.addrLen, &to) == Status::kOk) {
+    sendReply(to, toComm, status, r.token, 0, nullptr, 0, nullptr, r.version < ConnectRequest::kVersion);
+  }
 }
 
 // Receives of weft's own messages (handshake, probes, offers) are posted on an endpoint that carries little
@@ -518,7 +523,7 @@ bool Endpoint::replyDone(const ReplyTicket& t) const {
 }
 
 Status Endpoint::sendReply(fi_addr_t to, uint32_t toComm, uint16_t status, uint64_t token, uint32_t flags,
-                           const RailAddrs* rails, uint32_t commId, ReplyTicket* ticket) {
+                           const RailAddrs* rails, uint32_t commId, ReplyTicket* ticket, bool olderPeer) {
   if (ticket != nullptr) *ticket = ReplyTicket{};
   int slot = -1;
   for (int i = 0; i < kReplySlots; ++i) {
@@ -529,7 +534,8 @@ Status Endpoint::sendReply(fi_addr_t to, uint32_t toComm, uint16_t status, uint6
   }
   if (slot < 0) return Status::kOk;  // refusals are best effort; the connector times out instead
   ctl_->replyOut[slot] = ConnectReply{ConnectReply::kMagic, ConnectRequest::kVersion, status, token, flags, commId,
-                                      rails != nullptr ? *rails : RailAddrs{}};
+                                      rails != nullptr ? *rails : RailAddrs{}, transport::localAgreement().digest};
+  replyLen_[slot] = olderPeer ? wire::kReplyBytesV4 : sizeof(ConnectReply);
   replyTo_[slot] = to;
   replyComm_[slot] = toComm;
   replySendCtx_[slot].kind = OpKind::kCtrlSend;
@@ -682,7 +688,7 @@ void Endpoint::flushControl() {
   }
   for (int i = 0; i < kReplySlots; ++i) {
     const SlotState before = replySlot_[i];
-    trySend(replySlot_[i], &ctl_->replyOut[i], sizeof(ConnectReply), replyTo_[i],
+    trySend(replySlot_[i], &ctl_->replyOut[i], replyLen_[i], replyTo_[i],
             wire::ctrlTag(wire::CtrlKind::kConnReply, replyComm_[i]), replySendCtx_[i], "a connection reply");
     if (before == SlotState::kQueued && replySlot_[i] == SlotState::kFree) ++replyGen_[i];  // failed: it is over
   }
@@ -747,6 +753,8 @@ Status Endpoint::startConnect(uint32_t commId, fi_addr_t to, uint64_t token, uin
   r.version = ConnectRequest::kVersion;
   r.addrLen = static_cast<uint16_t>(name_.size());
   r.token = token;
+  r.reserved = 0;
+  r.tunerDigest = transport::localAgreement().digest;
   r.flags = flags;
   r.eagerMax = eagerMax;
   r.listenId = listenId;

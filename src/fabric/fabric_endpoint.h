@@ -39,6 +39,7 @@ using wire::kAlreadyConnected;
 using wire::kBadToken;
 using wire::kBadVersion;
 using wire::kNoSuchListen;
+using wire::kTunerMismatch;
 
 // What both ends of a connection agree on at connect: the rdma protocol only if both offer it; eager up to the
 // connector's (the sender's) limit, since the receiver must post tagged receives whenever eager sends may come.
@@ -108,7 +109,8 @@ class Endpoint {
   };
   // toComm: the connecting comm's id (its reply receive is tagged with it; 0 for a version-3 connector).
   Status sendReply(fi_addr_t to, uint32_t toComm, uint16_t status, uint64_t token, uint32_t flags = 0,
-                   const RailAddrs* rails = nullptr, uint32_t commId = 0, ReplyTicket* ticket = nullptr);
+                   const RailAddrs* rails = nullptr, uint32_t commId = 0, ReplyTicket* ticket = nullptr,
+                   bool olderPeer = false);  // olderPeer: a connector before version 5 (the shorter reply)
   // True once that reply has left this process (its send completed, or failed).
   bool replyDone(const ReplyTicket& t) const;
 
@@ -238,6 +240,7 @@ class Endpoint {
   std::array<uint32_t, kReplySlots> replyGen_{};  // bumped when the slot's reply has left
   std::array<fi_addr_t, kReplySlots> replyTo_{};
   std::array<uint32_t, kReplySlots> replyComm_{};
+  std::array<size_t, kReplySlots> replyLen_{};
   struct ConnectSlot {
     uint32_t commId = 0;  // 0: free
     bool ended = false;   // endConnect was called; freed once nothing is in flight

@@ -81,9 +81,10 @@ inline uint8_t ctrlTagKind(uint64_t tag) { return static_cast<uint8_t>(tag); }
 //   listener  --ConnectReply{accepted | refused, the receiving comm's id}--> connector
 //
 // Version 4 added the listen id and the comm ids. Version 5 moved the comm id of offers, probes and close
-// notices from the tag into the body (no receive uses an ignore mask; tags, above), with the request's layout of
-// version 4. The first fields (magic, version) never move, so a peer of another version is recognised and refused
-// naming both versions (ConnectRequestV3 finds a version-3 request's address).
+// notices from the tag into the body (no receive uses an ignore mask; tags, above), and added the tuner's digest
+// (weft/transport/agreement.h) to request and reply. The first fields (magic, version) never move, so a peer of
+// another version is recognised and refused naming both versions (ConnectRequestV3 and V4 find an older request's
+// address; a reply to an older connector is sent in its own, shorter layout).
 
 // The addresses of a multi-rail device's further endpoints (rail 0's travels in the handle or the request).
 struct RailAddrs {
@@ -104,7 +105,7 @@ struct RailAddrs {
 struct ConnectRequest {
   static constexpr uint32_t kMagic = 0x57465251;  // "WFRQ"
   static constexpr uint16_t kVersion = 5;
-  static constexpr uint16_t kLayoutSince = 4;  // versions from this one on share this layout
+  static constexpr uint16_t kLayoutSince = 5;  // versions from this one on share this layout
   static constexpr uint32_t kFlagRdma = 1;
   static constexpr uint32_t kFlagImm4 = 2;  // this end needs the 4-byte completion-data form
   // The listener's provider reports a write's length at the target: the 4-byte form carries the comm id
@@ -118,8 +119,24 @@ struct ConnectRequest {
   uint32_t eagerMax;  // the connector's eager limit (bytes)
   uint32_t listenId;  // the listen this request is for (from the handle)
   uint32_t commId;    // the connector's send comm: offers and probes to it carry this id
+  uint32_t reserved;
+  uint64_t tunerDigest;  // the connector's tuner decision state (0: not checked)
   RailAddrs rails;    // the connector's further rails
   uint8_t addr[256];  // last: sent only up to addrLen
+};
+
+// Version 4's request, as far as a refusal needs it (its comm id and address).
+struct ConnectRequestV4 {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t addrLen;
+  uint64_t token;
+  uint32_t flags;
+  uint32_t eagerMax;
+  uint32_t listenId;
+  uint32_t commId;
+  RailAddrs rails;
+  uint8_t addr[256];
 };
 
 // Version 3's request, as far as a refusal needs it (its address).
@@ -140,6 +157,7 @@ enum ReplyStatus : uint16_t {
   kAlreadyConnected = 2,
   kBadVersion = 3,
   kNoSuchListen = 4,  // version 4: the request names a listen id this endpoint does not have
+  kTunerMismatch = 5,  // version 5: the two ends' tuners would decide differently (tunerDigest)
 };
 const char* replyStatusName(uint16_t s);
 
@@ -153,18 +171,25 @@ struct ConnectReply {
   uint32_t flags;   // the agreed ConnectRequest::kFlag* (the listener's answer)
   uint32_t commId;  // the listener's receive comm: data to it carries this id
   RailAddrs rails;  // the listener's further rails; rails.count = the rails both ends use
+  uint64_t tunerDigest;  // version 5: the listener's tuner decision state (0: not checked); not sent to older peers
 };
+// What a version-3 or -4 connector receives (its reply buffer ends there).
+constexpr size_t kReplyBytesV4 = offsetof(ConnectReply, tunerDigest);
 
 // The address in a request of either version (version 3's sits 8 bytes earlier): a refusal goes back to it.
 inline const uint8_t* requestAddr(const ConnectRequest& r) {
-  return r.version >= ConnectRequest::kLayoutSince
-             ? r.addr
-             : reinterpret_cast<const uint8_t*>(&r) + offsetof(ConnectRequestV3, addr);
+  if (r.version >= ConnectRequest::kLayoutSince) return r.addr;
+  const size_t at = r.version == 4 ? offsetof(ConnectRequestV4, addr) : offsetof(ConnectRequestV3, addr);
+  return reinterpret_cast<const uint8_t*>(&r) + at;
+}
+// The comm id a connector of any version waits for its reply under (0 before version 4).
+inline uint32_t requestComm(const ConnectRequest& r) {
+  if (r.version < 4) return 0;
+  return r.commId;  // at the same place in versions 4 and 5
 }
 
 // The receive buffer for a request of any version.
-constexpr size_t kRequestBufBytes =
-    sizeof(ConnectRequest) > sizeof(ConnectRequestV3) ? sizeof(ConnectRequest) : sizeof(ConnectRequestV3);
+constexpr size_t kRequestBufBytes = std::max({sizeof(ConnectRequest), sizeof(ConnectRequestV3), sizeof(ConnectRequestV4)});
 
 // ---- probes and close notices: tag ctrlTag(kProbe), a 16-byte body {kind, comm id} ----
 //

@@ -9,6 +9,7 @@
 
 #include "weft/common/log.h"
 #include "weft/common/params.h"
+#include "weft/transport/agreement.h"
 #include "weft/transport/handle.h"
 
 namespace weft::verbs {
@@ -182,6 +183,7 @@ Status VerbsBackend::pollConnect(int dev, PendingConnect& pc, SendComm** out) {
     info.version = QpInfo::kVersion;
     info.token = pc.token;
     info.trafficClass = static_cast<uint32_t>(pc.trafficClass + 1);
+    info.tunerDigest = transport::localAgreement().digest;
     pc.qps->describe(&info);
     pc.sock->queue(&info, sizeof(info));
     pc.sentInfo = true;
@@ -191,18 +193,23 @@ Status VerbsBackend::pollConnect(int dev, PendingConnect& pc, SendComm** out) {
     return Status::kRemote;
   }
   if (!pc.comm) {
-    if (!pc.sock->fill(sizeof(QpInfo), &why)) {
+    QpInfo peer;
+    if (!pc.sock->readQpInfo(&peer, &why)) {
       if (why.empty()) return Status::kOk;
       WEFT_WARN("connect to {} on {}: the listener closed the handshake ({}): the listen is gone or refused us",
                 pc.peerName, d.props().name, why);
       return Status::kRemote;
     }
-    QpInfo peer;
-    pc.sock->take(&peer, sizeof(peer));
     if (peer.magic != QpInfo::kMagic || peer.version != QpInfo::kVersion) {
-      WEFT_WARN("connect to {} on {}: the answer is not a weft verbs handshake of this version", pc.peerName,
-                d.props().name);
+      WEFT_WARN("connect to {} on {}: the answer is not a weft verbs handshake of this version (v{}, this end v{}: "
+                "run the same weft build on every node)",
+                pc.peerName, d.props().name, peer.version, QpInfo::kVersion);
       return Status::kRemote;
+    }
+    if (peer.status == QpInfo::kTunerMismatch) {
+      WEFT_WARN("connect to {} on {}: {}", pc.peerName, d.props().name,
+                transport::agreementMismatch(peer.tunerDigest, pc.peerName));
+      return Status::kInvalidUsage;
     }
     if (peer.status != QpInfo::kAccepted) {
       WEFT_WARN("connect to {} on {}: refused by the listener ({})", pc.peerName, d.props().name,

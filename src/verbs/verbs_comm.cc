@@ -14,6 +14,7 @@
 #include "weft/common/clock.h"
 #include "weft/common/log.h"
 #include "weft/common/params.h"
+#include "weft/transport/agreement.h"
 #include "weft/transport/handle.h"
 
 namespace weft::verbs {
@@ -121,6 +122,17 @@ bool HandshakeSocket::fill(size_t want, std::string* why) {
 void HandshakeSocket::take(void* out, size_t n) {
   if (out != nullptr) std::memcpy(out, in_.data(), n);
   in_.erase(0, n);
+}
+
+bool HandshakeSocket::readQpInfo(QpInfo* out, std::string* why) {
+  if (!fill(QpInfo::kBytesV1, why)) return false;
+  uint16_t version = 0;
+  std::memcpy(&version, in_.data() + offsetof(QpInfo, version), sizeof(version));
+  const size_t n = version >= 2 ? sizeof(QpInfo) : QpInfo::kBytesV1;
+  if (!fill(n, why)) return false;
+  *out = QpInfo{};
+  take(out, n);
+  return true;
 }
 
 // ---- QPs -------------------------------------------------------------------------------------------------------
@@ -946,28 +958,34 @@ Status VerbsListenComm::accept(RecvComm** out) {
   };
   // Whether `n` bytes of the handshake are in; a connector that closes, fails, or stalls past the handshake
   // timeout is dropped (and accept keeps listening).
-  auto arrived = [&](size_t n, const char* waitingFor) {
-    if (sock_->fill(n, &why)) return true;
+  auto notYet = [&](const char* waitingFor) {
     if (!why.empty()) {
       drop(why);
     } else if (std::chrono::steady_clock::now() - started_ > kHandshakeTimeout) {
       drop(std::string("no ") + waitingFor + " within " + std::to_string(kHandshakeTimeout.count()) + " s");
     }
+  };
+  auto arrived = [&](size_t n, const char* waitingFor) {
+    if (sock_->fill(n, &why)) return true;
+    notYet(waitingFor);
     return false;
   };
   QpInfo reply{};
   reply.magic = QpInfo::kMagic;
   reply.version = QpInfo::kVersion;
   reply.token = token_;
+  reply.tunerDigest = transport::localAgreement().digest;
   auto answer = [&](uint32_t status) {  // best effort for refusals: the socket closes right after
     reply.status = status;
     sock_->queue(&reply, sizeof(reply));
     sock_->flush(&why);
   };
   if (!replied_) {
-    if (!arrived(sizeof(QpInfo), "request")) return Status::kOk;
     QpInfo peer;
-    sock_->take(&peer, sizeof(peer));
+    if (!sock_->readQpInfo(&peer, &why)) {
+      notYet("request");
+      return Status::kOk;
+    }
     if (peer.magic != QpInfo::kMagic || peer.version != QpInfo::kVersion || peer.nQps < 1 || peer.nQps > kMaxQps) {
       answer(QpInfo::kBadRequest);
       drop("not a weft verbs connection request of this version");
@@ -979,6 +997,15 @@ Status VerbsListenComm::accept(RecvComm** out) {
                 peerName_, dev_.props().name);
       sock_.reset();
       return Status::kOk;
+    }
+    const uint64_t digest = reply.tunerDigest;
+    if (peer.tunerDigest != 0 && digest != 0 && peer.tunerDigest != digest) {
+      // The real peer, tuning differently: told why (it fails its connect naming both), and this accept fails.
+      WEFT_WARN("accept on {} from {}: {}", dev_.props().name, peerName_,
+                transport::agreementMismatch(peer.tunerDigest, peerName_));
+      answer(QpInfo::kTunerMismatch);
+      sock_.reset();
+      return Status::kInvalidUsage;
     }
     qps_ = VerbsRecvComm::makeQps(dev_, peer.nQps);
     Status st = qps_->create(&why);

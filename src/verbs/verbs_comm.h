@@ -34,11 +34,13 @@ namespace weft::verbs {
 
 constexpr int kMaxQps = 8;
 
-// What each side tells the other over the handshake socket.
+// What each side tells the other over the handshake socket. Version 2 added the tuner's digest
+// (weft/transport/agreement.h) at the end: a side reads version 1's bytes first, and the rest only from a peer of
+// its own version, so another version is refused cleanly rather than waited for.
 struct QpInfo {
   static constexpr uint32_t kMagic = 0x57464942;  // "WFIB"
-  static constexpr uint16_t kVersion = 1;
-  enum : uint32_t { kAccepted = 0, kWrongToken = 1, kBadRequest = 2, kNoResources = 3 };
+  static constexpr uint16_t kVersion = 2;
+  enum : uint32_t { kAccepted = 0, kWrongToken = 1, kBadRequest = 2, kNoResources = 3, kTunerMismatch = 4 };
   uint32_t magic;
   uint16_t version;
   uint16_t nQps;
@@ -53,7 +55,10 @@ struct QpInfo {
   uint64_t probeAddr;
   uint32_t probeRkey;
   uint32_t trafficClass;  // connector's request: traffic class + 1 (0: none given)
+  uint64_t tunerDigest;   // version 2: the sender's tuner decision state (0: not checked)
+  static constexpr size_t kBytesV1 = 96;  // version 1's whole message: magic and version first, as ever
 };
+static_assert(offsetof(QpInfo, tunerDigest) == QpInfo::kBytesV1, "version 2 only appends");
 
 // One buffer as the receiver offers it.
 struct VerbsOffer {
@@ -91,6 +96,9 @@ class HandshakeSocket {
   bool fill(size_t want, std::string* why);
   // Moves the first n bytes read (fill(n) returned true) into `out`, or drops them when out is nullptr.
   void take(void* out, size_t n);
+  // A QpInfo of any version: true once it is in (*out zero-filled past what its version sends), false for "not
+  // yet" (*why set on failure).
+  bool readQpInfo(QpInfo* out, std::string* why);
 
  private:
   int fd_;

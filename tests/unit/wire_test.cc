@@ -75,15 +75,22 @@ TEST_CASE("the handshake keeps the fields a peer of another version reads", "[wi
   CHECK(offsetof(ConnectReply, commId) == 20);
   CHECK(offsetof(ConnectReply, rails) == 24);
   CHECK(ConnectRequest::kVersion == 5);
-  // Versions 4 and 5 share the request layout: a version-4 request's address is found where it sits, so the
-  // refusal reaches it.
+  // An older request's address and comm id are found where its own layout has them, so the refusal reaches it
+  // under the tag it waits on; an older connector gets the reply in its own, shorter layout.
   ConnectRequest r{};
-  for (uint16_t v : {uint16_t{4}, ConnectRequest::kVersion}) {
-    r.version = v;
-    CHECK(requestAddr(r) == r.addr);
-  }
+  r.version = ConnectRequest::kVersion;
+  CHECK(requestAddr(r) == r.addr);
+  r.version = 4;
+  CHECK(requestAddr(r) == reinterpret_cast<const uint8_t*>(&r) + offsetof(ConnectRequestV4, addr));
+  CHECK(offsetof(ConnectRequest, commId) == offsetof(ConnectRequestV4, commId));
+  r.commId = 77;
+  CHECK(requestComm(r) == 77);
   r.version = 3;
   CHECK(requestAddr(r) == reinterpret_cast<const uint8_t*>(&r) + offsetof(ConnectRequestV3, addr));
+  CHECK(requestComm(r) == 0);
+  CHECK(kRequestBufBytes >= sizeof(ConnectRequestV4));
+  CHECK(kReplyBytesV4 == offsetof(ConnectReply, rails) + sizeof(RailAddrs));  // version 4's whole reply
+  CHECK(offsetof(ConnectReply, tunerDigest) % 8 == 0);
 }
 
 TEST_CASE("offers and notes name their comm in the body, never in the tag", "[wire]") {

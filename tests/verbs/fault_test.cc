@@ -16,6 +16,7 @@
 
 #include "verbs/verbs_backend.h"
 #include "weft/nccl/net.h"
+#include "weft/transport/agreement.h"
 
 using namespace weft;
 using namespace weft::verbs;
@@ -24,6 +25,9 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 int gSock = -1;
+
+transport::Agreement digestA() { return transport::Agreement{0xA1, "test digest A"}; }
+transport::Agreement digestB() { return transport::Agreement{0xB2, "test digest B"}; }
 const char* gRole = "?";
 
 [[noreturn]] void die(const std::string& what) {
@@ -239,6 +243,39 @@ int run(bool recv) {
     std::fflush(stdout);
     sync("round");
   }
+  // Ranks whose tuners would decide differently (weft/transport/agreement.h): the handshake refuses the
+  // connection on both ends with ncclInvalidUsage, naming both digests, instead of a job that hangs later.
+  transport::setAgreementSource(recv ? &digestA : &digestB);
+  {
+    uint8_t handle[kHandleSize];
+    ListenComm* l = nullptr;
+    Status st = Status::kOk;
+    auto t0 = Clock::now();
+    if (recv) {
+      if (b->listen(0, CommConfig{}, handle, &l) != Status::kOk) die("listen");
+      sendMsg(handle, sizeof(handle));
+      RecvComm* rc = nullptr;
+      while (rc == nullptr && st == Status::kOk) {
+        st = l->accept(&rc);
+        if (Clock::now() - t0 > std::chrono::seconds(60)) die("accept neither refused nor connected");
+      }
+      if (rc != nullptr) die("a connection between differently tuned ranks was accepted");
+      delete l;
+    } else {
+      recvMsg(handle, sizeof(handle));
+      SendComm* sc = nullptr;
+      while (sc == nullptr && st == Status::kOk) {
+        st = b->connect(0, CommConfig{}, handle, &sc);
+        if (Clock::now() - t0 > std::chrono::seconds(60)) die("connect neither refused nor connected");
+      }
+      if (sc != nullptr) die("a connection between differently tuned ranks was made");
+    }
+    if (st != Status::kInvalidUsage) die(std::string("refused with ") + statusName(st) + ", not ncclInvalidUsage");
+    std::printf("INFO [%s] differently tuned ranks: the connection was refused (%s)\n", gRole, statusName(st));
+    std::fflush(stdout);
+  }
+  transport::setAgreementSource(nullptr);
+  sync("agreement");
   return 0;
 }
 

@@ -1,0 +1,43 @@
+#include "weft/transport/agreement.h"
+
+#include <fmt/format.h>
+
+#include <mutex>
+
+namespace weft::transport {
+namespace {
+
+std::mutex gMutex;
+AgreementSource gSource = nullptr;
+bool gComputed = false;
+Agreement gLocal;
+
+}  // namespace
+
+void setAgreementSource(AgreementSource source) {
+  std::lock_guard<std::mutex> lock(gMutex);
+  gSource = source;
+  gComputed = false;
+  gLocal = Agreement{};
+}
+
+Agreement localAgreement() {
+  std::lock_guard<std::mutex> lock(gMutex);
+  if (!gComputed) {
+    gLocal = gSource != nullptr ? gSource() : Agreement{};
+    gComputed = true;
+  }
+  return gLocal;
+}
+
+std::string agreementMismatch(uint64_t peerDigest, const std::string& peer) {
+  Agreement self = localAgreement();
+  return fmt::format(
+      "the tuner would decide differently at the two ends of this connection: this process {:016x} ({}), peer {} "
+      "{:016x} (its log says what it loaded). Ranks that tune differently pick different algorithms and NCCL hangs, "
+      "so the connection is refused. Give every rank the same WEFT_TUNER* settings and the same profile file "
+      "(WEFT_TUNER_PROFILE), or set WEFT_TUNER_CHECK=0 where NCCL does not use this library's tuner",
+      self.digest, self.summary, peer, peerDigest);
+}
+
+}  // namespace weft::transport

@@ -1,0 +1,82 @@
+#include "tuner/agreement.h"
+
+#include <fmt/format.h>
+
+#include <cctype>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "tuner/profile.h"
+#include "weft/common/params.h"
+
+namespace weft::tuner {
+namespace {
+
+uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull) {
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+bool otherTunerNamed() {
+  const char* t = std::getenv("NCCL_TUNER_PLUGIN");
+  if (t == nullptr || *t == 0) return false;  // NCCL 2.21+ then takes the net library's tuner: this one
+  std::string s(t);
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s.find("weft") == std::string::npos;
+}
+
+}  // namespace
+
+transport::Agreement decisionState() {
+  transport::Agreement a;
+  if (!params::getBool("WEFT_TUNER_CHECK")) {
+    a.summary = "not checked (WEFT_TUNER_CHECK=0)";
+    return a;
+  }
+  if (otherTunerNamed()) {
+    a.summary = fmt::format("not checked (NCCL_TUNER_PLUGIN={})", std::getenv("NCCL_TUNER_PLUGIN"));
+    return a;
+  }
+  std::string canon = "weft-tuner-decisions-1\n";
+  if (!params::getBool("WEFT_TUNER")) {
+    canon += "off\n";
+    a.summary = "tuner off (WEFT_TUNER=0)";
+  } else {
+    const int margin = static_cast<int>(params::getInt("WEFT_TUNER_MARGIN"));
+    const bool explore = params::getBool("WEFT_TUNER_EXPLORE");
+    const std::string& force = params::getString("WEFT_TUNER_FORCE");
+    const std::string& path = params::getString("WEFT_TUNER_PROFILE");
+    canon += fmt::format("margin {}\nexplore {}\nforce {}\n", margin, explore ? 1 : 0, force);
+    std::string what;
+    if (path.empty()) {
+      canon += "profile none\n";
+      what = "no profile";
+    } else {
+      std::ifstream in(path, std::ios::binary);
+      if (!in) {
+        canon += "profile unreadable\n";
+        what = fmt::format("profile {} cannot be read: NCCL's own choices", path);
+      } else {
+        std::stringstream ss;
+        ss << in.rdbuf();
+        const std::string bytes = ss.str();
+        canon += fmt::format("profile {} bytes {:016x}\n", bytes.size(), fnv1a(bytes));
+        std::string err;
+        auto p = loadProfile(path, 0, 0, &err);
+        what = p ? fmt::format("profile {} ({} bytes, {:016x})", path, bytes.size(), fnv1a(bytes))
+                 : fmt::format("profile {} does not load ({}): NCCL's own choices", path, err);
+      }
+    }
+    a.summary = fmt::format("{}, margin {}%{}{}", what, margin, explore ? ", exploring" : "",
+                            force.empty() ? "" : ", forcing " + force);
+  }
+  a.digest = fnv1a(canon);
+  if (a.digest == 0) a.digest = 1;  // 0 means unchecked
+  return a;
+}
+
+}  // namespace weft::tuner
