@@ -196,11 +196,7 @@ ncclResult_t initImpl(ncclDebugLogger_t logger) {
     // This library's tuner is the one NCCL 2.21+ uses by default: connections carry its decision state and are
     // refused where the two ends' differ (weft/transport/agreement.h). Once per process.
     static std::once_flag agreement;
-    std::call_once(agreement, [] {
-      transport::setAgreementSource(&tuner::decisionState);
-      transport::Agreement a = transport::localAgreement();
-      WEFT_INFO(NCCL_INIT | NCCL_TUNING, "tuner decision state {:016x}: {}", a.digest, a.summary);
-    });
+    std::call_once(agreement, [] { transport::setAgreementSource(&tuner::decisionState); });
     return st;
   });
 }

@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "tuner/agreement.h"
 #include "tuner/policy.h"
 #include "tuner/profile.h"
 #include "weft/common/log.h"
@@ -78,6 +79,9 @@ bool parseArmSpec(const std::string& s, Arm* arm, std::string* why) {
 
 TunerContext* makeContext(uint64_t commId, size_t nRanks, size_t nNodes, int nvlDomains, ncclDebugLogger_t logger) {
   if (logger != nullptr) log::setLogger(logger);
+  // Once per process, on every rank: what decides this tuner's choices, for `weft tune check` over the logs.
+  static std::once_flag stateLogged;
+  std::call_once(stateLogged, [] { WEFT_INFO(NCCL_INIT | NCCL_TUNING, "{}", stateLine(decisionState())); });
   auto* c = new TunerContext();
   c->commId = commId;
   c->nRanks = static_cast<int>(nRanks);

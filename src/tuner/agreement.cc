@@ -3,8 +3,10 @@
 #include <fmt/format.h>
 
 #include <cctype>
+#include <cstring>
 #include <cstdlib>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "tuner/profile.h"
@@ -77,6 +79,38 @@ transport::Agreement decisionState() {
   a.digest = fnv1a(canon);
   if (a.digest == 0) a.digest = 1;  // 0 means unchecked
   return a;
+}
+
+std::string stateLine(const transport::Agreement& a) {
+  return fmt::format("{}{:016x}: {}", kStateTag, a.digest, a.summary);
+}
+
+std::vector<LoggedState> scanLog(std::istream& in, const std::string& name) {
+  std::vector<LoggedState> out;
+  std::set<std::string> seen;
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    const size_t at = line.find(kStateTag);
+    if (at == std::string::npos) continue;
+    const size_t hex = at + std::strlen(kStateTag);
+    if (line.size() < hex + 18 || line.compare(hex + 16, 2, ": ") != 0) continue;
+    LoggedState s;
+    try {
+      size_t used = 0;
+      s.digest = std::stoull(line.substr(hex, 16), &used, 16);
+      if (used != 16) continue;
+    } catch (const std::exception&) {
+      continue;
+    }
+    s.summary = line.substr(hex + 18);
+    // NCCL's prefix: "host:pid:tid [dev] NCCL INFO ..." (src/debug.cc): the process is host:pid.
+    const size_t sp = line.find(' ');
+    const std::string head = sp == std::string::npos ? "" : line.substr(0, sp);
+    const size_t c1 = head.find(':'), c2 = c1 == std::string::npos ? std::string::npos : head.find(':', c1 + 1);
+    s.who = c2 != std::string::npos && sp < at ? head.substr(0, c2) : fmt::format("{}:{}", name, n);
+    if (seen.insert(s.who).second) out.push_back(std::move(s));
+  }
+  return out;
 }
 
 }  // namespace weft::tuner

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -116,6 +117,27 @@ TEST_CASE("the tuner's digest changes with everything that changes its decisions
     EnvVar e("WEFT_TUNER_PROFILE", damaged);
     CHECK(tuner::decisionState().summary.find("does not load") != std::string::npos);
   }
+}
+
+TEST_CASE("weft tune check reads the state line from NCCL's log format, one per process", "[tuner][agreement]") {
+  std::istringstream log(
+      "node1:4242:4250 [0] NCCL INFO Bootstrap : Using eth0\n"
+      "node1:4242:4250 [0] NCCL INFO NET/weft : tuner decision state 00000000000000a1: profile /p.json, margin 3%\n"
+      "node1:4242:4251 [1] NCCL INFO NET/weft : tuner decision state 00000000000000a1: profile /p.json, margin 3%\n"
+      "node2:77:78 [0] NCCL INFO NET/weft : tuner decision state 00000000000000b2: no profile, margin 3%\n"
+      "tuner decision state 00000000000000c3: tuner off (WEFT_TUNER=0)\n"
+      "tuner decision state xyz: not a digest\n"
+      "tuner decision state 00000000000000d4 no colon\n");
+  auto got = tuner::scanLog(log, "job.log");
+  REQUIRE(got.size() == 3);  // node1:4242 once, however many of its threads logged
+  CHECK(got[0].who == "node1:4242");
+  CHECK(got[0].digest == 0xa1);
+  CHECK(got[0].summary == "profile /p.json, margin 3%");
+  CHECK(got[1].who == "node2:77");
+  CHECK(got[1].digest == 0xb2);
+  CHECK(got[2].who == "job.log:5");  // no NCCL prefix: named by file and line
+  CHECK(got[2].digest == 0xc3);
+  CHECK(tuner::stateLine(Agreement{0xa1, "x"}) == "tuner decision state 00000000000000a1: x");
 }
 
 // The connecting peer of the two-process cases (hidden: started by the case below with its own environment).

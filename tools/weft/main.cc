@@ -69,6 +69,8 @@ void usage() {
                "                                (--via env: NCCL_ALGO/NCCL_PROTO), parse it, write a profile (resumable)\n"
                "  tune nccl-sim --tuner SO      a simulated NCCL calling the tuner file, printing nccl-tests output\n"
                "  tune eval --profile F         score a profile in a simulated world\n"
+               "  tune check LOG... [--expect N]  the tuner decision state every rank logged (NCCL_DEBUG=INFO): one\n"
+               "                                state, or which processes differ (exit 1)\n"
                "  profile merge DIR --out F     a profile from the timing records of every rank (WEFT_TELEMETRY_DIR)\n");
 }
 

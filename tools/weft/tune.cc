@@ -9,11 +9,14 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <strings.h>
 
 #include <algorithm>
+#include <cstdarg>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -25,6 +28,7 @@
 
 #include "args.h"
 #include "svg.h"
+#include "tuner/agreement.h"
 #include "tuner/nccl_model.h"
 #include "tuner/policy.h"
 #include "tuner/profile.h"
@@ -426,6 +430,25 @@ int sweepCommand(int argc, char** argv) {
 // An NCCL stand-in for tests and demos: for each size, NCCL's table from the reference model goes through the
 // real tuner plugin file (getCollInfo as enqueue.cc calls it), NCCL's argmin picks, and the simulated world
 // times the pick; printed as nccl-tests prints it.
+// NCCL's logger as the simulated NCCL's: WARN always, INFO with NCCL_DEBUG=INFO, in NCCL's line format
+// ("host:pid:tid [dev] NCCL INFO ...", src/debug.cc) on standard error.
+void simLogger(ncclDebugLogLevel level, unsigned long, const char*, int, const char* fmt, ...) {
+  static const bool info = [] {
+    const char* d = std::getenv("NCCL_DEBUG");
+    return d != nullptr && strcasecmp(d, "INFO") == 0;
+  }();
+  if (level != NCCL_LOG_WARN && !(level == NCCL_LOG_INFO && info)) return;
+  char host[64] = "localhost";
+  gethostname(host, sizeof(host) - 1);
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  std::fprintf(stderr, "%s:%d:%d [0] NCCL %s %s\n", host, static_cast<int>(getpid()), static_cast<int>(getpid()),
+               level == NCCL_LOG_WARN ? "WARN" : "INFO", msg);
+}
+
 int ncclSimCommand(int argc, char** argv) {
   model::Topology topo;
   std::string tunerPath;
@@ -455,7 +478,7 @@ int ncclSimCommand(int argc, char** argv) {
   void* ctx = nullptr;
   ncclNvlDomainInfo_v5_t nvl{topo.nNodes, topo.ppn(), topo.ppn()};
   ncclTunerConstants_v5_t consts{};
-  tuner->init(&ctx, 0x51111, topo.nRanks, topo.nNodes, nullptr, &nvl, &consts);
+  tuner->init(&ctx, 0x51111, topo.nRanks, topo.nNodes, simLogger, &nvl, &consts);
   sim::WorldOptions wo;
   wo.seed = static_cast<uint64_t>(seed);
   sim::World w(topo, wo);
@@ -636,6 +659,67 @@ int mergeCommand(int argc, char** argv) {
   return 0;
 }
 
+// Checks the NCCL logs of a job (NCCL_DEBUG=INFO, every rank; files, or - for standard input) for the tuner's
+// decision state line: one state everywhere, or which processes differ. The handshake refuses such connections in
+// the combined library; with the standalone tuner only the logs tell.
+int checkCommand(int argc, char** argv) {
+  std::vector<std::string> files;
+  int k = 3;
+  for (; k < argc && (argv[k][0] != '-' || std::string(argv[k]) == "-"); ++k) files.emplace_back(argv[k]);
+  int expect = 0;
+  harness::Args a("weft tune check", argc, argv, k);
+  while (a.next()) {
+    if (a.flag() == "--expect") expect = a.number(1, 1 << 24);
+    else a.unknown();
+  }
+  if (files.empty()) {
+    std::fprintf(stderr, "usage: weft tune check LOG... [--expect N]   (LOG: NCCL_DEBUG=INFO output of every rank; - for stdin)\n");
+    return 2;
+  }
+  std::map<uint64_t, std::vector<LoggedState>> byDigest;
+  size_t processes = 0;
+  for (const std::string& f : files) {
+    std::vector<LoggedState> got;
+    if (f == "-") {
+      got = scanLog(std::cin, "stdin");
+    } else {
+      std::ifstream in(f);
+      if (!in) {
+        std::fprintf(stderr, "weft tune check: cannot read %s\n", f.c_str());
+        return 2;
+      }
+      got = scanLog(in, f);
+    }
+    for (auto& g : got) byDigest[g.digest].push_back(std::move(g)), ++processes;
+  }
+  if (processes == 0) {
+    std::fprintf(stderr, "weft tune check: no \"%s\" line in the logs (NCCL_DEBUG=INFO, and a weft tuner loaded?)\n",
+                 kStateTag);
+    return 2;
+  }
+  const bool agree = byDigest.size() == 1;
+  const bool complete = expect == 0 || static_cast<int>(processes) == expect;
+  if (agree) {
+    const LoggedState& s = byDigest.begin()->second.front();
+    std::printf("tune check: %zu processes, one tuner decision state %016llx: %s\n", processes,
+                static_cast<unsigned long long>(s.digest), s.summary.c_str());
+  } else {
+    std::printf("tune check: %zu processes, %zu different tuner decision states: their ranks would pick different "
+                "algorithms and NCCL would hang\n", processes, byDigest.size());
+    for (const auto& [d, v] : byDigest) {
+      std::printf("  %016llx (%zu): %s\n    ", static_cast<unsigned long long>(d), v.size(), v.front().summary.c_str());
+      for (size_t i = 0; i < v.size() && i < 8; ++i) std::printf("%s%s", i ? ", " : "", v[i].who.c_str());
+      std::printf("%s\n", v.size() > 8 ? ", ..." : "");
+    }
+    std::printf("  give every rank the same WEFT_TUNER* settings and the same profile file\n");
+  }
+  if (!complete) {
+    std::printf("tune check: %zu processes logged their state, %d expected: the others did not load the tuner, or "
+                "their logs are missing\n", processes, expect);
+  }
+  return agree && complete ? 0 : 1;
+}
+
 }  // namespace
 
 int tuneCommand(int argc, char** argv);
@@ -655,7 +739,8 @@ int tuneCommand(int argc, char** argv) {
   if (sub == "sweep") return sweepCommand(argc, argv);
   if (sub == "nccl-sim") return ncclSimCommand(argc, argv);
   if (sub == "eval") return evalCommand(argc, argv);
-  std::fprintf(stderr, "usage: weft tune sim|show|sweep|nccl-sim|eval ... (weft help)\n");
+  if (sub == "check") return checkCommand(argc, argv);
+  std::fprintf(stderr, "usage: weft tune sim|show|sweep|nccl-sim|eval|check ... (weft help)\n");
   return 2;
 }
 
