@@ -4,15 +4,18 @@
 // (no profile, a malformed one, another topology) turns this communicator's tuner into a pass-through with one
 // warning. Decisions come from src/tuner/policy.h and depend only on rank-consistent inputs.
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "tuner/agreement.h"
+#include "tuner/nccl_env.h"
 #include "tuner/policy.h"
 #include "tuner/profile.h"
 #include "weft/common/log.h"
@@ -77,6 +80,40 @@ bool parseArmSpec(const std::string& s, Arm* arm, std::string* why) {
   return true;
 }
 
+// NCCL_ALGO / NCCL_PROTO make NCCL ignore what the tuner chooses where they disable it (NVIDIA/nccl#1661): said
+// once per process as a warning, then per communicator at INFO.
+void reportNcclOverrides(const Policy& policy, uint64_t commId) {
+  const char* algo = std::getenv("NCCL_ALGO");
+  const char* proto = std::getenv("NCCL_PROTO");
+  if ((algo == nullptr || *algo == 0) && (proto == nullptr || *proto == 0)) return;
+  const std::string set = fmt::format("{}{}{}", algo && *algo ? fmt::format("NCCL_ALGO={}", algo) : "",
+                                      algo && *algo && proto && *proto ? " " : "",
+                                      proto && *proto ? fmt::format("NCCL_PROTO={}", proto) : "");
+  NcclEnables enables;
+  std::string why;
+  if (!parseNcclEnables(algo, proto, &enables, &why)) {
+    WEFT_INFO(NCCL_TUNING, "tuner: {} (NCCL refuses it too)", why);
+    return;
+  }
+  std::vector<std::string> blocked = blockedChoices(policy, enables);
+  if (blocked.empty()) {
+    WEFT_INFO(NCCL_TUNING, "tuner: communicator {:#x}: {} takes none of the tuner's choices away", commId, set);
+    return;
+  }
+  std::string list;
+  for (size_t i = 0; i < blocked.size() && i < 12; ++i) list += (i ? "; " : "") + blocked[i];
+  if (blocked.size() > 12) list += fmt::format("; and {} more", blocked.size() - 12);
+  static std::atomic<bool> warned{false};
+  if (!warned.exchange(true)) {
+    WEFT_WARN("tuner: {} disables what the tuner would choose for: {}. NCCL ignores those choices (they are IGNORE in "
+              "its table) and keeps its own there: unset the variable{} to let the profile decide", set, list,
+              algo && *algo && proto && *proto ? "s" : "");
+  } else {
+    WEFT_INFO(NCCL_TUNING, "tuner: communicator {:#x}: {} disables what the tuner would choose for: {}", commId, set,
+              list);
+  }
+}
+
 TunerContext* makeContext(uint64_t commId, size_t nRanks, size_t nNodes, int nvlDomains, ncclDebugLogger_t logger) {
   if (logger != nullptr) log::setLogger(logger);
   // Once per process, on every rank: what decides this tuner's choices, for `weft tune check` over the logs.
@@ -134,6 +171,7 @@ TunerContext* makeContext(uint64_t commId, size_t nRanks, size_t nNodes, int nvl
   }
   if (prof || opt.force || opt.explore) {
     c->policy = Policy::build(prof ? *prof : Profile{}, opt);
+    reportNcclOverrides(*c->policy, commId);
     WEFT_INFO(NCCL_TUNING, "tuner: communicator {:#x} ({} ranks, {} nodes): {}{}{}", commId, nRanks, nNodes,
               prof ? "profile" : "no profile", opt.explore ? ", exploring" : "",
               opt.force ? ", forcing " + armName(opt.forced) : "");

@@ -63,6 +63,8 @@ class Policy {
   // The chunk size measured best for the arm NCCL ended up with (0: no opinion).
   uint32_t chunkFor(int coll, uint64_t nBytes, int algo, int proto, int channels) const noexcept;
   const PolicyOptions& options() const { return opt_; }
+  const std::vector<Rule>& rules() const { return rules_; }
+  uint32_t mask(int coll) const { return coll >= 0 && coll < kNumColls ? masks_[coll] : 0; }  // the signature's
   size_t cellCount() const { return entries_.size(); }
 
   struct Entry {

@@ -7,6 +7,7 @@
 #include <random>
 
 #include "tuner/nccl_model.h"
+#include "tuner/nccl_env.h"
 #include "tuner/policy.h"
 #include "tuner/profile.h"
 #include "tuner/sim.h"
@@ -355,4 +356,75 @@ TEST_CASE("simulated worlds: the targets (speedup, never worse, planted points, 
   CHECK(pl >= 1.25);
   CHECK(minSp >= 0.99);
   CHECK(reg <= 0.02);
+}
+
+TEST_CASE("NCCL_ALGO / NCCL_PROTO read as NCCL reads them", "[tuner][nccl_env]") {
+  NcclEnables e;
+  std::string why;
+  REQUIRE(parseNcclEnables(nullptr, "", &e, &why));
+  CHECK(e.allows(4, 1, 1));
+  // NCCL's own examples (src/graph/tuning.cc, v2.28.9).
+  REQUIRE(parseNcclEnables("ring,collnetdirect;allreduce:tree,collnetdirect;broadcast:ring", nullptr, &e, &why));
+  CHECK(e.allows(2, 1, 2));        // AllGather: Ring
+  CHECK_FALSE(e.allows(2, 0, 2));  // AllGather: not Tree
+  CHECK(e.allows(4, 0, 2));        // AllReduce: Tree
+  CHECK_FALSE(e.allows(4, 1, 2));  // AllReduce: not Ring
+  CHECK(e.allows(4, 2, 2));        // AllReduce: CollNetDirect
+  CHECK(e.allows(0, 1, 2));        // Broadcast: Ring
+  CHECK_FALSE(e.allows(0, 2, 2));  // Broadcast: only Ring
+  REQUIRE(parseNcclEnables(nullptr, "LL,Simple;allreduce:^LL", &e, &why));
+  CHECK(e.allows(2, 1, 0));
+  CHECK_FALSE(e.allows(2, 1, 1));
+  CHECK_FALSE(e.allows(4, 1, 0));
+  CHECK(e.allows(4, 1, 1));
+  CHECK(e.allows(4, 1, 2));
+  REQUIRE(parseNcclEnables("RING", "^ll128", &e, &why));  // case does not matter
+  CHECK(e.allows(4, 1, 2));
+  CHECK_FALSE(e.allows(4, 0, 2));
+  CHECK_FALSE(e.allows(4, 1, 1));
+  // What NCCL refuses (its init fails): said, not guessed.
+  CHECK_FALSE(parseNcclEnables("ring;tree", nullptr, &e, &why));
+  CHECK(why.find("must name its collective") != std::string::npos);
+  CHECK_FALSE(parseNcclEnables("rnig", nullptr, &e, &why));
+  CHECK(why.find("unknown name \"rnig\"") != std::string::npos);
+  CHECK_FALSE(parseNcclEnables(nullptr, "allredcue:LL", &e, &why));
+  CHECK(why.find("unknown collective") != std::string::npos);
+}
+
+TEST_CASE("the tuner says which of its choices NCCL_ALGO / NCCL_PROTO take away", "[tuner][nccl_env]") {
+  // AllReduce: Tree/LL128 measured fastest at 1 MiB (by less than the margin), Ring/Simple at 4 MiB.
+  Profile p = tinyProfile();
+  auto pol = Policy::build(p, PolicyOptions{});
+  NcclEnables e;
+  std::string why;
+  REQUIRE(parseNcclEnables(nullptr, "^LL", &e, &why));
+  CHECK(blockedChoices(*pol, e).empty());  // LL is nowhere fastest
+  REQUIRE(parseNcclEnables(nullptr, "^LL128", &e, &why));
+  std::vector<std::string> b = blockedChoices(*pol, e);
+  REQUIRE_FALSE(b.empty());
+  for (const std::string& line : b) {
+    CHECK(line.find("AllReduce ") == 0);
+    CHECK(line.find("TREE/LL128") != std::string::npos);
+  }
+  REQUIRE(parseNcclEnables("tree", nullptr, &e, &why));
+  b = blockedChoices(*pol, e);
+  REQUIRE_FALSE(b.empty());
+  bool ring = false;
+  for (const std::string& line : b) ring = ring || line.find("RING/SIMPLE") != std::string::npos;
+  CHECK(ring);
+  // A profile measured with NCCL offering LL128: with it disabled NCCL's table no longer matches the signature.
+  p.sig.masks[4] = 0x1ff;
+  auto pol2 = Policy::build(p, PolicyOptions{});
+  REQUIRE(parseNcclEnables(nullptr, "^LL128", &e, &why));
+  b = blockedChoices(*pol2, e);
+  REQUIRE(b.size() == 1);
+  CHECK(b[0].find("leaves AllReduce to NCCL") != std::string::npos);
+  // Forcing: the forced choice where it is disabled.
+  PolicyOptions fo;
+  fo.force = true;
+  fo.forced.algo = 1;
+  fo.forced.proto = 1;
+  auto forced = Policy::build(Profile{}, fo);
+  b = blockedChoices(*forced, e);
+  CHECK(b.size() == static_cast<size_t>(kNumColls));
 }
