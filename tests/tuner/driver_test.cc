@@ -7,9 +7,11 @@
 #include <catch2/catch.hpp>
 
 #include <dlfcn.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <random>
 #include <string>
@@ -49,6 +51,43 @@ extern "C" void* realloc(void* p, size_t n) {
   return __libc_realloc(p, n);
 }
 #endif
+
+// Locks taken by this thread while gCounting is set, the tuner library's included (its std::mutex, shared_mutex
+// and call_once go through these): the executable's definitions interpose, and forward to libc's.
+static thread_local size_t gLocks = 0;
+template <typename F>
+static F realFn(const char* name) {
+  static_assert(sizeof(F) == sizeof(void*));
+  void* p = dlsym(RTLD_NEXT, name);
+  F f;
+  std::memcpy(&f, &p, sizeof(f));
+  return f;
+}
+extern "C" int pthread_mutex_lock(pthread_mutex_t* m) {
+  static auto real = realFn<int (*)(pthread_mutex_t*)>("pthread_mutex_lock");
+  if (gCounting) ++gLocks;
+  return real(m);
+}
+extern "C" int pthread_mutex_trylock(pthread_mutex_t* m) {
+  static auto real = realFn<int (*)(pthread_mutex_t*)>("pthread_mutex_trylock");
+  if (gCounting) ++gLocks;
+  return real(m);
+}
+extern "C" int pthread_rwlock_rdlock(pthread_rwlock_t* l) {
+  static auto real = realFn<int (*)(pthread_rwlock_t*)>("pthread_rwlock_rdlock");
+  if (gCounting) ++gLocks;
+  return real(l);
+}
+extern "C" int pthread_rwlock_wrlock(pthread_rwlock_t* l) {
+  static auto real = realFn<int (*)(pthread_rwlock_t*)>("pthread_rwlock_wrlock");
+  if (gCounting) ++gLocks;
+  return real(l);
+}
+extern "C" int pthread_spin_lock(pthread_spinlock_t* l) {
+  static auto real = realFn<int (*)(pthread_spinlock_t*)>("pthread_spin_lock");
+  if (gCounting) ++gLocks;
+  return real(l);
+}
 
 namespace {
 
@@ -237,7 +276,7 @@ TEST_CASE("consistency: ranks with identical NCCL inputs but their own regBuff d
 // getCollInfo's cost (target: under 100 ns a call) is measured by bench/tuner_bench.cc (weft_tuner_bench), not
 // here: a timed test fails on a busy machine (one CI run measured 108 ns where an idle one measures 50). What
 // cannot flake is checked instead: the decision path allocates nothing (it runs for every collective NCCL enqueues).
-TEST_CASE("getCollInfo allocates nothing and logs nothing in any mode", "[driver][alloc]") {
+TEST_CASE("getCollInfo allocates nothing, takes no lock and logs nothing in any mode", "[driver][alloc]") {
   if (!WEFT_COUNT_ALLOCS) {
     WARN("allocations are not counted under a sanitizer");
     return;
@@ -253,6 +292,7 @@ TEST_CASE("getCollInfo allocates nothing and logs nothing in any mode", "[driver
     api.collInfo(ctx, 4, (1u << 20) + (i & 7) * 4096, 1, table, 0, &nch);
   }
   gAllocs = 0;
+  gLocks = 0;
   gLogCalls = 0;
   gCounting = true;
   for (int i = 0; i < 10000; ++i) {
@@ -264,6 +304,7 @@ TEST_CASE("getCollInfo allocates nothing and logs nothing in any mode", "[driver
   gCounting = false;
   INFO("mode " << gMode);
   CHECK(gAllocs == 0);
+  CHECK(gLocks == 0);  // a rank's decisions never wait on another thread (NCCL may call from several)
   CHECK(gLogCalls == 0);  // nor does it log (NCCL's logger is a call and a format even when filtered out)
   api.fin(ctx);
 }
