@@ -21,6 +21,9 @@ struct PolicyOptions {
   double z = 2.0;           // ... and by this many standard errors of the difference
   int maxExtrapolation = 4; // buckets (quarter octaves) beyond the measured sizes: one octave
   double minSampleNoise = 0.05;  // assumed relative noise of one sample, at least (spread floor)
+  // Between measured sizes, change NCCL's pick only where the winner also beat it by the margin at the measured
+  // sizes on both sides (off: the interpolated times alone decide; for comparisons).
+  bool bracket = true;
   // Exploration (WEFT_TUNER_EXPLORE): per key, the first `exploreRounds * |candidates| * exploreRepeats` calls
   // go round-robin over NCCL's valid entries within `explorePrune` x of its best model time.
   bool explore = false;
@@ -71,6 +74,10 @@ class Policy {
     Arm arm;
     float timeUs;
     float relErr;  // relative standard error of timeUs
+    // The arm's measured times at the nearest measured sizes at or below and at or above the bucket (the same
+    // one twice where the bucket is a measured size, or beyond the measured range), and those sizes' buckets.
+    float loUs, hiUs;
+    int16_t loBucket, hiBucket;
   };
   // Measured/interpolated candidates for a collective and bucket, fastest first (empty span: nothing known).
   std::pair<const Entry*, const Entry*> cell(int coll, int bucket) const noexcept;

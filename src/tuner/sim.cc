@@ -6,6 +6,17 @@
 
 namespace weft::tuner::sim {
 
+const char* structureName(Structure s) noexcept {
+  switch (s) {
+    case Structure::kSmooth: return "smooth";
+    case Structure::kSignFlip: return "sign-flip";
+    case Structure::kDrift: return "drift";
+    case Structure::kHeavyTail: return "heavy-tail";
+    case Structure::kOffPick: return "off-pick";
+  }
+  return "?";
+}
+
 World::World(const model::Topology& topo, const WorldOptions& o) : topo_(topo), o_(o) {
   std::mt19937_64 rng(o.seed);
   std::normal_distribution<double> n01(0.0, 1.0);
@@ -26,6 +37,29 @@ World::World(const model::Topology& topo, const WorldOptions& o) : topo_(topo), 
     }
     for (int l : chosen) planted_.push_back({c, l});
   }
+  if (o.structure == Structure::kOffPick) {
+    // Two unmeasured sizes per collective (odd octaves and quarter points between 128 KiB and 128 MiB).
+    std::uniform_int_distribution<int> q(4 * 17, 4 * 27);
+    for (int c = 0; c < 5; ++c) {
+      for (int k = 0; k < 2;) {
+        int x = q(rng);
+        if (x % 8 == 0) continue;  // a measured size (even octave)
+        offPick_.push_back({c, x / 4.0});
+        ++k;
+      }
+    }
+  }
+}
+
+World World::drifted(uint64_t seed) const {
+  World w = *this;
+  if (o_.structure != Structure::kDrift) return w;
+  std::mt19937_64 rng(seed ^ 0xd1f7u);
+  std::normal_distribution<double> n01(0.0, 1.0);
+  for (auto& c : w.err_)
+    for (auto& a : c)
+      for (double& e : a) e += n01(rng) * o_.driftSigma;
+  return w;
 }
 
 bool World::planted(int coll, uint64_t nBytes) const {
@@ -62,6 +96,26 @@ std::vector<Arm> World::candidates(int coll, uint64_t nBytes) const {
 }
 
 double World::trueUs(int coll, const Arm& arm, uint64_t nBytes) const {
+  double us = unplantedUs(coll, arm, nBytes);
+  Arm def = ncclDefault(coll, nBytes);
+  if (planted(coll, nBytes) && arm.algo == def.algo && arm.proto == def.proto) us *= o_.plantedFactor;
+  if (!offPick_.empty()) {
+    const double l = std::log2(static_cast<double>(nBytes));
+    for (auto [c, pl] : offPick_) {
+      if (c != coll || std::fabs(l - pl) > 0.01) continue;
+      Arm best;
+      double bestUs = 1e30;
+      for (const Arm& cand : candidates(coll, nBytes)) {
+        double x = unplantedUs(coll, cand, nBytes);
+        if (x < bestUs) bestUs = x, best = cand;
+      }
+      if (arm.algo == best.algo && arm.proto == best.proto) us *= o_.plantedFactor;
+    }
+  }
+  return us;
+}
+
+double World::unplantedUs(int coll, const Arm& arm, uint64_t nBytes) const {
   model::Table t = table(coll, nBytes);
   double modelUs = t.t[arm.algo][arm.proto];
   if (!(modelUs >= 0)) return 1e30;
@@ -73,16 +127,22 @@ double World::trueUs(int coll, const Arm& arm, uint64_t nBytes) const {
   double sat = o_.saturationChannels;
   double us = lat + o_.perChannelUs * nc + bwPart * std::min<double>(ncDefault, sat) / std::min<double>(nc, sat);
   double l = std::log2(static_cast<double>(nBytes));
-  double e = err_[coll][arm.algo][arm.proto] * (0.6 + 0.4 * std::sin(l / 3.0 + phase_[coll][arm.algo][arm.proto]));
+  const double amp = err_[coll][arm.algo][arm.proto], ph = phase_[coll][arm.algo][arm.proto];
+  double e = o_.structure == Structure::kSignFlip ? std::fabs(amp) * std::sin(3.14159265358979 * l + ph)
+                                                  : amp * (0.6 + 0.4 * std::sin(l / 3.0 + ph));
   us *= std::exp(e);
-  Arm def = ncclDefault(coll, nBytes);
-  if (planted(coll, nBytes) && arm.algo == def.algo && arm.proto == def.proto) us *= o_.plantedFactor;
   return us;
 }
 
 double World::measureUs(int coll, const Arm& arm, uint64_t nBytes, std::mt19937_64& rng) const {
   std::normal_distribution<double> n01(0.0, 1.0);
   std::uniform_real_distribution<double> u(0.0, 1.0);
+  if (o_.structure == Structure::kHeavyTail) {
+    std::student_t_distribution<double> t3(3.0);
+    double us = trueUs(coll, arm, nBytes) * std::exp(t3(rng) * o_.noiseSigma);
+    if (u(rng) < 0.15) us *= 1.0 + 9.0 * u(rng) * u(rng);
+    return us;
+  }
   double us = trueUs(coll, arm, nBytes) * std::exp(n01(rng) * o_.noiseSigma);
   if (u(rng) < o_.outlierRate) us *= 1.5 + 1.5 * u(rng);
   return us;
@@ -156,6 +216,59 @@ Score evaluate(const World& w, const Policy& pol, const std::vector<int>& colls,
   }
   if (nPlanted > 0) s.plantedGeoSpeedup = std::exp(logPlanted / nPlanted);
   return s;
+}
+
+std::vector<uint64_t> heldOutSweepSizes() {
+  std::vector<uint64_t> v;
+  for (uint64_t n = 64 << 10; n <= (256ull << 20); n *= 4) v.push_back(n);
+  return v;
+}
+
+std::vector<uint64_t> heldOutScoreSizes() {
+  const std::vector<uint64_t> measured = heldOutSweepSizes();
+  std::vector<uint64_t> v;
+  for (int q = 4 * 15; q <= 4 * 29; ++q) {  // 32 KiB .. 512 MiB in quarter octaves
+    uint64_t n = static_cast<uint64_t>(std::llround(std::exp2(q / 4.0)));
+    n &= ~uint64_t{3};  // whole 4-byte elements
+    if (std::find(measured.begin(), measured.end(), n) == measured.end()) v.push_back(n);
+  }
+  return v;
+}
+
+HeldOut heldOut(const model::Topology& topo, WorldOptions wo, const std::vector<uint64_t>& seeds, int reps,
+                int samples, const PolicyOptions& po, const std::vector<int>& colls) {
+  HeldOut h;
+  double logSum = 0, logReg = 0;
+  h.minSpeedup = 1e30;
+  const std::vector<uint64_t> sweepSizes = heldOutSweepSizes(), scoreSizes = heldOutScoreSizes();
+  for (uint64_t seed : seeds) {
+    wo.seed = seed;
+    World w(topo, wo);
+    World use = w.drifted(seed);
+    for (int r = 0; r < reps; ++r) {
+      auto pol = Policy::build(sweep(w, colls, sweepSizes, samples, seed * 7919 + 1 + 104729 * (r + 1)), po);
+      Score s = evaluate(use, *pol, colls, scoreSizes);
+      for (const Point& pt : s.points) {
+        double sp = pt.ncclUs / pt.tunedUs;
+        h.speedups.push_back(sp);
+        logSum += std::log(sp);
+        logReg += std::log(pt.tunedUs / pt.oracleUs);
+        h.minSpeedup = std::min(h.minSpeedup, sp);
+        if (sp < 0.99) ++h.below99;
+        h.worst.push_back(pt);
+      }
+      std::sort(h.worst.begin(), h.worst.end(), [](const Point& a, const Point& b) {
+        return a.ncclUs / a.tunedUs < b.ncclUs / b.tunedUs;
+      });
+      if (h.worst.size() > 10) h.worst.resize(10);
+      h.changed += s.changed;
+    }
+  }
+  if (!h.speedups.empty()) {
+    h.geoSpeedup = std::exp(logSum / static_cast<double>(h.speedups.size()));
+    h.geoRegret = std::exp(logReg / static_cast<double>(h.speedups.size())) - 1.0;
+  }
+  return h;
 }
 
 }  // namespace weft::tuner::sim

@@ -16,6 +16,18 @@
 
 namespace weft::tuner::sim {
 
+// How the world's error is shaped. kSmooth is the world the tuner was designed against; the others have a
+// structure its assumptions (smooth error between measured sizes, a world that stays as measured, light noise,
+// mis-modelling only at NCCL's own pick) do not share.
+enum class Structure : uint8_t {
+  kSmooth,     // per-candidate error drifting slowly with size (period ~19 octaves)
+  kSignFlip,   // the error changes sign every octave: measured sizes every other octave all see one sign
+  kDrift,      // the world changes between sweep and use (World::drifted)
+  kHeavyTail,  // heavy-tailed noise: 15% outliers up to 10x, Student-t (3 degrees of freedom) log noise
+  kOffPick,    // 1.7x slowdowns at unmeasured sizes on the candidate that is truly fastest there (not NCCL's pick)
+};
+const char* structureName(Structure s) noexcept;
+
 struct WorldOptions {
   uint64_t seed = 1;
   double armSigma = 0.30;      // per-candidate model error (log-normal), drifting with size
@@ -25,6 +37,8 @@ struct WorldOptions {
   double plantedFactor = 1.7;
   int saturationChannels = 12; // more channels than this add no bandwidth
   double perChannelUs = 0.15;  // ... but each costs this much time
+  Structure structure = Structure::kSmooth;
+  double driftSigma = 0.15;    // kDrift: per-candidate error added between sweep and use (log-normal)
 };
 
 class World {
@@ -39,12 +53,16 @@ class World {
   double trueUs(int coll, const Arm& arm, uint64_t nBytes) const;  // deterministic
   double measureUs(int coll, const Arm& arm, uint64_t nBytes, std::mt19937_64& rng) const;
   bool planted(int coll, uint64_t nBytes) const;
+  // kDrift: the same world some time later (each candidate's error moved by driftSigma); others: a copy.
+  World drifted(uint64_t seed) const;
 
  private:
+  double unplantedUs(int coll, const Arm& arm, uint64_t nBytes) const;
   model::Topology topo_;
   WorldOptions o_;
   double err_[5][7][3], phase_[5][7][3];
   std::vector<std::pair<int, int>> planted_;  // (coll, log2 bytes)
+  std::vector<std::pair<int, double>> offPick_;  // kOffPick: (coll, log2 bytes) slowed on their fastest candidate
 };
 
 // A sweep: every candidate at every size, `samples` measurements each; median and MAD into a profile.
@@ -66,5 +84,21 @@ struct Score {
 };
 // Scores a policy at the given sizes (decisions through Policy::decide on NCCL's table, as the plugin makes them).
 Score evaluate(const World& w, const Policy& p, const std::vector<int>& colls, const std::vector<uint64_t>& sizes);
+
+// Held-out evaluation: the sweep measures every other octave (64 KiB, 256 KiB, ... 256 MiB); the score is taken
+// at the sizes it did not measure, between them and up to an octave beyond (quarter octaves from 32 KiB to
+// 512 MiB), in the world as it is at use (World::drifted), after a sweep with its own noise seed; `reps` sweeps
+// with different noise seeds per world seed.
+std::vector<uint64_t> heldOutSweepSizes();
+std::vector<uint64_t> heldOutScoreSizes();
+struct HeldOut {
+  std::vector<double> speedups;  // every scored point of every seed and repetition
+  double geoSpeedup = 1, minSpeedup = 1, geoRegret = 0;
+  int below99 = 0;  // points below 0.99x
+  int changed = 0;
+  std::vector<Point> worst;  // the 10 lowest speedups
+};
+HeldOut heldOut(const model::Topology& topo, WorldOptions wo, const std::vector<uint64_t>& seeds, int reps,
+                int samples, const PolicyOptions& po, const std::vector<int>& colls);
 
 }  // namespace weft::tuner::sim

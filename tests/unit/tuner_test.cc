@@ -428,3 +428,38 @@ TEST_CASE("the tuner says which of its choices NCCL_ALGO / NCCL_PROTO take away"
   b = blockedChoices(*forced, e);
   CHECK(b.size() == static_cast<size_t>(kNumColls));
 }
+
+// Held-out evaluation (issue 16): the sweep measures every other octave, the score is taken at the sizes between
+// and beyond, in worlds whose error has a structure the tuner does not assume. The aims (>= 1.10x, never below
+// 0.99x at any held-out point) are not met; tuner/README.md gives the figures. What is checked: the bracket rule
+// (a change between measured sizes needs the winner to have won at both) never loses more points than
+// interpolation alone, in any world, and in the smooth world without narrow anomalies at measured sizes almost no
+// held-out point loses.
+TEST_CASE("held-out sizes: the bracket rule loses fewer points than interpolation alone, in every world",
+          "[tuner][sim][heldout]") {
+  model::Topology topo = hopper(2);
+  const std::vector<int> colls = {2, 3, 4};
+  const std::vector<uint64_t> seeds = {1, 2, 3, 4, 5};
+  for (sim::Structure st : {sim::Structure::kSmooth, sim::Structure::kSignFlip, sim::Structure::kDrift,
+                            sim::Structure::kHeavyTail, sim::Structure::kOffPick}) {
+    sim::WorldOptions wo;
+    wo.structure = st;
+    PolicyOptions with, without;
+    without.bracket = false;
+    sim::HeldOut a = sim::heldOut(topo, wo, seeds, 3, 10, with, colls);
+    sim::HeldOut b = sim::heldOut(topo, wo, seeds, 3, 10, without, colls);
+    INFO(sim::structureName(st) << ": below 0.99x " << a.below99 << " with the rule, " << b.below99 << " without; min "
+                                << a.minSpeedup << " / " << b.minSpeedup << "; geomean " << a.geoSpeedup << " / "
+                                << b.geoSpeedup);
+    CHECK(a.below99 <= b.below99);
+    CHECK(a.minSpeedup >= b.minSpeedup - 1e-9);
+    CHECK(a.geoSpeedup >= 0.95);
+  }
+  sim::WorldOptions smooth;
+  smooth.plantedPerColl = 0;
+  sim::HeldOut h = sim::heldOut(topo, smooth, seeds, 3, 10, PolicyOptions{}, colls);
+  INFO("smooth, no planted points: geomean " << h.geoSpeedup << ", min " << h.minSpeedup << ", below 0.99x "
+                                             << h.below99 << " of " << h.speedups.size());
+  CHECK(h.below99 * 200 <= static_cast<int>(h.speedups.size()));  // at most 0.5%
+  CHECK(h.geoSpeedup >= 1.03);
+}
