@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # NCCL's own Socket transport (the ncclNetSocket table inside the CUDA toolkit's libnccl.so.2, exported as a plugin
-# file by ../shared/tools/nccl-builtin-net) driven by the harness over loopback. NCCL's transport is right by
+# file by tests/conformance/nccl_builtin_build.sh) driven by the harness over loopback. NCCL's transport is right by
 # definition: every check that is not weft.* must pass, and a failure is a harness bug (or, where NCCL's transport
 # really breaks NCCL's own rules, a check that must say so with the NCCL source line).
-# Skipped (77), saying why, where the shim's source, an unstripped libnccl.so.2 or nm is missing.
+# Skipped (77), saying why, where an unstripped libnccl.so.2, nm or a C++ compiler is missing.
 # usage: nccl_socket.sh WEFT_BIN BUILD_DIR [harness options...]
 set -uo pipefail
 weft=$1

@@ -55,7 +55,7 @@ if [ -n "${RXE_NCCL_IB:-}" ] && [ -f "$RXE_NCCL_IB" ]; then
   step nccl_ib.v11 300 "$RXE_BIN" conformance --plugin "$RXE_NCCL_IB" --timeout 60 --conns 64 --table 11 --quick \
     --call-limit 5000
 else
-  echo "STEP nccl_ib.v11: skipped (no NCCL IB shim: the CUDA toolkit's libnccl.so.2 or ../shared/tools/nccl-builtin-net is missing on the host)"
+  echo "STEP nccl_ib.v11: skipped (no NCCL IB shim: no unstripped libnccl.so.2 (the CUDA toolkit's) on the host)"
 fi
 echo "FAILED_STEPS=$fails"
 exit $fails
