@@ -77,6 +77,8 @@ WorkerArgs parseWorkerArgs(int argc, char** argv) {
     else if (f == "--cycles") w.cycles = a.number(1, 10000000);
     else if (f == "--conns") w.conns = a.number(1, 1000000);
     else if (f == "--max-endpoints") w.maxEndpoints = a.number(0, 1000000);
+    else if (f == "--trace-dir") w.traceDir = a.value();
+    else if (f == "--max-recvs") w.maxRecvs = a.number(1, 8);
     else if (f == "--verbose") w.verbose = true;
     else if (f == "--raw-provider") w.rawProvider = a.value();
     else if (f == "--raw-iface") w.rawIface = a.value();

@@ -40,6 +40,8 @@ struct WorkerArgs {
   int cycles = 0;            // hygiene.*: cycles (0: the checks' defaults)
   int conns = 0;             // comms.scale: connections held at once (0: the check's default)
   int maxEndpoints = -1;     // comms.scale: endpoints the plugin may report open per process (-1: not checked)
+  std::string traceDir;      // diff.stream: trace files written here
+  int maxRecvs = 0;          // diff.stream: grouped receives of at most this many buffers (0: the receiver's)
   // weft bench only: the raw libfabric reference (empty provider: none), rounds per point, which patterns.
   std::string rawProvider, rawIface, patterns = "lat,bw,conns,steps", latSizes, rawModes, connsList;
   int rawMaxConns = 16;

@@ -39,6 +39,8 @@ bool WorkerSession::open(const WorkerArgs& wa, std::string* error) {
   env.conns = wa.conns;
   env.plugin = plugin_.get();
   env.maxEndpoints = wa.maxEndpoints;
+  env.traceDir = wa.traceDir;
+  env.maxRecvs = wa.maxRecvs;
   env.timeout = std::chrono::seconds(wa.timeoutSec);
   env.callLimit = std::chrono::milliseconds(wa.callLimitMs);
   env.isWeft = std::string(net.name()) == "weft";

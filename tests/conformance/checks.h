@@ -28,6 +28,8 @@ struct CheckEnv {
   int cycles = 0;            // hygiene.*: cycles (0: default)
   int conns = 0;             // comms.scale: connections (0: default)
   int maxEndpoints = -1;     // comms.scale: plugin-reported endpoints allowed open (-1: not checked)
+  std::string traceDir;      // diff.stream: where each role writes what it observed (weft diff compares them)
+  int maxRecvs = 0;          // diff.stream: buffers per grouped receive at most (0: what the receiver offers)
   const LoadedPlugin* plugin = nullptr;  // the file under test (its optional self-reported figures)
   std::chrono::seconds timeout{60};
   // A backstop, not the test of non-blocking (connect.nonblocking withholds the peer for that): a single

@@ -4,9 +4,11 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -41,6 +43,108 @@ std::string oneLine(std::string s) {
 
 int listChecks() {
   for (const auto& c : allChecks()) std::printf("%-30s %s\n", c.name.c_str(), c.what.c_str());
+  return 0;
+}
+
+namespace {
+
+// The device's maxRecvs as the plugin reports it, asked in this process (with the workers' common environment).
+int probeMaxRecvs(const RunOptions& o, std::string* error) {
+  std::vector<std::pair<std::string, std::string>> saved;
+  for (const auto& kv : o.pair.env) {
+    const size_t eq = kv.find('=');
+    if (eq == std::string::npos) continue;
+    const std::string k = kv.substr(0, eq);
+    const char* old = std::getenv(k.c_str());
+    saved.emplace_back(k, old != nullptr ? std::string("=") + old : std::string());
+    setenv(k.c_str(), kv.c_str() + eq + 1, 1);
+  }
+  int maxRecvs = 0;
+  {
+    auto plugin = LoadedPlugin::open(o.plugin, o.version, error);
+    if (plugin) {
+      void* ctx = nullptr;
+      int n = 0;
+      Props props;
+      if (plugin->api().init(&ctx, 0xD1FF) == ncclSuccess && plugin->api().devices(&n) == ncclSuccess && n > 0 &&
+          plugin->api().getProperties(o.dev < 0 ? 0 : o.dev, &props) == ncclSuccess) {
+        maxRecvs = props.maxRecvs;
+      } else {
+        *error = "init/devices/getProperties failed";
+      }
+      plugin->api().finalize(ctx);
+    }
+  }
+  for (const auto& [k, v] : saved) {
+    if (v.empty()) unsetenv(k.c_str());
+    else setenv(k.c_str(), v.c_str() + 1, 1);
+  }
+  return maxRecvs;
+}
+
+std::vector<std::string> readLines(const std::string& path) {
+  std::vector<std::string> out;
+  FILE* f = std::fopen(path.c_str(), "r");
+  if (f == nullptr) return out;
+  char line[4096];
+  while (std::fgets(line, sizeof(line), f)) {
+    std::string l(line);
+    while (!l.empty() && l.back() == '\n') l.pop_back();
+    if (!l.empty() && l[0] != '#') out.push_back(l);
+  }
+  std::fclose(f);
+  return out;
+}
+
+}  // namespace
+
+int runDiff(const RunOptions& a, const RunOptions& b) {
+  std::string why;
+  const int ma = probeMaxRecvs(a, &why);
+  if (ma <= 0) {
+    std::fprintf(stderr, "weft diff: %s: %s\n", a.plugin.c_str(), why.c_str());
+    return 2;
+  }
+  const int mb = probeMaxRecvs(b, &why);
+  if (mb <= 0) {
+    std::fprintf(stderr, "weft diff: %s: %s\n", b.plugin.c_str(), why.c_str());
+    return 2;
+  }
+  const int m = std::min({ma, mb, 8});
+  char tmpl[] = "/tmp/weft-diff-XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) return 2;
+  const std::string dir = tmpl;
+  std::vector<std::string> traces[2];
+  const RunOptions* runs[2] = {&a, &b};
+  for (int i = 0; i < 2; ++i) {
+    RunOptions o = *runs[i];
+    o.only = {"diff.stream"};
+    o.traceDir = dir + (i == 0 ? "/a" : "/b");
+    o.maxRecvs = m;
+    mkdir(o.traceDir.c_str(), 0700);
+    std::printf("== %s (maxRecvs %d; the stream uses %d)\n", o.plugin.c_str(), i == 0 ? ma : mb, m);
+    std::fflush(stdout);
+    if (runConformance(o) != 0) {
+      std::printf("weft diff: the stream failed on %s: nothing to compare\n", o.plugin.c_str());
+      return 2;
+    }
+    traces[i] = readLines(o.traceDir + "/recv.trace");
+  }
+  size_t differ = 0;
+  const size_t n = std::max(traces[0].size(), traces[1].size());
+  for (size_t i = 0; i < n; ++i) {
+    const std::string& x = i < traces[0].size() ? traces[0][i] : std::string("(none)");
+    const std::string& y = i < traces[1].size() ? traces[1][i] : std::string("(none)");
+    if (x == y) continue;
+    if (++differ <= 10) std::printf("differ: %s\n    vs: %s\n", x.c_str(), y.c_str());
+  }
+  if (differ > 0) {
+    std::printf("weft diff: %zu of %zu grouped receives differ (sizes reported, or bytes up to 64 past a message); "
+                "traces kept in %s\n", differ, n, dir.c_str());
+    return 1;
+  }
+  std::printf("weft diff: the same %zu grouped receives on both: sizes reported and bytes up to 64 past every "
+              "message\n", n);
   return 0;
 }
 
@@ -85,6 +189,8 @@ int runConformance(const RunOptions& o) {
   if (o.cycles > 0) args.insert(args.end(), {"--cycles", std::to_string(o.cycles)});
   if (o.conns > 0) args.insert(args.end(), {"--conns", std::to_string(o.conns)});
   if (o.maxEndpoints >= 0) args.insert(args.end(), {"--max-endpoints", std::to_string(o.maxEndpoints)});
+  if (!o.traceDir.empty()) args.insert(args.end(), {"--trace-dir", o.traceDir});
+  if (o.maxRecvs > 0) args.insert(args.end(), {"--max-recvs", std::to_string(o.maxRecvs)});
   if (o.verbose) args.push_back("--verbose");
   if (!o.fuse.empty()) args.insert(args.end(), {"--fuse", o.fuse});
   WorkerProcess procs[2];

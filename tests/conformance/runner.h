@@ -22,6 +22,8 @@ struct RunOptions {
   int cycles = 0;            // hygiene.*: cycles (0: 2,000 connect and 10,000 register cycles; fewer with --quick)
   int conns = 0;             // comms.scale: connections held at once (0: 64; 16 with --quick)
   int maxEndpoints = -1;     // comms.scale: libfabric endpoints a worker may hold open (plugin-reported; -1: any)
+  std::string traceDir;      // diff.stream: each role writes DIR/recv.trace, DIR/send.trace
+  int maxRecvs = 0;          // diff.stream: buffers per grouped receive at most (0: the receiver's maxRecvs)
   int dev = -1;     // -1: device 0
   std::string fuse;  // "0,1": the workers fuse these devices with makeVDevice and test the fused one
   int timeoutSec = 60;
@@ -31,6 +33,9 @@ struct RunOptions {
 
 // Exit status: 0 all passed (skips allowed), 1 some check failed, 2 the plugin could not be used at all.
 int runConformance(const RunOptions& opts);
+// Runs diff.stream on each of two plugin files (the same seeded stream; grouped receives no larger than either
+// offers) and compares what their receivers observed: 0 identical, 1 different (printed), 2 a run failed.
+int runDiff(const RunOptions& a, const RunOptions& b);
 int runWorker(int argc, char** argv);
 int listChecks();
 

@@ -30,6 +30,10 @@ void usage() {
   std::fprintf(stderr,
                "usage: weft <command> [options]\n"
                "  info [--plugin FILE]          providers, devices and WEFT_* variables (or a plugin file's tables)\n"
+               "  diff --plugin A --plugin B    one seeded stream of NCCL-like operations (diff.stream) through both\n"
+               "                                files; the receivers' observations compared (exit 1: they differ)\n"
+               "      [--table N [--table M]] [--quick] [--groups N] [--a-env K=V] [--b-env K=V] and the --env\n"
+               "      options below (--a-env/--b-env: for one plugin's run only)\n"
                "  conformance --plugin FILE     run the NCCL-faithful conformance checks against FILE\n"
                "      [--table N]               table version to drive (default: the newest exported)\n"
                "      [--only NAME]             run only this check (name or prefix; repeatable; see --list)\n"
@@ -125,6 +129,41 @@ int conformance(int argc, char** argv) {
   return weft::harness::runConformance(o);
 }
 
+int diff(int argc, char** argv) {
+  weft::harness::RunOptions o;
+  o.pair.self = selfPath();
+  std::vector<std::string> plugins;
+  std::vector<int> tables;
+  std::vector<std::string> envA, envB;  // settings of one plugin's run only
+  weft::harness::Args a("weft diff", argc, argv, 2);
+  while (a.next()) {
+    const std::string& f = a.flag();
+    if (weft::harness::parsePairOption(a, o.pair)) continue;
+    if (f == "--plugin") plugins.push_back(a.value());
+    else if (f == "--table") tables.push_back(a.number(6, 12));
+    else if (f == "--a-env") envA.push_back(a.value());
+    else if (f == "--b-env") envB.push_back(a.value());
+    else if (f == "--quick") o.quick = true;
+    else if (f == "--groups") o.soakMessages = a.number(1, 100000000);
+    else if (f == "--timeout") o.timeoutSec = a.number(1, 3600);
+    else if (f == "--verbose") o.verbose = true;
+    else a.unknown();
+  }
+  if (plugins.size() != 2 || tables.size() > 2) {
+    std::fprintf(stderr, "usage: weft diff --plugin A --plugin B [--table N [--table M]] [--quick] [--groups N] "
+                         "[--env K=V ...]\n");
+    return 2;
+  }
+  weft::harness::RunOptions b = o;
+  o.plugin = plugins[0];
+  b.plugin = plugins[1];
+  if (!tables.empty()) o.version = b.version = tables[0];
+  if (tables.size() == 2) b.version = tables[1];
+  o.pair.env.insert(o.pair.env.end(), envA.begin(), envA.end());
+  b.pair.env.insert(b.pair.env.end(), envB.begin(), envB.end());
+  return weft::harness::runDiff(o, b);
+}
+
 int bench(int argc, char** argv) {
   weft::harness::BenchOptions o;
   bool noRaw = false;
@@ -211,6 +250,7 @@ int main(int argc, char** argv) {
   if (cmd == "conformance") return conformance(argc, argv);
   if (cmd == "conformance-worker") return weft::harness::runWorker(argc, argv);
   if (cmd == "bench") return bench(argc, argv);
+  if (cmd == "diff") return diff(argc, argv);
   if (cmd == "bench-worker") return weft::harness::runBenchWorker(argc, argv);
   if (cmd == "report") return weft::tool::reportCommand(argc, argv);
   if (cmd == "tune") return weft::tool::tuneCommand(argc, argv);
