@@ -87,9 +87,10 @@ class SoakConn {
  public:
   static constexpr int kWindow = 4;
   static constexpr size_t kSlot = 128 << 10;
-  SoakConn(CheckEnv& env, Conn& c, int id, int maxRecvs, int64_t groups)
+  // trace (receiver): record what each grouped receive observed there instead of judging it (diff.stream).
+  SoakConn(CheckEnv& env, Conn& c, int id, int maxRecvs, int64_t groups, std::vector<std::string>* trace = nullptr)
       : env_(env), c_(c), id_(id), maxRecvs_(maxRecvs), groups_(groups), buf_(kSlot * maxRecvs * kWindow),
-        reg_(env.net, c.comm(), buf_.data(), buf_.size()) {}
+        reg_(env.net, c.comm(), buf_.data(), buf_.size()), trace_(trace) {}
   uint64_t messages = 0, bytes = 0;
   bool done() const { return next_ == groups_ && inflight_.empty(); }
 
@@ -112,7 +113,10 @@ class SoakConn {
       int d = 0;
       expectOk(env_.net.test(p.reqs[p.tested], &d, sizes), "test");
       if (!d) return;
-      if (env_.recv()) {
+      if (env_.recv() && trace_ != nullptr) {
+        record(p, sizes);
+        messages += static_cast<uint64_t>(n);
+      } else if (env_.recv()) {
         for (int k = 0; k < n; ++k) {
           uint8_t* at = slot(p.index, k);
           if (static_cast<size_t>(sizes[k]) != p.g.sizes[k])
@@ -139,6 +143,22 @@ class SoakConn {
     size_t posted = 0, tested = 0;
   };
   uint64_t patternSeed(int64_t g, int k) const { return (static_cast<uint64_t>(id_) << 48) ^ (static_cast<uint64_t>(g) << 8) ^ k; }
+  // The sizes reported, and a digest of each buffer up to 64 bytes past its message (receive buffers start filled
+  // with 0xEE in this mode, so bytes a transport writes past a message show).
+  void record(const Pending& p, const int* sizes) {
+    std::string line = "conn " + std::to_string(id_) + " group " + std::to_string(p.index) + " sizes";
+    for (size_t k = 0; k < p.g.sizes.size(); ++k) line += " " + std::to_string(sizes[k]);
+    line += " digests";
+    for (size_t k = 0; k < p.g.sizes.size(); ++k) {
+      const uint8_t* at = slot(p.index, static_cast<int>(k));
+      uint64_t h = 1469598103934665603ull;
+      for (size_t i = 0; i < std::min(kSlot, p.g.sizes[k] + 64); ++i) h = (h ^ at[i]) * 1099511628211ull;
+      char hex[20];
+      std::snprintf(hex, sizeof(hex), " %016llx", static_cast<unsigned long long>(h));
+      line += hex;
+    }
+    trace_->push_back(line);
+  }
   uint8_t* slot(int64_t g, int k) { return buf_.data() + ((g % kWindow) * maxRecvs_ + k) * kSlot; }
   std::string where(int64_t g, int k) const {
     return "connection " + std::to_string(id_) + " group " + std::to_string(g) + " buffer " + std::to_string(k);
@@ -148,7 +168,10 @@ class SoakConn {
     int n = static_cast<int>(g.sizes.size());
     std::vector<void*> data(n), mhs(n, reg_.mh());
     std::vector<size_t> want(n, kSlot);
-    for (int k = 0; k < n; ++k) data[k] = slot(next_, k);
+    for (int k = 0; k < n; ++k) {
+      data[k] = slot(next_, k);
+      if (trace_ != nullptr) std::memset(data[k], 0xEE, kSlot);
+    }
     void* req = nullptr;
     expectOk(env_.net.irecv(c_.recvComm, n, data.data(), want.data(), g.tags.data(), mhs.data(), &req), "irecv");
     if (req == nullptr) return;  // back-pressure: again next time
@@ -183,8 +206,33 @@ class SoakConn {
   int64_t groups_, next_ = 0;
   Buffer buf_;
   Registration reg_;
+  std::vector<std::string>* trace_;
   std::deque<Pending> inflight_;
 };
+
+// Drives connections round-robin from one thread, as NCCL's proxy does, until every one is done; bounded by
+// progress (a long soak may run for hours, but never sits still). Returns the messages completed.
+uint64_t driveAll(CheckEnv& env, std::vector<std::unique_ptr<SoakConn>>& s) {
+  auto lastProgress = std::chrono::steady_clock::now();
+  uint64_t lastCount = 0;
+  for (uint64_t it = 0;; ++it) {
+    bool all = true;
+    uint64_t count = 0;
+    for (auto& c : s) {
+      if (!c->done()) c->step();
+      all = all && c->done();
+      count += c->messages;
+    }
+    if (all) return count;
+    if (count != lastCount) {
+      lastCount = count;
+      lastProgress = std::chrono::steady_clock::now();
+    } else if (std::chrono::steady_clock::now() - lastProgress > env.timeout) {
+      fail("no message completed for " + std::to_string(env.timeout.count()) + " s (" + std::to_string(count) + " done)");
+    }
+    if (it % 4096 == 0) checkPeer(env);
+  }
+}
 
 void soakRandom(CheckEnv& env) {
   int maxRecvs = std::max(1, std::min(agreedMaxRecvs(env), 8));
@@ -200,26 +248,7 @@ void soakRandom(CheckEnv& env) {
   {
     std::vector<std::unique_ptr<SoakConn>> s;
     for (int i = 0; i < kConns; ++i) s.push_back(std::make_unique<SoakConn>(env, conns[i], i, maxRecvs, groupsPerConn));
-    // Bounded by progress, not by total time: a long soak may run for hours, but never sits still.
-    auto lastProgress = std::chrono::steady_clock::now();
-    uint64_t lastCount = 0;
-    for (uint64_t it = 0;; ++it) {
-      bool all = true;
-      uint64_t count = 0;
-      for (auto& c : s) {
-        if (!c->done()) c->step();
-        all = all && c->done();
-        count += c->messages;
-      }
-      if (all) break;
-      if (count != lastCount) {
-        lastCount = count;
-        lastProgress = std::chrono::steady_clock::now();
-      } else if (std::chrono::steady_clock::now() - lastProgress > env.timeout) {
-        fail("no message completed for " + std::to_string(env.timeout.count()) + " s (" + std::to_string(count) + " done)");
-      }
-      if (it % 4096 == 0) checkPeer(env);
-    }
+    driveAll(env, s);
     for (auto& c : s) messages += c->messages, bytes += c->bytes;
   }
   for (auto& c : conns) closeConn(env, c);
@@ -237,102 +266,6 @@ void soakRandom(CheckEnv& env) {
 // message show). Both processes derive the same groups (soakGroup). With --trace-dir each role writes what it saw,
 // in connection and group order; `weft diff` runs two plugin files through it and compares. The check itself
 // fails only on errors and stalls: judging the observations is the comparison's job (soak.random asserts them).
-class DiffConn {
- public:
-  static constexpr int kWindow = 4;
-  static constexpr size_t kSlot = 128 << 10;
-  DiffConn(CheckEnv& env, Conn& c, int id, int maxRecvs, int64_t groups)
-      : env_(env), c_(c), id_(id), maxRecvs_(maxRecvs), groups_(groups), buf_(kSlot * maxRecvs * kWindow),
-        reg_(env.net, c.comm(), buf_.data(), buf_.size()) {}
-  std::vector<std::string> trace;
-  bool done() const { return next_ == groups_ && inflight_.empty(); }
-  uint64_t completed = 0;
-
-  void step() {
-    if (next_ < groups_ && static_cast<int>(inflight_.size()) < kWindow) post();
-    if (!inflight_.empty() && !env_.recv() && inflight_.back().posted < inflight_.back().g.sizes.size()) post();
-    if (inflight_.empty()) return;
-    Pending& p = inflight_.front();  // the oldest only, as NCCL's proxy tests them
-    if (p.posted < p.reqs.size() || p.reqs.empty()) return;
-    while (p.tested < p.reqs.size()) {
-      int sizes[NCCL_PROXY_MAX_SUBS] = {};
-      int d = 0;
-      expectOk(env_.net.test(p.reqs[p.tested], &d, sizes), "test");
-      if (!d) return;
-      if (env_.recv()) {
-        std::string line = "conn " + std::to_string(id_) + " group " + std::to_string(p.index) + " sizes";
-        for (size_t k = 0; k < p.g.sizes.size(); ++k) line += " " + std::to_string(sizes[k]);
-        line += " digests";
-        for (size_t k = 0; k < p.g.sizes.size(); ++k) {
-          const uint8_t* at = slot(p.index, static_cast<int>(k));
-          const size_t n = std::min(kSlot, p.g.sizes[k] + 64);
-          uint64_t h = 1469598103934665603ull;
-          for (size_t i = 0; i < n; ++i) h = (h ^ at[i]) * 1099511628211ull;
-          char hex[20];
-          std::snprintf(hex, sizeof(hex), " %016llx", static_cast<unsigned long long>(h));
-          line += hex;
-        }
-        trace.push_back(line);
-      }
-      ++p.tested;
-    }
-    ++completed;
-    inflight_.pop_front();
-  }
-
- private:
-  struct Pending {
-    int64_t index;
-    SoakGroup g;
-    std::vector<void*> reqs;
-    size_t posted = 0, tested = 0;
-  };
-  uint8_t* slot(int64_t g, int k) { return buf_.data() + ((g % kWindow) * maxRecvs_ + k) * kSlot; }
-  uint64_t seed(int64_t g) const { return 0xd1ffull * (id_ + 1) + static_cast<uint64_t>(g) * 1000003ull; }
-  void post() {
-    if (env_.recv()) {
-      SoakGroup g = soakGroup(seed(next_), maxRecvs_);
-      const int n = static_cast<int>(g.sizes.size());
-      std::vector<void*> data(n), mhs(n, reg_.mh());
-      std::vector<size_t> want(n, kSlot);
-      for (int k = 0; k < n; ++k) {
-        data[k] = slot(next_, k);
-        std::memset(data[k], 0xEE, kSlot);
-      }
-      void* req = nullptr;
-      expectOk(env_.net.irecv(c_.recvComm, n, data.data(), want.data(), g.tags.data(), mhs.data(), &req), "irecv");
-      if (req == nullptr) return;  // back-pressure: again next time
-      inflight_.push_back(Pending{next_++, std::move(g), {req}, 1, 0});
-      return;
-    }
-    if (inflight_.empty() || inflight_.back().posted == inflight_.back().g.sizes.size()) {
-      Pending p{next_, soakGroup(seed(next_), maxRecvs_), {}, 0, 0};
-      p.reqs.assign(p.g.sizes.size(), nullptr);
-      for (size_t k = 0; k < p.g.sizes.size(); ++k) {
-        fillPattern(slot(next_, static_cast<int>(k)), p.g.sizes[k], (static_cast<uint64_t>(id_) << 40) ^ (next_ << 8) ^ k);
-      }
-      inflight_.push_back(std::move(p));
-      ++next_;
-    }
-    Pending& p = inflight_.back();
-    while (p.posted < p.g.sizes.size()) {
-      const int k = p.g.order[p.posted];
-      void* req = nullptr;
-      expectOk(env_.net.isend(c_.sendComm, slot(p.index, k), p.g.sizes[k], p.g.tags[k], reg_.mh(), &req), "isend");
-      if (req == nullptr) return;
-      p.reqs[p.posted++] = req;
-    }
-  }
-
-  CheckEnv& env_;
-  Conn& c_;
-  int id_, maxRecvs_;
-  int64_t groups_, next_ = 0;
-  Buffer buf_;
-  Registration reg_;
-  std::deque<Pending> inflight_;
-};
-
 void diffStream(CheckEnv& env) {
   int maxRecvs = std::max(1, std::min(agreedMaxRecvs(env), 8));
   if (env.maxRecvs > 0) maxRecvs = std::min(maxRecvs, env.maxRecvs);
@@ -340,31 +273,16 @@ void diffStream(CheckEnv& env) {
   const int64_t groups = env.soakMessages > 0 ? std::max<int64_t>(1, env.soakMessages / kConns) : (env.quick ? 100 : 400);
   std::vector<Conn> conns;
   for (int i = 0; i < kConns; ++i) conns.push_back(establish(env, "diff" + std::to_string(i)));
-  std::vector<std::string> all;
+  std::vector<std::vector<std::string>> traces(kConns);
   {
-    std::vector<std::unique_ptr<DiffConn>> d;
-    for (int i = 0; i < kConns; ++i) d.push_back(std::make_unique<DiffConn>(env, conns[i], i, maxRecvs, groups));
-    auto lastProgress = std::chrono::steady_clock::now();
-    uint64_t lastCount = 0;
-    for (uint64_t it = 0;; ++it) {
-      bool finished = true;
-      uint64_t count = 0;
-      for (auto& c : d) {
-        if (!c->done()) c->step();
-        finished = finished && c->done();
-        count += c->completed;
-      }
-      if (finished) break;
-      if (count != lastCount) {
-        lastCount = count;
-        lastProgress = std::chrono::steady_clock::now();
-      } else if (std::chrono::steady_clock::now() - lastProgress > env.timeout) {
-        fail("no group completed for " + std::to_string(env.timeout.count()) + " s (" + std::to_string(count) + " done)");
-      }
-      if (it % 4096 == 0) checkPeer(env);
+    std::vector<std::unique_ptr<SoakConn>> d;
+    for (int i = 0; i < kConns; ++i) {
+      d.push_back(std::make_unique<SoakConn>(env, conns[i], i, maxRecvs, groups, &traces[i]));
     }
-    for (auto& c : d) all.insert(all.end(), c->trace.begin(), c->trace.end());
+    driveAll(env, d);
   }
+  std::vector<std::string> all;
+  for (auto& t : traces) all.insert(all.end(), t.begin(), t.end());
   for (auto& c : conns) closeConn(env, c);
   if (env.recv()) {
     std::printf("INFO\tdiff.stream: %zu grouped receives over %d connections, up to %d buffers each\n", all.size(),

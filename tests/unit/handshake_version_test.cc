@@ -93,87 +93,81 @@ Exchange exchange(ListenComm* lc, RawPeer& peer, Bufs* bufs, fi_addr_t listener,
 
 Agreement digestA() { return Agreement{0xAAAAAAAAAAAAAAAAull, "test digest A"}; }
 
+// A listen of weft's, and a raw peer that can reach it.
+struct Setup {
+  uint8_t handle[kHandleSize] = {};
+  std::unique_ptr<ListenComm> lc;
+  WireHandle h;
+  RawPeer peer;
+  std::unique_ptr<Bufs> bufs = std::make_unique<Bufs>();
+  fi_addr_t listener = FI_ADDR_UNSPEC;
+  explicit Setup(FabricBackend* backend) {
+    std::string why;
+    ListenComm* lcRaw = nullptr;
+    REQUIRE(backend->listen(0, CommConfig{}, handle, &lcRaw) == Status::kOk);
+    lc.reset(lcRaw);
+    REQUIRE(WireHandle::decode(handle, &h, &why) == Status::kOk);
+    REQUIRE(peer.open());
+    REQUIRE(fi_av_insert(peer.av, h.addr.data(), 1, &listener, 0, nullptr) == 1);
+  }
+  template <typename Request>
+  Request* request(uint16_t version) {
+    auto* r = reinterpret_cast<Request*>(bufs->request);
+    r->magic = wire::ConnectRequest::kMagic;
+    r->version = version;
+    r->token = h.token;
+    r->rails.count = 1;
+    return r;
+  }
+  template <typename Request>
+  Exchange send(Request* r, uint64_t replyTag, size_t replyCap) {
+    return exchange(lc.get(), peer, bufs.get(), listener, offsetof(Request, addr), &r->addrLen,
+                    offsetof(Request, addr), replyTag, replyCap);
+  }
+};
+
 }  // namespace
 
 TEST_CASE("a peer speaking handshake version 3 is refused naming both versions, and the listen stays open",
           "[fabric][handshake]") {
   weft::testing::FabricTestEnv env;
   WEFT_REQUIRE_FABRIC(env);
-  FabricBackend* backend = env.backend();
-  std::string why;
-  uint8_t handle[kHandleSize];
-  ListenComm* lcRaw = nullptr;
-  REQUIRE(backend->listen(0, CommConfig{}, handle, &lcRaw) == Status::kOk);
-  std::unique_ptr<ListenComm> lc(lcRaw);
-  WireHandle h;
-  REQUIRE(WireHandle::decode(handle, &h, &why) == Status::kOk);
-
-  RawPeer old;
-  REQUIRE(old.open());
-  auto bufs = std::make_unique<Bufs>();
-  fi_addr_t listener = FI_ADDR_UNSPEC;
-  REQUIRE(fi_av_insert(old.av, h.addr.data(), 1, &listener, 0, nullptr) == 1);
+  Setup t(env.backend());
   // Version 3's request: its own layout, its own tags (which version 4 kept for exactly this).
-  auto* r = reinterpret_cast<wire::ConnectRequestV3*>(bufs->request);
-  r->magic = wire::ConnectRequest::kMagic;
-  r->version = 3;
-  r->token = h.token;
-  r->rails.count = 1;
-  Exchange x = exchange(lc.get(), old, bufs.get(), listener, offsetof(wire::ConnectRequestV3, addr), &r->addrLen,
-                        offsetof(wire::ConnectRequestV3, addr), wire::ctrlTag(wire::CtrlKind::kConnReply),
-                        sizeof(bufs->reply));
+  auto* r = t.request<wire::ConnectRequestV3>(3);
+  Exchange x = t.send(r, wire::ctrlTag(wire::CtrlKind::kConnReply), sizeof(t.bufs->reply));
   REQUIRE(x.replied);
   CHECK_FALSE(x.connected);  // the old peer never got a connection
   CHECK(x.replyLen == wire::kReplyBytesV4);  // its own layout
-  CHECK(bufs->reply.magic == wire::ConnectReply::kMagic);
-  CHECK(bufs->reply.status == wire::kBadVersion);
-  CHECK(bufs->reply.version == wire::ConnectRequest::kVersion);  // the refusal says which version this end speaks
-  CHECK(bufs->reply.token == h.token);
+  CHECK(t.bufs->reply.magic == wire::ConnectReply::kMagic);
+  CHECK(t.bufs->reply.status == wire::kBadVersion);
+  CHECK(t.bufs->reply.version == wire::ConnectRequest::kVersion);  // the refusal says which version this end speaks
+  CHECK(t.bufs->reply.token == t.h.token);
 
   // The listen still waits for its legitimate peer, which connects as usual.
-  CommConfig cfg{};
   SendComm* sc = nullptr;
   RecvComm* rcv = nullptr;
-  CHECK(env.connect(lc.get(), cfg, handle, &sc, &rcv));
+  CHECK(env.connect(t.lc.get(), CommConfig{}, t.handle, &sc, &rcv));
   delete sc;
   delete rcv;
-  lc.reset();
 }
 
 TEST_CASE("a peer speaking handshake version 4 gets its refusal in its own layout, under its comm id",
           "[fabric][handshake]") {
   weft::testing::FabricTestEnv env;
   WEFT_REQUIRE_FABRIC(env);
-  FabricBackend* backend = env.backend();
-  std::string why;
-  uint8_t handle[kHandleSize];
-  ListenComm* lcRaw = nullptr;
-  REQUIRE(backend->listen(0, CommConfig{}, handle, &lcRaw) == Status::kOk);
-  std::unique_ptr<ListenComm> lc(lcRaw);
-  WireHandle h;
-  REQUIRE(WireHandle::decode(handle, &h, &why) == Status::kOk);
-  RawPeer old;
-  REQUIRE(old.open());
-  auto bufs = std::make_unique<Bufs>();
-  fi_addr_t listener = FI_ADDR_UNSPEC;
-  REQUIRE(fi_av_insert(old.av, h.addr.data(), 1, &listener, 0, nullptr) == 1);
-  auto* r = reinterpret_cast<wire::ConnectRequestV4*>(bufs->request);
-  r->magic = wire::ConnectRequest::kMagic;
-  r->version = 4;
-  r->token = h.token;
-  r->listenId = h.listenId;
+  Setup t(env.backend());
+  auto* r = t.request<wire::ConnectRequestV4>(4);
+  r->listenId = t.h.listenId;
   r->commId = 4242;
-  r->rails.count = 1;
   // Version 4 posted its reply receive for exactly its reply, tagged with its comm id: a longer reply would be an
   // error there, not a refusal it can read.
-  Exchange x = exchange(lc.get(), old, bufs.get(), listener, offsetof(wire::ConnectRequestV4, addr), &r->addrLen,
-                        offsetof(wire::ConnectRequestV4, addr), wire::ctrlTag(wire::CtrlKind::kConnReply, 4242),
-                        wire::kReplyBytesV4);
+  Exchange x = t.send(r, wire::ctrlTag(wire::CtrlKind::kConnReply, 4242), wire::kReplyBytesV4);
   REQUIRE(x.replied);
   CHECK_FALSE(x.connected);
   CHECK(x.replyLen == wire::kReplyBytesV4);
-  CHECK(bufs->reply.status == wire::kBadVersion);
-  CHECK(bufs->reply.version == wire::ConnectRequest::kVersion);
+  CHECK(t.bufs->reply.status == wire::kBadVersion);
+  CHECK(t.bufs->reply.version == wire::ConnectRequest::kVersion);
 }
 
 TEST_CASE("a peer whose tuner would decide differently is refused naming both digests, and accept fails",
@@ -181,35 +175,17 @@ TEST_CASE("a peer whose tuner would decide differently is refused naming both di
   weft::testing::FabricTestEnv env;
   WEFT_REQUIRE_FABRIC(env);
   setAgreementSource(&digestA);  // this process: digest A
-  FabricBackend* backend = env.backend();
-  std::string why;
-  uint8_t handle[kHandleSize];
-  ListenComm* lcRaw = nullptr;
-  REQUIRE(backend->listen(0, CommConfig{}, handle, &lcRaw) == Status::kOk);
-  std::unique_ptr<ListenComm> lc(lcRaw);
-  WireHandle h;
-  REQUIRE(WireHandle::decode(handle, &h, &why) == Status::kOk);
-  RawPeer other;
-  REQUIRE(other.open());
-  auto bufs = std::make_unique<Bufs>();
-  fi_addr_t listener = FI_ADDR_UNSPEC;
-  REQUIRE(fi_av_insert(other.av, h.addr.data(), 1, &listener, 0, nullptr) == 1);
-  auto* r = reinterpret_cast<wire::ConnectRequest*>(bufs->request);
-  r->magic = wire::ConnectRequest::kMagic;
-  r->version = wire::ConnectRequest::kVersion;
-  r->token = h.token;
-  r->listenId = h.listenId;
+  Setup t(env.backend());
+  auto* r = t.request<wire::ConnectRequest>(wire::ConnectRequest::kVersion);
+  r->listenId = t.h.listenId;
   r->commId = 99;
   r->tunerDigest = 0xBBBBBBBBBBBBBBBBull;
-  r->rails.count = 1;
-  Exchange x = exchange(lc.get(), other, bufs.get(), listener, offsetof(wire::ConnectRequest, addr), &r->addrLen,
-                        offsetof(wire::ConnectRequest, addr), wire::ctrlTag(wire::CtrlKind::kConnReply, 99),
-                        sizeof(wire::ConnectReply));
+  Exchange x = t.send(r, wire::ctrlTag(wire::CtrlKind::kConnReply, 99), sizeof(wire::ConnectReply));
   setAgreementSource(nullptr);
   REQUIRE(x.replied);
   CHECK_FALSE(x.connected);
   CHECK(x.acceptSt == Status::kInvalidUsage);  // NCCL's init fails here instead of hanging later
   CHECK(x.replyLen == sizeof(wire::ConnectReply));
-  CHECK(bufs->reply.status == wire::kTunerMismatch);
-  CHECK(bufs->reply.tunerDigest == 0xAAAAAAAAAAAAAAAAull);  // the connector names this end's digest
+  CHECK(t.bufs->reply.status == wire::kTunerMismatch);
+  CHECK(t.bufs->reply.tunerDigest == 0xAAAAAAAAAAAAAAAAull);  // the connector names this end's digest
 }
