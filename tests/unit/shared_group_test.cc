@@ -149,13 +149,24 @@ bool transfer(SendComm* s, RecvComm* r, size_t size, int seed, Status* sendErr,
   return intact;
 }
 
+// Connects sends.size() pairs of comms in this process through `cfg` (one listen each); `handle` is left holding
+// the last listen's.
+void connectPairs(weft::testing::FabricTestEnv& env, const CommConfig& cfg, std::vector<SendComm*>* sends,
+                  std::vector<RecvComm*>* recvs, uint8_t* handle) {
+  for (size_t i = 0; i < sends->size(); ++i) {
+    ListenComm* lcRaw = nullptr;
+    REQUIRE(env.backend()->listen(0, cfg, handle, &lcRaw) == Status::kOk);
+    std::unique_ptr<ListenComm> lc(lcRaw);
+    REQUIRE(env.connect(lc.get(), cfg, handle, &(*sends)[i], &(*recvs)[i]));
+  }
+}
+
 }  // namespace
 
 TEST_CASE("a hostile message naming one comm of a shared endpoint disturbs no other", "[fabric][shared]") {
   // rdma: send comms take buffer offers, routed by the comm id in their body
   weft::testing::FabricTestEnv env{{"WEFT_FABRIC_SHARED_EP", "1"}, {"WEFT_PROTOCOL", "rdma"}};
   WEFT_REQUIRE_FABRIC(env);
-  FabricBackend* backend = env.backend();
   std::string why;
   std::deque<std::vector<uint8_t>> arena;  // outlives the comms (declared before them)
   int scope = 0;
@@ -165,12 +176,7 @@ TEST_CASE("a hostile message naming one comm of a shared endpoint disturbs no ot
   std::vector<SendComm*> sends(kPairs, nullptr);
   std::vector<RecvComm*> recvs(kPairs, nullptr);
   uint8_t handle[kHandleSize];
-  for (int i = 0; i < kPairs; ++i) {
-    ListenComm* lcRaw = nullptr;
-    REQUIRE(backend->listen(0, cfg, handle, &lcRaw) == Status::kOk);
-    std::unique_ptr<ListenComm> lc(lcRaw);
-    REQUIRE(env.connect(lc.get(), cfg, handle, &sends[i], &recvs[i]));
-  }
+  connectPairs(env, cfg, &sends, &recvs, handle);
   Status err = Status::kOk;
   for (int i = 0; i < kPairs; ++i) REQUIRE(transfer(sends[i], recvs[i], 65536, 10 + i, &err, arena));
 
@@ -242,7 +248,6 @@ TEST_CASE("shm: receives posted past the endpoint's budget, in the reverse order
   weft::testing::FabricTestEnv env{{"WEFT_FABRIC_SHARED_EP", "1"}, {"WEFT_PROVIDER", "shm"}, {"WEFT_IFACE", ""},
                                    {"WEFT_PROTOCOL", "sendrecv"}};
   WEFT_REQUIRE_FABRIC(env);
-  FabricBackend* backend = env.backend();
   int scope = 0;
   CommConfig cfg{};
   cfg.scope = &scope;
@@ -251,12 +256,7 @@ TEST_CASE("shm: receives posted past the endpoint's budget, in the reverse order
   std::vector<SendComm*> sends(kPairs, nullptr);
   std::vector<RecvComm*> recvs(kPairs, nullptr);
   uint8_t handle[kHandleSize];
-  for (int i = 0; i < kPairs; ++i) {
-    ListenComm* lcRaw = nullptr;
-    REQUIRE(backend->listen(0, cfg, handle, &lcRaw) == Status::kOk);
-    std::unique_ptr<ListenComm> lc(lcRaw);
-    REQUIRE(env.connect(lc.get(), cfg, handle, &sends[i], &recvs[i]));
-  }
+  connectPairs(env, cfg, &sends, &recvs, handle);
   Endpoint& ep = dynamic_cast<FabricRecvComm*>(recvs[0])->group().rail(0);
   REQUIRE(&ep == &dynamic_cast<FabricSendComm*>(sends[0])->group().rail(0));  // one endpoint: sends to itself
   std::vector<uint8_t> out(kSize * kPairs), in(kSize * kPairs, 0);
