@@ -97,6 +97,10 @@ std::shared_ptr<const Policy> Policy::build(const Profile& p, const PolicyOption
         const Pt& h = x <= a.x + eps ? a : (x >= c.x - eps ? c : c);
         lo = l.y, loX = l.x, hi = h.y, hiX = h.x;
       }
+      if (std::min(std::abs(b - sizeBucket(static_cast<uint64_t>(std::exp2(loX)))),
+                   std::abs(b - sizeBucket(static_cast<uint64_t>(std::exp2(hiX))))) > o.reach) {
+        continue;
+      }
       cells[coll * kBuckets + b].push_back(Entry{arm, static_cast<float>(std::exp(y)), static_cast<float>(se),
                                                  static_cast<float>(std::exp(lo)), static_cast<float>(std::exp(hi)),
                                                  static_cast<int16_t>(sizeBucket(static_cast<uint64_t>(std::exp2(loX)))),

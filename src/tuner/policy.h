@@ -20,6 +20,7 @@ struct PolicyOptions {
   double margin = 0.03;     // a measured winner must be at least this much faster than NCCL's own pick
   double z = 2.0;           // ... and by this many standard errors of the difference
   int maxExtrapolation = 4; // buckets (quarter octaves) beyond the measured sizes: one octave
+  int reach = 1000;         // buckets from the nearest measured size a decision may be (experiment: held-out)
   double minSampleNoise = 0.05;  // assumed relative noise of one sample, at least (spread floor)
   // Between measured sizes, change NCCL's pick only where the winner also beat it by the margin at the measured
   // sizes on both sides (off: the interpolated times alone decide; for comparisons).

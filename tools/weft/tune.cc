@@ -87,6 +87,7 @@ int simCommand(int argc, char** argv) {
     else if (f == "--held-out") held = true;
     else if (f == "--reps") reps = a.number(1, 100);
     else if (f == "--no-bracket") po.bracket = false;
+    else if (f == "--reach") po.reach = a.number(0, 1000);
     else a.unknown();
   }
   if (topo.nNodes > topo.nRanks) {
