@@ -234,6 +234,9 @@ uint64_t driveAll(CheckEnv& env, std::vector<std::unique_ptr<SoakConn>>& s) {
   }
 }
 
+// NCCL groups the receives of sub-connections that share a receive comm into one irecv of up to maxRecvs buffers
+// (src/transport/net.cc v2.28.9, recvProxyProgress lines 1374-1392 and the irecv of line 1482), each buffer tagged
+// with its sender's rank (line 1468), larger than what is sent into it (line 1467 caps it at the op's bytes).
 void soakRandom(CheckEnv& env) {
   int maxRecvs = std::max(1, std::min(agreedMaxRecvs(env), 8));
   // 16 connections (4 with --quick, to keep the quick runs short)
@@ -320,6 +323,9 @@ void initIdempotent(CheckEnv& env) {
   }
 }
 
+// NCCL builds its topology from every device's properties (src/graph/topo.cc v2.28.9, ncclTopoPopulateNics lines
+// 1327-1360: the net node is found by pciPath and name, and speed, latency, port, guid, maxComms and ptrSupport
+// become its attributes); src/transport/net.cc reads maxRecvs to decide grouping (lines 730, 769, 830).
 void devicesProperties(CheckEnv& env) {
   int n = 0;
   expectOk(env.net.devices(&n), "devices");
@@ -551,11 +557,17 @@ void withheldConnect(CheckEnv& env) {
   closeConn(env, c);
 }
 
+// NCCL's proxy calls connect and accept again until they return a comm, and does other work meanwhile (src/
+// transport/net.cc v2.28.9: sendProxyConnect "if (resources->netSendComm == NULL) { *done = 0; ... }" after line
+// 856, recvProxyConnect the same at line 1024): a call that waits for its peer stalls every other connection.
 void connectNonblocking(CheckEnv& env) {
   withheldAccept(env);
   withheldConnect(env);
 }
 
+// NCCL connects to its own listen from one thread, calling connect and accept in turn until both return a comm
+// (src/plugin/net.cc v2.28.9, the GDR support probe, lines 495-505; the proxy does the same when a rank's
+// connection loops back to its own process).
 void connectSelf(CheckEnv& env) {
   SelfPair p = connectToSelf(env);
   selfMessages(env, p, {0, 1000}, 77, "message to self");
@@ -581,6 +593,9 @@ void listenCloseUnaccepted(CheckEnv& env) {
 
 // ---- data ------------------------------------------------------------------------------------------------------
 
+// NCCL sends what a step holds: from 0 bytes (an empty step of a p2p operation) up to the step size, and receives
+// into buffers at least that large; the size test reports is the sender's (src/transport/net.cc v2.28.9: isend of
+// `size` line 1322, the receive sizes of lines 1445-1467).
 void dataSizes(CheckEnv& env) {
   Conn c = establish(env);
   const std::vector<size_t> sizes = {0, 1, 7, 8, 63, 4096, 65536, 614400, 1 << 20, (4 << 20) + 3};
@@ -864,6 +879,8 @@ void sendLargerThanRecv(CheckEnv& env, bool weftPromise) {
 
 void dataSendLargerThanRecv(CheckEnv& env) { sendLargerThanRecv(env, false); }
 
+// Registered user buffers go out in pieces of up to NCCL_MAX_NET_SIZE, 1 GiB (src/include/collectives.h v2.28.9
+// line 14; src/transport/net.cc lines 1306 and 1444-1445): one message of that size must pass intact.
 void dataLarge(CheckEnv& env) {
   if (env.quick) throw CheckSkip("--quick");
   Conn c = establish(env);
@@ -999,6 +1016,9 @@ void threadsServiceAndProgress(CheckEnv& env) {
   closeConn(env, c);
 }
 
+// NCCL's proxy thread progresses every connection of every channel from one loop, one step of each op per pass
+// (src/proxy.cc v2.28.9, progressOps line 754: op->progress for each op in turn; net.cc sendProxyProgress and
+// recvProxyProgress test the oldest request of each sub-connection, lines 1322 and 1482).
 void commsMany(CheckEnv& env) {
   // A collective over 8 channels: 8 connections progressed round-robin from one thread.
   const int kConns = 8;
@@ -1054,7 +1074,8 @@ void teardownInflight(CheckEnv& env) {
 }
 
 // NCCL's teardown after a last send: the sender's proxy sees its sends done and the communicator is destroyed at
-// once, while the receiver is still behind. Every byte reported sent must still arrive: a plugin whose provider
+// once, while the receiver is still behind (src/transport/net.cc v2.28.9: sendProxyFree deregisters and calls
+// closeSend, lines 1139 and 1161-1166, with nothing that waits for the peer's receives). Every byte reported sent must still arrive: a plugin whose provider
 // holds the tail of a send (libfabric's tcp: in its own buffer while the socket is full) must not throw it away
 // with the comm. 16 connections; each sender closes its comm the moment its last send completes, the receiver
 // reads slowly (a pause between its rounds of test calls) so that the senders' sockets are full when they close.
@@ -1097,7 +1118,9 @@ void teardownCloseAfterSends(CheckEnv& env) {
 }
 
 // A communicator aborted with transfers in flight, and a new one opened at once (elastic jobs, NCCL's abort and
-// re-init): whatever was still on its way for the old comm must never land in the new one's buffers. The new comm's
+// re-init: src/transport/net.cc v2.28.9, sendProxyFree/recvProxyFree close the comms, lines 1161-1166 and
+// 1202-1207, then the new communicator's setup calls connect/accept again, lines 841-851 and 1009-1019): whatever
+// was still on its way for the old comm must never land in the new one's buffers. The new comm's
 // buffers are filled with a marker first and checked twice: when its own messages have completed, and again after
 // both ends closed everything (a late old write would show then). Plugins that share endpoints or queues between
 // comms must route by comm, not by buffer slot, for this to hold.
@@ -1227,6 +1250,9 @@ void expectNoGrowth(const Usage& before, const Usage& after, int cycles, const c
   }
 }
 
+// NCCL creates connections when a communicator first needs them and closes them with it (src/transport/net.cc
+// v2.28.9: listen line 781, connect 841-851, accept 1009-1019, closeSend/closeRecv/closeListen 1161-1207 and 1038);
+// jobs that split, shrink or re-create communicators do that for as long as they run.
 void hygieneConnectCycles(CheckEnv& env) {
   // listen/connect/accept/close as NCCL does for every lazily created connection, many times over: nothing may
   // accumulate (file descriptors, endpoints, memory).
@@ -1246,6 +1272,9 @@ void hygieneConnectCycles(CheckEnv& env) {
   expectNoGrowth(before, usage(), cycles, "connect/accept/close cycles");
 }
 
+// NCCL registers a connection's buffers at setup and deregisters them at free (src/transport/net.cc v2.28.9:
+// regMr lines 959 and 1114, deregMr 1139 and 1184), and registers user buffers for zero-copy transfers through
+// the same calls (netRegisterBuffer, line 1648) as often as the application registers them.
 void hygieneRegisterCycles(CheckEnv& env) {
   Conn c = establish(env);
   const int cycles = env.cycles > 0 ? env.cycles : (env.quick ? 2000 : 10000);
@@ -1351,7 +1380,8 @@ void oneMessageEach(CheckEnv& env, std::vector<Conn>& conns, Buffer& buf, size_t
 }
 
 // What a connection costs: N connections held at once between the two processes (NCCL keeps hundreds to thousands
-// per GPU at scale), each carrying one message. Prints the time to connect them all, and per connection the
+// per GPU at scale: src/transport.cc v2.28.9, ncclTransportP2pSetup lines 160-170, sets up a send and a receive
+// connection per channel and peer, for every communicator), each carrying one message. Prints the time to connect them all, and per connection the
 // resident memory and the heap in use (malloc, the plugin's and its provider's) after connecting and after the
 // first message (a provider may allocate send buffers only then), and file descriptors. The targets (issue: 32 KiB,
 // 0.01 fds, 1,024 connections in 0.15 s) are printed beside the figures, not enforced: a timing fails on a loaded
@@ -1554,6 +1584,7 @@ void peerKilled(CheckEnv& env, Role victim) {
 
 // Isolation at scale: the sending process holds N connections to the receiver (256; 64 with --quick; --conns), as
 // a rank does to one peer across channels and communicators, and is SIGKILLed with a receive pending on every one.
+// NCCL learns of the death only from test's error on each of them (src/proxy.cc v2.28.9, lines 961-965).
 // On the receiver, every one of them must fail within a bound, while its connections to itself through the same
 // plugin context (with shared endpoints: the same endpoint, queue and address vector) keep carrying intact data
 // during the failures and after the broken comms are closed.
@@ -1656,6 +1687,8 @@ void setLinks(bool up) {
   closedir(d);
 }
 
+// A link that goes down must surface as test errors as a dead peer does (src/proxy.cc v2.28.9, lines 961-965: the
+// progress thread stops on a plugin error and the communicator reports it); a hung test hangs the job.
 void faultsLinkDown(CheckEnv& env) {
   if (std::getenv("CONFORMANCE_LINK_DOWN_OK") == nullptr)
     throw CheckSkip("takes a link down: only under netns_conformance.sh --link-down");
