@@ -685,7 +685,10 @@ Status FabricSendComm::sendTagged(FabricSendRequest* r, void* data, size_t size,
   const int k = railOf(static_cast<uint32_t>(ftag));  // the receiver posted this tag+sequence on the same rail
   Rail& rail = rails_[k];
   ssize_t rc;
-  if (inject_ && rail.ep->device().canInject(size)) {
+  // fi_tinject copies with the CPU and takes no descriptor: host memory only (a device pointer would be read by the
+  // CPU). NCCL registers every buffer it sends from, so the handle says which memory this is.
+  const bool host = mh == nullptr || mh->type == NCCL_PTR_HOST;
+  if (inject_ && host && rail.ep->device().canInject(size)) {
     // Copied out by the provider right away: the request is complete as soon as it is accepted.
     rc = fi_tinject(rail.ep->ep(), data, size, rail.peer, ftag);
     if (rc == 0) r->doneBufs = 1;

@@ -671,7 +671,9 @@ Status VerbsSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Req
     wr.imm_data = htonl(Imm::encode(o->slot, static_cast<uint32_t>(pieces), truncated));
     wr.sg_list = len > 0 ? &sge : nullptr;
     wr.num_sge = len > 0 ? 1 : 0;
-    wr.send_flags = IBV_SEND_SIGNALED | (len > 0 && len <= q_->maxInline ? IBV_SEND_INLINE : 0);
+    // Inline data is copied into the work request by the CPU: host memory only (a device pointer would be read).
+    const bool inlined = len > 0 && len <= q_->maxInline && mh != nullptr && mh->type == NCCL_PTR_HOST;
+    wr.send_flags = IBV_SEND_SIGNALED | (inlined ? IBV_SEND_INLINE : 0);
     wr.wr.rdma.remote_addr = o->addr + off;
     wr.wr.rdma.rkey = o->rkey;
     if (int rc = ibv_post_send(q_->qps[qp], &wr, &bad)) {
@@ -864,7 +866,9 @@ Status VerbsRecvComm::irecv(int n, void** data, const size_t* sizes, const int* 
 
 Status VerbsRecvComm::ensureFlushQp() {
   if (flushQp_) return Status::kOk;
-  auto f = std::make_unique<QpSet>(dev_, 1, 8, 1);
+  // One send slot per request the comm can have (a flush takes a request of the pool, as receives do), and one
+  // spare: the queue can never be full when a flush is asked for, so none is ever dropped.
+  auto f = std::make_unique<QpSet>(dev_, 1, kMaxRequests + 1, 1);
   f->cq = q_->cq;  // its completions come through this comm's queue
   std::string why;
   if (Status st = f->create(&why); st != Status::kOk) {
@@ -894,7 +898,11 @@ Status VerbsRecvComm::iflush(int n, void** data, const int* sizes, MemHandle** m
   }
   if (last < 0) return Status::kOk;  // host memory: the CPU already sees what the NIC wrote
   if (Status st = ensureFlushQp(); st != Status::kOk) return st;
-  if (flushQueued_ >= flushQp_->sendWr - 1) return Status::kOk;
+  if (flushQueued_ >= flushQp_->sendWr) {  // cannot happen (sized above); never drop a flush silently
+    WEFT_WARN("iflush on {}: {} flushes in flight, more than the comm's requests: internal error", dev_.props().name,
+              flushQueued_);
+    return Status::kInternal;
+  }
   VerbsRequest* r = acquire();
   if (r == nullptr) return Status::kInternal;  // a flush is never dropped: no request to carry it is an error
   r->recv = false;
