@@ -11,17 +11,10 @@
 
 #include "tuner/profile.h"
 #include "weft/common/params.h"
+#include "weft/transport/handle.h"
 
 namespace weft::tuner {
 namespace {
-
-uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull) {
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
 
 bool otherTunerNamed() {
   const char* t = std::getenv("NCCL_TUNER_PLUGIN");
@@ -66,17 +59,18 @@ transport::Agreement decisionState() {
         std::stringstream ss;
         ss << in.rdbuf();
         const std::string bytes = ss.str();
-        canon += fmt::format("profile {} bytes {:016x}\n", bytes.size(), fnv1a(bytes));
+        const uint64_t h = fnv1a64(bytes);
+        canon += fmt::format("profile {} bytes {:016x}\n", bytes.size(), h);
         std::string err;
-        auto p = loadProfile(path, 0, 0, &err);
-        what = p ? fmt::format("profile {} ({} bytes, {:016x})", path, bytes.size(), fnv1a(bytes))
+        auto p = parseProfileText(bytes, 0, 0, &err);
+        what = p ? fmt::format("profile {} ({} bytes, {:016x})", path, bytes.size(), h)
                  : fmt::format("profile {} does not load ({}): NCCL's own choices", path, err);
       }
     }
     a.summary = fmt::format("{}, margin {}%{}{}", what, margin, explore ? ", exploring" : "",
                             force.empty() ? "" : ", forcing " + force);
   }
-  a.digest = fnv1a(canon);
+  a.digest = fnv1a64(canon);
   if (a.digest == 0) a.digest = 1;  // 0 means unchecked
   return a;
 }

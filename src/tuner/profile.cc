@@ -384,7 +384,10 @@ std::optional<Profile> loadProfile(const std::string& path, int nRanks, int nNod
   }
   std::stringstream ss;
   ss << in.rdbuf();
-  std::string text = ss.str();
+  return parseProfileText(ss.str(), nRanks, nNodes, error);
+}
+
+std::optional<Profile> parseProfileText(const std::string& text, int nRanks, int nNodes, std::string* error) {
   size_t first = text.find_first_not_of(" \t\r\n");
   if (first != std::string::npos && text[first] == '{') return parseProfile(text, error);
   return parseNcclCsv(text, nRanks, nNodes, error);

@@ -83,6 +83,8 @@ struct Profile {
 std::optional<Profile> parseProfile(const std::string& text, std::string* error);
 // A JSON profile, or NCCL's example CSV (recognised by content; its rows are filtered for nRanks/nNodes).
 std::optional<Profile> loadProfile(const std::string& path, int nRanks, int nNodes, std::string* error);
+// The same from a file's contents already read.
+std::optional<Profile> parseProfileText(const std::string& text, int nRanks, int nNodes, std::string* error);
 std::string writeProfile(const Profile& p);
 // NCCL's example tuner CSV: coll,min_bytes,max_bytes,algo,proto,channels,nNodes,nRanks[,numPipeOps[,regBuff]]
 // (-1 = any). Rows for another nRanks/nNodes are dropped; regBuff is ignored (it differs between ranks).

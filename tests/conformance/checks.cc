@@ -150,9 +150,8 @@ class SoakConn {
     for (size_t k = 0; k < p.g.sizes.size(); ++k) line += " " + std::to_string(sizes[k]);
     line += " digests";
     for (size_t k = 0; k < p.g.sizes.size(); ++k) {
-      const uint8_t* at = slot(p.index, static_cast<int>(k));
-      uint64_t h = 1469598103934665603ull;
-      for (size_t i = 0; i < std::min(kSlot, p.g.sizes[k] + 64); ++i) h = (h ^ at[i]) * 1099511628211ull;
+      const auto* at = reinterpret_cast<const char*>(slot(p.index, static_cast<int>(k)));
+      const uint64_t h = fnv1a64(std::string_view(at, std::min(kSlot, p.g.sizes[k] + 64)));
       char hex[20];
       std::snprintf(hex, sizeof(hex), " %016llx", static_cast<unsigned long long>(h));
       line += hex;
