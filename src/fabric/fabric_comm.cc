@@ -404,17 +404,18 @@ void FabricDataComm::onError(OpContext* ctx, int fiErr, Status st) noexcept {
   }
   ++completions_;
   auto* r = static_cast<FabricRequest*>(ctx->owner);
-  if (ctx->kind == OpKind::kData && recvSide_) rails_[asRecv(r).rail[ctx->index]].ep->dataRecvDone();
-  if (fiErr == FI_ECANCELED && ctx->kind == OpKind::kData && recvSide_ &&
-      (asRecv(r).flags[ctx->index] & FabricRecvRequest::kCanceled) != 0) {
+  if (ctx->kind == OpKind::kData && recvSide_) {
+    rails_[asRecv(r).rail[ctx->index]].ep->dataRecvDone();
     uint8_t& f = asRecv(r).flags[ctx->index];
-    // Our own cancel: of a receive that RMA filled instead, or of a claim that found no message waiting (posted
-    // again later). Not an error.
-    const bool again = (f & FabricRecvRequest::kClaim) != 0 && (f & FabricRecvRequest::kDone) == 0 && !closing_;
-    f &= static_cast<uint8_t>(~(FabricRecvRequest::kPosted | FabricRecvRequest::kCanceled | FabricRecvRequest::kClaim));
-    if (again) f |= FabricRecvRequest::kNeedPost;
-    opDone(r);
-    return;
+    if (fiErr == FI_ECANCELED && (f & FabricRecvRequest::kCanceled) != 0) {
+      // Our own cancel: of a receive that RMA filled instead, or of a claim that found no message waiting
+      // (posted again later). Not an error.
+      const bool again = (f & FabricRecvRequest::kClaim) != 0 && (f & FabricRecvRequest::kDone) == 0 && !closing_;
+      f &= static_cast<uint8_t>(~(FabricRecvRequest::kPosted | FabricRecvRequest::kCanceled | FabricRecvRequest::kClaim));
+      if (again) f |= FabricRecvRequest::kNeedPost;
+      opDone(r);
+      return;
+    }
   }
   if (ctx->kind == OpKind::kOfferSend && fiErr != FI_ECANCELED) {
     // The offer did not reach the sender: typically its process closed the connection right after its last sends

@@ -53,9 +53,11 @@ std::shared_ptr<const Policy> Policy::build(const Profile& p, const PolicyOption
   pol->opt_ = o;
   pol->rules_ = p.rules;
   for (int c = 0; c < kNumColls; ++c) pol->masks_[c] = p.sig.masks[c];
-  // Per (coll, arm): points (log2 bytes, log time, relative standard error), merged when a size repeats.
+  // Per (coll, arm): points (log2 bytes, log time, relative standard error, size bucket), merged when a size
+  // repeats.
   struct Pt {
     double x, y, se;
+    int bucket;
   };
   std::map<std::pair<int, Arm>, std::map<uint64_t, Pt>> series;
   for (const auto& m : p.measurements) {
@@ -64,7 +66,7 @@ std::shared_ptr<const Policy> Policy::build(const Profile& p, const PolicyOption
     double se = std::max(1.4826 * m.spread, o.minSampleNoise) / std::sqrt(std::max<double>(1.0, m.samples));
     auto& s = series[{m.coll, m.arm}];
     auto it = s.find(m.bytes);
-    Pt pt{std::log2(static_cast<double>(m.bytes)), std::log(m.timeUs), se};
+    Pt pt{std::log2(static_cast<double>(m.bytes)), std::log(m.timeUs), se, sizeBucket(m.bytes)};
     if (it == s.end() || pt.y < it->second.y) s[m.bytes] = pt;  // the faster of repeated entries
   }
   std::vector<std::vector<Entry>> cells(kNumColls * kBuckets);
@@ -78,12 +80,12 @@ std::shared_ptr<const Policy> Policy::build(const Profile& p, const PolicyOption
       // Evaluated at the bucket's lower edge, where the sizes people measure (powers of two) sit: a measured size
       // gets exactly its measurement; the rest of the bucket (up to +25%) shares it.
       double x = bucketLowLog2(b);
-      double y, se, lo, hi, loX, hiX;
+      double y, se;
+      const Pt* l = &v[0];  // the measurements at or below and at or above x (the nearer end outside the range)
+      const Pt* h = &v[0];
       if (v.size() == 1) {
         y = v[0].y;
         se = v[0].se;
-        lo = hi = y;
-        loX = hiX = v[0].x;
       } else {
         size_t i = 1;
         while (i + 1 < v.size() && v[i].x < x) ++i;  // segment [i-1, i] (the end ones extrapolate)
@@ -91,20 +93,14 @@ std::shared_ptr<const Policy> Policy::build(const Profile& p, const PolicyOption
         double t = (x - a.x) / (c.x - a.x);
         y = a.y + t * (c.y - a.y);
         se = std::max(a.se, c.se);
-        // The measurements around x: both ends of the segment inside it, the nearer end outside it.
         const double eps = 1e-9;
-        const Pt& l = x <= a.x + eps ? a : (x >= c.x - eps ? c : a);
-        const Pt& h = x <= a.x + eps ? a : (x >= c.x - eps ? c : c);
-        lo = l.y, loX = l.x, hi = h.y, hiX = h.x;
+        l = x <= a.x + eps ? &a : (x >= c.x - eps ? &c : &a);
+        h = x <= a.x + eps ? &a : &c;
       }
-      if (std::min(std::abs(b - sizeBucket(static_cast<uint64_t>(std::exp2(loX)))),
-                   std::abs(b - sizeBucket(static_cast<uint64_t>(std::exp2(hiX))))) > o.reach) {
-        continue;
-      }
+      if (std::min(std::abs(b - l->bucket), std::abs(b - h->bucket)) > o.reach) continue;
       cells[coll * kBuckets + b].push_back(Entry{arm, static_cast<float>(std::exp(y)), static_cast<float>(se),
-                                                 static_cast<float>(std::exp(lo)), static_cast<float>(std::exp(hi)),
-                                                 static_cast<int16_t>(sizeBucket(static_cast<uint64_t>(std::exp2(loX)))),
-                                                 static_cast<int16_t>(sizeBucket(static_cast<uint64_t>(std::exp2(hiX))))});
+                                                 static_cast<float>(std::exp(l->y)), static_cast<float>(std::exp(h->y)),
+                                                 static_cast<int16_t>(l->bucket), static_cast<int16_t>(h->bucket)});
     }
   }
   pol->start_.assign(kNumColls * kBuckets + 1, 0);
