@@ -1157,8 +1157,7 @@ Status FabricListenComm::accept(RecvComm** recvComm) {
                 req.commId, wire::kMaxCommId);
       return Status::kOk;  // malformed: ignored, the legitimate peer may still come
     }
-    const uint64_t digest = transport::localAgreement().digest;
-    if (req.tunerDigest != 0 && digest != 0 && req.tunerDigest != digest) {
+    if (!transport::agreesWith(req.tunerDigest)) {
       // The real peer, tuning differently: refused (it fails its connect naming both), and so does this accept.
       WEFT_WARN("listen on {}: connection from {}: {}", dev_.props().name, from,
                 transport::agreementMismatch(req.tunerDigest, from));

@@ -534,7 +534,7 @@ Status Endpoint::sendReply(fi_addr_t to, uint32_t toComm, uint16_t status, uint6
   }
   if (slot < 0) return Status::kOk;  // refusals are best effort; the connector times out instead
   ctl_->replyOut[slot] = ConnectReply{ConnectReply::kMagic, ConnectRequest::kVersion, status, token, flags, commId,
-                                      rails != nullptr ? *rails : RailAddrs{}, transport::localAgreement().digest};
+                                      rails != nullptr ? *rails : RailAddrs{}, transport::localDigest()};
   replyLen_[slot] = olderPeer ? wire::kReplyBytesV4 : sizeof(ConnectReply);
   replyTo_[slot] = to;
   replyComm_[slot] = toComm;
@@ -754,7 +754,7 @@ Status Endpoint::startConnect(uint32_t commId, fi_addr_t to, uint64_t token, uin
   r.addrLen = static_cast<uint16_t>(name_.size());
   r.token = token;
   r.reserved = 0;
-  r.tunerDigest = transport::localAgreement().digest;
+  r.tunerDigest = transport::localDigest();
   r.flags = flags;
   r.eagerMax = eagerMax;
   r.listenId = listenId;

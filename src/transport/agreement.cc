@@ -21,13 +21,29 @@ void setAgreementSource(AgreementSource source) {
   gLocal = Agreement{};
 }
 
-Agreement localAgreement() {
-  std::lock_guard<std::mutex> lock(gMutex);
+namespace {
+const Agreement& computedLocked() {
   if (!gComputed) {
     gLocal = gSource != nullptr ? gSource() : Agreement{};
     gComputed = true;
   }
   return gLocal;
+}
+}  // namespace
+
+Agreement localAgreement() {
+  std::lock_guard<std::mutex> lock(gMutex);
+  return computedLocked();
+}
+
+uint64_t localDigest() {
+  std::lock_guard<std::mutex> lock(gMutex);
+  return computedLocked().digest;
+}
+
+bool agreesWith(uint64_t peerDigest) {
+  const uint64_t mine = localDigest();
+  return peerDigest == 0 || mine == 0 || peerDigest == mine;
 }
 
 std::string agreementMismatch(uint64_t peerDigest, const std::string& peer) {

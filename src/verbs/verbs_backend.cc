@@ -183,7 +183,7 @@ Status VerbsBackend::pollConnect(int dev, PendingConnect& pc, SendComm** out) {
     info.version = QpInfo::kVersion;
     info.token = pc.token;
     info.trafficClass = static_cast<uint32_t>(pc.trafficClass + 1);
-    info.tunerDigest = transport::localAgreement().digest;
+    info.tunerDigest = transport::localDigest();
     pc.qps->describe(&info);
     pc.sock->queue(&info, sizeof(info));
     pc.sentInfo = true;

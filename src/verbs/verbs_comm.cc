@@ -982,7 +982,6 @@ Status VerbsListenComm::accept(RecvComm** out) {
   reply.magic = QpInfo::kMagic;
   reply.version = QpInfo::kVersion;
   reply.token = token_;
-  reply.tunerDigest = transport::localAgreement().digest;
   auto answer = [&](uint32_t status) {  // best effort for refusals: the socket closes right after
     reply.status = status;
     sock_->queue(&reply, sizeof(reply));
@@ -1006,8 +1005,8 @@ Status VerbsListenComm::accept(RecvComm** out) {
       sock_.reset();
       return Status::kOk;
     }
-    const uint64_t digest = reply.tunerDigest;
-    if (peer.tunerDigest != 0 && digest != 0 && peer.tunerDigest != digest) {
+    reply.tunerDigest = transport::localDigest();  // in the refusal too: the connector names both digests
+    if (!transport::agreesWith(peer.tunerDigest)) {
       // The real peer, tuning differently: told why (it fails its connect naming both), and this accept fails.
       WEFT_WARN("accept on {} from {}: {}", dev_.props().name, peerName_,
                 transport::agreementMismatch(peer.tunerDigest, peerName_));

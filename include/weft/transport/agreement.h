@@ -22,6 +22,9 @@ using AgreementSource = Agreement (*)();
 void setAgreementSource(AgreementSource source);
 // This process's agreement: computed on first use and kept (a source reads files; connections are many).
 Agreement localAgreement();
+uint64_t localDigest();  // localAgreement().digest, for the handshake
+// Whether a peer's digest lets the connection go ahead: equal, or either side unchecked (0).
+bool agreesWith(uint64_t peerDigest);
 // The error both ends log when the digests differ.
 std::string agreementMismatch(uint64_t peerDigest, const std::string& peer);
 
