@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <random>
 #include <set>
@@ -1325,6 +1326,24 @@ int listeningSockets() {
   return count;
 }
 
+// n connections, labelled `label`0.. (afterFirst runs once the first is up); on a failure the ones made are closed
+// and the check fails naming which.
+std::vector<Conn> establishMany(CheckEnv& env, int n, const std::string& label,
+                                const std::function<void()>& afterFirst = {}) {
+  std::vector<Conn> conns;
+  conns.reserve(n);
+  for (int i = 0; i < n; ++i) {
+    try {
+      conns.push_back(establish(env, label + std::to_string(i)));
+    } catch (const CheckFailure& e) {
+      for (auto& c : conns) closeConn(env, c);
+      fail("connection " + std::to_string(i) + " of " + std::to_string(n) + ": " + e.what());
+    }
+    if (i == 0 && afterFirst) afterFirst();
+  }
+  return conns;
+}
+
 // One message of `msg` bytes per connection i, at buf + i * msg (patterned by the sender, checked by the
 // receiver): registers every slot.
 void registerEach(CheckEnv& env, std::vector<Conn>& conns, Buffer& buf, size_t msg, std::vector<void*>* mhs) {
@@ -1396,22 +1415,12 @@ void commsScale(CheckEnv& env) {
   const bool epReported = env.plugin != nullptr && env.plugin->stat("fabric.endpoints_open", &epBefore);
   const int listenBefore = listeningSockets();
   auto t0 = std::chrono::steady_clock::now();
-  std::vector<Conn> conns;
-  conns.reserve(n);
   Usage first;  // after the first connection: what is shared (an endpoint opened on first use) is paid by then
-  for (int i = 0; i < n; ++i) {
-    try {
-      conns.push_back(establish(env, "scale" + std::to_string(i)));
-    } catch (const CheckFailure& e) {
-      for (auto& c : conns) closeConn(env, c);
-      fail("connection " + std::to_string(i) + " of " + std::to_string(n) + ": " + e.what());
-    }
-    if (i == 0) {
-      auto tFirst = std::chrono::steady_clock::now();
-      first = usage();
-      t0 += std::chrono::steady_clock::now() - tFirst;  // the measurement is not connect time
-    }
-  }
+  std::vector<Conn> conns = establishMany(env, n, "scale", [&] {
+    auto tFirst = std::chrono::steady_clock::now();
+    first = usage();
+    t0 += std::chrono::steady_clock::now() - tFirst;  // the measurement is not connect time
+  });
   double connectSec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   Usage connected = usage();
   if (epReported) env.plugin->stat("fabric.endpoints_open", &epAfter);
@@ -1464,16 +1473,7 @@ void commsCrossOrder(CheckEnv& env) {
   const size_t kMsg = 1024;
   Buffer buf(kMsg * n);
   std::memset(buf.data(), 0, buf.size());
-  std::vector<Conn> conns;
-  conns.reserve(n);
-  for (int i = 0; i < n; ++i) {
-    try {
-      conns.push_back(establish(env, "order" + std::to_string(i)));
-    } catch (const CheckFailure& e) {
-      for (auto& c : conns) closeConn(env, c);
-      fail("connection " + std::to_string(i) + " of " + std::to_string(n) + ": " + e.what());
-    }
-  }
+  std::vector<Conn> conns = establishMany(env, n, "order");
   std::vector<void*> mhs(n, nullptr), reqs(n, nullptr);
   registerEach(env, conns, buf, kMsg, &mhs);
   std::vector<int> order(n);
