@@ -58,6 +58,7 @@ std::shared_ptr<const Policy> Policy::build(const Profile& p, const PolicyOption
   struct Pt {
     double x, y, se;
     int bucket;
+    uint64_t bytes;
   };
   std::map<std::pair<int, Arm>, std::map<uint64_t, Pt>> series;
   for (const auto& m : p.measurements) {
@@ -66,7 +67,7 @@ std::shared_ptr<const Policy> Policy::build(const Profile& p, const PolicyOption
     double se = std::max(1.4826 * m.spread, o.minSampleNoise) / std::sqrt(std::max<double>(1.0, m.samples));
     auto& s = series[{m.coll, m.arm}];
     auto it = s.find(m.bytes);
-    Pt pt{std::log2(static_cast<double>(m.bytes)), std::log(m.timeUs), se, sizeBucket(m.bytes)};
+    Pt pt{std::log2(static_cast<double>(m.bytes)), std::log(m.timeUs), se, sizeBucket(m.bytes), m.bytes};
     if (it == s.end() || pt.y < it->second.y) s[m.bytes] = pt;  // the faster of repeated entries
   }
   std::vector<std::vector<Entry>> cells(kNumColls * kBuckets);
@@ -74,17 +75,37 @@ std::shared_ptr<const Policy> Policy::build(const Profile& p, const PolicyOption
     auto [coll, arm] = key;
     std::vector<Pt> v;
     for (const auto& [b, pt] : pts) v.push_back(pt);
+    // Where this arm is NCCL's pick, a narrow slowdown seen at one measured size only (a point above the chord of
+    // its neighbours by more than the spike threshold and 3 standard errors: measured times are convex in log-log
+    // size, latency plus bandwidth, so a point above its chord is an anomaly) counts at its own bucket only; between
+    // measured sizes the chord stands in for it. Held-out evaluation (tuner/README.md): a slowdown of NCCL's pick
+    // at one measured size otherwise made the tuner leave NCCL's pick an octave either side, where it was fine.
+    // Neighbouring spikes (two measured sizes in a row) lift each other's chords: the chords are taken over the
+    // neighbours' own corrected values, a few rounds (each halves what is left).
+    std::vector<double> yd(v.size());
+    for (size_t k = 0; k < v.size(); ++k) yd[k] = v[k].y;
+    for (int round = 0; o.spike > 0 && round < 6; ++round) {
+      std::vector<double> next = yd;
+      for (size_t k = 1; k + 1 < v.size(); ++k) {
+        const Pt &a = v[k - 1], &c = v[k + 1];
+        double t = (v[k].x - a.x) / (c.x - a.x);
+        double chord = yd[k - 1] + t * (yd[k + 1] - yd[k - 1]);
+        double se = std::sqrt(v[k].se * v[k].se + std::pow((1 - t) * a.se, 2) + std::pow(t * c.se, 2));
+        next[k] = v[k].y - chord > std::max(o.spike, 3 * se) ? chord : v[k].y;
+      }
+      yd.swap(next);
+    }
     int lo = sizeBucket(pts.begin()->first) - o.maxExtrapolation;
     int hi = sizeBucket(pts.rbegin()->first) + o.maxExtrapolation;
     for (int b = std::max(0, lo); b <= std::min(kBuckets - 1, hi); ++b) {
       // Evaluated at the bucket's lower edge, where the sizes people measure (powers of two) sit: a measured size
       // gets exactly its measurement; the rest of the bucket (up to +25%) shares it.
       double x = bucketLowLog2(b);
-      double y, se;
-      const Pt* l = &v[0];  // the measurements at or below and at or above x (the nearer end outside the range)
-      const Pt* h = &v[0];
+      auto yAt = [&](size_t k, bool asNccl) { return asNccl ? yd[k] : v[k].y; };
+      double y, yn, se;
+      size_t li = 0, hiI = 0;  // the measurements at or below and at or above x (the nearer end outside the range)
       if (v.size() == 1) {
-        y = v[0].y;
+        y = yn = v[0].y;
         se = v[0].se;
       } else {
         size_t i = 1;
@@ -92,15 +113,27 @@ std::shared_ptr<const Policy> Policy::build(const Profile& p, const PolicyOption
         const Pt &a = v[i - 1], &c = v[i];
         double t = (x - a.x) / (c.x - a.x);
         y = a.y + t * (c.y - a.y);
+        yn = yAt(i - 1, true) + t * (yAt(i, true) - yAt(i - 1, true));
         se = std::max(a.se, c.se);
         const double eps = 1e-9;
-        l = x <= a.x + eps ? &a : (x >= c.x - eps ? &c : &a);
-        h = x <= a.x + eps ? &a : &c;
+        li = x <= a.x + eps ? i - 1 : (x >= c.x - eps ? i : i - 1);
+        hiI = x <= a.x + eps ? i - 1 : i;
       }
+      const Pt *l = &v[li], *h = &v[hiI];
       if (std::min(std::abs(b - l->bucket), std::abs(b - h->bucket)) > o.reach) continue;
-      cells[coll * kBuckets + b].push_back(Entry{arm, static_cast<float>(std::exp(y)), static_cast<float>(se),
-                                                 static_cast<float>(std::exp(l->y)), static_cast<float>(std::exp(h->y)),
-                                                 static_cast<int16_t>(l->bucket), static_cast<int16_t>(h->bucket)});
+      Entry e{};
+      e.arm = arm;
+      e.timeUs = static_cast<float>(std::exp(y));
+      e.relErr = static_cast<float>(se);
+      e.loUs = static_cast<float>(std::exp(l->y));
+      e.hiUs = static_cast<float>(std::exp(h->y));
+      e.loBucket = static_cast<int16_t>(l->bucket);
+      e.hiBucket = static_cast<int16_t>(h->bucket);
+      if (l == h && l->bucket == b) e.atBytes = l->bytes;
+      e.asNcclUs = static_cast<float>(std::exp(std::min(y, yn)));
+      e.loAsNcclUs = static_cast<float>(std::exp(std::min(l->y, yAt(li, true))));
+      e.hiAsNcclUs = static_cast<float>(std::exp(std::min(h->y, yAt(hiI, true))));
+      cells[coll * kBuckets + b].push_back(e);
     }
   }
   pol->start_.assign(kNumColls * kBuckets + 1, 0);
@@ -242,15 +275,17 @@ Decision Policy::decide(int coll, uint64_t nBytes, int numPipeOps, float* table,
   // difference, and, between measured sizes where the interpolation is a guess, also at the measured sizes on both
   // sides (held-out evaluation, tuner/README.md: interpolation alone lost at 8% of the unmeasured sizes of the
   // smooth world, this rule at 2%). A candidate measured at other sizes than NCCL's pick cannot show that.
-  const double tn = ncclEntry->timeUs;
+  // At exactly a measured size NCCL's pick counts as measured there; anywhere else, without its narrow spikes.
+  const bool exact = ncclEntry->atBytes == nBytes;
+  const double tn = exact ? ncclEntry->timeUs : ncclEntry->asNcclUs;
   for (const Entry* e = first; e != ncclEntry; ++e) {
     if (!valid(e->arm.algo, e->arm.proto)) continue;
     const double tw = e->timeUs;
     const double sd = std::sqrt(std::pow(e->relErr * tw, 2) + std::pow(ncclEntry->relErr * tn, 2));
     if (tw > (1.0 - opt_.margin) * tn || tn - tw < opt_.z * sd) break;  // later ones are slower still
     if (opt_.bracket && (e->loBucket != ncclEntry->loBucket || e->hiBucket != ncclEntry->hiBucket ||
-                         e->loUs > (1.0 - opt_.margin) * ncclEntry->loUs ||
-                         e->hiUs > (1.0 - opt_.margin) * ncclEntry->hiUs)) {
+                         e->loUs > (1.0 - opt_.margin) * (exact ? ncclEntry->loUs : ncclEntry->loAsNcclUs) ||
+                         e->hiUs > (1.0 - opt_.margin) * (exact ? ncclEntry->hiUs : ncclEntry->hiAsNcclUs))) {
       continue;
     }
     return apply(e->arm, Outcome::kMeasured);

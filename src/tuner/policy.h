@@ -25,6 +25,9 @@ struct PolicyOptions {
   // Between measured sizes, change NCCL's pick only where the winner also beat it by the margin at the measured
   // sizes on both sides (off: the interpolated times alone decide; for comparisons).
   bool bracket = true;
+  // A measured time of NCCL's pick more than this far (log, and 3 standard errors) above the chord of its
+  // neighbours is a narrow anomaly: it counts at its own size bucket, not between measured sizes (0: off).
+  double spike = 0.15;
   // Exploration (WEFT_TUNER_EXPLORE): per key, the first `exploreRounds * |candidates| * exploreRepeats` calls
   // go round-robin over NCCL's valid entries within `explorePrune` x of its best model time.
   bool explore = false;
@@ -79,6 +82,12 @@ class Policy {
     // one twice where the bucket is a measured size, or beyond the measured range), and those sizes' buckets.
     float loUs, hiUs;
     int16_t loBucket, hiBucket;
+    // The same three times where this arm is NCCL's pick at a size other than a measured one: a narrow slowdown
+    // at one measured size (a spike, see PolicyOptions::spike) replaced by its neighbours' chord. Never above the
+    // raw ones.
+    float asNcclUs, loAsNcclUs, hiAsNcclUs;
+    uint64_t atBytes;  // the measured size in this bucket (0: none); there, the raw times stand
+
   };
   // Measured/interpolated candidates for a collective and bucket, fastest first (empty span: nothing known).
   std::pair<const Entry*, const Entry*> cell(int coll, int bucket) const noexcept;

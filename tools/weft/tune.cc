@@ -88,6 +88,9 @@ int simCommand(int argc, char** argv) {
     else if (f == "--reps") reps = a.number(1, 100);
     else if (f == "--no-bracket") po.bracket = false;
     else if (f == "--reach") po.reach = a.number(0, 1000);
+    else if (f == "--no-despike") po.spike = 0;
+    else if (f == "--spike") po.spike = a.number(1, 1000) / 100.0;
+    else if (f == "--margin") po.margin = a.number(0, 50) / 100.0;
     else a.unknown();
   }
   if (topo.nNodes > topo.nRanks) {
