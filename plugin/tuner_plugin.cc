@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <cmath>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -38,6 +39,13 @@ struct TunerContext {
   std::atomic<uint8_t> forcedUnavailable[kNumColls][kBuckets];  // sweep mode: buckets where the forced entry was IGNORE
   std::atomic<uint64_t> calls{0}, changed{0};
   std::string recordPath;
+  // Record mode: NCCL's cost table at the first call of each (collective, size bucket), for the profile's model.
+  struct SeenTable {
+    std::atomic<uint8_t> seen{0};
+    uint64_t bytes = 0;
+    float us[kNumAlgos * kNumProtos];
+  };
+  std::unique_ptr<SeenTable[]> tables;  // kNumColls * kBuckets, only while recording
   TunerContext() {
     for (auto& row : counters)
       for (auto& c : row) c.store(0, std::memory_order_relaxed);
@@ -126,6 +134,7 @@ TunerContext* makeContext(uint64_t commId, size_t nRanks, size_t nNodes, int nvl
   c->nvlDomains = nvlDomains;
   c->logDecisions = params::getBool("WEFT_TUNER_LOG");
   c->recordPath = params::getString("WEFT_TUNER_RECORD");
+  if (!c->recordPath.empty()) c->tables.reset(new TunerContext::SeenTable[kNumColls * kBuckets]);
   if (!params::getBool("WEFT_TUNER")) {
     WEFT_INFO(NCCL_TUNING, "tuner: off (WEFT_TUNER=0): NCCL's own choices");
     return c;
@@ -201,6 +210,16 @@ ncclResult_t collInfo(void* context, ncclFunc_t collType, size_t nBytes, int num
         if (table[a * numProto + p] >= 0.0f) mask |= 1u << (a * 3 + p);
     c->masksSeen[coll].store(mask, std::memory_order_relaxed);
   }
+  if (c->tables) {
+    auto& seen = c->tables[coll * kBuckets + sizeBucket(nBytes)];
+    if (seen.seen.load(std::memory_order_acquire) == 0) {
+      for (int a = 0; a < kNumAlgos; ++a)
+        for (int p = 0; p < kNumProtos; ++p)
+          seen.us[a * kNumProtos + p] = a < numAlgo && p < numProto ? table[a * numProto + p] : -1.0f;
+      seen.bytes = nBytes;
+      seen.seen.store(1, std::memory_order_release);
+    }
+  }
   if (!c->policy) return ncclSuccess;
   int bucket = sizeBucket(nBytes);
   std::atomic<uint32_t>& counter = c->counters[coll][bucket];
@@ -234,6 +253,20 @@ void writeRecord(const TunerContext* c) {
     for (int b = 0; b < kBuckets; ++b)
       if (c->forcedUnavailable[i][b].load(std::memory_order_relaxed)) fu += fmt::format("{}{}:{}", fu.empty() ? "" : ",", i, b);
   if (!fu.empty()) p.source["forced_unavailable"] = fu;
+  for (int i = 0; c->tables && i < kNumColls * kBuckets; ++i) {
+    const auto& seen = c->tables[i];
+    if (seen.seen.load(std::memory_order_acquire) == 0) continue;
+    for (int k = 0; k < kNumAlgos * kNumProtos; ++k) {
+      if (!(seen.us[k] > 0.0f) || !std::isfinite(seen.us[k])) continue;  // IGNORE, or nothing to scale
+      ModelPoint m;
+      m.coll = i / kBuckets;
+      m.bytes = seen.bytes;
+      m.algo = static_cast<int8_t>(k / kNumProtos);
+      m.proto = static_cast<int8_t>(k % kNumProtos);
+      m.us = seen.us[k];
+      p.model.push_back(m);
+    }
+  }
   std::string tmp = c->recordPath + ".tmp";
   FILE* f = std::fopen(tmp.c_str(), "w");
   if (f == nullptr) {

@@ -70,69 +70,83 @@ std::shared_ptr<const Policy> Policy::build(const Profile& p, const PolicyOption
     Pt pt{std::log2(static_cast<double>(m.bytes)), std::log(m.timeUs), se, sizeBucket(m.bytes), m.bytes};
     if (it == s.end() || pt.y < it->second.y) s[m.bytes] = pt;  // the faster of repeated entries
   }
+  // NCCL's model at the measured sizes, where the profile recorded it (ModelPoint).
+  std::map<std::tuple<int, uint64_t, int, int>, double> model;
+  for (const auto& m : p.model) model[{m.coll, m.bytes, m.algo, m.proto}] = std::log(m.us);
   std::vector<std::vector<Entry>> cells(kNumColls * kBuckets);
   for (const auto& [key, pts] : series) {
     auto [coll, arm] = key;
     std::vector<Pt> v;
     for (const auto& [b, pt] : pts) v.push_back(pt);
-    // Where this arm is NCCL's pick, a narrow slowdown seen at one measured size only (a point above the chord of
-    // its neighbours by more than the spike threshold and 3 standard errors: measured times are convex in log-log
-    // size, latency plus bandwidth, so a point above its chord is an anomaly) counts at its own bucket only; between
-    // measured sizes the chord stands in for it. Held-out evaluation (tuner/README.md): a slowdown of NCCL's pick
-    // at one measured size otherwise made the tuner leave NCCL's pick an octave either side, where it was fine.
-    // Neighbouring spikes (two measured sizes in a row) lift each other's chords: the chords are taken over the
-    // neighbours' own corrected values, a few rounds (each halves what is left).
-    std::vector<double> yd(v.size());
-    for (size_t k = 0; k < v.size(); ++k) yd[k] = v[k].y;
-    for (int round = 0; o.spike > 0 && round < 6; ++round) {
-      std::vector<double> next = yd;
-      for (size_t k = 1; k + 1 < v.size(); ++k) {
-        const Pt &a = v[k - 1], &c = v[k + 1];
-        double t = (v[k].x - a.x) / (c.x - a.x);
-        double chord = yd[k - 1] + t * (yd[k + 1] - yd[k - 1]);
-        double se = std::sqrt(v[k].se * v[k].se + std::pow((1 - t) * a.se, 2) + std::pow(t * c.se, 2));
-        next[k] = v[k].y - chord > std::max(o.spike, 3 * se) ? chord : v[k].y;
+    // Where this arm is NCCL's pick, a narrow slowdown seen at one measured size only counts there only; between
+    // measured sizes the chord of its neighbours stands in for it. A point is such a slowdown when it lies above
+    // that chord by more than the spike threshold and 3 standard errors: times are convex in log-log size (latency
+    // plus bytes over bandwidth), and residuals from NCCL's model flat, so a point above the chord is an anomaly.
+    // Held-out evaluation (tuner/README.md): a slowdown of NCCL's pick at one measured size otherwise made the
+    // tuner leave NCCL's pick an octave either side, where it was fine. Neighbouring spikes lift each other's
+    // chords: the chords are taken over the neighbours' corrected values, a few rounds (each halves what is left).
+    auto despike = [&](const std::vector<double>& y) {
+      std::vector<double> yd = y;
+      for (int round = 0; o.spike > 0 && round < 6; ++round) {
+        std::vector<double> next = yd;
+        for (size_t k = 1; k + 1 < v.size(); ++k) {
+          const Pt &a = v[k - 1], &c = v[k + 1];
+          double t = (v[k].x - a.x) / (c.x - a.x);
+          double chord = yd[k - 1] + t * (yd[k + 1] - yd[k - 1]);
+          double se = std::sqrt(v[k].se * v[k].se + std::pow((1 - t) * a.se, 2) + std::pow(t * c.se, 2));
+          next[k] = y[k] - chord > std::max(o.spike, 3 * se) ? chord : y[k];
+        }
+        yd.swap(next);
       }
-      yd.swap(next);
+      return yd;
+    };
+    std::vector<double> y(v.size()), r(v.size());
+    bool haveModel = o.model;
+    for (size_t k = 0; k < v.size(); ++k) {
+      y[k] = v[k].y;
+      auto it = model.find({coll, v[k].bytes, arm.algo, arm.proto});
+      if (it == model.end()) haveModel = false;
+      else r[k] = v[k].y - it->second;
     }
+    const std::vector<double> yd = despike(y);
+    const std::vector<double> rd = haveModel ? despike(r) : r;
     int lo = sizeBucket(pts.begin()->first) - o.maxExtrapolation;
     int hi = sizeBucket(pts.rbegin()->first) + o.maxExtrapolation;
     for (int b = std::max(0, lo); b <= std::min(kBuckets - 1, hi); ++b) {
       // Evaluated at the bucket's lower edge, where the sizes people measure (powers of two) sit: a measured size
       // gets exactly its measurement; the rest of the bucket (up to +25%) shares it.
       double x = bucketLowLog2(b);
-      auto yAt = [&](size_t k, bool asNccl) { return asNccl ? yd[k] : v[k].y; };
-      double y, yn, se;
-      size_t li = 0, hiI = 0;  // the measurements at or below and at or above x (the nearer end outside the range)
-      if (v.size() == 1) {
-        y = yn = v[0].y;
-        se = v[0].se;
-      } else {
-        size_t i = 1;
-        while (i + 1 < v.size() && v[i].x < x) ++i;  // segment [i-1, i] (the end ones extrapolate)
+      size_t i = 0, li = 0, hiI = 0;  // segment [i-1, i]; the measurements at or below and at or above x
+      double t = 0;
+      if (v.size() > 1) {
+        i = 1;
+        while (i + 1 < v.size() && v[i].x < x) ++i;  // the end segments extrapolate
         const Pt &a = v[i - 1], &c = v[i];
-        double t = (x - a.x) / (c.x - a.x);
-        y = a.y + t * (c.y - a.y);
-        yn = yAt(i - 1, true) + t * (yAt(i, true) - yAt(i - 1, true));
-        se = std::max(a.se, c.se);
+        t = (x - a.x) / (c.x - a.x);
         const double eps = 1e-9;
         li = x <= a.x + eps ? i - 1 : (x >= c.x - eps ? i : i - 1);
         hiI = x <= a.x + eps ? i - 1 : i;
       }
+      auto at = [&](const std::vector<double>& s) { return v.size() == 1 ? s[0] : s[i - 1] + t * (s[i] - s[i - 1]); };
       const Pt *l = &v[li], *h = &v[hiI];
       if (std::min(std::abs(b - l->bucket), std::abs(b - h->bucket)) > o.reach) continue;
       Entry e{};
       e.arm = arm;
-      e.timeUs = static_cast<float>(std::exp(y));
-      e.relErr = static_cast<float>(se);
-      e.loUs = static_cast<float>(std::exp(l->y));
-      e.hiUs = static_cast<float>(std::exp(h->y));
+      e.timeUs = static_cast<float>(std::exp(at(y)));
+      e.relErr = static_cast<float>(v.size() == 1 ? v[0].se : std::max(v[i - 1].se, v[i].se));
+      e.loUs = static_cast<float>(std::exp(y[li]));
+      e.hiUs = static_cast<float>(std::exp(y[hiI]));
       e.loBucket = static_cast<int16_t>(l->bucket);
       e.hiBucket = static_cast<int16_t>(h->bucket);
+      e.asNcclUs = static_cast<float>(std::exp(std::min(at(y), at(yd))));
+      e.loAsNcclUs = static_cast<float>(std::exp(std::min(y[li], yd[li])));
+      e.hiAsNcclUs = static_cast<float>(std::exp(std::min(y[hiI], yd[hiI])));
       if (l == h && l->bucket == b) e.atBytes = l->bytes;
-      e.asNcclUs = static_cast<float>(std::exp(std::min(y, yn)));
-      e.loAsNcclUs = static_cast<float>(std::exp(std::min(l->y, yAt(li, true))));
-      e.hiAsNcclUs = static_cast<float>(std::exp(std::min(h->y, yAt(hiI, true))));
+      if (haveModel) {
+        // Beyond the measured sizes the ratio stays what it was at the nearest one (its slope there is noise).
+        e.overModel = static_cast<float>(std::exp(at(r)));
+        e.overModelAsNccl = static_cast<float>(std::exp(std::min(at(r), at(rd))));
+      }
       cells[coll * kBuckets + b].push_back(e);
     }
   }
@@ -275,21 +289,49 @@ Decision Policy::decide(int coll, uint64_t nBytes, int numPipeOps, float* table,
   // difference, and, between measured sizes where the interpolation is a guess, also at the measured sizes on both
   // sides (held-out evaluation, tuner/README.md: interpolation alone lost at 8% of the unmeasured sizes of the
   // smooth world, this rule at 2%). A candidate measured at other sizes than NCCL's pick cannot show that.
-  // At exactly a measured size NCCL's pick counts as measured there; anywhere else, without its narrow spikes.
+  // At exactly a measured size the measurements decide. Elsewhere, where the profile has NCCL's model at the
+  // measured sizes, a candidate's time is NCCL's table entry for it here times its interpolated measured/model
+  // ratio; without the model, its interpolated time. As NCCL's pick, narrow spikes do not count (Entry).
   const bool exact = ncclEntry->atBytes == nBytes;
-  const double tn = exact ? ncclEntry->timeUs : ncclEntry->asNcclUs;
-  for (const Entry* e = first; e != ncclEntry; ++e) {
-    if (!valid(e->arm.algo, e->arm.proto)) continue;
-    const double tw = e->timeUs;
-    const double sd = std::sqrt(std::pow(e->relErr * tw, 2) + std::pow(ncclEntry->relErr * tn, 2));
-    if (tw > (1.0 - opt_.margin) * tn || tn - tw < opt_.z * sd) break;  // later ones are slower still
-    if (opt_.bracket && (e->loBucket != ncclEntry->loBucket || e->hiBucket != ncclEntry->hiBucket ||
-                         e->loUs > (1.0 - opt_.margin) * (exact ? ncclEntry->loUs : ncclEntry->loAsNcclUs) ||
-                         e->hiUs > (1.0 - opt_.margin) * (exact ? ncclEntry->hiUs : ncclEntry->hiAsNcclUs))) {
+  auto tableUs = [&](const Entry* e) { return table[e->arm.algo * numProto + e->arm.proto]; };
+  const bool useModel = !exact && ncclEntry->overModel > 0.0f && tableUs(ncclEntry) > 0.0f;
+  const double tn = exact ? ncclEntry->timeUs
+                    : useModel ? static_cast<double>(tableUs(ncclEntry)) * ncclEntry->overModelAsNccl
+                               : ncclEntry->asNcclUs;
+  // Beyond the measured sizes (one measured neighbour) the model's shape is not checked by any measurement.
+  const bool outside = ncclEntry->loBucket == ncclEntry->hiBucket;
+  // ... and there the margin grows by itself again per octave beyond them.
+  const double margin =
+      opt_.margin * (1.0 + (outside && !exact ? std::abs(bucket - ncclEntry->loBucket) / 4.0 : 0.0));
+  const Entry* pick = nullptr;
+  double pickUs = 0;
+  const double limit = (1.0 - margin) * tn, en = ncclEntry->relErr * tn;
+  const bool bracket = opt_.bracket && (!useModel || outside);
+  for (const Entry* e = first; e != last; ++e) {
+    const int a = e->arm.algo, p = e->arm.proto;
+    if (e == ncclEntry || a >= numAlgo || p >= numProto) continue;
+    const float tv = table[a * numProto + p];
+    if (!(tv >= 0.0f)) continue;  // IGNORE
+    double tw;
+    if (useModel) {
+      if (!(tv > 0.0f) || !(e->overModel > 0.0f)) continue;  // not comparable with NCCL's pick here
+      tw = static_cast<double>(tv) * e->overModel;
+    } else {
+      tw = e->timeUs;
+      if (tw > limit) break;  // sorted by interpolated time: the rest are slower still
+    }
+    if (tw > limit || (pick != nullptr && tw >= pickUs)) continue;
+    const double ew = e->relErr * tw;
+    if (tn - tw < opt_.z * std::sqrt(ew * ew + en * en)) continue;
+    if (bracket && (e->loBucket != ncclEntry->loBucket || e->hiBucket != ncclEntry->hiBucket ||
+                    e->loUs > (1.0 - opt_.margin) * (exact ? ncclEntry->loUs : ncclEntry->loAsNcclUs) ||
+                    e->hiUs > (1.0 - opt_.margin) * (exact ? ncclEntry->hiUs : ncclEntry->hiAsNcclUs))) {
       continue;
     }
-    return apply(e->arm, Outcome::kMeasured);
+    pick = e;
+    pickUs = tw;
   }
+  if (pick != nullptr) return apply(pick->arm, Outcome::kMeasured);
   d.outcome = Outcome::kKeptNccl;
   return d;
 }

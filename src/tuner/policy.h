@@ -19,7 +19,8 @@ double bucketLowLog2(int bucket) noexcept;  // log2 of the smallest size in the 
 struct PolicyOptions {
   double margin = 0.03;     // a measured winner must be at least this much faster than NCCL's own pick
   double z = 2.0;           // ... and by this many standard errors of the difference
-  int maxExtrapolation = 4; // buckets (quarter octaves) beyond the measured sizes: one octave
+  int maxExtrapolation = 2; // buckets (quarter octaves) beyond the measured sizes: half an octave (held-out: one
+                            // octave lost up to 4% at 32 KiB)
   int reach = 1000;         // buckets from the nearest measured size a decision may be (experiment: held-out)
   double minSampleNoise = 0.05;  // assumed relative noise of one sample, at least (spread floor)
   // Between measured sizes, change NCCL's pick only where the winner also beat it by the margin at the measured
@@ -28,6 +29,9 @@ struct PolicyOptions {
   // A measured time of NCCL's pick more than this far (log, and 3 standard errors) above the chord of its
   // neighbours is a narrow anomaly: it counts at its own size bucket, not between measured sizes (0: off).
   double spike = 0.15;
+  // Interpolate measured/model ratios where the profile has NCCL's model at the measured sizes (off: times; for
+  // comparisons).
+  bool model = true;
   // Exploration (WEFT_TUNER_EXPLORE): per key, the first `exploreRounds * |candidates| * exploreRepeats` calls
   // go round-robin over NCCL's valid entries within `explorePrune` x of its best model time.
   bool explore = false;
@@ -87,6 +91,10 @@ class Policy {
     // raw ones.
     float asNcclUs, loAsNcclUs, hiAsNcclUs;
     uint64_t atBytes;  // the measured size in this bucket (0: none); there, the raw times stand
+    // With NCCL's model recorded at every measured size of this arm (Profile::model): its measured time over
+    // NCCL's estimate, interpolated (and without narrow spikes, as NCCL's pick). At the call the estimate is
+    // NCCL's table entry times this. 0: no model.
+    float overModel, overModelAsNccl;
 
   };
   // Measured/interpolated candidates for a collective and bucket, fastest first (empty span: nothing known).

@@ -236,6 +236,39 @@ static std::optional<Profile> parseProfileChecked(const std::string& text, std::
       p.measurements.push_back(x);
     }
   }
+  if (auto md = j.find("model"); md != j.end()) {
+    if (!md->is_array()) {
+      *err = "\"model\" is not an array";
+      return std::nullopt;
+    }
+    size_t i = 0;
+    for (const auto& m : *md) {
+      std::string where = fmt::format("model[{}]", i++);
+      if (!m.is_object()) {
+        *err = where + ": not an object";
+        return std::nullopt;
+      }
+      ModelPoint x;
+      std::string coll;
+      Arm arm;
+      if (!getStr(m, "coll", &coll, err, where)) return std::nullopt;
+      x.coll = collFromName(coll);
+      if (x.coll < 0) {
+        *err = fmt::format("{}: \"{}\" is not a collective the tuner sees", where, coll);
+        return std::nullopt;
+      }
+      if (!getNum(m, "bytes", &x.bytes, err, where) || !parseArm(m, &arm, err, where) ||
+          !getNum(m, "us", &x.us, err, where))
+        return std::nullopt;
+      if (x.bytes == 0 || !(x.us > 0)) {
+        *err = where + ": bytes and us must be positive";
+        return std::nullopt;
+      }
+      x.algo = arm.algo;
+      x.proto = arm.proto;
+      p.model.push_back(x);
+    }
+  }
   auto rs = j.find("rules");
   if (rs != j.end()) {
     if (!rs->is_array()) {
@@ -294,6 +327,19 @@ std::string writeProfile(const Profile& p) {
     ms.push_back(x);
   }
   j["measurements"] = ms;
+  if (!p.model.empty()) {
+    json md = json::array();
+    for (const auto& m : p.model) {
+      json x;
+      x["coll"] = collName(m.coll);
+      x["bytes"] = m.bytes;
+      x["algo"] = algoName(m.algo);
+      x["proto"] = protoName(m.proto);
+      x["us"] = m.us;
+      md.push_back(x);
+    }
+    j["model"] = md;
+  }
   if (!p.rules.empty()) {
     json rs = json::array();
     for (const auto& r : p.rules) {

@@ -72,9 +72,21 @@ struct Rule {
   int numPipeOps = -1;  // -1: any
 };
 
+// NCCL's own estimate (its cost table, µs) for an algorithm/protocol at a size, as the tuner saw it while the
+// profile was measured (WEFT_TUNER_RECORD). With it the policy interpolates how far the measurements are from
+// NCCL's model, not the times themselves: the model carries the shape (latency plus bytes over bandwidth) between
+// measured sizes.
+struct ModelPoint {
+  int coll = 4;
+  uint64_t bytes = 0;
+  int8_t algo = -1, proto = -1;
+  double us = 0;
+};
+
 struct Profile {
   Signature sig;
   std::vector<Measurement> measurements;
+  std::vector<ModelPoint> model;
   std::vector<Rule> rules;
   std::map<std::string, std::string> source;  // tool, command, environment, created ...
 };

@@ -163,6 +163,19 @@ Profile sweep(const World& w, const std::vector<int>& colls, const std::vector<u
         if (t.t[a][pr] >= 0) mask |= 1u << (a * 3 + pr);
     p.sig.masks[c] = mask;
     for (uint64_t n : sizes) {
+      // What the tuner's record mode keeps: NCCL's table at each measured size.
+      model::Table tn = w.table(c, n);
+      for (int a = 0; a < 7; ++a)
+        for (int pr = 0; pr < 3; ++pr)
+          if (tn.t[a][pr] > 0) {
+            ModelPoint mp;
+            mp.coll = c;
+            mp.bytes = n;
+            mp.algo = static_cast<int8_t>(a);
+            mp.proto = static_cast<int8_t>(pr);
+            mp.us = tn.t[a][pr];
+            p.model.push_back(mp);
+          }
       for (const Arm& arm : w.candidates(c, n)) {
         std::vector<double> v;
         for (int i = 0; i < samples; ++i) v.push_back(w.measureUs(c, arm, n, rng));

@@ -15,6 +15,15 @@ cmd="$weft tune nccl-sim --tuner $tuner --coll AllReduce --seed 3"
 grep -q '"nranks": 16' "$dir/p.json" || fail "the signature did not come from the tuner's record"
 grep -q '"masks"' "$dir/p.json" || fail "no availability masks recorded"
 grep -q '"done"' "$dir/p.json" || fail "no resume state"
+# NCCL's cost table at every swept size, as the tuner saw it (the policy interpolates measured/model ratios)
+python3 - "$dir/p.json" <<'PY' || fail "the profile has no model from the tuner's record"
+import json, sys
+p = json.load(open(sys.argv[1]))
+model = {(m["bytes"], m["algo"], m["proto"]) for m in p.get("model", [])}
+meas = {(m["bytes"], m["algo"], m["proto"]) for m in p["measurements"]}
+missing = meas - model
+assert model and not missing, f"{len(model)} model points; measured without one: {sorted(missing)[:5]}"
+PY
 out=$("$weft" tune eval --profile "$dir/p.json" --seed 3)
 echo "$out"
 speed=$(echo "$out" | sed -n 's/.*geomean speedup \([0-9.]*\)x.*/\1/p')

@@ -20,6 +20,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <tuple>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -89,6 +90,8 @@ int simCommand(int argc, char** argv) {
     else if (f == "--no-bracket") po.bracket = false;
     else if (f == "--reach") po.reach = a.number(0, 1000);
     else if (f == "--no-despike") po.spike = 0;
+    else if (f == "--no-model") po.model = false;
+    else if (f == "--extrapolate") po.maxExtrapolation = a.number(0, 16);
     else if (f == "--spike") po.spike = a.number(1, 1000) / 100.0;
     else if (f == "--margin") po.margin = a.number(0, 50) / 100.0;
     else a.unknown();
@@ -191,6 +194,8 @@ int showCommand(int argc, char** argv) {
   }
   auto pol = Policy::build(*prof, PolicyOptions{});
   auto sizes = powersOfTwo(1 << 10, 1u << 30);
+  std::set<std::pair<int, uint64_t>> measured;
+  for (const auto& m : prof->measurements) measured.insert({m.coll, m.bytes});
   std::printf("decisions for %d ranks on %d nodes (NCCL's default from weft's reference model of its cost table)\n",
               topo.nRanks, topo.nNodes);
   std::printf("%-14s %6s  %-18s %-22s %s\n", "collective", "size", "NCCL default", "weft", "why");
@@ -213,7 +218,11 @@ int showCommand(int argc, char** argv) {
       wa.proto = static_cast<int8_t>(d.proto);
       wa.channels = static_cast<int16_t>(d.channels);
       std::printf("%-14s %6s  %-18s %-22s %s\n", collName(c), sizeLabel(n).c_str(),
-                  fmt::format("{}/{}ch", armName(da), def.channels).c_str(), armName(wa).c_str(), outcomeName(d.outcome));
+                  fmt::format("{}/{}ch", armName(da), def.channels).c_str(), armName(wa).c_str(),
+                  d.outcome == Outcome::kMeasured && !measured.count({c, n})
+                      ? fmt::format("{} (not a measured size: estimated{})", outcomeName(d.outcome),
+                                    prof->model.empty() ? "" : " with NCCL's model").c_str()
+                      : outcomeName(d.outcome));
       std::string key = fmt::format("{}/{}", algoName(wa.algo), protoName(wa.proto));
       if (!colour.count(key)) {
         colour[key] = static_cast<int>(colour.size());
@@ -376,6 +385,9 @@ int sweepCommand(int argc, char** argv) {
     if (const char* v = std::getenv(k)) envList += fmt::format("{}{}={}", envList.empty() ? "" : " ", k, v);
   prof.source["env"] = envList;
   std::string recordPath = outPath + ".record.json";
+  std::set<std::tuple<uint64_t, int, int>> modelSeen;  // (bytes, algo, proto) of prof.model
+  for (const ModelPoint& m : prof.model)
+    if (m.coll == coll) modelSeen.insert({m.bytes, m.algo, m.proto});
   size_t total = arms.size(), idx = 0;
   const bool tty = isatty(2) != 0;
   for (const Arm& arm : arms) {
@@ -429,6 +441,10 @@ int sweepCommand(int argc, char** argv) {
         if (prof.sig.nRanks == 0) prof.sig = rec->sig;
         for (int c = 0; c < kNumColls; ++c)
           if (rec->sig.masks[c] && !prof.sig.masks[c]) prof.sig.masks[c] = rec->sig.masks[c];
+        // NCCL's model at the swept sizes (the first run that saw an entry gives it).
+        for (const ModelPoint& m : rec->model)
+          if (m.coll == coll && times.count(m.bytes) && modelSeen.insert({m.bytes, m.algo, m.proto}).second)
+            prof.model.push_back(m);
         for (const auto& item : harness::split(rec->source["forced_unavailable"], ',')) {
           auto colon = item.find(':');
           if (colon != std::string::npos && std::stoi(item.substr(0, colon)) == coll)
