@@ -19,11 +19,18 @@ constexpr uint32_t kCtxMagic = 0x57504358;  // "WPCX"
 constexpr int kMaxContexts = 1024;
 constexpr uint32_t kOpSlots = 8192;      // collectives + p2p in flight (started, not yet written out)
 constexpr uint32_t kSmallSlots = 32768;  // their children in flight
-// An operation whose children stopped coming is written out after this long without news: without kernel
-// events to wait for (no KernelCh, or NCCL < 2.27), after kQuietNs; when kernel channels are still missing, after
-// kPartialNs (then flagged partial: a graph capture, or events NCCL did not send).
+// When an operation is written out. The CPU often enqueues seconds ahead of the GPU, and an operation's kernel
+// channels and proxy progress come when the GPU gets to it, so no window is measured from the CPU side alone:
+// - with kernel channels expected (KernelCh with GPU timers, v4+): when every channel reported;
+// - without (v1-v3): kQuietNs after its last news, once it has had news of the GPU (a kernel channel or proxy op of
+//   its own, or of a later operation of its communicator: a communicator's kernels run in order) or its
+//   communicator never sends any (only Coll/P2p events: CPU timing is all there is);
+// - missing events (a graph capture, events NCCL did not send): kQuietNs after a later operation of the same
+//   communicator made progress, flagged partial when kernel channels were expected;
+// - in any case after kHoldNs without news (nothing later progressed: the job went quiet), or at finalize.
+// Graph-captured operations (known from v5's CollApi) may get no kernel events at capture time: kQuietNs, partial.
 constexpr uint64_t kQuietNs = 200'000'000;
-constexpr uint64_t kPartialNs = 2'000'000'000;
+constexpr uint64_t kHoldNs = 60'000'000'000;
 
 enum SlotState : uint32_t { kFree = 0, kActive = 1, kStopped = 2, kEmitting = 3 };
 
@@ -110,6 +117,7 @@ struct alignas(64) OpSlot {
   std::atomic<uint64_t> firstChildNs{UINT64_MAX};
   std::atomic<uint64_t> lastChildNs{0};
   std::atomic<uint64_t> lastActivityNs{0};
+  std::atomic<uint64_t> seq{0};  // Context::opSeq at its start
 };
 
 struct alignas(64) SmallSlot {
@@ -196,11 +204,14 @@ OpSlot* attach(Pools* pools, Context* c, void* parent) noexcept {
     op->inflight.fetch_sub(1, std::memory_order_release);
     return nullptr;
   }
+  if (!c->anyChild.load(std::memory_order_relaxed)) c->anyChild.store(true, std::memory_order_relaxed);
   return op;
 }
 
+// A child finished: the GPU (or the proxy following it) has got to this operation.
 void detach(OpSlot* op, uint64_t now) noexcept {
   op->lastActivityNs.store(now, std::memory_order_relaxed);
+  if (Context* c = op->ctx.load(std::memory_order_relaxed)) atomicMax(c->progressSeq, op->seq.load(std::memory_order_relaxed));
   op->inflight.fetch_sub(1, std::memory_order_release);
 }
 
@@ -302,6 +313,7 @@ void* startOp(Pools* pools, Context* c, const EventDesc& d, uint64_t now) noexce
   s.firstChildNs.store(UINT64_MAX, std::memory_order_relaxed);
   s.lastChildNs.store(0, std::memory_order_relaxed);
   s.lastActivityNs.store(now, std::memory_order_relaxed);
+  s.seq.store(c->opSeq.fetch_add(1, std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   c->started.fetch_add(1, std::memory_order_relaxed);
   s.state.store(kActive, std::memory_order_release);
   return &s;
@@ -315,10 +327,23 @@ bool tryFinish(Pools* pools, OpSlot& s, bool force, uint64_t now, CollRecord* ou
   int32_t done = s.kernelsDone.load(std::memory_order_relaxed);
   int32_t expected = s.kernelsExpected.load(std::memory_order_relaxed);
   uint64_t idle = now - std::min(now, s.lastActivityNs.load(std::memory_order_relaxed));
-  bool complete = expected > 0 ? done >= expected : idle >= kQuietNs;
+  const Context* c = s.ctx.load(std::memory_order_relaxed);
+  const bool quiet = idle >= kQuietNs;
+  // A later operation of the communicator made progress on the GPU: whatever this one still misses is not coming.
+  const bool overtaken = c != nullptr && c->progressSeq.load(std::memory_order_relaxed) > s.seq.load(std::memory_order_relaxed);
+  const bool captured = (s.rec.flags & kRecGraphCaptured) != 0;
+  bool complete;
+  if (expected > 0) {
+    complete = done >= expected;
+  } else {
+    const bool hadNews = s.proxyOps.load(std::memory_order_relaxed) > 0 ||
+                         s.maxKernelCpuNs.load(std::memory_order_relaxed) > 0 || s.kernelsDone.load(std::memory_order_relaxed) > 0;
+    const bool noneComing = captured || c == nullptr || !c->anyChild.load(std::memory_order_relaxed);
+    complete = quiet && (hadNews || noneComing || overtaken || idle >= kHoldNs);
+  }
   bool partial = false;
   if (!complete) {
-    if (!force && idle < kPartialNs) return false;
+    if (!force && !((overtaken || captured) && quiet) && idle < kHoldNs) return false;
     partial = expected > 0;
   }
   if (s.inflight.load(std::memory_order_seq_cst) != 0 && !force) return false;

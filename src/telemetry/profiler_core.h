@@ -106,6 +106,12 @@ struct Context {
   // counters of what could not be recorded
   std::atomic<uint64_t> dropped{0};  // events refused because a pool was full
   std::atomic<uint64_t> started{0};  // collectives and p2p started
+  // How far the GPU has got, for deciding that an operation's missing events will not come (profiler_core.cc):
+  // the sequence number (per context, from 1 at each operation's start) of the latest operation a kernel channel
+  // or proxy op of which finished, and whether any such event came at all.
+  std::atomic<uint64_t> opSeq{0};
+  std::atomic<uint64_t> progressSeq{0};
+  std::atomic<bool> anyChild{false};
 };
 
 // The table entry points, version-independent.

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdarg>
 #include <cstdio>
@@ -93,24 +94,39 @@ class Impl : public Profiler {
     struct Item {
       const Op* op;
       void* handle;
+      std::chrono::steady_clock::time_point due;  // when the GPU gets to it
+      std::vector<void*> proxyOps;
     };
     std::mutex mu;
     std::condition_variable cv;
     std::deque<Item> queue;
+    size_t pending = 0;  // enqueued, and the GPU has not run them yet
     bool done = false;
     std::thread proxy([&] {
       // NCCL's proxy thread: a ProxyCtrl event around its work, then each operation's children.
       void* ctrl = start(c, ncclProfileProxyCtrl, nullptr, [](D&) {});
       recordArgs(ctrl, ncclProfilerProxyCtrlActive, [](A& a) { a.proxyCtrl.appendedProxyOps = 1; });
+      std::deque<Item> picked;  // proxy ops started, waiting for the GPU
       for (;;) {
         std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] { return done || !queue.empty(); });
-        if (queue.empty()) break;
-        Item it = queue.front();
-        queue.pop_front();
+        if (picked.empty()) cv.wait(lock, [&] { return done || !queue.empty(); });
+        else cv.wait_until(lock, picked.front().due, [&] { return !queue.empty(); });
+        if (queue.empty() && picked.empty() && done) break;
+        std::deque<Item> now;
+        now.swap(queue);
         lock.unlock();
         cv.notify_all();
-        children(c, *it.op, it.handle);
+        for (Item& it : now) {
+          it.proxyOps = startProxyOps(c, *it.op, it.handle);
+          picked.push_back(std::move(it));
+        }
+        while (!picked.empty() && picked.front().due <= std::chrono::steady_clock::now()) {
+          children(c, *picked.front().op, picked.front().handle, picked.front().proxyOps);
+          picked.pop_front();
+          std::lock_guard<std::mutex> g(mu);
+          --pending;
+          cv.notify_all();
+        }
       }
       recordArgs(ctrl, ncclProfilerProxyCtrlIdle, [](A& a) { a.proxyCtrl.appendedProxyOps = 0; });
       stopH(ctrl);
@@ -161,8 +177,9 @@ class Impl : public Profiler {
         // A stream holds a bounded number of launched kernels (CUDA's launch queue): the application thread
         // can run only so far ahead of the work, hence of the proxy's events.
         std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] { return queue.size() < kMaxAhead; });
-        queue.push_back({&op, h});
+        cv.wait(lock, [&] { return pending < kMaxAhead; });
+        ++pending;
+        queue.push_back({&op, h, std::chrono::steady_clock::now() + std::chrono::milliseconds(gpuLagMs_), {}});
         cv.notify_all();
       }
     }
@@ -303,7 +320,9 @@ class Impl : public Profiler {
   }
 
   // What NCCL's proxy thread sends for one operation after it was enqueued.
-  void children(Comm& c, const Op& op, void* h) {
+  // The proxy picks an operation up: one ProxyOp per peer, started (and in progress, v4+) before any data moves.
+  std::vector<void*> startProxyOps(Comm& c, const Op& op, void* h) {
+    std::vector<void*> out;
     for (int peer : op.proxyPeers) {
       void* opH = start(c, ncclProfileProxyOp, op.proxyParent != nullptr ? op.proxyParent : h, [&](D& d) {
         d.proxyOp.pid = op.proxyPid != 0 ? op.proxyPid : getpid();
@@ -314,6 +333,14 @@ class Impl : public Profiler {
         d.proxyOp.isSend = op.isSend ? 1 : 0;
       });
       if constexpr (V >= 4) recordArgs(opH, ncclProfilerProxyOpInProgress_v4, nullptr);
+      out.push_back(opH);
+    }
+    return out;
+  }
+
+  // The GPU runs the operation: the proxy ops' steps and stops, then the kernel channels.
+  void children(Comm& c, const Op& op, void* h, const std::vector<void*>& proxyOps) {
+    for (void* opH : proxyOps) {
       for (int s = 0; s < op.nSteps; ++s) {
         void* stepH = start(c, ncclProfileProxyStep, opH, [&](D& d) { d.proxyStep.step = s; });
         if constexpr (V >= 4) {

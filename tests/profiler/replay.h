@@ -60,6 +60,15 @@ class Profiler {
   // Replays the operations of one communicator: application events on the calling thread, proxy and kernel
   // events on a proxy thread that follows behind (as NCCL's proxy does). Returns the number of events sent.
   virtual uint64_t run(Comm& c, const std::vector<Op>& ops) = 0;
+  // The GPU this long behind the CPU (as when the application enqueues far ahead of the work): the proxy picks
+  // each operation up at once (its ProxyOp starts), but the steps, the ProxyOp stops and the kernel channels come
+  // only `ms` after the operation was enqueued.
+  void setGpuLagMs(int ms) { gpuLagMs_ = ms; }
+
+ protected:
+  int gpuLagMs_ = 0;
+
+ public:
   // Raw entry points, for hostile-input tests: a descriptor of this version with the given type bits.
   virtual int startRaw(void* ctx, void** handle, uint64_t typeBit, void* parent, bool nullDescr) = 0;
   virtual int stop(void* handle) = 0;

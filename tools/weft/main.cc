@@ -65,6 +65,7 @@ void usage() {
                "  replay [--profiler FILE]      drive a profiler plugin file (default: weft's) with a small multi-rank\n"
                "                                job's events, one process per rank, as NCCL would; cost per event\n"
                "      [--table N] [--ranks N] [--nodes N] [--steps N] [--straggler RANK] [--delay-us N]\n"
+               "      [--gpu-lag-ms N]          the GPU N ms behind the CPU: kernel and proxy events come that late\n"
                "      [--out DIR]               WEFT_TELEMETRY_DIR for the ranks (a job for `weft report`)\n"
                "  tune sim                      simulated worlds: sweep, decide, score vs NCCL's default and the oracle\n"
                "      [--held-out]              sweep every other octave, score the sizes between and beyond, in five\n"

@@ -29,6 +29,7 @@ struct Options {
   int colls = 40;
   int straggler = -1;
   int delayUs = 2000;
+  int gpuLagMs = 0;
   std::string out;
   uint64_t commBase = 0x5eed0000;
   std::chrono::system_clock::time_point t0;
@@ -86,6 +87,7 @@ int runRank(const Options& o, int rank) {
     std::fprintf(stderr, "weft replay: %s\n", e.what());
     return 1;
   }
+  p->setGpuLagMs(o.gpuLagMs);
   replay::Comm c;
   c.commHash = o.commBase;
   c.name = "replay";
@@ -130,6 +132,7 @@ int replayCommand(int argc, char** argv, const std::string& defaultProfiler) {
     else if (f == "--steps") o.colls = a.number(1, 1000000);
     else if (f == "--straggler") o.straggler = a.number(0, 63);
     else if (f == "--delay-us") o.delayUs = a.number(1, 10000000);
+    else if (f == "--gpu-lag-ms") o.gpuLagMs = a.number(0, 600000);
     else if (f == "--out") o.out = a.value();
     else a.unknown();
   }
