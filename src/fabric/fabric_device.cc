@@ -51,12 +51,6 @@ InfoPtr makeHints(const std::string& provider, bool directed, bool manualProgres
   return hints;
 }
 
-std::string realPath(const std::string& path) {
-  char buf[PATH_MAX];
-  if (::realpath(path.c_str(), buf) == nullptr) return {};
-  return buf;
-}
-
 
 // NCCL wants a path whose last component is the PCI bus id (spec §3.10): walk up from virtio/usb children.
 std::string pciAncestor(std::string p) {
@@ -75,12 +69,12 @@ std::string pciPathOf(const fi_info* info) {
     char bdf[64];
     std::snprintf(bdf, sizeof(bdf), "/sys/bus/pci/devices/%04x:%02x:%02x.%x", pci.domain_id, pci.bus_id,
                   pci.device_id, pci.function_id);
-    std::string p = realPath(bdf);
+    std::string p = sysfs::realPath(bdf);
     if (!p.empty()) return p;
   }
   // tcp/sockets: the domain is a network interface; a physical one has a PCI device behind it.
   if (info->domain_attr != nullptr && info->domain_attr->name != nullptr) {
-    std::string p = pciAncestor(realPath(std::string("/sys/class/net/") + info->domain_attr->name + "/device"));
+    std::string p = pciAncestor(sysfs::realPath(std::string("/sys/class/net/") + info->domain_attr->name + "/device"));
     if (!p.empty()) return p;
   }
   return {};
@@ -91,7 +85,7 @@ int speedMbpsOf(const fi_info* info) {
     return static_cast<int>(std::min<size_t>(info->nic->link_attr->speed / 1000000, INT_MAX));
   }
   if (info->domain_attr != nullptr && info->domain_attr->name != nullptr) {
-    std::string s = readFirstLine(std::string("/sys/class/net/") + info->domain_attr->name + "/speed");
+    std::string s = sysfs::readLine(std::string("/sys/class/net/") + info->domain_attr->name + "/speed");
     int64_t v = 0;
     std::string err;
     if (params::parseInt(s, 1, INT_MAX, &v, &err)) return static_cast<int>(v);
@@ -296,6 +290,7 @@ FabricDevice::FabricDevice(int index, Candidate c)
   }
   const int64_t eager = params::getInt("WEFT_EAGER_MAX");
   eagerMax_ = eager < 0 ? kDefaultEagerMax : static_cast<size_t>(eager);
+  link_ = sysfs::linkSourceFor(props_.name, static_cast<const sockaddr*>(info_->src_addr));
 }
 
 FabricDevice::~FabricDevice() = default;
@@ -342,10 +337,10 @@ Status FabricDevice::open() {
   }
   WEFT_INFO(NCCL_INIT | NCCL_NET,
             "device {} ({}): domain {} open, protocol {}, eager up to {} B, mr_mode {:#x}, inject {} B{}, max msg {} "
-            "B{}",
+            "B{}; link state from {}",
             index_, props_.provider, props_.name, rdma_ ? "rdma" : "sendrecv", rdma_ ? eagerMax_ : 0,
             info_->domain_attr->mr_mode, injectSize_, injectSafe_ ? "" : " (not used: software progress)", maxMsgSize_,
-            directedRecv_ ? ", directed receives" : "");
+            directedRecv_ ? ", directed receives" : "", link_.describe);
   return Status::kOk;
 }
 

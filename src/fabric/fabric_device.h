@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "fabric/fabric_raii.h"
+#include "weft/common/sysfs.h"
 #include "weft/transport/mr_cache.h"
 #include "weft/transport/net.h"
 
@@ -65,6 +66,8 @@ class FabricDevice final : public Registrar {
   // Data lands in our buffers without progress calls of ours (NIC hardware RMA or automatic progress).
   bool hardwarePlacement() const { return hardwarePlacement_; }
   size_t maxMsgSize() const { return maxMsgSize_; }
+  // Where this NIC's link state is read (a network interface's operstate, or an RDMA device's port state).
+  const sysfs::LinkSource& linkSource() const { return link_; }
   uint32_t providerHash() const { return providerHash_; }
 
   // Transfer protocol (WEFT_PROTOCOL): true = rdma (receiver offers buffers, sender RMA-writes with remote CQ
@@ -98,6 +101,7 @@ class FabricDevice final : public Registrar {
   int index_;
   InfoPtr info_;
   DeviceProps props_;
+  sysfs::LinkSource link_;
   bool localMr_;
   bool directedRecv_;
   size_t injectSize_;

@@ -628,24 +628,7 @@ void Endpoint::trySendProbe(fi_addr_t to, Liveness& l, int64_t nowMs) {
 int64_t Endpoint::linkDownForMs(int64_t nowMs) {
   if (nowMs - linkCheckMs_ < 100) return linkDownSinceMs_ == 0 ? 0 : nowMs - linkDownSinceMs_;
   linkCheckMs_ = nowMs;
-  const std::string& nic = dev_.props().name;
-  bool up = true;
-  char buf[64] = {0};
-  std::string path = "/sys/class/net/" + nic + "/operstate";
-  if (FILE* f = std::fopen(path.c_str(), "r")) {
-    size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
-    std::fclose(f);
-    std::string st(buf, n);
-    up = st.rfind("up", 0) == 0 || st.rfind("unknown", 0) == 0;
-  } else {
-    path = "/sys/class/infiniband/" + nic + "/ports/1/state";
-    if (FILE* f2 = std::fopen(path.c_str(), "r")) {
-      size_t n = std::fread(buf, 1, sizeof(buf) - 1, f2);
-      std::fclose(f2);
-      up = std::string(buf, n).find("ACTIVE") != std::string::npos;
-    }
-  }
-  if (up) {
+  if (sysfs::linkUp(dev_.linkSource())) {
     linkDownSinceMs_ = 0;
     return 0;
   }

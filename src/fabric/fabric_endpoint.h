@@ -137,9 +137,9 @@ class Endpoint {
   // (the peer's address reused by a new process since) is forgotten and the peer probed again.
   PeerVerdict checkPeer(fi_addr_t to, int64_t stalledSinceMs, int64_t nowMs, int64_t intervalMs, int64_t timeoutMs,
                         Status* why);
-  // How long this endpoint's NIC has been seen down (0: up), from sysfs read at most every 100 ms: a network
-  // interface's operstate (up, or unknown as loopback reports), or an RDMA device's port state; a name sysfs
-  // does not know counts as up.
+  // How long this endpoint's NIC has been seen down (0: up), from sysfs read at most every 100 ms
+  // (FabricDevice::linkSource: a network interface's operstate, or the port state of the RDMA device the domain
+  // is on, EFA's included); a device sysfs does not know counts as up.
   int64_t linkDownForMs(int64_t nowMs);
 
   // Tagged receives of NCCL data posted here and not completed yet, against a budget. shm (libfabric 1.17) keeps

@@ -8,6 +8,8 @@
 #include <cctype>
 #include <fstream>
 
+#include "weft/common/sysfs.h"
+
 namespace weft::fabric {
 
 namespace {
@@ -39,13 +41,6 @@ bool isPciBusId(const std::string& c) {  // dddd:bb:dd.f
     if (!std::isxdigit(static_cast<unsigned char>(c[i]))) return false;
   }
   return true;
-}
-
-std::string readFirstLine(const std::string& path) {
-  std::ifstream in(path);
-  std::string s;
-  std::getline(in, s);
-  return s;
 }
 
 bool parseRailSpec(const std::string& text, RailSpec* out, std::string* error) {
@@ -152,8 +147,8 @@ std::vector<std::string> findGpuPciPaths() {
   if (d == nullptr) return out;
   while (dirent* e = readdir(d)) {
     std::string dev = root + "/" + e->d_name;
-    std::string cls = readFirstLine(dev + "/class");       // 0x030200: 3D controller, 0x030000: VGA
-    std::string vendor = readFirstLine(dev + "/vendor");   // 0x10de NVIDIA, 0x1002 AMD
+    std::string cls = sysfs::readLine(dev + "/class");       // 0x030200: 3D controller, 0x030000: VGA
+    std::string vendor = sysfs::readLine(dev + "/vendor");   // 0x10de NVIDIA, 0x1002 AMD
     if (cls.rfind("0x0302", 0) != 0 && cls.rfind("0x0300", 0) != 0) continue;
     if (vendor != "0x10de" && vendor != "0x1002") continue;
     char buf[PATH_MAX];

@@ -37,7 +37,6 @@ std::vector<std::vector<int>> groupRails(const std::vector<NicInfo>& nics, const
                                          const RailSpec& spec, std::vector<std::string>* warnings);
 
 bool isPciBusId(const std::string& component);      // dddd:bb:dd.f
-std::string readFirstLine(const std::string& path);  // "" when unreadable (sysfs attributes)
 
 // sysfs paths of the GPUs in this machine (PCI display/3D controllers of NVIDIA or AMD).
 std::vector<std::string> findGpuPciPaths();

@@ -19,23 +19,13 @@
 #include "weft/common/cuda_shim.h"
 #include "weft/common/log.h"
 #include "weft/common/params.h"
+#include "weft/common/sysfs.h"
 
 namespace weft::verbs {
 namespace {
 
-std::string readLine(const std::string& path) {
-  std::ifstream f(path);
-  std::string s;
-  if (f) std::getline(f, s);
-  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
-  return s;
-}
-
-std::string realPath(const std::string& path) {
-  char buf[PATH_MAX];
-  if (::realpath(path.c_str(), buf) == nullptr) return {};
-  return buf;
-}
+using sysfs::readLine;
+using sysfs::realPath;
 
 // Addresses of a network interface, IPv4 first.
 bool interfaceAddress(const std::string& ifname, sockaddr_storage* out, socklen_t* len) {
