@@ -291,6 +291,14 @@ FabricDevice::FabricDevice(int index, Candidate c)
   const int64_t eager = params::getInt("WEFT_EAGER_MAX");
   eagerMax_ = eager < 0 ? kDefaultEagerMax : static_cast<size_t>(eager);
   link_ = sysfs::linkSourceFor(props_.name, static_cast<const sockaddr*>(info_->src_addr));
+  efa_ = prov == "efa";
+}
+
+void FabricDevice::noteDeviceWrites(bool device, const std::string& why) {
+  int expect = -1;
+  if (!deviceWrites_.compare_exchange_strong(expect, device ? 1 : 0, std::memory_order_relaxed)) return;
+  WEFT_INFO(NCCL_INIT | NCCL_NET, "device {} ({}): {}: LL/LL128 receives {}", index_, props_.name, why,
+            device ? "may complete as soon as the data is written" : "complete only once their data was placed");
 }
 
 FabricDevice::~FabricDevice() = default;

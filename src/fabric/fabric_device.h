@@ -63,8 +63,13 @@ class FabricDevice final : public Registrar {
   // the device queue is full, and moves it only from a completion-queue read). Zero-byte sends included: sockets
   // left an injected 0 B message to self queued forever (found by faults.sender_killed).
   bool canInject(size_t size) const { return injectSafe_ && size <= injectSize_; }
-  // Data lands in our buffers without progress calls of ours (NIC hardware RMA or automatic progress).
-  bool hardwarePlacement() const { return hardwarePlacement_; }
+  // Data lands in our buffers without progress calls of ours (NIC hardware RMA or automatic progress). On EFA
+  // only once an endpoint said the device performs RDMA writes itself (noteDeviceWrites).
+  bool hardwarePlacement() const {
+    return hardwarePlacement_ && (!efa_ || deviceWrites_.load(std::memory_order_relaxed) == 1);
+  }
+  // EFA: what the first endpoint learnt about RDMA writes (logged once; later endpoints of the device agree).
+  void noteDeviceWrites(bool device, const std::string& why);
   size_t maxMsgSize() const { return maxMsgSize_; }
   // Where this NIC's link state is read (a network interface's operstate, or an RDMA device's port state).
   const sysfs::LinkSource& linkSource() const { return link_; }
@@ -107,6 +112,8 @@ class FabricDevice final : public Registrar {
   size_t injectSize_;
   bool injectSafe_;
   bool hardwarePlacement_;
+  bool efa_ = false;
+  std::atomic<int> deviceWrites_{-1};  // -1 unknown, 0 emulated (or unknowable), 1 the device writes
   size_t maxMsgSize_;
   uint32_t providerHash_;
   bool provKey_;

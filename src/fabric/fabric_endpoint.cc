@@ -49,6 +49,10 @@ Status statusOfFiError(int err) {
 // - no CUDA calls from inside the provider: it runs on NCCL's proxy threads, where a CUDA call can deadlock
 //   against a capturing CUDA graph (the GPU buffers are registered through FI_HMEM instead);
 // - device RDMA for GPU buffers where the NIC offers it.
+// And whether the device itself performs RDMA writes (FI_OPT_EFA_EMULATED_WRITE, asked after the options above,
+// which it depends on): where it does not, the provider emulates fi_write with messages it copies into place
+// while progressing, so a receive cannot be completed before its data is there (FabricDevice::hardwarePlacement).
+// A libfabric that cannot say counts as emulating.
 void Endpoint::applyProviderOptions(FabricDevice& dev, fid_ep* ep) {
   if (dev.props().provider != "efa") return;
 #if FI_VERSION_GE(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), FI_VERSION(1, 18))
@@ -62,8 +66,15 @@ void Endpoint::applyProviderOptions(FabricDevice& dev, fid_ep* ep) {
     rc = fi_setopt(&ep->fid, FI_OPT_ENDPOINT, FI_OPT_EFA_USE_DEVICE_RDMA, &yes, sizeof(yes));
     if (rc != 0) WEFT_INFO(NCCL_NET, "efa: device RDMA not available ({})", fi_strerror(-rc));
   }
+  bool emulated = true;
+  size_t len = sizeof(emulated);
+  rc = fi_getopt(&ep->fid, FI_OPT_ENDPOINT, FI_OPT_EFA_EMULATED_WRITE, &emulated, &len);
+  dev.noteDeviceWrites(rc == 0 && !emulated,
+                       rc == 0 ? (emulated ? "the provider emulates RDMA writes on this device" : "device RDMA writes")
+                               : fmt::format("FI_OPT_EFA_EMULATED_WRITE: {}", fi_strerror(-rc)));
 #else
   (void)ep;
+  dev.noteDeviceWrites(false, "built against a libfabric without FI_OPT_EFA_EMULATED_WRITE (1.18+)");
   static bool once = [] {
     WEFT_INFO(NCCL_INIT | NCCL_NET, "efa: built against libfabric {}.{}, which lacks FI_OPT_CUDA_API_PERMITTED and "
               "FI_OPT_EFA_USE_DEVICE_RDMA; build against 1.18+ for GPU buffers on EFA",
