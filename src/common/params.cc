@@ -82,6 +82,10 @@ const std::vector<Def> kDefs = {
    "4-byte form where it carries only 4 (EFA, verbs); 4 = the compact form everywhere (tests that path)."},
   {"WEFT_GDR", Kind::kChoice, "auto", 0, 0, "auto|0|1",
    "Advertise GPU memory (NCCL_PTR_CUDA) support: auto = when built with CUDA and the provider has FI_HMEM."},
+  {"WEFT_FLUSH", Kind::kChoice, "auto", 0, 0, "auto|all",
+   "Flush after a receive into GPU memory (NCCL asks where the GPU needs it: before Hopper, or a NIC with "
+   "forceFlush): an RMA read of one byte of the received buffer, on every rail, into host memory, as NCCL's IB "
+   "transport does. auto = for GPU buffers; all = for host buffers too (tests the flush path where there is no GPU)."},
   {"WEFT_TIMING", Kind::kChoice, "coll", 0, 0, "coll|1|0|proxy|net",
    "Per-collective timing through NCCL's profiler interface: coll (= 1) records every collective and p2p "
    "operation with GPU kernel time (NCCL 2.27+); proxy adds NCCL's proxy ops and steps (bytes and step latency per "

@@ -205,8 +205,14 @@ FabricRequest* FabricDataComm::acquire() {
   r->reported = false;
   r->error = Status::kOk;
   if (recvSide_) {
-    asRecv(r).optional = false;
-    asRecv(r).offerSent = false;
+    FabricRecvRequest& q = asRecv(r);
+    q.optional = false;
+    q.offerSent = false;
+    if (q.flush) {
+      for (OpContext& c : q.ctx) c.kind = OpKind::kData;
+      q.flush = false;
+      q.flushMh = nullptr;
+    }
   } else {
     FabricSendRequest& q = asSend(r);
     q.nSeg = q.nextSeg = q.segsLeft = 1;
@@ -376,6 +382,11 @@ void FabricDataComm::onComplete(OpContext* ctx, size_t len) noexcept {
   auto* r = static_cast<FabricRequest*>(ctx->owner);
   if (ctx->kind == OpKind::kOfferSend) {
     asRecv(r).offerSent = true;
+  } else if (ctx->kind == OpKind::kFlush) {
+    FabricRecvRequest& q = asRecv(r);
+    q.flags[ctx->index] = FabricRecvRequest::kDone;
+    ++q.doneBufs;
+    Endpoint::countFlushRead();
   } else if (!recvSide_) {
     if (--asSend(r).segsLeft == 0) r->doneBufs = 1;
   } else {
@@ -404,6 +415,12 @@ void FabricDataComm::onError(OpContext* ctx, int fiErr, Status st) noexcept {
   }
   ++completions_;
   auto* r = static_cast<FabricRequest*>(ctx->owner);
+  if (ctx->kind == OpKind::kFlush) {
+    WEFT_WARN("flush: the read on rail {} of the comm from {} failed: {}", ctx->index, peerName_, fi_strerror(fiErr));
+    if (r->error == Status::kOk) r->error = st;
+    opDone(r);
+    return;
+  }
   if (ctx->kind == OpKind::kData && recvSide_) {
     rails_[asRecv(r).rail[ctx->index]].ep->dataRecvDone();
     uint8_t& f = asRecv(r).flags[ctx->index];
@@ -503,6 +520,21 @@ Status FabricDataComm::postPending(FabricRecvRequest* r) {
   for (int i = 0; i < r->n; ++i) {
     if ((r->flags[i] & FabricRecvRequest::kNeedPost) == 0) continue;
     const Rail& rail = rails_[r->rail[i]];
+    if (r->flush) {
+      const MemHandle* h = r->flushMh->rail(i);
+      bool again = false;
+      Status st = rail.ep->postFlushRead(rail.ep->device().remoteAddr(reinterpret_cast<uintptr_t>(r->data[i]),
+                                                                     h->entry->base),
+                                         h->entry->key, &r->ctx[i], &again);
+      if (again) return Status::kOk;  // posted when earlier operations made room
+      if (st != Status::kOk) {
+        r->error = st;
+        return st;
+      }
+      r->flags[i] = FabricRecvRequest::kPosted;
+      ++r->ops;
+      continue;
+    }
     const bool claim = !rail.ep->dataRecvRoom();
     ssize_t rc = fi_trecv(rail.ep->ep(), r->data[i], r->len[i], r->desc[i],
                           dev_.directedRecv() ? rail.peer : FI_ADDR_UNSPEC, r->tag[i], 0, &r->ctx[i].fi);
@@ -560,7 +592,7 @@ Status FabricDataComm::testRequest(FabricRequest* r, bool* done, int* sizesOut) 
   bool early = recvSide_ && asRecv(r).optional && asRecv(r).offerSent;
   if (r->doneBufs < r->n && !early) return Status::kOk;
   *done = true;
-  if (sizesOut != nullptr) {
+  if (sizesOut != nullptr && !(recvSide_ && asRecv(r).flush)) {  // a flush has no sizes (NCCL passes NULL)
     if (recvSide_) {
       for (int i = 0; i < r->n; ++i) sizesOut[i] = asRecv(r).sizes[i];
     } else {
@@ -1104,18 +1136,58 @@ Status FabricRecvComm::irecv(int n, void** data, const size_t* sizes, const int*
 }
 
 Status FabricRecvComm::iflush(int n, void** data, const int* sizes, MemHandle** mhs, Request** request) {
-  (void)data;
-  (void)sizes;
   *request = nullptr;
   bool busy = false;
   auto lock = group_->tryLockIfShared(&busy);
   if (!busy && fatal_ != Status::kOk) return fatal_;  // (busy: the failure shows in the next test)
-  // Host buffers are coherent once the receive completed: nothing to flush (NULL request, as NCCL's IB
-  // transport does when no flush is needed). NCCL flushes GPU buffers only on pre-Hopper GPUs or when a NIC
-  // sets forceFlush; the read-back flush those need is not implemented yet, which the README states.
   for (int i = 0; i < n; ++i) {
     if (Status st = checkHandle(mhs ? mhs[i] : nullptr, "iflush"); st != Status::kOk) return st;
   }
+  // As NCCL's IB transport: one read of the last non-empty buffer, on every rail (the data may have come through
+  // any), after which everything the NICs wrote before is visible to the GPU (PCIe orders a read after the writes
+  // before it). Host buffers are coherent once the receive completed: nothing to flush, a NULL request, unless
+  // WEFT_FLUSH=all.
+  int last = -1;
+  for (int i = 0; i < n; ++i)
+    if (sizes != nullptr && sizes[i] != 0) last = i;
+  const MemHandle* mh = last >= 0 && mhs != nullptr ? mhs[last] : nullptr;
+  if (mh == nullptr || !dev_.flushes() || (mh->type != NCCL_PTR_CUDA && !dev_.flushHost())) return Status::kOk;
+  if (busy) {
+    // Another thread holds the shared group: a flush cannot be dropped, and an error would fail NCCL's proxy.
+    // Wait for the lock (held only for one bounded progress batch).
+    lock = group_->lockIfShared();
+    if (fatal_ != Status::kOk) return fatal_;
+  }
+  for (int k = 0; k < nRails_; ++k) {
+    if (mh->rail(k) == nullptr || mh->rail(k)->entry == nullptr || mh->rail(k)->entry->backendMr == nullptr) {
+      WEFT_WARN("iflush: buffer {} is not registered for RMA on rail {}", data[last], k);
+      return Status::kInternal;
+    }
+  }
+  FabricRequest* acquired = acquire();
+  if (acquired == nullptr) {
+    // The pool holds every request NCCL may have in flight on the comm (maxRecvs grouped receives x its steps);
+    // a flush beyond is a caller that never tests its requests.
+    WEFT_WARN("iflush: every request of the comm from {} is in flight", peerName_);
+    return fatal_ != Status::kOk ? fatal_ : Status::kInternal;
+  }
+  FabricRecvRequest* r = &asRecv(acquired);
+  r->flush = true;
+  r->flushMh = mh;
+  r->n = static_cast<uint8_t>(nRails_);
+  for (int k = 0; k < nRails_; ++k) {
+    r->flags[k] = FabricRecvRequest::kNeedPost;
+    r->rail[k] = static_cast<uint8_t>(k);
+    r->data[k] = data[last];
+    r->sizes[k] = 0;
+    r->ctx[k].kind = OpKind::kFlush;
+  }
+  if (Status st = postPending(r); st != Status::kOk) {
+    r->reported = true;
+    if (r->ops == 0) release(r);
+    return st;
+  }
+  *request = r;
   return Status::kOk;
 }
 

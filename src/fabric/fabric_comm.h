@@ -97,6 +97,8 @@ class FabricRecvRequest final : public FabricRequest {
     kCanceled = 16,  // its tagged receive is being canceled
     kClaim = 32,     // posted over the endpoint's budget and canceled at once: kept only if a message was waiting
   };
+  bool flush = false;      // a read-back flush (iflush): one read per rail, buffer k on rail k
+  const MemHandle* flushMh = nullptr;
   bool optional = false;   // NCCL_NET_OPTIONAL_RECV_COMPLETION: done once the offer has left
   bool offerSent = false;  // the offer's send completed
   uint8_t flags[kMaxRecvs] = {};
@@ -154,7 +156,7 @@ class FabricDataComm : public DataSink {
   void release(FabricRequest* r);
   void opDone(FabricRequest* r);  // one provider operation of r finished
   Status progress();
-  Status postPending(FabricRecvRequest* r);  // receives only: tagged receives the provider pushed back on
+  Status postPending(FabricRecvRequest* r);  // receives only: tagged receives (or flush reads) pushed back on
   // Registers on every rail's NIC (fd >= 0: a DMA-BUF); the handle chains the per-rail ones.
   Status regOnDevice(void* data, size_t size, int type, int fd, uint64_t offset, MemHandle** out);
   Status deregOnDevice(MemHandle* mh);

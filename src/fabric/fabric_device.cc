@@ -32,8 +32,10 @@ constexpr uint32_t kApiVersion = FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION);
 InfoPtr makeHints(const std::string& provider, bool directed, bool manualProgress, bool hmem, bool rma) {
   InfoPtr hints(fi_allocinfo());
   if (!hints) return hints;
-  hints->caps = FI_TAGGED | FI_SEND | FI_RECV | (directed ? FI_DIRECTED_RECV : 0) | (hmem ? FI_HMEM : 0) |
-                (rma ? FI_RMA | FI_WRITE | FI_REMOTE_WRITE : 0);
+  // RMA reads: the read-back flush after receives into GPU memory (FabricRecvComm::iflush).
+  hints->caps = FI_TAGGED | FI_SEND | FI_RECV | (directed ? FI_DIRECTED_RECV : 0) |
+                (hmem ? FI_HMEM | FI_RMA | FI_READ | FI_REMOTE_READ : 0) |
+                (rma ? FI_RMA | FI_WRITE | FI_REMOTE_WRITE | FI_READ | FI_REMOTE_READ : 0);
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
   hints->ep_attr->type = FI_EP_RDM;
   hints->domain_attr->threading = FI_THREAD_SAFE;
@@ -191,11 +193,15 @@ std::vector<Candidate> probe(const std::string& provider, std::string* why) {
     // GPU buffers: the provider registers and moves device memory itself (FI_HMEM). WEFT_GDR=auto advertises
     // it when the provider offers it, 1 insists (a warning says when it cannot), 0 never.
     const std::string& gdr = params::getString("WEFT_GDR");
-    if (wantHmem && (i->caps & FI_HMEM) != 0) {
+    // GPU memory needs the read-back flush: without RMA reads, host buffers only.
+    const bool canRead = (i->caps & FI_RMA) != 0 && (i->caps & FI_READ) != 0;
+    if (wantHmem && (i->caps & FI_HMEM) != 0 && canRead) {
       p.ptrSupport |= NCCL_PTR_CUDA;
     } else if (gdr == "1") {
       WEFT_WARN("WEFT_GDR=1 but {} on {} cannot register GPU memory ({}): host buffers only", p.provider, p.name,
-                cuda::compiledIn() ? "provider lacks FI_HMEM" : "built without CUDA");
+                !cuda::compiledIn()            ? "built without CUDA"
+                : (i->caps & FI_HMEM) == 0     ? "provider lacks FI_HMEM"
+                                               : "provider offers no RMA read, which the flush after a GPU receive needs");
     }
     out.push_back(std::move(c));
   }
@@ -292,6 +298,12 @@ FabricDevice::FabricDevice(int index, Candidate c)
   eagerMax_ = eager < 0 ? kDefaultEagerMax : static_cast<size_t>(eager);
   link_ = sysfs::linkSourceFor(props_.name, static_cast<const sockaddr*>(info_->src_addr));
   efa_ = prov == "efa";
+  canReadBack_ = (info_->caps & FI_RMA) != 0 && (info_->caps & FI_READ) != 0;
+  flushHost_ = canReadBack_ && params::getString("WEFT_FLUSH") == "all";
+}
+
+bool FabricDevice::flushes() const {
+  return canReadBack_ && ((props_.ptrSupport & NCCL_PTR_CUDA) != 0 || flushHost_);
 }
 
 void FabricDevice::noteDeviceWrites(bool device, const std::string& why) {
@@ -356,7 +368,8 @@ Status FabricDevice::registerInternal(void* buf, size_t len, const char* what, M
   *desc = nullptr;
   if (!localMr_) return Status::kOk;
   fid_mr* m = nullptr;
-  int rc = fi_mr_reg(domain_.get(), buf, len, FI_SEND | FI_RECV, 0, nextKey(), 0, &m, nullptr);
+  int rc = fi_mr_reg(domain_.get(), buf, len, FI_SEND | FI_RECV | (canReadBack_ ? FI_READ : 0), 0, nextKey(), 0, &m,
+                     nullptr);
   if (rc != 0) {
     WEFT_WARN("fi_mr_reg of the {} on {} failed: {}", what, props_.name, fi_strerror(-rc));
     return Status::kSystem;
@@ -372,8 +385,9 @@ Status FabricDevice::registerRange(uintptr_t base, size_t len, int type, int dma
   entry->desc = nullptr;
   entry->key = 0;
   bool hostOnly = type == NCCL_PTR_HOST && dmabufFd < 0;
-  // Host buffers need no registration where the provider asks for none, unless the peer writes into them.
-  if (hostOnly && !localMr_ && !rdma_) return Status::kOk;
+  // Host buffers need no registration where the provider asks for none, unless the peer writes into them (or
+  // flushes read them back: WEFT_FLUSH=all).
+  if (hostOnly && !localMr_ && !rdma_ && !flushHost_) return Status::kOk;
   Status st = open();
   if (st != Status::kOk) return st;
 
@@ -381,7 +395,8 @@ Status FabricDevice::registerRange(uintptr_t base, size_t len, int type, int dma
   iovec iov{reinterpret_cast<void*>(base), len};
   attr.mr_iov = &iov;
   attr.iov_count = 1;
-  attr.access = FI_SEND | FI_RECV | (rdma_ ? FI_WRITE | FI_REMOTE_WRITE : 0);
+  attr.access = FI_SEND | FI_RECV | (rdma_ ? FI_WRITE | FI_REMOTE_WRITE : 0) |
+                ((type == NCCL_PTR_CUDA || dmabufFd >= 0 || flushHost_) && canReadBack_ ? FI_REMOTE_READ : 0);
   attr.iface = FI_HMEM_SYSTEM;
   // Keys are ours to choose unless the provider assigns them; they must be unique within the domain.
   attr.requested_key = nextKey();

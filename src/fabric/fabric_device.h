@@ -68,6 +68,11 @@ class FabricDevice final : public Registrar {
   bool hardwarePlacement() const {
     return hardwarePlacement_ && (!efa_ || deviceWrites_.load(std::memory_order_relaxed) == 1);
   }
+  // The read-back flush (FabricRecvComm::iflush): RMA reads from our own registrations are possible; and
+  // whether host buffers are flushed too (WEFT_FLUSH=all, for tests).
+  bool canReadBack() const { return canReadBack_; }
+  bool flushHost() const { return flushHost_; }
+  bool flushes() const;
   // EFA: what the first endpoint learnt about RDMA writes (logged once; later endpoints of the device agree).
   void noteDeviceWrites(bool device, const std::string& why);
   size_t maxMsgSize() const { return maxMsgSize_; }
@@ -113,6 +118,8 @@ class FabricDevice final : public Registrar {
   bool injectSafe_;
   bool hardwarePlacement_;
   bool efa_ = false;
+  bool canReadBack_ = false;
+  bool flushHost_ = false;
   std::atomic<int> deviceWrites_{-1};  // -1 unknown, 0 emulated (or unknowable), 1 the device writes
   size_t maxMsgSize_;
   uint32_t providerHash_;

@@ -88,6 +88,7 @@ void Endpoint::applyProviderOptions(FabricDevice& dev, fid_ep* ep) {
 namespace {
 std::atomic<int64_t> gOpen{0};    // endpoints open in this process
 std::atomic<int64_t> gProbes{0};  // liveness probes handed to the provider
+std::atomic<int64_t> gFlushReads{0};  // read-back flush reads completed
 }  // namespace
 
 static_assert(sizeof(ConnectRequest) >= wire::kRequestBufBytes, "a request of any version must fit requestIn");
@@ -171,6 +172,9 @@ Status Endpoint::open(FabricDevice& dev, std::unique_ptr<Endpoint>* out, bool sh
   }
   name.resize(len);
   e->name_ = std::move(name);
+  if (dev.flushes()) {
+    if (Status st = e->insert(e->name_.data(), e->name_.size(), &e->self_); st != Status::kOk) return st;
+  }
   if (Status st = e->postProbeRecv(); st != Status::kOk) return st;
   e->counted_ = true;
   gOpen.fetch_add(1, std::memory_order_relaxed);
@@ -188,6 +192,8 @@ Endpoint::~Endpoint() {
 
 int64_t Endpoint::openCount() { return gOpen.load(std::memory_order_relaxed); }
 int64_t Endpoint::probesSent() { return gProbes.load(std::memory_order_relaxed); }
+int64_t Endpoint::flushReads() { return gFlushReads.load(std::memory_order_relaxed); }
+void Endpoint::countFlushRead() { gFlushReads.fetch_add(1, std::memory_order_relaxed); }
 
 bool Endpoint::writeLenReported(FabricDevice& dev) {
   std::lock_guard<std::mutex> lock(dev.measureMutex());
@@ -400,7 +406,8 @@ void Endpoint::handleControl(OpContext* ctx, bool ok, Status st) {
     case OpKind::kData:
     case OpKind::kOfferSend:
     case OpKind::kOfferRecv:
-    case OpKind::kNote: return;
+    case OpKind::kNote:
+    case OpKind::kFlush: return;
   }
 }
 
@@ -634,6 +641,19 @@ void Endpoint::trySendProbe(fi_addr_t to, Liveness& l, int64_t nowMs) {
     l.error = statusOfFiError(static_cast<int>(-rc));
     l.errorMs = nowMs;
   }
+}
+
+Status Endpoint::postFlushRead(uint64_t remoteAddr, uint64_t key, OpContext* ctx, bool* again) {
+  *again = false;
+  if (self_ == FI_ADDR_UNSPEC) return Status::kInternal;
+  ssize_t rc = fi_read(ep_.get(), &ctl_->flushSink, 1, ctlDesc_, self_, remoteAddr, key, &ctx->fi);
+  if (rc == 0) return Status::kOk;
+  if (rc == -FI_EAGAIN) {
+    *again = true;
+    return Status::kOk;
+  }
+  WEFT_WARN("flush: fi_read on {} failed: {}", dev_.props().name, fi_strerror(static_cast<int>(-rc)));
+  return statusOfFiError(static_cast<int>(-rc));
 }
 
 int64_t Endpoint::linkDownForMs(int64_t nowMs) {

@@ -75,11 +75,17 @@ class Endpoint {
   // probes sent so far.
   static int64_t openCount();
   static int64_t probesSent();
+  static int64_t flushReads();  // read-back flush reads completed in this process
+  static void countFlushRead();
 
   fid_ep* ep() const { return ep_.get(); }
   FabricDevice& device() const { return dev_; }
   const std::vector<uint8_t>& name() const { return name_; }
   Status insert(const void* addr, size_t len, fi_addr_t* out);
+  // A read-back flush: an RMA read of one byte at `remoteAddr` (key `key`, a registration of this endpoint's own
+  // domain) from this endpoint to itself, into its control memory. *again: the provider pushed back, nothing was
+  // posted. Needs FabricDevice::flushes() (the endpoint's own address is in its AV then).
+  Status postFlushRead(uint64_t remoteAddr, uint64_t key, OpContext* ctx, bool* again);
   std::string addrString(const void* addr, size_t len) const;
 
   // Reads one bounded batch of completions. A comm's completions go where the comm table routes them (none
@@ -196,6 +202,7 @@ class Endpoint {
     uint64_t probeIn[2];
     uint64_t noticeOut[2];
     uint64_t ackOut[2];
+    uint64_t flushSink;  // where read-back flushes put the byte they read (its value is never looked at)
   };
   struct Liveness {
     enum : uint8_t { kIdle, kQueued, kInFlight } state = kIdle;
@@ -220,6 +227,7 @@ class Endpoint {
   void* ctlDesc_ = nullptr;
   std::vector<uint8_t> name_;
   std::unordered_map<std::string, fi_addr_t> peers_;  // addresses inserted into av_
+  fi_addr_t self_ = FI_ADDR_UNSPEC;                    // this endpoint in its own AV (read-back flushes)
   std::unique_ptr<wire::OfferMsg[]> offerPool_;
   std::unique_ptr<OpContext[]> offerPoolCtx_;
   MrPtr offerPoolMr_;

@@ -26,6 +26,7 @@ enum class OpKind : uint8_t {
   kProbeRecv,
   kProbeSend,
   kNote,
+  kFlush,  // a receive comm's read-back flush (FabricRecvComm::iflush)
 };
 
 struct OpContext {
@@ -37,7 +38,7 @@ struct OpContext {
 };
 
 inline bool isCommOp(OpKind k) {
-  return k == OpKind::kData || k == OpKind::kOfferSend || k == OpKind::kNote;
+  return k == OpKind::kData || k == OpKind::kOfferSend || k == OpKind::kNote || k == OpKind::kFlush;
 }
 
 class DataSink {

@@ -968,6 +968,103 @@ void weftIflushHost(CheckEnv& env) {
   closeConn(env, c);
 }
 
+// weft's read-back flush (FabricRecvComm::iflush: an RMA read of the received buffer on every rail, as NCCL's IB
+// transport flushes GPU receives). Here host buffers stand in for GPU ones: only under WEFT_FLUSH=all, which
+// flushes host buffers too. A flush of a non-empty receive returns a request (a NULL one would tell NCCL the GPU
+// may read data the NIC has not yet made visible), an empty one none; 64 flushes in flight (32 per comm, NCCL's
+// NCCL_NET_MAX_REQUESTS, on two comms) all complete, and each comm still carries data after.
+void weftFlush(CheckEnv& env) {
+  requireWeft(env);
+  const char* mode = std::getenv("WEFT_FLUSH");
+  if (mode == nullptr || std::string(mode) != "all")
+    throw CheckSkip("flushes host buffers only with --env WEFT_FLUSH=all (GPU buffers need a GPU)");
+  constexpr int kComms = 2, kPer = 32;
+  constexpr size_t kSize = 4096;
+  std::vector<Conn> conns;
+  for (int k = 0; k < kComms; ++k) conns.push_back(establish(env, "flush" + std::to_string(k)));
+  Buffer buf(kComms * kPer * kSize);
+  std::vector<std::unique_ptr<Registration>> regs;
+  for (int k = 0; k < kComms; ++k)
+    regs.push_back(std::make_unique<Registration>(env.net, conns[k].comm(), buf.data() + k * kPer * kSize, kPer * kSize));
+  auto slot = [&](int k, int i) { return buf.data() + (k * kPer + i) * kSize; };
+  if (env.recv()) {
+    std::vector<std::vector<void*>> reqs(kComms, std::vector<void*>(kPer, nullptr));
+    for (int k = 0; k < kComms; ++k)
+      for (int i = 0; i < kPer; ++i) {
+        void* data[1] = {slot(k, i)};
+        size_t sz[1] = {kSize};
+        int tags[1] = {i};
+        void* mhs[1] = {regs[k]->mh()};
+        while (reqs[k][i] == nullptr) expectOk(env.net.irecv(conns[k].recvComm, 1, data, sz, tags, mhs, &reqs[k][i]), "irecv");
+      }
+    for (int k = 0; k < kComms; ++k)
+      for (int i = 0; i < kPer; ++i) {
+        auto got = waitRequest(env, reqs[k][i], 1, "receive");
+        if (got[0] != static_cast<int>(kSize)) fail("receive of " + std::to_string(got[0]) + " B, want 4096");
+        if (size_t at = findMismatch(slot(k, i), kSize, static_cast<uint32_t>(k * kPer + i)); at != SIZE_MAX)
+          fail("received data differs at byte " + std::to_string(at));
+      }
+    // An empty flush (every size 0): nothing to read, no request.
+    {
+      void* data[1] = {slot(0, 0)};
+      int sz[1] = {0};
+      void* mhs[1] = {regs[0]->mh()};
+      void* f = nullptr;
+      expectOk(env.net.iflush(conns[0].recvComm, 1, data, sz, mhs, &f), "iflush (empty)");
+      if (f != nullptr) fail("an empty flush returned a request");
+    }
+    long long readsBefore = 0, readsAfter = 0;
+    const bool counted = env.plugin != nullptr && env.plugin->stat("fabric.flush_reads", &readsBefore);
+    std::vector<void*> flushes;
+    for (int k = 0; k < kComms; ++k)
+      for (int i = 0; i < kPer; ++i) {
+        void* data[2] = {slot(k, i), slot(k, (i + 1) % kPer)};
+        int sz[2] = {static_cast<int>(kSize), i % 2 == 0 ? 0 : static_cast<int>(kSize)};  // a grouped receive
+        void* mhs[2] = {regs[k]->mh(), regs[k]->mh()};
+        void* f = nullptr;
+        expectOk(env.net.iflush(conns[k].recvComm, 2, data, sz, mhs, &f), "iflush");
+        if (f == nullptr) fail("iflush of a received buffer returned no request under WEFT_FLUSH=all");
+        flushes.push_back(f);
+      }
+    for (void* f : flushes) waitRequest(env, f, 1, "flush", /*sizesNull=*/true);
+    // Each flush was done only once its reads were (one per rail; weft counts the reads that completed).
+    if (counted && env.plugin->stat("fabric.flush_reads", &readsAfter) &&
+        readsAfter - readsBefore < static_cast<long long>(flushes.size()))
+      fail(std::to_string(flushes.size()) + " flushes completed, but only " + std::to_string(readsAfter - readsBefore) +
+           " flush reads did");
+    env.oob.barrier("flush");
+    // The comms still carry data after their flushes.
+    for (int k = 0; k < kComms; ++k) {
+      void* data[1] = {slot(k, 0)};
+      size_t sz[1] = {kSize};
+      int tags[1] = {99};
+      void* mhs[1] = {regs[k]->mh()};
+      void* r = nullptr;
+      while (r == nullptr) expectOk(env.net.irecv(conns[k].recvComm, 1, data, sz, tags, mhs, &r), "irecv");
+      waitRequest(env, r, 1, "receive after the flushes");
+      if (size_t at = findMismatch(slot(k, 0), kSize, 1000u + static_cast<uint32_t>(k)); at != SIZE_MAX)
+        fail("data after the flushes differs at byte " + std::to_string(at));
+    }
+  } else {
+    for (int k = 0; k < kComms; ++k)
+      for (int i = 0; i < kPer; ++i) {
+        fillPattern(slot(k, i), kSize, static_cast<uint32_t>(k * kPer + i));
+        void* r = nullptr;
+        while (r == nullptr) expectOk(env.net.isend(conns[k].sendComm, slot(k, i), kSize, i, regs[k]->mh(), &r), "isend");
+        waitRequest(env, r, 1, "send");
+      }
+    env.oob.barrier("flush");
+    for (int k = 0; k < kComms; ++k) {
+      fillPattern(slot(k, 0), kSize, 1000u + static_cast<uint32_t>(k));
+      void* r = nullptr;
+      while (r == nullptr) expectOk(env.net.isend(conns[k].sendComm, slot(k, 0), kSize, 99, regs[k]->mh(), &r), "isend");
+      waitRequest(env, r, 1, "send");
+    }
+  }
+  for (auto& r : regs) r->release();
+  for (auto& c : conns) closeConn(env, c);
+}
+
 // ---- concurrency -----------------------------------------------------------------------------------------------
 
 // NCCL runs a plugin from two threads per proxy: the service thread sets up (listen, connect, accept, regMr and
@@ -2078,6 +2175,8 @@ const std::vector<Check>& allChecks() {
        "never a silently truncated message", weftSendLargerThanRecv},
       {"weft.iflush_host", "iflush on host memory (never asked by NCCL): NULL request or one that completes",
        weftIflushHost},
+      {"weft.flush", "under WEFT_FLUSH=all a flush of a received buffer returns a request, an empty one none; "
+       "64 flushes in flight (32 per comm) complete, and the comms carry data after", weftFlush},
       {"weft.wrong_token", "a handle with a wrong token is refused with a warning; the real one still connects",
        weftWrongToken},
       {"weft.replayed_handle", "a second connect to a used handle is refused; the first connection still works",
