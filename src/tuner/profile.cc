@@ -204,96 +204,76 @@ static std::optional<Profile> parseProfileChecked(const std::string& text, std::
   if (auto s = j.find("source"); s != j.end() && s->is_object()) {
     for (auto& [k, v] : s->items()) p.source[k] = v.is_string() ? v.get<std::string>() : v.dump();
   }
-  auto ms = j.find("measurements");
-  if (ms != j.end()) {
-    if (!ms->is_array()) {
-      *err = "\"measurements\" is not an array";
-      return std::nullopt;
+  // The arrays of entries: each an object whose "coll" names a collective the tuner sees.
+  auto entries = [&](const char* key, auto&& take) {
+    auto a = j.find(key);
+    if (a == j.end()) return true;
+    if (!a->is_array()) {
+      *err = fmt::format("\"{}\" is not an array", key);
+      return false;
     }
     size_t i = 0;
-    for (const auto& m : *ms) {
-      std::string where = fmt::format("measurements[{}]", i++);
-      if (!m.is_object()) {
+    for (const auto& e : *a) {
+      std::string where = fmt::format("{}[{}]", key, i++);
+      std::string coll;
+      if (!e.is_object()) {
         *err = where + ": not an object";
-        return std::nullopt;
+        return false;
       }
-      Measurement x;
-      std::string coll;
-      if (!getStr(m, "coll", &coll, err, where)) return std::nullopt;
-      x.coll = collFromName(coll);
-      if (x.coll < 0) {
+      if (!getStr(e, "coll", &coll, err, where)) return false;
+      int c = collFromName(coll);
+      if (c < 0) {
         *err = fmt::format("{}: \"{}\" is not a collective the tuner sees", where, coll);
-        return std::nullopt;
+        return false;
       }
-      if (!getNum(m, "bytes", &x.bytes, err, where) || !parseArm(m, &x.arm, err, where) ||
-          !getNum(m, "time_us", &x.timeUs, err, where) || !getNum(m, "samples", &x.samples, err, where, false) ||
-          !getNum(m, "spread", &x.spread, err, where, false))
-        return std::nullopt;
-      if (x.bytes == 0 || !(x.timeUs > 0) || x.spread < 0) {
-        *err = where + ": bytes and time_us must be positive, spread not negative";
-        return std::nullopt;
-      }
-      p.measurements.push_back(x);
+      if (!take(e, c, where)) return false;
     }
-  }
-  if (auto md = j.find("model"); md != j.end()) {
-    if (!md->is_array()) {
-      *err = "\"model\" is not an array";
-      return std::nullopt;
-    }
-    size_t i = 0;
-    for (const auto& m : *md) {
-      std::string where = fmt::format("model[{}]", i++);
-      if (!m.is_object()) {
-        *err = where + ": not an object";
-        return std::nullopt;
-      }
-      ModelPoint x;
-      std::string coll;
-      Arm arm;
-      if (!getStr(m, "coll", &coll, err, where)) return std::nullopt;
-      x.coll = collFromName(coll);
-      if (x.coll < 0) {
-        *err = fmt::format("{}: \"{}\" is not a collective the tuner sees", where, coll);
-        return std::nullopt;
-      }
-      if (!getNum(m, "bytes", &x.bytes, err, where) || !parseArm(m, &arm, err, where) ||
-          !getNum(m, "us", &x.us, err, where))
-        return std::nullopt;
-      if (x.bytes == 0 || !(x.us > 0)) {
-        *err = where + ": bytes and us must be positive";
-        return std::nullopt;
-      }
-      x.algo = arm.algo;
-      x.proto = arm.proto;
-      p.model.push_back(x);
-    }
-  }
-  auto rs = j.find("rules");
-  if (rs != j.end()) {
-    if (!rs->is_array()) {
-      *err = "\"rules\" is not an array";
-      return std::nullopt;
-    }
-    size_t i = 0;
-    for (const auto& r : *rs) {
-      std::string where = fmt::format("rules[{}]", i++);
-      Rule x;
-      std::string coll;
-      if (!r.is_object() || !getStr(r, "coll", &coll, err, where)) {
-        if (err->empty()) *err = where + ": not an object";
-        return std::nullopt;
-      }
-      x.coll = collFromName(coll);
-      if (x.coll < 0 || !getNum(r, "min_bytes", &x.minBytes, err, where) ||
-          !getNum(r, "max_bytes", &x.maxBytes, err, where) || !parseArm(r, &x.arm, err, where) ||
-          !getNum(r, "pipe_ops", &x.numPipeOps, err, where, false)) {
-        if (err->empty()) *err = fmt::format("{}: \"{}\" is not a collective the tuner sees", where, coll);
-        return std::nullopt;
-      }
-      p.rules.push_back(x);
-    }
-  }
+    return true;
+  };
+  const bool ok =
+      entries("measurements",
+              [&](const json& m, int coll, const std::string& where) {
+                Measurement x;
+                x.coll = coll;
+                if (!getNum(m, "bytes", &x.bytes, err, where) || !parseArm(m, &x.arm, err, where) ||
+                    !getNum(m, "time_us", &x.timeUs, err, where) ||
+                    !getNum(m, "samples", &x.samples, err, where, false) ||
+                    !getNum(m, "spread", &x.spread, err, where, false))
+                  return false;
+                if (x.bytes == 0 || !(x.timeUs > 0) || x.spread < 0) {
+                  *err = where + ": bytes and time_us must be positive, spread not negative";
+                  return false;
+                }
+                p.measurements.push_back(x);
+                return true;
+              }) &&
+      entries("model",
+              [&](const json& m, int coll, const std::string& where) {
+                ModelPoint x;
+                Arm arm;
+                x.coll = coll;
+                if (!getNum(m, "bytes", &x.bytes, err, where) || !parseArm(m, &arm, err, where) ||
+                    !getNum(m, "us", &x.us, err, where))
+                  return false;
+                if (x.bytes == 0 || !(x.us > 0)) {
+                  *err = where + ": bytes and us must be positive";
+                  return false;
+                }
+                x.algo = arm.algo;
+                x.proto = arm.proto;
+                p.model.push_back(x);
+                return true;
+              }) &&
+      entries("rules", [&](const json& r, int coll, const std::string& where) {
+        Rule x;
+        x.coll = coll;
+        if (!getNum(r, "min_bytes", &x.minBytes, err, where) || !getNum(r, "max_bytes", &x.maxBytes, err, where) ||
+            !parseArm(r, &x.arm, err, where) || !getNum(r, "pipe_ops", &x.numPipeOps, err, where, false))
+          return false;
+        p.rules.push_back(x);
+        return true;
+      });
+  if (!ok) return std::nullopt;
   return p;
 }
 
@@ -312,10 +292,19 @@ std::string writeProfile(const Profile& p) {
   if (!masks.empty()) sig["masks"] = masks;
   j["signature"] = sig;
   j["source"] = p.source;
-  json ms = json::array();
-  for (const auto& m : p.measurements) {
-    json x;
-    x["coll"] = collName(m.coll);
+  // An array of entries, each starting with its collective's name (measurements always, the others when any).
+  auto array = [&](const char* key, const auto& items, bool always, auto&& fill) {
+    if (items.empty() && !always) return;
+    json a = json::array();
+    for (const auto& item : items) {
+      json x;
+      x["coll"] = collName(item.coll);
+      fill(item, x);
+      a.push_back(x);
+    }
+    j[key] = a;
+  };
+  array("measurements", p.measurements, true, [](const Measurement& m, json& x) {
     x["bytes"] = m.bytes;
     x["algo"] = algoName(m.arm.algo);
     x["proto"] = protoName(m.arm.proto);
@@ -324,37 +313,21 @@ std::string writeProfile(const Profile& p) {
     x["time_us"] = m.timeUs;
     x["samples"] = m.samples;
     x["spread"] = m.spread;
-    ms.push_back(x);
-  }
-  j["measurements"] = ms;
-  if (!p.model.empty()) {
-    json md = json::array();
-    for (const auto& m : p.model) {
-      json x;
-      x["coll"] = collName(m.coll);
-      x["bytes"] = m.bytes;
-      x["algo"] = algoName(m.algo);
-      x["proto"] = protoName(m.proto);
-      x["us"] = m.us;
-      md.push_back(x);
-    }
-    j["model"] = md;
-  }
-  if (!p.rules.empty()) {
-    json rs = json::array();
-    for (const auto& r : p.rules) {
-      json x;
-      x["coll"] = collName(r.coll);
-      x["min_bytes"] = r.minBytes;
-      x["max_bytes"] = r.maxBytes;
-      x["algo"] = algoName(r.arm.algo);
-      x["proto"] = protoName(r.arm.proto);
-      x["channels"] = r.arm.channels;
-      if (r.numPipeOps >= 0) x["pipe_ops"] = r.numPipeOps;
-      rs.push_back(x);
-    }
-    j["rules"] = rs;
-  }
+  });
+  array("model", p.model, false, [](const ModelPoint& m, json& x) {
+    x["bytes"] = m.bytes;
+    x["algo"] = algoName(m.algo);
+    x["proto"] = protoName(m.proto);
+    x["us"] = m.us;
+  });
+  array("rules", p.rules, false, [](const Rule& r, json& x) {
+    x["min_bytes"] = r.minBytes;
+    x["max_bytes"] = r.maxBytes;
+    x["algo"] = algoName(r.arm.algo);
+    x["proto"] = protoName(r.arm.proto);
+    x["channels"] = r.arm.channels;
+    if (r.numPipeOps >= 0) x["pipe_ops"] = r.numPipeOps;
+  });
   return j.dump(1) + "\n";
 }
 

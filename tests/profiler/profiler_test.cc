@@ -72,6 +72,17 @@ std::unique_ptr<Profiler> load(int version, const char* path = WEFT_PROFILER_PAT
   return Profiler::load(path, version);
 }
 
+// A communicator of 4 ranks on 2 nodes.
+Comm comm4x2(uint64_t hash, const std::string& name, int rank) {
+  Comm c;
+  c.commHash = hash;
+  c.name = name;
+  c.nNodes = 2;
+  c.nRanks = 4;
+  c.rank = rank;
+  return c;
+}
+
 // A collective with two kernel channels: GPU time is the longer channel (60 us).
 Op allReduce1M(uint64_t seq) {
   Op op;
@@ -100,12 +111,7 @@ TEST_CASE("every table version: records carry every field, GPU time and nccl-tes
       auto p = load(v);
       REQUIRE(p->version() == v);
       REQUIRE(std::string(p->name()) == "weft");
-      Comm c;
-      c.commHash = 0xabc000 + v;
-      c.name = "replay-v" + std::to_string(v);
-      c.nNodes = 2;
-      c.nRanks = 4;
-      c.rank = 1;
+      Comm c = comm4x2(0xabc000 + v, "replay-v" + std::to_string(v), 1);
       REQUIRE(p->init(c) == 0);
       REQUIRE(c.ctx != nullptr);
       REQUIRE((c.mask & ncclProfileColl) != 0);
@@ -297,12 +303,7 @@ TEST_CASE("the GPU 5 s behind the CPU: every record complete, with its GPU time"
     DYNAMIC_SECTION("v" << v) {
       auto p = load(v);
       p->setGpuLagMs(5000);
-      Comm c;
-      c.commHash = 0x1a9000 + v;
-      c.name = "lag-v" + std::to_string(v);
-      c.nNodes = 2;
-      c.nRanks = 4;
-      c.rank = 0;
+      Comm c = comm4x2(0x1a9000 + v, "lag-v" + std::to_string(v), 0);
       REQUIRE(p->init(c) == 0);
       std::vector<Op> ops;
       ops.push_back(allReduce1M(0));  // with proxy ops (network peers)
