@@ -248,8 +248,8 @@ ncclResult_t getPropertiesImpl(int dev, P* props) {
     }
     if constexpr (requires { props->maxMultiRequestSize; }) props->maxMultiRequestSize = 1;
     if constexpr (requires { props->railId; }) {
-      props->railId = NCCL_NET_ID_UNDEF;
-      props->planeId = NCCL_NET_ID_UNDEF;
+      props->railId = static_cast<int16_t>(d.railId >= 0 ? d.railId : NCCL_NET_ID_UNDEF);
+      props->planeId = static_cast<int16_t>(d.planeId >= 0 ? d.planeId : NCCL_NET_ID_UNDEF);
     }
     return Status::kOk;
   });

@@ -74,6 +74,10 @@ const std::vector<Def> kDefs = {
    "Which NICs form one NCCL device (rails): auto = NICs of equal speed below the same PCI root port as a GPU; "
    "off = every NIC its own device; or groups such as eth0+eth1,eth2+eth3 (NICs joined by '+', groups by ','; "
    "at most 4 per device; NICs not named stay alone). Both ends of a connection use the rails both have."},
+  {"WEFT_NIC_RAILS", Kind::kString, "", 0, 0, nullptr,
+   "libfabric NICs' rail and plane for NCCL 2.30's rail-aware search (v12 railId/planeId): NIC:rail[:plane],... "
+   "(e.g. rdmap16s27:0,rdmap32s27:1); NICs not named, and fused devices whose NICs differ, leave them undefined. "
+   "The verbs backend takes them from WEFT_IB_HCA (name:port:rail:plane, as NCCL_IB_HCA in 2.30)."},
   {"WEFT_STRIPE_MIN", Kind::kInt, "262144", 4096, int64_t{1} << 40, nullptr,
    "On a multi-rail device with the rdma protocol, messages of at least this many bytes are split across all "
    "rails; smaller ones (and every tagged message) go to one rail, round-robin."},

@@ -56,9 +56,19 @@ std::unique_ptr<FabricBackend> FabricBackend::discover(std::string* why) {
   b->connectTimeoutSec_ = static_cast<int>(params::getInt("WEFT_CONNECT_TIMEOUT"));
   b->sharedEndpoints_ = params::getBool("WEFT_FABRIC_SHARED_EP");
   b->pending_.setTimeout(b->connectTimeoutSec_);
+  std::map<std::string, NicRail> nicRails;
+  std::string railErr;
+  if (!parseNicRails(params::getString("WEFT_NIC_RAILS"), &nicRails, &railErr)) {
+    WEFT_WARN("WEFT_NIC_RAILS='{}': {}; rails and planes stay undefined", params::getString("WEFT_NIC_RAILS"), railErr);
+    nicRails.clear();
+  }
   std::vector<NicInfo> nics;
   for (auto& c : found) {
     c.props.maxRecvs = b->maxRecvs_;
+    if (auto it = nicRails.find(c.props.name); it != nicRails.end()) {
+      c.props.railId = it->second.rail;
+      c.props.planeId = it->second.plane;
+    }
     nics.push_back(NicInfo{c.props.name, c.props.pciPath, c.props.speedMbps});
     int index = static_cast<int>(b->nics_.size());
     b->nics_.push_back(std::make_unique<FabricDevice>(index, std::move(c)));
@@ -107,6 +117,9 @@ bool FabricBackend::addGroup(std::vector<FabricDevice*> rails, const int* vdevs,
     p.maxP2pBytes = std::min(p.maxP2pBytes, q.maxP2pBytes);
     p.maxCollBytes = std::min(p.maxCollBytes, q.maxCollBytes);
     p.guid ^= q.guid * 0x9e3779b97f4a7c15ull;  // distinct from each NIC's own
+    // A fused device is on a rail (plane) only if all its NICs are on the same one, as NCCL's IB transport says.
+    if (q.railId != p.railId) p.railId = -1;
+    if (q.planeId != p.planeId) p.planeId = -1;
   }
   p.vdevCount = nVdevs;
   for (int i = 0; i < nVdevs; ++i) p.vdevs[i] = vdevs[i];

@@ -43,6 +43,44 @@ bool isPciBusId(const std::string& c) {  // dddd:bb:dd.f
   return true;
 }
 
+bool parseNicRails(const std::string& text, std::map<std::string, NicRail>* out, std::string* error) {
+  out->clear();
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t comma = text.find(',', start);
+    std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    start = comma == std::string::npos ? text.size() : comma + 1;
+    if (item.empty()) continue;
+    std::vector<std::string> f;
+    for (size_t a = 0;;) {
+      size_t b = item.find(':', a);
+      f.push_back(item.substr(a, b == std::string::npos ? std::string::npos : b - a));
+      if (b == std::string::npos) break;
+      a = b + 1;
+    }
+    if (f[0].empty() || f.size() < 2 || f.size() > 3) {
+      *error = "'" + item + "': want NIC:rail or NIC:rail:plane";
+      return false;
+    }
+    NicRail r;
+    int* field[2] = {&r.rail, &r.plane};
+    for (size_t k = 1; k < f.size(); ++k) {
+      const std::string& v = f[k];
+      if (v.empty() || v.size() > 5 || !std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; }) ||
+          std::stoi(v) > 32767) {
+        *error = "'" + item + "': the " + (k == 1 ? "rail" : "plane") + " must be a number from 0 to 32767";
+        return false;
+      }
+      *field[k - 1] = std::stoi(v);
+    }
+    if (!out->emplace(f[0], r).second) {
+      *error = "NIC " + f[0] + " named twice";
+      return false;
+    }
+  }
+  return true;
+}
+
 bool parseRailSpec(const std::string& text, RailSpec* out, std::string* error) {
   *out = RailSpec{};
   if (text.empty() || text == "auto") return true;

@@ -2,6 +2,7 @@
 // from PCI locality; pure functions over names and sysfs paths, so the rules are unit-tested without hardware.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,13 @@ struct RailSpec {
 // WEFT_RAILS: "auto" (or empty), "off", or groups such as "eth0+eth1,eth2+eth3" (each group one device, NICs
 // joined by '+'; NICs not named stay devices of their own). False and `error` for malformed text.
 bool parseRailSpec(const std::string& text, RailSpec* out, std::string* error);
+
+// WEFT_NIC_RAILS: "NIC:rail[:plane],..." (exact NIC names; rail and plane 0-32767). False and `error` for
+// malformed text or a NIC named twice.
+struct NicRail {
+  int rail = -1, plane = -1;
+};
+bool parseNicRails(const std::string& text, std::map<std::string, NicRail>* out, std::string* error);
 
 struct NicInfo {
   std::string name;

@@ -116,6 +116,10 @@ std::vector<std::unique_ptr<VerbsDevice>> VerbsDevice::discover(std::string* why
       auto v = std::unique_ptr<VerbsDevice>(new VerbsDevice());
       std::string w;
       if (v->open(dev, name, p, &w)) {
+        if (const HcaSpec::Item* it = hcaItem(spec, name, p)) {
+          v->props_.railId = it->rail;
+          v->props_.planeId = it->plane;
+        }
         out.push_back(std::move(v));
       } else {
         reasons += (reasons.empty() ? "" : "; ") + name + ":" + std::to_string(p) + ": " + w;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 namespace weft::verbs {
 
@@ -21,18 +22,34 @@ bool parseHcaSpec(const std::string& text, HcaSpec* out, std::string* error) {
     size_t comma = t.find(',', start);
     std::string item = t.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     if (!item.empty()) {
+      // name[:port[:rail[:plane]]] as NCCL 2.30 reads NCCL_IB_HCA; an empty field is undefined (-1).
       HcaSpec::Item it;
-      size_t colon = item.find(':');
-      it.name = item.substr(0, colon);
-      if (colon != std::string::npos) {
-        std::string p = item.substr(colon + 1);
-        if (p.empty() || p.size() > 3 || !std::all_of(p.begin(), p.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-          *error = "'" + item + "': the port after ':' must be a number";
+      std::vector<std::string> f;
+      for (size_t a = 0;;) {
+        size_t b = item.find(':', a);
+        f.push_back(item.substr(a, b == std::string::npos ? std::string::npos : b - a));
+        if (b == std::string::npos) break;
+        a = b + 1;
+      }
+      it.name = f[0];
+      if (f.size() > 4) {
+        *error = "'" + item + "': at most name:port:rail:plane";
+        return false;
+      }
+      const char* what[4] = {nullptr, "port", "rail", "plane"};
+      int* field[4] = {nullptr, &it.port, &it.rail, &it.plane};
+      const int lo[4] = {0, 1, 0, 0}, hi[4] = {0, 255, 32767, 32767};
+      for (size_t k = 1; k < f.size(); ++k) {
+        const std::string& v = f[k];
+        if (v.empty()) continue;  // as NCCL: absent or empty is -1 (any port; rail and plane undefined)
+        if (v.empty() || v.size() > 5 || !std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+          *error = "'" + item + "': the " + what[k] + " must be a number";
           return false;
         }
-        it.port = std::stoi(p);
-        if (it.port < 1 || it.port > 255) {
-          *error = "'" + item + "': port " + p + " is out of range (1-255)";
+        *field[k] = std::stoi(v);
+        if (*field[k] < lo[k] || *field[k] > hi[k]) {
+          *error = "'" + item + "': " + what[k] + " " + v + " is out of range (" + std::to_string(lo[k]) + "-" +
+                   std::to_string(hi[k]) + ")";
           return false;
         }
       }
@@ -47,6 +64,15 @@ bool parseHcaSpec(const std::string& text, HcaSpec* out, std::string* error) {
   }
   *out = s;
   return true;
+}
+
+const HcaSpec::Item* hcaItem(const HcaSpec& spec, const std::string& device, int port) {
+  if (spec.exclude) return nullptr;
+  for (const auto& it : spec.items) {
+    bool name = spec.exact ? device == it.name : device.rfind(it.name, 0) == 0;
+    if (name && (it.port < 0 || it.port == port)) return &it;
+  }
+  return nullptr;
 }
 
 bool hcaSelected(const HcaSpec& spec, const std::string& device, int port) {

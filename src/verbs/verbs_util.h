@@ -12,7 +12,9 @@ namespace weft::verbs {
 struct HcaSpec {
   struct Item {
     std::string name;
-    int port = -1;  // -1: any port
+    int port = -1;   // -1: any port
+    int rail = -1;   // NCCL 2.30's name:port:rail:plane (v12 railId/planeId); -1: undefined
+    int plane = -1;
   };
   bool exclude = false;
   bool exact = false;
@@ -20,6 +22,8 @@ struct HcaSpec {
 };
 bool parseHcaSpec(const std::string& text, HcaSpec* out, std::string* error);
 bool hcaSelected(const HcaSpec& spec, const std::string& device, int port);
+// The item of an including spec that selects (device, port): its rail and plane (nullptr: none, or an exclusion).
+const HcaSpec::Item* hcaItem(const HcaSpec& spec, const std::string& device, int port);
 
 // Mb/s of a port from ibv_port_attr's active_speed and active_width codes; 0 when a code is unknown.
 int portSpeedMbps(unsigned activeSpeed, unsigned activeWidth);

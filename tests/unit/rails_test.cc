@@ -41,6 +41,25 @@ TEST_CASE("WEFT_RAILS parses auto, off and explicit groups, and refuses malforme
   }
 }
 
+TEST_CASE("WEFT_NIC_RAILS gives NICs NCCL 2.30's rail and plane, and refuses malformed text", "[rails]") {
+  std::map<std::string, NicRail> m;
+  std::string err;
+  REQUIRE(parseNicRails("rdmap16s27:0,rdmap32s27:1:2,,", &m, &err));
+  REQUIRE(m.size() == 2);
+  CHECK(m["rdmap16s27"].rail == 0);
+  CHECK(m["rdmap16s27"].plane == -1);
+  CHECK(m["rdmap32s27"].rail == 1);
+  CHECK(m["rdmap32s27"].plane == 2);
+  REQUIRE(parseNicRails("", &m, &err));
+  CHECK(m.empty());
+  for (const char* bad : {"eth0", "eth0:", ":1", "eth0:a", "eth0:1:2:3", "eth0:40000", "eth0:1,eth0:2", "eth0:-1"}) {
+    INFO(bad);
+    err.clear();
+    CHECK_FALSE(parseNicRails(bad, &m, &err));
+    CHECK_FALSE(err.empty());
+  }
+}
+
 TEST_CASE("pciChain lists bus ids from the root port down", "[rails]") {
   CHECK(pciChain(kSw0 + "0000:01:08.0/0000:03:00.0") ==
         std::vector<std::string>{"0000:00:01.0", "0000:01:00.0", "0000:01:08.0", "0000:03:00.0"});

@@ -43,6 +43,31 @@ TEST_CASE("WEFT_IB_HCA selects ports as NCCL_IB_HCA does", "[verbs]") {
   CHECK(err.find("port") != std::string::npos);
   CHECK_FALSE(parseHcaSpec("mlx5_0:0", &s, &err));
   CHECK_FALSE(parseHcaSpec(":1", &s, &err));
+  CHECK(sel("mlx5_0:", "mlx5_0", 2));  // an empty port is any port (NCCL 2.30)
+}
+
+TEST_CASE("WEFT_IB_HCA carries NCCL 2.30's rail and plane (name:port:rail:plane, empty = undefined)", "[verbs]") {
+  HcaSpec s;
+  std::string err;
+  REQUIRE(parseHcaSpec("mlx5_0:1:0:1,mlx5_1:1:1,mlx5_2::,mlx5_3:1::2", &s, &err));
+  const HcaSpec::Item* a = hcaItem(s, "mlx5_0", 1);
+  REQUIRE(a != nullptr);
+  CHECK(a->rail == 0);
+  CHECK(a->plane == 1);
+  CHECK(hcaItem(s, "mlx5_0", 2) == nullptr);  // not selected
+  CHECK(hcaItem(s, "mlx5_1", 1)->rail == 1);
+  CHECK(hcaItem(s, "mlx5_1", 1)->plane == -1);
+  CHECK(hcaItem(s, "mlx5_2", 2)->port == -1);  // empty port: any (as NCCL), rail and plane undefined
+  CHECK(hcaItem(s, "mlx5_2", 2)->rail == -1);
+  CHECK(hcaItem(s, "mlx5_3", 1)->rail == -1);
+  CHECK(hcaItem(s, "mlx5_3", 1)->plane == 2);
+  REQUIRE(parseHcaSpec("^mlx5_0:1:0:0", &s, &err));
+  CHECK(hcaItem(s, "mlx5_1", 1) == nullptr);  // an exclusion names no rails
+  CHECK_FALSE(parseHcaSpec("mlx5_0:1:x", &s, &err));
+  CHECK(err.find("rail") != std::string::npos);
+  CHECK_FALSE(parseHcaSpec("mlx5_0:1:0:40000", &s, &err));
+  CHECK(err.find("plane") != std::string::npos);
+  CHECK_FALSE(parseHcaSpec("mlx5_0:1:0:0:0", &s, &err));
 }
 
 TEST_CASE("port speed from the active speed and width codes", "[verbs]") {

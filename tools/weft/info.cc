@@ -32,8 +32,10 @@ int pluginInfo(const std::string& path) {
   for (int d = 0; d < n; ++d) {
     harness::Props pr;
     if (p->api().getProperties(d, &pr) != ncclSuccess) continue;
-    std::printf("  dev %d: %s speed %d Mb/s latency %.1f us maxRecvs %d ptrSupport %#x pci %s\n", d, pr.name.c_str(),
+    std::printf("  dev %d: %s speed %d Mb/s latency %.1f us maxRecvs %d ptrSupport %#x pci %s", d, pr.name.c_str(),
                 pr.speed, pr.latency, pr.maxRecvs, pr.ptrSupport, pr.pciPath.empty() ? "-" : pr.pciPath.c_str());
+    if (pr.railId != -2) std::printf(" rail %d plane %d", pr.railId, pr.planeId);  // v12 (-1: undefined)
+    std::printf("\n");
   }
   if (p->api().hasFinalize()) p->api().finalize(ctx);
   return 0;

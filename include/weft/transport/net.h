@@ -35,6 +35,10 @@ struct DeviceProps {
   bool forceFlush = false;
   size_t maxP2pBytes = size_t{1} << 30;
   size_t maxCollBytes = size_t{1} << 30;
+  // NCCL 2.30 (v12): the rail (switch) and plane the NIC is on, as the user gave them; -1: undefined. NCCL's
+  // search then pairs only NICs of the same rail (without crossNic) and never NICs of different planes.
+  int railId = -1;
+  int planeId = -1;
   // A device NCCL made with makeVDevice: the devices it fuses (vProps). 0: a device of its own.
   int vdevCount = 0;
   int vdevs[8] = {};
