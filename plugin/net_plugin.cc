@@ -1,6 +1,8 @@
 // The exported ncclNetPlugin_v7 ... _v12 tables: thin noexcept adapters over one implementation.
 // Each adapter converts its version's argument types, calls into the backend through guarded(), and maps the
 // result to ncclResult_t in one place. Nothing here allocates on the data path.
+#include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstring>
 #include <exception>
@@ -31,6 +33,10 @@ struct NetContext {
   uint32_t magic = kContextMagic;
   uint64_t commId = 0;
   CommConfig config;
+  // The latest setNetAttr hint (v11+), kept for what may use it; nothing does yet (setNetAttrImpl says why).
+  std::atomic<uint32_t> hintOp{0}, hintAlgo{0}, hintProto{0};
+  std::atomic<int32_t> hintSendPeers{0}, hintRecvPeers{0}, hintFlows{0};
+  std::atomic<uint64_t> hints{0};
 };
 
 template <typename F>
@@ -544,6 +550,42 @@ ncclResult_t finalize_v11(void* ctx) {
   });
 }
 
+// setNetAttr (v11+, NCCL 2.28+): NCCL's hints for a context, from the service thread at connect (peers and flows
+// per peer the communicator may use) and from the progress thread before transfers whose operation, algorithm,
+// protocol, peers or channels differ from the last. Accepted and kept (no allocation, lock or log on the progress
+// thread). Not acted on: weft carries every comm of a context over the same shared endpoint per NIC, whose
+// receive budget and queues do not depend on how many peers or flows are active, and a flow is a channel's own
+// comm already; NCCL's Socket and IB transports use the hints to size per-flow sockets and QPs, which weft does
+// not have. The log says the first hint of each context.
+template <typename A>
+ncclResult_t setNetAttrImpl(void* ctx, A* attr) {
+  return guarded("setNetAttr", [&] {
+    auto* c = static_cast<NetContext*>(ctx);
+    if (c == nullptr || c->magic != kContextMagic) {
+      WEFT_WARN("setNetAttr: {} is not a weft context", ctx);
+      return Status::kInternal;
+    }
+    if (attr == nullptr) {
+      WEFT_WARN("setNetAttr: NULL attributes");
+      return Status::kInternal;
+    }
+    c->hintOp.store(attr->op, std::memory_order_relaxed);
+    c->hintAlgo.store(attr->algo, std::memory_order_relaxed);
+    c->hintProto.store(attr->proto, std::memory_order_relaxed);
+    c->hintSendPeers.store(attr->sendCommAttr.maxConcurrentPeers, std::memory_order_relaxed);
+    c->hintRecvPeers.store(attr->recvCommAttr.maxConcurrentPeers, std::memory_order_relaxed);
+    c->hintFlows.store(std::max(attr->sendCommAttr.maxFlowsPerPeer, attr->recvCommAttr.maxFlowsPerPeer),
+                       std::memory_order_relaxed);
+    if (c->hints.fetch_add(1, std::memory_order_relaxed) == 0) {
+      WEFT_INFO(NCCL_NET, "context {:#x}: NCCL's first flow hint: send to {} peers, receive from {}, {} flows per "
+                "peer (kept; weft's shared endpoints need no sizing by it)",
+                c->commId, attr->sendCommAttr.maxConcurrentPeers, attr->recvCommAttr.maxConcurrentPeers,
+                std::max(attr->sendCommAttr.maxFlowsPerPeer, attr->recvCommAttr.maxFlowsPerPeer));
+    }
+    return Status::kOk;
+  });
+}
+
 CommConfig configOf(void* ctx) {
   auto* c = static_cast<NetContext*>(ctx);
   if (c == nullptr || c->magic != kContextMagic) return CommConfig{};
@@ -662,7 +704,7 @@ WEFT_EXPORT ncclNet_v11_t ncclNetPlugin_v11 = {
     regMrDmaBufImpl, deregMrImpl, isend_v10,       irecv_v10,
     iflushImpl,    testImpl,      closeSendImpl,   closeRecvImpl,
     closeListenImpl, nullptr, nullptr, makeVDeviceImpl<ncclNetVDeviceProps_v11_t>, finalize_v11,
-    nullptr /*setNetAttr*/,
+    setNetAttrImpl<ncclNetAttr_v11_t>,
 };
 
 WEFT_EXPORT ncclNet_v12_t ncclNetPlugin_v12 = {
@@ -670,7 +712,8 @@ WEFT_EXPORT ncclNet_v12_t ncclNetPlugin_v12 = {
     listen_v11,    connect_v11,   accept_v7,       regMrImpl,
     regMrDmaBufImpl, deregMrImpl, isend_v10,       irecv_v10,
     iflushImpl,    testImpl,      closeSendImpl,   closeRecvImpl,
-    closeListenImpl, nullptr, nullptr, makeVDeviceImpl<ncclNetVDeviceProps_v12_t>, finalize_v11, nullptr,
+    closeListenImpl, nullptr, nullptr, makeVDeviceImpl<ncclNetVDeviceProps_v12_t>, finalize_v11,
+    setNetAttrImpl<ncclNetAttr_v12_t>,
 };
 
 // weft's own figures, for tools (`weft conformance` reports endpoints open with it); not part of NCCL's ABI.

@@ -939,6 +939,55 @@ void mrCache(CheckEnv& env) {
 }
 
 
+// setNetAttr (v11+, optional: NCCL checks for NULL). NCCL 2.28.9 calls it on the context from the service thread
+// while connecting (src/transport/net.cc: setNetAttrs from sendConnect/recvConnect with the communicator's peers and
+// flows) and from the progress thread before a transfer whose operation, algorithm, protocol, peers or channels
+// differ from the last hint (setXferNetAttrs, lines 240-274). Hints only: each call succeeds and nothing about the
+// data changes, whatever the hints say.
+void apiSetNetAttr(CheckEnv& env) {
+  if (env.net.version() < 11) throw CheckSkip("setNetAttr is a v11+ member");
+  if (!env.net.hasSetNetAttr()) throw CheckSkip("setNetAttr is NULL (optional: NCCL checks for it)");
+  ncclNetAttr_v11_t attr{};
+  attr.sendCommAttr.maxConcurrentPeers = attr.recvCommAttr.maxConcurrentPeers = 2;  // (NCCL_MAX_TREE_ARITY-1)*2
+  attr.sendCommAttr.maxFlowsPerPeer = attr.recvCommAttr.maxFlowsPerPeer = 16;     // nChannels
+  expectOk(env.net.setNetAttr(env.ctx, &attr), "setNetAttr (connect)");
+  Conn c = establish(env, "attr");
+  constexpr int kMsgs = 64;
+  constexpr size_t kSize = 65536;
+  Buffer buf(kSize);
+  Registration reg(env.net, c.comm(), buf.data(), buf.size());
+  for (int i = 0; i < kMsgs; ++i) {
+    // As the progress thread: a hint for this transfer (op/algo/proto bits, peers and channels), changing often.
+    ncclNetAttr_v11_t x = attr;
+    ncclNetCommAttr_v11_t& side = env.recv() ? x.recvCommAttr : x.sendCommAttr;
+    side.minConcurrentPeers = side.maxConcurrentPeers = 1 + i % 3;
+    side.minFlowsPerPeer = side.maxFlowsPerPeer = 1 + i % 16;
+    x.op = 1u << (i % 5);
+    x.algo = 1u << (i % 3);
+    x.proto = 1u << (i % 3);
+    expectOk(env.net.setNetAttr(env.ctx, &x), "setNetAttr (transfer)");
+    const size_t len = 1 + (static_cast<size_t>(i) * 977) % kSize;
+    void* req = nullptr;
+    if (env.recv()) {
+      void* data[1] = {buf.data()};
+      size_t sz[1] = {kSize};
+      int tags[1] = {i};
+      void* mhs[1] = {reg.mh()};
+      while (req == nullptr) expectOk(env.net.irecv(c.recvComm, 1, data, sz, tags, mhs, &req), "irecv");
+      auto got = waitRequest(env, req, 1, "receive");
+      if (got[0] != static_cast<int>(len)) fail("received " + std::to_string(got[0]) + " B, sent " + std::to_string(len));
+      if (size_t at = findMismatch(buf.data(), len, static_cast<uint64_t>(i)); at != SIZE_MAX)
+        fail("message " + std::to_string(i) + " differs at byte " + std::to_string(at));
+    } else {
+      fillPattern(buf.data(), len, static_cast<uint64_t>(i));
+      while (req == nullptr) expectOk(env.net.isend(c.sendComm, buf.data(), len, i, reg.mh(), &req), "isend");
+      waitRequest(env, req, 1, "send");
+    }
+  }
+  reg.release();
+  closeConn(env, c);
+}
+
 // NCCL flushes only receives into GPU memory through GPUDirect (src/transport/net.cc: recvProxyProgress posts an
 // iflush when useGdr and the NIC needs it): iflush on host memory is never asked for, and NCCL's Socket transport
 // answers it with an error. weft's promise: harmless there (NULL request, or one that completes).
@@ -2127,6 +2176,8 @@ const std::vector<Check>& allChecks() {
        listenCloseUnaccepted},
       {"data.sizes", "0 B to 4 MiB+3, receive exactly the send size, sizes reported, bytes verified", dataSizes},
       {"data.recv_larger", "receives larger than the send report the real size", dataRecvLarger},
+      {"api.set_net_attr", "setNetAttr (v11+, optional) at connect and before each transfer: accepted, data unchanged",
+       apiSetNetAttr},
       {"data.nccl_steps", "NCCL step patterns (SIMPLE ring/tree, LL, LL128, P2P) with NCCL_STEPS in flight",
        dataNcclSteps},
       {"data.request_hint", "irecv overwrites *request preset to NCCL_NET_OPTIONAL_RECV_COMPLETION (v9+)",

@@ -236,6 +236,21 @@ class TableApi final : public NetApi {
     }
     return ncclSuccess;
   }
+  bool hasSetNetAttr() const override {
+    if constexpr (V >= 11) {
+      return t_->setNetAttr != nullptr;
+    } else {
+      return false;
+    }
+  }
+  ncclResult_t setNetAttr(void* ctx, ncclNetAttr_v11_t* attr) override {
+    if constexpr (V >= 11) {
+      if (t_->setNetAttr != nullptr) return t_->setNetAttr(ctx, attr);  // the v12 attr has the v11 layout
+    }
+    (void)ctx;
+    (void)attr;
+    return ncclSuccess;
+  }
 
  private:
   T* t_;

@@ -56,6 +56,9 @@ class NetApi {
   virtual ncclResult_t makeVDevice(const std::vector<int>& devs, int* d) = 0;
   virtual bool hasIrecvConsumed() const = 0;
   virtual ncclResult_t irecvConsumed(void* recvComm, int n, void* req) = 0;
+  // v11+: optional (NCCL checks for NULL) per-context hints, at connect and before transfers.
+  virtual bool hasSetNetAttr() const = 0;
+  virtual ncclResult_t setNetAttr(void* ctx, ncclNetAttr_v11_t* attr) = 0;
 };
 
 // What the plugin did with the profiler callback the loader hands to v10+ init (the harness plays NCCL with a
