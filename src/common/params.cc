@@ -264,6 +264,16 @@ bool parseInt(std::string_view text, int64_t min, int64_t max, int64_t* out, std
   return true;
 }
 
+std::vector<std::string> splitFields(std::string_view text, char sep) {
+  std::vector<std::string> out;
+  for (size_t a = 0;;) {
+    size_t b = text.find(sep, a);
+    out.emplace_back(text.substr(a, b == std::string_view::npos ? std::string_view::npos : b - a));
+    if (b == std::string_view::npos) return out;
+    a = b + 1;
+  }
+}
+
 bool parseBool(std::string_view text, bool* out, std::string* error) {
   std::string t(text);
   std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });

@@ -8,6 +8,7 @@
 #include <cctype>
 #include <fstream>
 
+#include "weft/common/params.h"
 #include "weft/common/sysfs.h"
 
 namespace weft::fabric {
@@ -51,13 +52,7 @@ bool parseNicRails(const std::string& text, std::map<std::string, NicRail>* out,
     std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     start = comma == std::string::npos ? text.size() : comma + 1;
     if (item.empty()) continue;
-    std::vector<std::string> f;
-    for (size_t a = 0;;) {
-      size_t b = item.find(':', a);
-      f.push_back(item.substr(a, b == std::string::npos ? std::string::npos : b - a));
-      if (b == std::string::npos) break;
-      a = b + 1;
-    }
+    const std::vector<std::string> f = params::splitFields(item, ':');
     if (f[0].empty() || f.size() < 2 || f.size() > 3) {
       *error = "'" + item + "': want NIC:rail or NIC:rail:plane";
       return false;

@@ -823,9 +823,5 @@ size_t drainOpsImpl(Context* ctx, bool force, void (*fn)(void*, const CollRecord
   return emitted;
 }
 
-void forEachContextImpl(void (*fn)(void*, Context*), void* arg) {
-  for (auto& c : gContexts)
-    if (c.live.load(std::memory_order_acquire) == 1) fn(arg, &c);
-}
 
 }  // namespace weft::telemetry

@@ -122,7 +122,7 @@ void stopEvent(void* handle) noexcept;
 void recordState(void* handle, int state, uint64_t arg, bool hasArg) noexcept;
 void finalizeContext(void* context) noexcept;
 
-// Process-wide anomaly counters (bad handles, stops without start ...), for tests and exporters.
+// Process-wide anomaly counters (bad handles, stops without start ...), for the Prometheus file.
 struct Anomalies {
   uint64_t badHandles;
   uint64_t doubleStops;
@@ -147,14 +147,6 @@ template <typename F>
 size_t drainOps(Context* ctx, bool force, F&& fn) {
   return drainOpsImpl(
       ctx, force, [](void* a, const CollRecord& r, Context* c) { (*static_cast<F*>(a))(r, c); }, &fn);
-}
-// The live contexts (for the Prometheus file).
-template <typename F>
-void forEachContext(F&& fn);
-void forEachContextImpl(void (*fn)(void*, Context*), void* arg);
-template <typename F>
-void forEachContext(F&& fn) {
-  forEachContextImpl([](void* a, Context* c) { (*static_cast<F*>(a))(c); }, &fn);
 }
 
 }  // namespace weft::telemetry

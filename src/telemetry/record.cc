@@ -115,12 +115,12 @@ double busBwGBs(Func f, uint64_t bytes, int nRanks, uint64_t ns) noexcept {
   return algBwGBs(f, bytes, nRanks, ns) * busFactor(f, nRanks);
 }
 
-int sizeBucket(uint64_t bytes) noexcept {
+int octaveBucket(uint64_t bytes) noexcept {
   if (bytes <= 1) return 0;
   return 64 - __builtin_clzll(bytes - 1);  // ceil(log2(bytes))
 }
 
-const char* sizeBucketLabel(int bucket) noexcept {
+const char* octaveBucketLabel(int bucket) noexcept {
   static const std::array<const char*, 65> kLabels = [] {
     std::array<const char*, 65> l{};
     static char text[65][8];

@@ -122,10 +122,6 @@ void Sink::startLocked() {
   thread_ = std::thread([this] { run(); });
 }
 
-std::string Sink::jsonlPath() {
-  std::lock_guard<std::mutex> lock(mu_);
-  return jsonlPath_;
-}
 
 void Sink::writeLineLocked(const std::string& line) {
   if (!jsonlTried_) {
@@ -207,7 +203,7 @@ void Sink::takeRecordLocked(const CollRecord& r, Context* c) {
       p2p ? "" : protoName(r.proto), r.nChannels, r.nWarps, r.startNs, r.enqueuedNs, r.endNs, r.gpuNs, r.execNs,
       timingSourceName(r.timing), r.channelsTimed, alg, bus, (r.flags & kRecGraphCaptured) ? "true" : "false",
       (r.flags & kRecPartial) ? "true" : "false"));
-  Agg& a = m.aggs[AggKey{static_cast<int>(r.func), p2p ? 1 : 0, sizeBucket(r.bytes), p2p ? 255 : r.algo,
+  Agg& a = m.aggs[AggKey{static_cast<int>(r.func), p2p ? 1 : 0, octaveBucket(r.bytes), p2p ? 255 : r.algo,
                          p2p ? 255 : r.proto}];
   ++a.count;
   a.bytes += r.bytes;
@@ -293,7 +289,7 @@ void Sink::summaryLocked(const Comm& m, Context* c) {
       mix += fmt::format(" {:.0f}%", 100.0 * static_cast<double>(n) / static_cast<double>(r.count));
     }
     WEFT_INFO(NCCL_INIT, "timing summary:   {:<14} {:>6} {:>8} {:>11.1f} {:>11.1f} {:>10.2f}  {}",
-              funcName(static_cast<Func>(func)), sizeBucketLabel(bucket), r.count, quantile(r.execUs, 0.5),
+              funcName(static_cast<Func>(func)), octaveBucketLabel(bucket), r.count, quantile(r.execUs, 0.5),
               quantile(r.execUs, 0.99), quantile(r.busBw, 0.5), mix);
   }
 }
@@ -370,7 +366,7 @@ void Sink::writePromLocked() {
       auto [func, p2p, bucket, algo, proto] = k;
       std::string ap = p2p ? "p2p" : fmt::format("{}_{}", algoName(static_cast<uint8_t>(algo)), protoName(static_cast<uint8_t>(proto)));
       std::string l = fmt::format("{},collective=\"{}\",size=\"{}\",algo_proto=\"{}\"", base,
-                                  funcName(static_cast<Func>(func)), sizeBucketLabel(bucket), ap);
+                                  funcName(static_cast<Func>(func)), octaveBucketLabel(bucket), ap);
       out += fmt::format("weft_collective_total{{{}}} {}\n", l, a.count);
       bytes += fmt::format("weft_collective_bytes_total{{{}}} {}\n", l, a.bytes);
       secs += fmt::format("weft_collective_exec_seconds_total{{{}}} {:.9f}\n", l, static_cast<double>(a.execNs) / 1e9);
@@ -405,7 +401,16 @@ void Sink::writePromLocked() {
       connLat += fmt::format("weft_conn_latency_seconds{{{},quantile=\"0.99\"}} {:.9f}\n", l, c->latency.quantileNs(0.99) / 1e9);
     }
   }
-  out += bytes + secs + q + bw + peers + peerLat + dropped + conns + connLat;
+  // What NCCL (or a profiler driver) sent that could not be right: counted, never fatal.
+  const Anomalies an = anomalies();
+  std::string bad = "# HELP weft_timing_anomalies_total Profiler calls weft ignored, by kind (bad handles, double "
+                    "stops, NULL contexts, PXN parents of another process, unknown event types, records left to the "
+                    "writer's scan).\n# TYPE weft_timing_anomalies_total counter\n";
+  for (auto [kind, n] : {std::pair<const char*, uint64_t>{"bad_handle", an.badHandles}, {"double_stop", an.doubleStops},
+                         {"null_context", an.nullContexts}, {"foreign_parent", an.foreignParents},
+                         {"unknown_type", an.unknownTypes}, {"ring_full", an.ringFull}})
+    bad += fmt::format("weft_timing_anomalies_total{{kind=\"{}\"}} {}\n", kind, n);
+  out += bytes + secs + q + bw + peers + peerLat + dropped + conns + connLat + bad;
   std::string tmp = promPath_ + ".tmp";
   FILE* f = std::fopen(tmp.c_str(), "w");
   if (f == nullptr) {

@@ -39,7 +39,6 @@ class Sink {
   void wake() noexcept {
     if (!wakeRequested_.exchange(true, std::memory_order_acq_rel)) cv_.notify_one();
   }
-  std::string jsonlPath();
   void shutdown();  // stop the writer, write out everything (process exit)
 
   struct Agg {

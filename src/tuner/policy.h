@@ -76,7 +76,6 @@ class Policy {
   const PolicyOptions& options() const { return opt_; }
   const std::vector<Rule>& rules() const { return rules_; }
   uint32_t mask(int coll) const { return coll >= 0 && coll < kNumColls ? masks_[coll] : 0; }  // the signature's
-  size_t cellCount() const { return entries_.size(); }
 
   struct Entry {
     Arm arm;

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <vector>
 
+#include "weft/common/params.h"
+
 namespace weft::verbs {
 
 bool parseHcaSpec(const std::string& text, HcaSpec* out, std::string* error) {
@@ -24,13 +26,7 @@ bool parseHcaSpec(const std::string& text, HcaSpec* out, std::string* error) {
     if (!item.empty()) {
       // name[:port[:rail[:plane]]] as NCCL 2.30 reads NCCL_IB_HCA; an empty field is undefined (-1).
       HcaSpec::Item it;
-      std::vector<std::string> f;
-      for (size_t a = 0;;) {
-        size_t b = item.find(':', a);
-        f.push_back(item.substr(a, b == std::string::npos ? std::string::npos : b - a));
-        if (b == std::string::npos) break;
-        a = b + 1;
-      }
+      const std::vector<std::string> f = params::splitFields(item, ':');
       it.name = f[0];
       if (f.size() > 4) {
         *error = "'" + item + "': at most name:port:rail:plane";

@@ -529,6 +529,9 @@ TEST_CASE("the Prometheus textfile holds the aggregates", "[replay]") {
   CHECK(text.find("weft_collective_exec_seconds_total{" + labels + "} 0.000600000\n") != std::string::npos);
   CHECK(text.find("weft_collective_busbw_gbs{" + labels + "} 26.2144\n") != std::string::npos);
   CHECK(text.find("# TYPE weft_collective_total counter") != std::string::npos);
+  // The anomaly counters of the process (the hostile-input test before this one made some).
+  CHECK(text.find("# TYPE weft_timing_anomalies_total counter") != std::string::npos);
+  CHECK(text.find("weft_timing_anomalies_total{kind=\"double_stop\"} ") != std::string::npos);
 }
 
 int main(int argc, char** argv) {

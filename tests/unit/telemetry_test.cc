@@ -8,16 +8,16 @@
 using namespace weft::telemetry;
 
 TEST_CASE("size buckets are powers of two, labelled by their upper bound", "[telemetry]") {
-  CHECK(sizeBucket(0) == 0);
-  CHECK(sizeBucket(1) == 0);
-  CHECK(sizeBucket(2) == 1);
-  CHECK(sizeBucket(3) == 2);
-  CHECK(sizeBucket(4096) == 12);
-  CHECK(sizeBucket(4097) == 13);
-  CHECK(std::string(sizeBucketLabel(12)) == "4K");
-  CHECK(std::string(sizeBucketLabel(20)) == "1M");
-  CHECK(std::string(sizeBucketLabel(9)) == "512");
-  CHECK(std::string(sizeBucketLabel(33)) == "8G");
+  CHECK(octaveBucket(0) == 0);
+  CHECK(octaveBucket(1) == 0);
+  CHECK(octaveBucket(2) == 1);
+  CHECK(octaveBucket(3) == 2);
+  CHECK(octaveBucket(4096) == 12);
+  CHECK(octaveBucket(4097) == 13);
+  CHECK(std::string(octaveBucketLabel(12)) == "4K");
+  CHECK(std::string(octaveBucketLabel(20)) == "1M");
+  CHECK(std::string(octaveBucketLabel(9)) == "512");
+  CHECK(std::string(octaveBucketLabel(33)) == "8G");
 }
 
 TEST_CASE("bandwidths follow nccl-tests: traffic and bus factor per collective", "[telemetry]") {

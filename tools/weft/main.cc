@@ -1,6 +1,12 @@
-// weft: the command line around the plugin. Subcommands:
-//   info                      what weft would use here: providers, devices, every WEFT_* variable
-//   conformance --plugin F    drive any NCCL net plugin file the way NCCL does, check by check
+// weft: the command line around the plugin. Subcommands (usage() below has their options):
+//   info          what weft would use here: providers, devices, every WEFT_* variable (or a plugin file's tables)
+//   conformance   drive any NCCL net plugin file the way NCCL does, check by check
+//   diff          one seeded stream of NCCL-like operations through two plugin files, compared
+//   bench         latency, bandwidth and connection figures of a plugin file against raw libfabric
+//   report        a job's timing records: per collective, per rank, stragglers
+//   replay        drive a profiler plugin file with a small multi-rank job's events
+//   tune          the tuner: simulated worlds, profiles (show, sweep, eval), log agreement (check)
+//   profile       merge a job's timing records into a tuner profile
 #include <unistd.h>
 
 #include <climits>

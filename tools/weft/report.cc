@@ -217,7 +217,7 @@ int reportCommand(int argc, char** argv) {
   std::map<std::pair<std::string, int>, Cell> cells;
   for (const auto& r : L.recs) {
     if (r.execNs == 0) continue;
-    Cell& c = cells[{r.func, telemetry::sizeBucket(r.bytes)}];
+    Cell& c = cells[{r.func, telemetry::octaveBucket(r.bytes)}];
     c.exec.push_back(r.execNs / 1e3);
     c.bw.push_back(r.busBw);
     c.byAp[r.type == "p2p" ? std::string("p2p") : r.algo + "/" + r.proto].push_back(r.busBw);
@@ -228,11 +228,11 @@ int reportCommand(int argc, char** argv) {
     std::string aps;
     for (const auto& [ap, v] : c.byAp) aps += fmt::format("{}{} {:.2f} ({})", aps.empty() ? "" : ", ", ap, median(v), v.size());
     std::printf("  %-14s %6s %7zu %10s %9.2f %9.2f %5.0f%%  %s\n", k.first.c_str(),
-                telemetry::sizeBucketLabel(k.second), c.bw.size(), fmtUs(median(c.exec)).c_str(), med, best,
+                telemetry::octaveBucketLabel(k.second), c.bw.size(), fmtUs(median(c.exec)).c_str(), med, best,
                 best > 0 ? 100 * med / best : 0.0, aps.c_str());
     if (best > 0 && med < 0.7 * best && c.bw.size() >= 5)
       slow.push_back(fmt::format("{} {}: the median run reaches {:.0f}% of the best seen", k.first,
-                                 telemetry::sizeBucketLabel(k.second), 100 * med / best));
+                                 telemetry::octaveBucketLabel(k.second), 100 * med / best));
     if (c.byAp.size() > 1) {
       std::string bestAp;
       double bestMed = -1, worstMed = 1e300;
@@ -243,7 +243,7 @@ int reportCommand(int argc, char** argv) {
       }
       if (worstMed < 0.8 * bestMed)
         slow.push_back(fmt::format("{} {}: {} is fastest here ({:.2f} GB/s); others reach {:.0f}%", k.first,
-                                   telemetry::sizeBucketLabel(k.second), bestAp, bestMed, 100 * worstMed / bestMed));
+                                   telemetry::octaveBucketLabel(k.second), bestAp, bestMed, 100 * worstMed / bestMed));
     }
   }
   for (const auto& s : slow) std::printf("  note: %s\n", s.c_str());
@@ -341,7 +341,7 @@ int reportCommand(int argc, char** argv) {
     std::map<std::string, std::map<int, std::vector<double>>> byAlgo;
     for (const auto& r : L.recs)
       if (r.execNs > 0 && r.type == "coll")
-        byAlgo[r.func + " " + r.algo + "/" + r.proto][telemetry::sizeBucket(r.bytes)].push_back(r.busBw);
+        byAlgo[r.func + " " + r.algo + "/" + r.proto][telemetry::octaveBucket(r.bytes)].push_back(r.busBw);
     for (const auto& [name, buckets] : byAlgo) {
       svg::Series s{name, {}, true};
       for (const auto& [b, v] : buckets) s.points.push_back({std::ldexp(1.0, b), median(v)});

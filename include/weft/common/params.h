@@ -48,6 +48,8 @@ std::vector<std::string> problems();
 // Strict parsers, exposed for tests.
 bool parseInt(std::string_view text, int64_t min, int64_t max, int64_t* out, std::string* error);
 bool parseBool(std::string_view text, bool* out, std::string* error);
+// The fields of `text` between separators, empty ones kept ("a::b" -> a, "", b; "" -> one empty field).
+std::vector<std::string> splitFields(std::string_view text, char sep);
 
 // Settings of the libraries below weft (libfabric's providers, rdma-core) that weft chooses where the user has not
 // set them. They are those libraries' own environment variables, read by them, so weft sets them in its process

@@ -80,7 +80,7 @@ double busBwGBs(Func f, uint64_t bytes, int nRanks, uint64_t ns) noexcept;
 
 // Size buckets: powers of two (bucket b holds sizes in (2^(b-1), 2^b]; 0 bytes is bucket 0). The label is the
 // upper bound ("4K", "1M").
-int sizeBucket(uint64_t bytes) noexcept;
-const char* sizeBucketLabel(int bucket) noexcept;
+int octaveBucket(uint64_t bytes) noexcept;
+const char* octaveBucketLabel(int bucket) noexcept;
 
 }  // namespace weft::telemetry

@@ -1,4 +1,4 @@
-// The backend-neutral transport interface the plugin tables call into. A backend (libfabric today, ibverbs later)
+// The backend-neutral transport interface the plugin tables call into. A backend (libfabric, or native ibverbs)
 // provides devices, comms and requests; the plugin layer only adapts NCCL's versioned tables to this.
 //
 // Threading (NCCL's, see spec §3.1): listen/connect/accept/regMr/deregMr/close* run on a communicator's proxy
