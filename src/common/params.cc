@@ -21,7 +21,8 @@ const std::vector<Def> kDefs = {
   {"WEFT_IB_HCA", Kind::kString, "", 0, 0, nullptr,
    "verbs: which HCA ports become NCCL devices, NCCL_IB_HCA syntax: comma-separated device names with an "
    "optional :port (mlx5_0:1,mlx5_1), '^' to exclude, '=' for exact names (prefixes otherwise). Empty: every "
-   "active port."},
+   "active port. As in NCCL 2.30, name:port:rail:plane also gives the port's rail and plane to NCCL's rail-aware "
+   "search (v12 railId/planeId; empty fields undefined)."},
   {"WEFT_IB_GID_INDEX", Kind::kInt, "-1", -1, 1023, nullptr,
    "verbs, RoCE: GID index to use. -1: the RoCEv2 GID of an IPv4 address (IPv4-mapped), else any RoCEv2 GID, "
    "else RoCEv1."},

@@ -36,6 +36,7 @@ void usage() {
   std::fprintf(stderr,
                "usage: weft <command> [options]\n"
                "  info [--plugin FILE]          providers, devices and WEFT_* variables (or a plugin file's tables)\n"
+               "  info --markdown               every WEFT_* variable as a Markdown table (docs/variables.md)\n"
                "  diff --plugin A --plugin B    one seeded stream of NCCL-like operations (diff.stream) through both\n"
                "                                files; the receivers' observations compared (exit 1: they differ)\n"
                "      [--table N [--table M]] [--quick] [--groups N] [--a-env K=V] [--b-env K=V] and the --env\n"
