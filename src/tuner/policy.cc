@@ -143,7 +143,8 @@ std::shared_ptr<const Policy> Policy::build(const Profile& p, const PolicyOption
       e.hiAsNcclUs = static_cast<float>(std::exp(std::min(y[hiI], yd[hiI])));
       if (l == h && l->bucket == b) e.atBytes = l->bytes;
       if (haveModel) {
-        // Beyond the measured sizes the ratio stays what it was at the nearest one (its slope there is noise).
+        // Beyond the measured sizes the ratio extrapolates along its end segment, as times do (held flat, it lost
+        // more held-out points: 6 against 3 in the smooth world).
         e.overModel = static_cast<float>(std::exp(at(r)));
         e.overModelAsNccl = static_cast<float>(std::exp(std::min(at(r), at(rd))));
       }
@@ -308,10 +309,8 @@ Decision Policy::decide(int coll, uint64_t nBytes, int numPipeOps, float* table,
   const double limit = (1.0 - margin) * tn, en = ncclEntry->relErr * tn;
   const bool bracket = opt_.bracket && (!useModel || outside);
   for (const Entry* e = first; e != last; ++e) {
-    const int a = e->arm.algo, p = e->arm.proto;
-    if (e == ncclEntry || a >= numAlgo || p >= numProto) continue;
-    const float tv = table[a * numProto + p];
-    if (!(tv >= 0.0f)) continue;  // IGNORE
+    if (e == ncclEntry || !valid(e->arm.algo, e->arm.proto)) continue;  // (IGNORE entries included)
+    const float tv = tableUs(e);
     double tw;
     if (useModel) {
       if (!(tv > 0.0f) || !(e->overModel > 0.0f)) continue;  // not comparable with NCCL's pick here
