@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "fabric/fabric_endpoint.h"
+#include "verbs/verbs_comm.h"
 #include "plugin/engine.h"
 #include "telemetry/profiler_core.h"
 #include "telemetry/sink.h"
@@ -718,8 +719,8 @@ WEFT_EXPORT ncclNet_v12_t ncclNetPlugin_v12 = {
 
 // weft's own figures, for tools (`weft conformance` reports endpoints open with it); not part of NCCL's ABI.
 // Returns 0 and sets *value for a known key, -1 otherwise. Keys: "fabric.endpoints_open" (libfabric endpoints
-// open in this process), "fabric.probes_sent" (liveness probes sent so far), "fabric.flush_reads" (read-back
-// flush reads completed so far).
+// open in this process), "fabric.probes_sent" (liveness probes sent so far), "flush_reads" (read-back flush
+// reads completed so far, on either backend; "fabric.flush_reads": libfabric's only).
 WEFT_EXPORT int weftNetStat(const char* key, long long* value) {
   if (key == nullptr || value == nullptr) return -1;
   if (std::strcmp(key, "fabric.endpoints_open") == 0) {
@@ -732,6 +733,10 @@ WEFT_EXPORT int weftNetStat(const char* key, long long* value) {
   }
   if (std::strcmp(key, "fabric.flush_reads") == 0) {
     *value = weft::fabric::Endpoint::flushReads();
+    return 0;
+  }
+  if (std::strcmp(key, "flush_reads") == 0) {
+    *value = weft::fabric::Endpoint::flushReads() + weft::verbs::VerbsRecvComm::flushReads();
     return 0;
   }
   return -1;

@@ -86,7 +86,11 @@ const std::vector<Def> kDefs = {
    "Remote completion data of the rdma protocol: auto = 8 bytes where the provider carries them, the compact "
    "4-byte form where it carries only 4 (EFA, verbs); 4 = the compact form everywhere (tests that path)."},
   {"WEFT_GDR", Kind::kChoice, "auto", 0, 0, "auto|0|1",
-   "Advertise GPU memory (NCCL_PTR_CUDA) support: auto = when built with CUDA and the provider has FI_HMEM."},
+   "Advertise GPU memory (NCCL_PTR_CUDA) support: auto = when built with CUDA and the device can register it "
+   "(libfabric: FI_HMEM and RMA reads; verbs: nvidia-peermem, or DMA-BUF, which adds NCCL_PTR_DMABUF); 0 = never; "
+   "1 = insist: a warning says why a device cannot, and verbs devices advertise it with a CUDA driver present "
+   "even where no peer-memory module is seen (registrations then fail, each with a warning, if nothing pins GPU "
+   "pages)."},
   {"WEFT_FLUSH", Kind::kChoice, "auto", 0, 0, "auto|all",
    "Flush after a receive into GPU memory (NCCL asks where the GPU needs it: before Hopper, or a NIC with "
    "forceFlush): an RMA read of one byte of the received buffer, on every rail, into host memory, as NCCL's IB "

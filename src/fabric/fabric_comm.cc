@@ -631,6 +631,10 @@ Status FabricDataComm::regOnDevice(void* data, size_t size, int type, int fd, ui
     return Status::kInternal;
   }
   *out = nullptr;
+  if (fd >= 0 && (dev_.props().ptrSupport & NCCL_PTR_DMABUF) == 0) {
+    WEFT_WARN("regMrDmaBuf on {}, which does not advertise NCCL_PTR_DMABUF: refused", dev_.props().name);
+    return Status::kInvalidUsage;
+  }
   MemHandle* head = nullptr;
   MemHandle** link = &head;
   for (int k = 0; k < nRails_; ++k) {

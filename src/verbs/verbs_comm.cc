@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <climits>
 #include <cstring>
 #include <ctime>
@@ -19,6 +20,7 @@
 
 namespace weft::verbs {
 namespace {
+std::atomic<int64_t> gFlushReads{0};
 
 uint64_t tagSeqKey(int tag, uint32_t seq) { return (static_cast<uint64_t>(static_cast<uint32_t>(tag)) << 32) | seq; }
 
@@ -530,6 +532,10 @@ Status VerbsDataComm::regMrImpl(void* data, size_t size, int type, int fd, uint6
               dev_.props().name);
     return Status::kInvalidUsage;
   }
+  if (fd >= 0 && (dev_.props().ptrSupport & NCCL_PTR_DMABUF) == 0) {
+    WEFT_WARN("regMrDmaBuf on {}, which does not advertise NCCL_PTR_DMABUF: refused", dev_.props().name);
+    return Status::kInvalidUsage;
+  }
   MrCache& cache = dev_.mrCache();
   return fd >= 0 ? cache.regDmaBuf(data, size, type, offset, fd, out) : cache.reg(data, size, type, out);
 }
@@ -780,6 +786,7 @@ void VerbsRecvComm::onCompletion(const ibv_wc& wc) {
     }
     case kFlush: {
       --flushQueued_;
+      gFlushReads.fetch_add(1, std::memory_order_relaxed);
       if (VerbsRequest* r = reqAt(idx); r != nullptr && r->inUse) {
         if (r->writesLeft > 0) --r->writesLeft;
         opDone(r);
@@ -791,6 +798,8 @@ void VerbsRecvComm::onCompletion(const ibv_wc& wc) {
       break;
   }
 }
+
+int64_t VerbsRecvComm::flushReads() { return gFlushReads.load(std::memory_order_relaxed); }
 
 Status VerbsRecvComm::irecv(int n, void** data, const size_t* sizes, const int* tags, MemHandle** mhs,
                             bool /*optional: every receive completes on its data (verbs writes are not polled)*/,

@@ -270,6 +270,8 @@ class VerbsRecvComm final : public VerbsComm<RecvComm> {
   Status irecv(int n, void** data, const size_t* sizes, const int* tags, MemHandle** mhs, bool optional,
                Request** request) override;
   Status iflush(int n, void** data, const int* sizes, MemHandle** mhs, Request** request) override;
+  // Read-back flush reads completed in this process, every comm together (weftNetStat "flush_reads").
+  static int64_t flushReads();
 
  private:
   void onCompletion(const ibv_wc& wc) override;

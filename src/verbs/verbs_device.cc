@@ -265,9 +265,19 @@ bool VerbsDevice::open(ibv_device* dev, const std::string& name, int port, std::
       if (errno != EOPNOTSUPP && errno != EPROTONOSUPPORT) props_.ptrSupport |= NCCL_PTR_DMABUF | NCCL_PTR_CUDA;
     }
   }
-  if (gdr == "1" && (props_.ptrSupport & NCCL_PTR_CUDA) == 0)
-    WEFT_WARN("WEFT_GDR=1 but {} cannot register GPU memory ({}): host buffers only", props_.name,
-              cuda::compiledIn() ? "no nvidia-peermem and no ibv_reg_dmabuf_mr" : "built without CUDA");
+  if (gdr == "1" && (props_.ptrSupport & NCCL_PTR_CUDA) == 0) {
+    if (cuda::compiledIn() && cuda::driverPresent()) {
+      // The user says GPU memory can be pinned (a peer-memory module weft does not see: a container without
+      // /sys/module, another vendor's module). Registrations then go through ibv_reg_mr and fail, each with a
+      // warning, where nothing pins GPU pages.
+      props_.ptrSupport |= NCCL_PTR_CUDA;
+      WEFT_INFO(NCCL_INIT | NCCL_NET, "NET/weft: {}: WEFT_GDR=1: GPU memory advertised without nvidia-peermem or "
+                "DMA-BUF detected; GPU registrations go through ibv_reg_mr", props_.name);
+    } else {
+      WEFT_WARN("WEFT_GDR=1 but {} cannot register GPU memory ({}): host buffers only", props_.name,
+                cuda::compiledIn() ? "no CUDA driver (libcuda.so.1)" : "built without CUDA");
+    }
+  }
   return true;
 }
 

@@ -73,6 +73,8 @@ WorkerArgs parseWorkerArgs(int argc, char** argv) {
     else if (f == "--checks") w.checks = a.value();
     else if (f == "--call-limit") w.callLimitMs = a.number(1, 3600000);
     else if (f == "--quick") w.quick = true;
+    else if (f == "--mem") w.mem = a.value();
+    else if (f == "--no-dmabuf") w.noDmabuf = true;
     else if (f == "--soak") w.soakMessages = a.number(1, 2000000000);
     else if (f == "--cycles") w.cycles = a.number(1, 10000000);
     else if (f == "--conns") w.conns = a.number(1, 1000000);

@@ -36,6 +36,8 @@ struct WorkerArgs {
   int table = 0, oobFd = -1, dev = 0, timeoutSec = 60, callLimitMs = 10000;
   std::string fuse;  // devices to fuse with makeVDevice (as NCCL does at topology detection); the result is used
   bool quick = false, verbose = false;
+  std::string mem = "host";  // host | cuda (device buffers from the CUDA driver the loader finds)
+  bool noDmabuf = false;     // as NCCL_DMABUF_ENABLE=0
   int64_t soakMessages = 0;  // soak.random: messages in all (0: the check's default)
   int cycles = 0;            // hygiene.*: cycles (0: the checks' defaults)
   int conns = 0;             // comms.scale: connections held at once (0: the check's default)

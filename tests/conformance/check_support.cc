@@ -1,6 +1,7 @@
 #include "check_support.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <climits>
@@ -134,8 +135,16 @@ std::string fmtSize(size_t b) {
   return std::to_string(b) + " B";
 }
 
-Buffer::Buffer(size_t size) : size_(size) {
+Buffer::Buffer(size_t size, MemKind kind) : size_(size), kind_(kind) {
   size_t bytes = size == 0 ? 4096 : (size + 4095) & ~size_t{4095};
+  if (kind == MemKind::kCuda) {
+    std::string why;
+    CudaDriver* cuda = CudaDriver::get(&why);
+    if (cuda == nullptr) throw std::runtime_error(why);
+    data_ = cuda->alloc(bytes);
+    mapped_ = bytes;
+    return;
+  }
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) throw std::runtime_error("cannot allocate " + fmtSize(bytes));
   data_ = static_cast<uint8_t*>(p);
@@ -143,7 +152,12 @@ Buffer::Buffer(size_t size) : size_(size) {
 }
 
 Buffer::~Buffer() {
-  if (data_ != nullptr) munmap(data_, mapped_);
+  if (data_ == nullptr) return;
+  if (device()) {
+    CudaDriver::get(nullptr)->free(data_);
+  } else {
+    munmap(data_, mapped_);
+  }
 }
 
 namespace {
@@ -184,10 +198,64 @@ size_t findMismatch(const void* buf, size_t len, uint64_t seed) {
   return SIZE_MAX;
 }
 
+void Buffer::fill(size_t off, size_t len, uint64_t seed) {
+  if (!device()) return fillPattern(data_ + off, len, seed);
+  staging_.resize(len);
+  fillPattern(staging_.data(), len, seed);
+  CudaDriver::get(nullptr)->toDevice(data_ + off, staging_.data(), len);
+}
+
+size_t Buffer::mismatch(size_t off, size_t len, uint64_t seed) const {
+  if (!device()) return findMismatch(data_ + off, len, seed);
+  staging_.resize(len);
+  CudaDriver::get(nullptr)->toHost(staging_.data(), data_ + off, len);
+  return findMismatch(staging_.data(), len, seed);
+}
+
+void Buffer::set(size_t off, size_t len, uint8_t v) {
+  if (!device()) {
+    std::memset(data_ + off, v, len);
+  } else {
+    CudaDriver::get(nullptr)->set(data_ + off, v, len);
+  }
+}
+
+void Buffer::read(size_t off, size_t len, void* out) const {
+  if (!device()) {
+    std::memcpy(out, data_ + off, len);
+  } else {
+    CudaDriver::get(nullptr)->toHost(out, data_ + off, len);
+  }
+}
+
 // NCCL hands back whatever regMr returned, NULL included (src/transport/net.cc keeps the handle and passes it to
 // isend/irecv/deregMr; NCCL's Socket transport returns NULL for host memory): a NULL handle is not an error here.
 Registration::Registration(NetApi& net, void* comm, void* data, size_t size, int type) : net_(net), comm_(comm) {
   expectOk(net_.regMr(comm, data, size, type, &mh_), "regMr(" + fmtSize(size) + ")");
+  registered_ = true;
+}
+
+Registration::Registration(CheckEnv& env, void* comm, const Buffer& buf, size_t off, size_t len)
+    : net_(env.net), comm_(comm) {
+  if (len == SIZE_MAX) len = buf.size() - off;
+  uint8_t* p = buf.data() + off;
+  if (!buf.device()) {
+    expectOk(net_.regMr(comm, p, len, NCCL_PTR_HOST, &mh_), "regMr(" + fmtSize(len) + ")");
+  } else if (env.dmabuf) {
+    std::string why;
+    uint64_t offset = 0;
+    int fd = CudaDriver::get(nullptr)->dmabuf(p, len, &offset, &why);
+    if (fd < 0) throw CheckSkip("the device advertises NCCL_PTR_DMABUF but " + why);
+    ncclResult_t r = net_.regMrDmaBuf(comm, p, len, NCCL_PTR_CUDA, offset, fd, &mh_);
+    close(fd);  // as NCCL: the plugin keeps its own reference to what it registered
+    expectOk(r, "regMrDmaBuf(" + fmtSize(len) + ", GPU memory)");
+  } else {
+    CudaDriver* cuda = CudaDriver::get(nullptr);
+    cuda->cpuWindow(p, len, true);
+    ncclResult_t r = net_.regMr(comm, p, len, NCCL_PTR_CUDA, &mh_);
+    cuda->cpuWindow(p, len, false);
+    expectOk(r, "regMr(" + fmtSize(len) + ", GPU memory)");
+  }
   registered_ = true;
 }
 
@@ -280,8 +348,8 @@ StreamState::StreamState(CheckEnv& env, Conn& c, const StreamSpec& spec)
     : env_(env),
       conn_(c),
       spec_(spec),
-      buf_(spec.slotSize * spec.inflight),
-      reg_(env.net, c.comm(), buf_.data(), buf_.size()) {}
+      buf_(spec.slotSize * spec.inflight, env.mem),
+      reg_(env, c.comm(), buf_) {}
 
 StreamState::~StreamState() = default;
 
@@ -290,7 +358,8 @@ bool StreamState::step() {
   // Post while a slot is free.
   if (next_ < total && inflight_.size() < static_cast<size_t>(spec_.inflight)) {
     size_t i = next_;
-    uint8_t* slot = buf_.data() + (i % spec_.inflight) * spec_.slotSize;
+    const size_t off = (i % spec_.inflight) * spec_.slotSize;
+    uint8_t* slot = buf_.data() + off;
     void* req = nullptr;
     if (env_.recv()) {
       size_t want = spec_.recvSize ? spec_.recvSize : spec_.slotSize;
@@ -304,7 +373,7 @@ bool StreamState::step() {
         fail("irecv left *request at the NCCL_NET_OPTIONAL_RECV_COMPLETION hint value; it must always write it");
       }
     } else {
-      fillPattern(slot, spec_.sizes[i], spec_.seed * 1000003 + i);
+      buf_.fill(off, spec_.sizes[i], spec_.seed * 1000003 + i);
       expectOk(env_.net.isend(conn_.sendComm, slot, spec_.sizes[i], spec_.tag, reg_.mh(), &req), "isend");
     }
     if (req != nullptr) {
@@ -325,9 +394,9 @@ bool StreamState::step() {
         // As NCCL's LL/LL128 do: the receive may have been reported done before its data came; the GPU then
         // watches the data itself and nobody calls the plugin for this connection. A plugin whose data needs
         // further progress calls to land must not complete early: this wait then times out.
-        const uint8_t* slot = buf_.data() + (i % spec_.inflight) * spec_.slotSize;
+        const size_t off = (i % spec_.inflight) * spec_.slotSize;
         Deadline arrival(env_.timeout);
-        while (findMismatch(slot, spec_.sizes[i], spec_.seed * 1000003 + i) != SIZE_MAX) {
+        while (buf_.mismatch(off, spec_.sizes[i], spec_.seed * 1000003 + i) != SIZE_MAX) {
           if (arrival.expired()) {
             fail("receive " + std::to_string(i) + " was reported done under the optional-completion hint, but its "
                  "data never arrived without further calls into the plugin (data that needs progress calls must "
@@ -341,8 +410,8 @@ bool StreamState::step() {
              " bytes, expected " + std::to_string(spec_.sizes[i]));
       }
       if (env_.recv()) {
-        const uint8_t* slot = buf_.data() + (i % spec_.inflight) * spec_.slotSize;
-        size_t bad = findMismatch(slot, spec_.sizes[i], spec_.seed * 1000003 + i);
+        const size_t off = (i % spec_.inflight) * spec_.slotSize;
+        size_t bad = buf_.mismatch(off, spec_.sizes[i], spec_.seed * 1000003 + i);
         if (bad != SIZE_MAX) {
           fail("message " + std::to_string(i) + " (" + fmtSize(spec_.sizes[i]) + ") corrupted at byte " +
                std::to_string(bad));

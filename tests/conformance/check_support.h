@@ -11,6 +11,7 @@
 
 #include "args.h"
 #include "checks.h"
+#include "device_memory.h"
 
 namespace weft::harness {
 
@@ -50,20 +51,31 @@ class Deadline {
   std::chrono::steady_clock::time_point end_;
 };
 
-// Page-aligned host memory (mmap for large sizes), freed on destruction.
+// Page-aligned host memory (mmap), or device memory from the CUDA driver (MemKind::kCuda), freed on
+// destruction. Checks that run over either kind fill and verify through fill()/mismatch(), which copy through
+// the driver for device memory: the harness never touches device memory with the CPU.
 class Buffer {
  public:
-  explicit Buffer(size_t size);
+  explicit Buffer(size_t size, MemKind kind = MemKind::kHost);
   ~Buffer();
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
   uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
+  bool device() const { return kind_ == MemKind::kCuda; }
+  // fillPattern / findMismatch on [off, off + len), for either kind.
+  void fill(size_t off, size_t len, uint64_t seed);
+  size_t mismatch(size_t off, size_t len, uint64_t seed) const;
+  void set(size_t off, size_t len, uint8_t v);
+  // Copies [off, off + len) out (for checks that compare bytes past a message).
+  void read(size_t off, size_t len, void* out) const;
 
  private:
   uint8_t* data_ = nullptr;
   size_t size_ = 0;
   size_t mapped_ = 0;
+  MemKind kind_ = MemKind::kHost;
+  mutable std::vector<uint8_t> staging_;  // device kind: host copy for fill/verify
 };
 
 // Deterministic contents: both processes compute the same bytes from (seed, offset).
@@ -75,6 +87,10 @@ size_t findMismatch(const void* buf, size_t len, uint64_t seed);
 class Registration {
  public:
   Registration(NetApi& net, void* comm, void* data, size_t size, int type = NCCL_PTR_HOST);
+  // [off, off + len) of `buf` (len SIZE_MAX: to its end) registered as NCCL would: host memory with regMr;
+  // device memory with regMrDmaBuf where the device advertises NCCL_PTR_DMABUF (and env.dmabuf), else regMr of
+  // type NCCL_PTR_CUDA (inside the mock driver's registration window).
+  Registration(CheckEnv& env, void* comm, const Buffer& buf, size_t off = 0, size_t len = SIZE_MAX);
   ~Registration();
   Registration(const Registration&) = delete;
   Registration& operator=(const Registration&) = delete;

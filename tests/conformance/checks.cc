@@ -90,8 +90,8 @@ class SoakConn {
   static constexpr size_t kSlot = 128 << 10;
   // trace (receiver): record what each grouped receive observed there instead of judging it (diff.stream).
   SoakConn(CheckEnv& env, Conn& c, int id, int maxRecvs, int64_t groups, std::vector<std::string>* trace = nullptr)
-      : env_(env), c_(c), id_(id), maxRecvs_(maxRecvs), groups_(groups), buf_(kSlot * maxRecvs * kWindow),
-        reg_(env.net, c.comm(), buf_.data(), buf_.size()), trace_(trace) {}
+      : env_(env), c_(c), id_(id), maxRecvs_(maxRecvs), groups_(groups), buf_(kSlot * maxRecvs * kWindow, env.mem),
+        reg_(env, c.comm(), buf_), trace_(trace) {}
   uint64_t messages = 0, bytes = 0;
   bool done() const { return next_ == groups_ && inflight_.empty(); }
 
@@ -119,10 +119,9 @@ class SoakConn {
         messages += static_cast<uint64_t>(n);
       } else if (env_.recv()) {
         for (int k = 0; k < n; ++k) {
-          uint8_t* at = slot(p.index, k);
           if (static_cast<size_t>(sizes[k]) != p.g.sizes[k])
             fail(where(p.index, k) + " reported " + std::to_string(sizes[k]) + " bytes, sent " + std::to_string(p.g.sizes[k]));
-          size_t bad = findMismatch(at, p.g.sizes[k], patternSeed(p.index, k));
+          size_t bad = buf_.mismatch(slotOffset(p.index, k), p.g.sizes[k], patternSeed(p.index, k));
           if (bad != SIZE_MAX) fail(where(p.index, k) + " (" + fmtSize(p.g.sizes[k]) + ") corrupted at byte " + std::to_string(bad));
           ++messages;
           bytes += p.g.sizes[k];
@@ -150,16 +149,19 @@ class SoakConn {
     std::string line = "conn " + std::to_string(id_) + " group " + std::to_string(p.index) + " sizes";
     for (size_t k = 0; k < p.g.sizes.size(); ++k) line += " " + std::to_string(sizes[k]);
     line += " digests";
+    std::string bytes;
     for (size_t k = 0; k < p.g.sizes.size(); ++k) {
-      const auto* at = reinterpret_cast<const char*>(slot(p.index, static_cast<int>(k)));
-      const uint64_t h = fnv1a64(std::string_view(at, std::min(kSlot, p.g.sizes[k] + 64)));
+      bytes.resize(std::min(kSlot, p.g.sizes[k] + 64));
+      buf_.read(slotOffset(p.index, static_cast<int>(k)), bytes.size(), bytes.data());
+      const uint64_t h = fnv1a64(bytes);
       char hex[20];
       std::snprintf(hex, sizeof(hex), " %016llx", static_cast<unsigned long long>(h));
       line += hex;
     }
     trace_->push_back(line);
   }
-  uint8_t* slot(int64_t g, int k) { return buf_.data() + ((g % kWindow) * maxRecvs_ + k) * kSlot; }
+  size_t slotOffset(int64_t g, int k) const { return ((g % kWindow) * maxRecvs_ + k) * kSlot; }
+  uint8_t* slot(int64_t g, int k) { return buf_.data() + slotOffset(g, k); }
   std::string where(int64_t g, int k) const {
     return "connection " + std::to_string(id_) + " group " + std::to_string(g) + " buffer " + std::to_string(k);
   }
@@ -170,7 +172,7 @@ class SoakConn {
     std::vector<size_t> want(n, kSlot);
     for (int k = 0; k < n; ++k) {
       data[k] = slot(next_, k);
-      if (trace_ != nullptr) std::memset(data[k], 0xEE, kSlot);
+      if (trace_ != nullptr) buf_.set(slotOffset(next_, k), kSlot, 0xEE);
     }
     void* req = nullptr;
     expectOk(env_.net.irecv(c_.recvComm, n, data.data(), want.data(), g.tags.data(), mhs.data(), &req), "irecv");
@@ -185,7 +187,8 @@ class SoakConn {
       if (next_ >= groups_ || static_cast<int>(inflight_.size()) >= kWindow) return;
       Pending p{next_, soakGroup(seed(next_), maxRecvs_), {}, 0, 0};
       p.reqs.assign(p.g.sizes.size(), nullptr);
-      for (size_t k = 0; k < p.g.sizes.size(); ++k) fillPattern(slot(next_, static_cast<int>(k)), p.g.sizes[k], patternSeed(next_, static_cast<int>(k)));
+      for (size_t k = 0; k < p.g.sizes.size(); ++k)
+        buf_.fill(slotOffset(next_, static_cast<int>(k)), p.g.sizes[k], patternSeed(next_, static_cast<int>(k)));
       inflight_.push_back(std::move(p));
       ++next_;
     }
@@ -692,8 +695,8 @@ void dataGroupedReceives(CheckEnv& env) {
   Conn c = establish(env);
   const int rounds = 24;
   const size_t slot = 64 << 10;
-  Buffer buf(slot * maxRecvs);
-  Registration reg(env.net, c.comm(), buf.data(), buf.size());
+  Buffer buf(slot * maxRecvs, env.mem);
+  Registration reg(env, c.comm(), buf);
   std::mt19937 rng(42);  // same sequence in both processes
   for (int r = 0; r < rounds; ++r) {
     int n = 1 + r % maxRecvs;
@@ -723,7 +726,7 @@ void dataGroupedReceives(CheckEnv& env) {
           fail("round " + std::to_string(r) + ": buffer with tag " + std::to_string(tags[k]) + " reported " +
                std::to_string(got[k]) + " bytes, expected " + std::to_string(sizes[k]));
         }
-        if (findMismatch(data[k], sizes[k], r * 100 + k) != SIZE_MAX) {
+        if (buf.mismatch(k * slot, sizes[k], r * 100 + k) != SIZE_MAX) {
           fail("round " + std::to_string(r) + ": buffer with tag " + std::to_string(tags[k]) + " holds the wrong data");
         }
       }
@@ -731,7 +734,7 @@ void dataGroupedReceives(CheckEnv& env) {
       std::vector<void*> reqs;
       for (int k : order) {  // sends of one group arrive in any tag order (PXN)
         uint8_t* p = buf.data() + k * slot;
-        fillPattern(p, sizes[k], r * 100 + k);
+        buf.fill(k * slot, sizes[k], r * 100 + k);
         void* req = nullptr;
         Deadline d(env.timeout);
         while (req == nullptr) {
@@ -757,8 +760,8 @@ void dataMaxRequests(CheckEnv& env) {
   const int kReq = NCCL_NET_MAX_REQUESTS;
   const int kMsgs = kReq * group;
   const size_t slot = 8192;
-  Buffer buf(slot * kMsgs);
-  Registration reg(env.net, c.comm(), buf.data(), buf.size());
+  Buffer buf(slot * kMsgs, env.mem);
+  Registration reg(env, c.comm(), buf);
   auto at = [&](int m) { return buf.data() + m * slot; };
   auto len = [&](int m) { return slot - m % 4096; };
   std::vector<void*> reqs;
@@ -781,7 +784,7 @@ void dataMaxRequests(CheckEnv& env) {
       auto got = waitRequest(env, reqs[i], group, "receive " + std::to_string(i));
       for (int k = 0; k < group; ++k) {
         int m = i * group + k;
-        if (static_cast<size_t>(got[k]) != len(m) || findMismatch(at(m), len(m), 9000 + m) != SIZE_MAX) {
+        if (static_cast<size_t>(got[k]) != len(m) || buf.mismatch(m * slot, len(m), 9000 + m) != SIZE_MAX) {
           fail("receive " + std::to_string(i) + " buffer " + std::to_string(k) + " wrong");
         }
       }
@@ -789,7 +792,7 @@ void dataMaxRequests(CheckEnv& env) {
   } else {
     env.oob.barrier("posted", env.timeout);
     for (int m = 0; m < kMsgs; ++m) {  // all posted before any is tested
-      fillPattern(at(m), len(m), 9000 + m);
+      buf.fill(m * slot, len(m), 9000 + m);
       void* req = nullptr;
       Deadline d(env.timeout);
       while (req == nullptr) {  // a NULL request is legal back-pressure: NCCL retries
@@ -1018,24 +1021,25 @@ void weftIflushHost(CheckEnv& env) {
 }
 
 // weft's read-back flush (FabricRecvComm::iflush: an RMA read of the received buffer on every rail, as NCCL's IB
-// transport flushes GPU receives). Here host buffers stand in for GPU ones: only under WEFT_FLUSH=all, which
-// flushes host buffers too. A flush of a non-empty receive returns a request (a NULL one would tell NCCL the GPU
+// transport flushes GPU receives). Over device buffers (--mem cuda) as NCCL asks for it; over host buffers only
+// under WEFT_FLUSH=all, which flushes host buffers too. A flush of a non-empty receive returns a request (a NULL one would tell NCCL the GPU
 // may read data the NIC has not yet made visible), an empty one none; 64 flushes in flight (32 per comm, NCCL's
 // NCCL_NET_MAX_REQUESTS, on two comms) all complete, and each comm still carries data after.
 void weftFlush(CheckEnv& env) {
   requireWeft(env);
   const char* mode = std::getenv("WEFT_FLUSH");
-  if (mode == nullptr || std::string(mode) != "all")
-    throw CheckSkip("flushes host buffers only with --env WEFT_FLUSH=all (GPU buffers need a GPU)");
+  if (env.mem == MemKind::kHost && (mode == nullptr || std::string(mode) != "all"))
+    throw CheckSkip("flushes host buffers only with --env WEFT_FLUSH=all (or run it over GPU buffers: --mem cuda)");
   constexpr int kComms = 2, kPer = 32;
   constexpr size_t kSize = 4096;
   std::vector<Conn> conns;
   for (int k = 0; k < kComms; ++k) conns.push_back(establish(env, "flush" + std::to_string(k)));
-  Buffer buf(kComms * kPer * kSize);
+  Buffer buf(kComms * kPer * kSize, env.mem);
   std::vector<std::unique_ptr<Registration>> regs;
   for (int k = 0; k < kComms; ++k)
-    regs.push_back(std::make_unique<Registration>(env.net, conns[k].comm(), buf.data() + k * kPer * kSize, kPer * kSize));
-  auto slot = [&](int k, int i) { return buf.data() + (k * kPer + i) * kSize; };
+    regs.push_back(std::make_unique<Registration>(env, conns[k].comm(), buf, k * kPer * kSize, kPer * kSize));
+  auto offset = [&](int k, int i) { return static_cast<size_t>(k * kPer + i) * kSize; };
+  auto slot = [&](int k, int i) { return buf.data() + offset(k, i); };
   if (env.recv()) {
     std::vector<std::vector<void*>> reqs(kComms, std::vector<void*>(kPer, nullptr));
     for (int k = 0; k < kComms; ++k)
@@ -1050,7 +1054,7 @@ void weftFlush(CheckEnv& env) {
       for (int i = 0; i < kPer; ++i) {
         auto got = waitRequest(env, reqs[k][i], 1, "receive");
         if (got[0] != static_cast<int>(kSize)) fail("receive of " + std::to_string(got[0]) + " B, want 4096");
-        if (size_t at = findMismatch(slot(k, i), kSize, static_cast<uint32_t>(k * kPer + i)); at != SIZE_MAX)
+        if (size_t at = buf.mismatch(offset(k, i), kSize, static_cast<uint32_t>(k * kPer + i)); at != SIZE_MAX)
           fail("received data differs at byte " + std::to_string(at));
       }
     // An empty flush (every size 0): nothing to read, no request.
@@ -1063,7 +1067,7 @@ void weftFlush(CheckEnv& env) {
       if (f != nullptr) fail("an empty flush returned a request");
     }
     long long readsBefore = 0, readsAfter = 0;
-    const bool counted = env.plugin != nullptr && env.plugin->stat("fabric.flush_reads", &readsBefore);
+    const bool counted = env.plugin != nullptr && env.plugin->stat("flush_reads", &readsBefore);
     std::vector<void*> flushes;
     for (int k = 0; k < kComms; ++k)
       for (int i = 0; i < kPer; ++i) {
@@ -1072,12 +1076,15 @@ void weftFlush(CheckEnv& env) {
         void* mhs[2] = {regs[k]->mh(), regs[k]->mh()};
         void* f = nullptr;
         expectOk(env.net.iflush(conns[k].recvComm, 2, data, sz, mhs, &f), "iflush");
-        if (f == nullptr) fail("iflush of a received buffer returned no request under WEFT_FLUSH=all");
+        if (f == nullptr)
+          fail(std::string("iflush of a received buffer returned no request ") +
+               (buf.device() ? "for GPU memory: NCCL would let the GPU read data the NIC may not have made visible"
+                             : "under WEFT_FLUSH=all"));
         flushes.push_back(f);
       }
     for (void* f : flushes) waitRequest(env, f, 1, "flush", /*sizesNull=*/true);
     // Each flush was done only once its reads were (one per rail; weft counts the reads that completed).
-    if (counted && env.plugin->stat("fabric.flush_reads", &readsAfter) &&
+    if (counted && env.plugin->stat("flush_reads", &readsAfter) &&
         readsAfter - readsBefore < static_cast<long long>(flushes.size()))
       fail(std::to_string(flushes.size()) + " flushes completed, but only " + std::to_string(readsAfter - readsBefore) +
            " flush reads did");
@@ -1091,20 +1098,20 @@ void weftFlush(CheckEnv& env) {
       void* r = nullptr;
       while (r == nullptr) expectOk(env.net.irecv(conns[k].recvComm, 1, data, sz, tags, mhs, &r), "irecv");
       waitRequest(env, r, 1, "receive after the flushes");
-      if (size_t at = findMismatch(slot(k, 0), kSize, 1000u + static_cast<uint32_t>(k)); at != SIZE_MAX)
+      if (size_t at = buf.mismatch(offset(k, 0), kSize, 1000u + static_cast<uint32_t>(k)); at != SIZE_MAX)
         fail("data after the flushes differs at byte " + std::to_string(at));
     }
   } else {
     for (int k = 0; k < kComms; ++k)
       for (int i = 0; i < kPer; ++i) {
-        fillPattern(slot(k, i), kSize, static_cast<uint32_t>(k * kPer + i));
+        buf.fill(offset(k, i), kSize, static_cast<uint32_t>(k * kPer + i));
         void* r = nullptr;
         while (r == nullptr) expectOk(env.net.isend(conns[k].sendComm, slot(k, i), kSize, i, regs[k]->mh(), &r), "isend");
         waitRequest(env, r, 1, "send");
       }
     env.oob.barrier("flush");
     for (int k = 0; k < kComms; ++k) {
-      fillPattern(slot(k, 0), kSize, 1000u + static_cast<uint32_t>(k));
+      buf.fill(offset(k, 0), kSize, 1000u + static_cast<uint32_t>(k));
       void* r = nullptr;
       while (r == nullptr) expectOk(env.net.isend(conns[k].sendComm, slot(k, 0), kSize, 99, regs[k]->mh(), &r), "isend");
       waitRequest(env, r, 1, "send");
@@ -1910,6 +1917,83 @@ void faultsLinkDown(CheckEnv& env) {
   closeConn(env, fresh);
 }
 
+// A flush on a comm whose peer died (NCCL's proxy flushes the receive it just completed, and the sender may be
+// gone by then): the flush returns an error, or a request that completes or fails, within the bound; it never
+// hangs. Then, once a pending receive has failed (the plugin knows the peer is gone), a second flush of the same
+// buffer ends the same way; weft fails it. Over device buffers under --mem cuda (as NCCL flushes), over host
+// buffers otherwise (weft flushes those only under WEFT_FLUSH=all; without it a NULL request is the answer).
+void faultsFlushPeerKilled(CheckEnv& env) {
+  Conn c = establish(env);
+  constexpr size_t kSize = 65536;
+  Buffer buf(2 * kSize, env.mem);
+  Registration reg(env, c.comm(), buf);
+  void* data[1] = {buf.data()};
+  void* mhs[1] = {reg.mh()};
+  if (!env.recv()) {
+    buf.fill(0, kSize, 77);
+    void* r = nullptr;
+    while (r == nullptr) expectOk(env.net.isend(c.sendComm, buf.data(), kSize, 5, reg.mh(), &r), "isend");
+    waitRequest(env, r, 1, "send");
+    env.oob.barrier("received", env.timeout);
+    std::printf("RESULT\tfaults.flush_peer_killed\tPASS\t\n");
+    std::fflush(stdout);
+    kill(getpid(), SIGKILL);
+  }
+  size_t sz[1] = {kSize};
+  int tags[1] = {5};
+  void* r = nullptr;
+  while (r == nullptr) expectOk(env.net.irecv(c.recvComm, 1, data, sz, tags, mhs, &r), "irecv");
+  auto got = waitRequest(env, r, 1, "receive");
+  if (buf.mismatch(0, kSize, 77) != SIZE_MAX) fail("the message before the kill arrived corrupted");
+  env.oob.barrier("received", env.timeout);
+  env.peerGone = true;
+  // Ends a flush: an error from iflush, no request, or a request that completes or fails within the bound.
+  auto flushEnds = [&](const char* when) {
+    int fsz[1] = {got[0]};
+    void* f = nullptr;
+    auto t0 = std::chrono::steady_clock::now();
+    ncclResult_t fr = env.net.iflush(c.recvComm, 1, data, fsz, mhs, &f);
+    std::string how;
+    if (fr != ncclSuccess) {
+      how = std::string("iflush returned ") + resultName(fr);
+    } else if (f == nullptr) {
+      how = "no request (nothing to flush)";
+    } else {
+      Deadline d(env.timeout);
+      int done = 0;
+      while (!done && fr == ncclSuccess) {
+        fr = env.net.test(f, &done, nullptr);
+        if (!done && fr == ncclSuccess && d.expired())
+          fail(std::string("a flush ") + when + " neither completed nor failed within " +
+               std::to_string(env.timeout.count()) + " s");
+      }
+      how = fr != ncclSuccess ? std::string("its request failed: ") + resultName(fr) : "its request completed";
+    }
+    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("INFO\tflush %s: %s after %.0f ms\n", when, how.c_str(), ms);
+    return fr;
+  };
+  flushEnds("right after the peer was killed");
+  // A receive that cannot complete: it fails once the plugin finds the peer gone.
+  void* dead = nullptr;
+  sz[0] = kSize;
+  data[0] = buf.data() + kSize;
+  Deadline posting(env.timeout);
+  ncclResult_t pr = ncclSuccess;
+  while (dead == nullptr && pr == ncclSuccess && !posting.expired()) pr = env.net.irecv(c.recvComm, 1, data, sz, tags, mhs, &dead);
+  Deadline d(env.timeout);
+  int done = 0;
+  while (pr == ncclSuccess && dead != nullptr && !done && !d.expired()) pr = env.net.test(dead, &done, nullptr);
+  if (pr == ncclSuccess)
+    fail(done ? "a receive from a killed peer completed as success"
+              : "a receive from a killed peer did not fail within " + std::to_string(env.timeout.count()) + " s");
+  data[0] = buf.data();
+  ncclResult_t after = flushEnds("once the comm had failed");
+  if (env.isWeft && after == ncclSuccess) fail("weft flushed on a comm it had already failed, and reported success");
+  reg.release();
+  closeConn(env, c);
+}
+
 void faultsSenderKilled(CheckEnv& env) { peerKilled(env, Role::kSend); }
 void faultsReceiverKilled(CheckEnv& env) { peerKilled(env, Role::kRecv); }
 
@@ -2084,6 +2168,25 @@ void weftMisuse(CheckEnv& env) {
   // NULL out-pointers
   if (env.net.regMr(c.comm(), buf.data(), buf.size(), NCCL_PTR_HOST, nullptr) == ncclSuccess)
     fail("regMr accepted a NULL handle pointer");
+  // DMA-BUF registration where the device does not advertise it (NCCL never asks then), with an fd that is no
+  // dma-buf: refused with a warning, never registered as something it is not.
+  if (env.net.hasRegMrDmaBuf() && (env.props.ptrSupport & NCCL_PTR_DMABUF) == 0) {
+    for (int type : {NCCL_PTR_CUDA, NCCL_PTR_HOST}) {
+      int fds[2];
+      if (pipe(fds) != 0) fail("pipe() failed");
+      void* dm = nullptr;
+      w = warningCount();
+      ncclResult_t dr = env.net.regMrDmaBuf(c.comm(), buf.data(), buf.size(), type, 0, fds[0], &dm);
+      close(fds[0]);
+      close(fds[1]);
+      const std::string what = type == NCCL_PTR_CUDA ? "GPU" : "host";
+      if (dr == ncclSuccess) {
+        env.net.deregMr(c.comm(), dm);
+        fail("regMrDmaBuf (" + what + ") succeeded on a device without NCCL_PTR_DMABUF, with a pipe for a dma-buf");
+      }
+      if (warningCount() == w) fail("regMrDmaBuf (" + what + ") was refused without a warning");
+    }
+  }
   // a message exchanged, then its request tested again
   Registration reg(env.net, c.comm(), buf.data(), buf.size());
   void* req = nullptr;
@@ -2174,17 +2277,17 @@ const std::vector<Check>& allChecks() {
       {"connect.self_one_thread", "connect to our own listen from one thread, then a message to self", connectSelf},
       {"listen.close_unaccepted", "listen comms closed without a connection, after fruitless accepts",
        listenCloseUnaccepted},
-      {"data.sizes", "0 B to 4 MiB+3, receive exactly the send size, sizes reported, bytes verified", dataSizes},
-      {"data.recv_larger", "receives larger than the send report the real size", dataRecvLarger},
+      {"data.sizes", "0 B to 4 MiB+3, receive exactly the send size, sizes reported, bytes verified", dataSizes, true},
+      {"data.recv_larger", "receives larger than the send report the real size", dataRecvLarger, true},
       {"api.set_net_attr", "setNetAttr (v11+, optional) at connect and before each transfer: accepted, data unchanged",
        apiSetNetAttr},
       {"data.nccl_steps", "NCCL step patterns (SIMPLE ring/tree, LL, LL128, P2P) with NCCL_STEPS in flight",
-       dataNcclSteps},
+       dataNcclSteps, true},
       {"data.request_hint", "irecv overwrites *request preset to NCCL_NET_OPTIONAL_RECV_COMPLETION (v9+)",
-       dataRequestHint},
+       dataRequestHint, true},
       {"data.grouped_receives", "irecv of n<=maxRecvs buffers, sends in any tag order, per-buffer sizes",
-       dataGroupedReceives},
-      {"data.max_requests", "32 receives outstanding on one comm, matched in posting order", dataMaxRequests},
+       dataGroupedReceives, true},
+      {"data.max_requests", "32 receives outstanding on one comm, matched in posting order", dataMaxRequests, true},
       {"data.send_larger_than_recv", "a send larger than its receive: an error, or a completion truncated to the "
        "receive's size (NCCL's IB transport); never a byte past the receive buffer", dataSendLargerThanRecv},
       {"data.large_1GiB", "one 1 GiB message, verified", dataLarge},
@@ -2205,6 +2308,9 @@ const std::vector<Check>& allChecks() {
       {"hygiene.register_cycles", "many regMr/deregMr cycles leave no fds or memory behind", hygieneRegisterCycles},
       {"faults.sender_killed", "the sending process is SIGKILLed: pending receives fail within a bound, other connections keep working (alone)",
        faultsSenderKilled},
+      {"faults.flush_peer_killed", "the sending process is SIGKILLed after a receive: a flush of it ends (error or "
+       "completion) within a bound, before and after the comm failed; weft fails the second (alone)",
+       faultsFlushPeerKilled, true},
       {"faults.receiver_killed", "the receiving process is SIGKILLed: pending sends fail within a bound, other connections keep working (alone)",
        faultsReceiverKilled},
       {"faults.killed_many", "the sending process, holding N connections (256; 64 with --quick; --conns), is SIGKILLed: "
@@ -2215,7 +2321,7 @@ const std::vector<Check>& allChecks() {
       {"faults.link_down", "the link goes down mid-stream: pending requests fail within a bound; back up, a new "
        "connection works (alone, under netns_conformance.sh --link-down)", faultsLinkDown},
       {"soak.random", "16 connections, grouped receives of random sizes and tags in shuffled send order, every byte "
-       "checked (--soak N messages)", soakRandom},
+       "checked (--soak N messages)", soakRandom, true},
       {"diff.stream", "8 interleaved connections of seeded groups (4 with --quick): sizes reported and bytes up to 64 "
        "past each message recorded, not judged (weft diff compares two plugins' traces)", diffStream},
       {"weft.context_per_init", "v11+: every init gives a context of its own, non-NULL; each finalizes alone",
@@ -2227,7 +2333,7 @@ const std::vector<Check>& allChecks() {
       {"weft.iflush_host", "iflush on host memory (never asked by NCCL): NULL request or one that completes",
        weftIflushHost},
       {"weft.flush", "under WEFT_FLUSH=all a flush of a received buffer returns a request, an empty one none; "
-       "64 flushes in flight (32 per comm) complete, and the comms carry data after", weftFlush},
+       "64 flushes in flight (32 per comm) complete, and the comms carry data after", weftFlush, true},
       {"weft.wrong_token", "a handle with a wrong token is refused with a warning; the real one still connects",
        weftWrongToken},
       {"weft.replayed_handle", "a second connect to a used handle is refused; the first connection still works",

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "device_memory.h"
 #include "oob.h"
 #include "plugin_loader.h"
 
@@ -31,6 +32,10 @@ struct CheckEnv {
   std::string traceDir;      // diff.stream: where each role writes what it observed (weft diff compares them)
   int maxRecvs = 0;          // diff.stream: buffers per grouped receive at most (0: what the receiver offers)
   const LoadedPlugin* plugin = nullptr;  // the file under test (its optional self-reported figures)
+  // --mem cuda: the checks that move data do it between device buffers (Check::device); dmabuf: registered
+  // through regMrDmaBuf, as NCCL does where the device advertises NCCL_PTR_DMABUF.
+  MemKind mem = MemKind::kHost;
+  bool dmabuf = false;
   std::chrono::seconds timeout{60};
   // A backstop, not the test of non-blocking (connect.nonblocking withholds the peer for that): a single
   // listen/connect/accept call on a live peer that takes longer than this has blocked by any measure. Below it, a
@@ -59,6 +64,7 @@ struct Check {
   std::string name;
   std::string what;  // one line: the behaviour it proves
   void (*run)(CheckEnv&);
+  bool device = false;  // moves its data through env.mem buffers (runs under --mem cuda; others are skipped)
 };
 
 const std::vector<Check>& allChecks();

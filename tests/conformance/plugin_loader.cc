@@ -168,6 +168,12 @@ class TableApi final : public NetApi {
     }
   }
   ncclResult_t deregMr(void* comm, void* mh) override { return t_->deregMr(comm, mh); }
+  bool hasRegMrDmaBuf() const override { return t_->regMrDmaBuf != nullptr; }
+  ncclResult_t regMrDmaBuf(void* comm, void* data, size_t size, int type, uint64_t offset, int fd,
+                           void** mh) override {
+    if (t_->regMrDmaBuf == nullptr) return ncclInternalError;
+    return t_->regMrDmaBuf(comm, data, size, type, offset, fd, mh);
+  }
   ncclResult_t isend(void* sc, void* data, size_t size, int tag, void* mh, void** req) override {
     if constexpr (V >= 10) {
       return t_->isend(sc, data, size, tag, mh, &gStepTokens[0], req);

@@ -43,6 +43,10 @@ class NetApi {
   virtual ncclResult_t accept(void* listenComm, void** recvComm) = 0;
   virtual ncclResult_t regMr(void* comm, void* data, size_t size, int type, void** mh) = 0;
   virtual ncclResult_t deregMr(void* comm, void* mh) = 0;
+  // GPU memory by DMA-BUF fd (v6+; NCCL calls it only where ptrSupport has NCCL_PTR_DMABUF).
+  virtual bool hasRegMrDmaBuf() const = 0;
+  virtual ncclResult_t regMrDmaBuf(void* comm, void* data, size_t size, int type, uint64_t offset, int fd,
+                                   void** mh) = 0;
   virtual ncclResult_t isend(void* sendComm, void* data, size_t size, int tag, void* mh, void** req) = 0;
   virtual ncclResult_t irecv(void* recvComm, int n, void** data, size_t* sizes, int* tags, void** mhs,
                              void** req) = 0;

@@ -171,8 +171,13 @@ int runConformance(const RunOptions& o) {
   plugin.reset();
 
   std::vector<std::string> checks, excluded;
+  int hostOnly = 0;
   for (const auto& c : allChecks()) {
     if (!selected(c.name, o.only)) continue;
+    if (o.mem == "cuda" && !c.device) {  // moves no data through buffers of the kind asked for
+      ++hostOnly;
+      continue;
+    }
     // Fault checks end a worker: they run only when asked for by name (--only faults.X), one per run.
     if (c.name.rfind("faults.", 0) == 0 && o.only.empty()) continue;
     if (!o.skip.empty() && selected(c.name, o.skip)) {
@@ -182,9 +187,12 @@ int runConformance(const RunOptions& o) {
     }
   }
   if (checks.empty()) {
-    std::fprintf(stderr, "weft conformance: no check matches the selection\n");
+    std::fprintf(stderr, "weft conformance: no check matches the selection%s\n",
+                 hostOnly > 0 ? " (--mem cuda runs only the checks that move data between buffers)" : "");
     return 2;
   }
+  if (hostOnly > 0)
+    std::printf("memory  device buffers (--mem cuda): %d checks that use host memory only are left out\n", hostOnly);
   std::string names;
   for (const auto& c : checks) names += (names.empty() ? "" : ",") + c;
   std::vector<std::string> args = {"conformance-worker", "--plugin", o.plugin, "--table", std::to_string(opts.version),
@@ -192,6 +200,8 @@ int runConformance(const RunOptions& o) {
                                    std::to_string(o.timeoutSec), "--call-limit", std::to_string(o.callLimitMs),
                                    "--checks", names};
   if (o.quick) args.push_back("--quick");
+  if (o.mem != "host") args.insert(args.end(), {"--mem", o.mem});
+  if (o.noDmabuf) args.push_back("--no-dmabuf");
   if (o.soakMessages > 0) args.insert(args.end(), {"--soak", std::to_string(o.soakMessages)});
   if (o.cycles > 0) args.insert(args.end(), {"--cycles", std::to_string(o.cycles)});
   if (o.conns > 0) args.insert(args.end(), {"--conns", std::to_string(o.conns)});
@@ -274,12 +284,34 @@ int runWorker(int argc, char** argv) {
   std::printf("INFO\tdevice %d of %d: %s (speed %d Mb/s, maxRecvs %d, ptrSupport %#x%s%s)\n", env.dev,
               session.deviceCount(), env.props.name.c_str(), env.props.speed, env.props.maxRecvs,
               env.props.ptrSupport, env.props.pciPath.empty() ? "" : ", pci ", env.props.pciPath.c_str());
+  std::string noDevice;  // --mem cuda: why device buffers cannot be used (every check is then skipped)
+  if (wa.mem == "cuda") {
+    CudaDriver* cuda = CudaDriver::get(&noDevice);
+    if (cuda != nullptr) installDeviceFaultReport();
+    if (cuda != nullptr && (env.props.ptrSupport & NCCL_PTR_CUDA) == 0) {
+      char ptr[16];
+      std::snprintf(ptr, sizeof(ptr), "%#x", env.props.ptrSupport);
+      noDevice = "device " + env.props.name + " does not advertise NCCL_PTR_CUDA (ptrSupport " + ptr +
+                 "): NCCL would stage through host memory" + (warningCount() ? " (" + lastWarning() + ")" : "");
+    }
+    env.mem = MemKind::kCuda;
+    env.dmabuf = (env.props.ptrSupport & NCCL_PTR_DMABUF) != 0 && env.net.hasRegMrDmaBuf() && !wa.noDmabuf;
+    if (noDevice.empty()) {
+      std::printf("INFO\tdevice buffers from %s; registered through %s\n",
+                  cuda->mock() ? "the mock CUDA driver (a CPU access to them faults)" : "the CUDA driver",
+                  env.dmabuf ? "regMrDmaBuf (NCCL_PTR_DMABUF)" : "regMr (NCCL_PTR_CUDA)");
+    }
+  }
   for (const auto& name : names) {
     const Check* check = nullptr;
     for (const auto& c : allChecks()) {
       if (c.name == name) check = &c;
     }
     if (check == nullptr) continue;
+    if (!noDevice.empty()) {
+      report(name, "SKIP", noDevice);
+      continue;
+    }
     try {
       oob.barrier("begin:" + name, std::chrono::seconds(timeoutSec + 30));
     } catch (const std::exception& e) {

@@ -28,6 +28,8 @@ struct RunOptions {
   std::string fuse;  // "0,1": the workers fuse these devices with makeVDevice and test the fused one
   int timeoutSec = 60;
   int callLimitMs = 10000;  // backstop: a connect/accept/listen call taking longer has blocked
+  std::string mem = "host";  // "cuda": the data checks run between device buffers (Check::device), others left out
+  bool noDmabuf = false;     // --mem cuda: register with regMr even where NCCL_PTR_DMABUF is advertised
   PairOptions pair;  // this executable, namespaces and environments of the two workers
 };
 

@@ -25,6 +25,17 @@ done
 # its liveness bound is 240 s here (each stream must still finish, or the check fails).
 step verbs.full.v12 900 $RXE_BIN conformance --plugin $RXE_SO --timeout 240 --conns 64 --table 12 $V
 step verbs.qps4.v11 300 $C --table 11 --quick $V --env WEFT_IB_QPS_PER_CONN=4 --env WEFT_STRIPE_MIN=65536
+# GPU memory without a GPU: the mock CUDA driver (tests/mock_cuda) hands out device buffers the CPU cannot touch
+# (a CPU access faults and the harness names the code that made it); rxe pins them through the registration
+# window, as nvidia-peermem would, and moves them in the kernel. The data, grouped-receive, soak and flush checks
+# run over them (WEFT_GDR=1: no peer-memory module to detect), then a flush on a comm whose peer was killed.
+if [ -n "${RXE_MOCK_CUDA:-}" ]; then
+  G="--mem cuda $V --env WEFT_GDR=1"
+  step verbs.gpu_mock.v12 300 env LD_LIBRARY_PATH="$RXE_MOCK_CUDA" $C --table 12 --quick $G
+  step verbs.gpu_mock.v9 300 env LD_LIBRARY_PATH="$RXE_MOCK_CUDA" $C --table 9 --quick $G \
+    --env WEFT_IB_QPS_PER_CONN=2 --env WEFT_STRIPE_MIN=65536
+  step verbs.gpu_mock.flush_peer_killed 120 env LD_LIBRARY_PATH="$RXE_MOCK_CUDA" $C --only faults.flush_peer_killed $G
+fi
 # Dead peers and unreachable listeners over verbs.
 step verbs.sender_killed 120 $C --only faults.sender_killed $V
 step verbs.receiver_killed 120 $C --only faults.receiver_killed $V

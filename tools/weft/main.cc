@@ -47,6 +47,8 @@ void usage() {
                "      [--skip NAME]             report a check as skipped instead of running it (repeatable)\n"
                "      [--list] [--quick] [--verbose] [--timeout SEC] [--dev N] [--fuse 0,1]\n"
                "      [--soak N]                messages for soak.random (default 20,000; 2,000 with --quick)\n"
+               "      [--mem cuda] [--no-dmabuf] the data checks between GPU buffers from libcuda.so.1 (a GPU, or the\n"
+               "                                mock: LD_LIBRARY_PATH=build/mock-cuda); DMA-BUF where advertised\n"
                "      [--cycles N]              cycles for hygiene.* (default 2,000 connects, 10,000 registrations)\n"
                "      [--conns N]               connections held at once by comms.scale (default 1,024; 256 with --quick)\n"
                "      [--max-endpoints N]       comms.scale fails if a worker holds more libfabric endpoints open\n"
@@ -128,10 +130,16 @@ int conformance(int argc, char** argv) {
     else if (f == "--call-limit") o.callLimitMs = a.number(1, 3600000);
     else if (f == "--dev") o.dev = a.number(0, 1023);
     else if (f == "--fuse") o.fuse = a.value();
+    else if (f == "--mem") o.mem = a.value();
+    else if (f == "--no-dmabuf") o.noDmabuf = true;
     else a.unknown();
   }
   if (o.plugin.empty()) {
     std::fprintf(stderr, "weft conformance: --plugin FILE is required\n");
+    return 2;
+  }
+  if (o.mem != "host" && o.mem != "cuda") {
+    std::fprintf(stderr, "weft conformance: --mem wants host or cuda, got '%s'\n", o.mem.c_str());
     return 2;
   }
   return weft::harness::runConformance(o);
