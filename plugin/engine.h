@@ -1,5 +1,5 @@
 // Process-wide plugin state: the backend and its devices, set up once however many times NCCL calls init
-// (per communicator on v11+, once per load before, again after a reload; see spec §2.3).
+// (per communicator on v11+, once per load before, again after a reload; see docs/nccl-semantics.md §loading).
 #pragma once
 
 #include <memory>
@@ -16,7 +16,8 @@ class Engine {
   static Engine& instance();
 
   // Idempotent. Succeeds even when weft declines (no devices, bad configuration): NCCL then sees 0 devices
-  // and falls back to its own transports, where a failing init would crash NCCL 2.28.3-2.29.3 (spec §2.3).
+  // and falls back to its own transports, where a failing init would crash NCCL 2.28.3-2.29.3
+  // (docs/nccl-semantics.md §loading).
   Status init(ncclDebugLogger_t logger);
   int deviceCount() const;
   Backend* backend() const;  // nullptr when declined

@@ -144,7 +144,7 @@ void timingClose(Comm* c) {
 }
 
 // After a successful post. phandles: one per buffer (NULL entries, or NULL altogether, open no event: NCCL
-// dereferences them unchecked, spec §4).
+// dereferences them unchecked, docs/nccl-semantics.md §net-events).
 void timingPost(Comm* c, Request* r, uint64_t bytes, bool isSend, int n, void* const* phandles) {
   RequestTelemetry& t = r->tel;
   t.conn = c->telemetry;

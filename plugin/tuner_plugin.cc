@@ -1,7 +1,7 @@
 // The exported ncclTunerPlugin_v2 ... _v6 tables (in libnccl-net-weft.so, where NCCL 2.21+ finds them when
 // NCCL_TUNER_PLUGIN is unset, and alone in libnccl-tuner-weft.so). Every entry returns ncclSuccess: an error from
-// init fails communicator creation and one from getCollInfo fails the collective (spec §5.3), so a problem
-// (no profile, a malformed one, another topology) turns this communicator's tuner into a pass-through with one
+// init fails communicator creation and one from getCollInfo fails the collective (docs/nccl-semantics.md §tuner), so
+// a problem (no profile, a malformed one, another topology) turns this communicator's tuner into a pass-through with one
 // warning. Decisions come from src/tuner/policy.h and depend only on rank-consistent inputs.
 #include <atomic>
 #include <cstdlib>
@@ -202,7 +202,8 @@ ncclResult_t collInfo(void* context, ncclFunc_t collType, size_t nBytes, int num
   int coll = static_cast<int>(collType);
   if (coll < 0 || coll >= kNumColls) return ncclSuccess;
   c->calls.fetch_add(1, std::memory_order_relaxed);
-  float* table = reinterpret_cast<float*>(collCostTable);  // a contiguous float[numAlgo][numProto] (spec §5.3)
+  // A contiguous float[numAlgo][numProto] (docs/nccl-semantics.md §tuner).
+  float* table = reinterpret_cast<float*>(collCostTable);
   if (!c->recordPath.empty() && c->masksSeen[coll].load(std::memory_order_relaxed) == 0) {
     uint32_t mask = 0;
     for (int a = 0; a < numAlgo && a < kNumAlgos; ++a)
@@ -305,7 +306,7 @@ ncclResult_t guardedInit(void** ctx, F&& make) noexcept {
   } catch (...) {
     WEFT_WARN("tuner: init failed; NCCL's own choices");
   }
-  return ncclSuccess;  // never fail communicator creation (spec §5.3)
+  return ncclSuccess;  // never fail communicator creation (docs/nccl-semantics.md §tuner)
 }
 
 ncclResult_t initV2(size_t nRanks, size_t nNodes, ncclDebugLogger_t logger, void** ctx) noexcept {

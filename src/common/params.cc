@@ -136,7 +136,7 @@ const std::vector<Def> kDefs = {
 // device and NIC; 256 connections to one peer process): 36 MiB per endpoint without a shared receive context,
 // 87 MiB with it, bandwidth equal or better without. Without it rxm posts 128 buffers (~2 MiB) per peer
 // process, so past ~25 peers per endpoint (all-to-all at scale) a user does better with FI_OFI_RXM_USE_SRX=1
-// (the README says so). Over tcp libfabric 1.17's rxm turns on a shared receive
+// (docs/design.md says so). Over tcp libfabric 1.17's rxm turns on a shared receive
 // context by default, which posts 4,096 receive buffers of ~17.4 KiB at fi_enable and zero-fills them
 // (prov/rxm/src/rxm_init.c rxm_use_srx, rxm_ep.c, util_buf.c): 85 MiB and 0.43 s a comm. Without it: 34.5 MiB and
 // 57 ms (rxm still allocates 2 x 1,024 bounce buffers of FI_OFI_RXM_BUFFER_SIZE per endpoint), latency and

@@ -54,7 +54,8 @@ InfoPtr makeHints(const std::string& provider, bool directed, bool manualProgres
 }
 
 
-// NCCL wants a path whose last component is the PCI bus id (spec §3.10): walk up from virtio/usb children.
+// NCCL wants a path whose last component is the PCI bus id (docs/nccl-semantics.md §properties): walk up from
+// virtio/usb children.
 std::string pciAncestor(std::string p) {
   while (!p.empty()) {
     size_t slash = p.rfind('/');

@@ -1,5 +1,5 @@
-// A reference implementation of NCCL's cost model (graph/tuning.cc as described in
-// ../shared/spec/tuning-research.md §1.2; our own code): for a topology description it produces the cost table
+// A reference implementation of NCCL's cost model (src/graph/tuning.cc of NCCL 2.28.9 as tuner/README.md describes
+// it; our own code): for a topology description it produces the cost table
 // NCCL hands the tuner (µs per (algorithm, protocol), -1 where not available) and NCCL's own pick, channels and
 // threads. Used to evaluate the tuner without GPUs (`weft tune show`, the simulator) — never inside the plugin,
 // which always works from the table NCCL itself passes.

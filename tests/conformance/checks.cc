@@ -640,8 +640,8 @@ void dataNcclSteps(CheckEnv& env) {
     int inflight;
     int messages;
   };
-  // Step sizes NCCL puts on the wire (spec §3.13): ring SIMPLE slices of 1 MiB with 4 slices in flight,
-  // other SIMPLE 512 KiB, LL 64 KiB, LL128 600 KiB, p2p 128 KiB chunks; 8 slots (NCCL_STEPS).
+  // Step sizes NCCL puts on the wire (docs/nccl-semantics.md §sizes): ring SIMPLE slices of 1 MiB with 4 slices in
+  // flight, other SIMPLE 512 KiB, LL 64 KiB, LL128 600 KiB, p2p 128 KiB chunks; 8 slots (NCCL_STEPS).
   const std::vector<Pattern> patterns = {
       {"SIMPLE ring", 1 << 20, 4, 48}, {"SIMPLE tree", 512 << 10, 8, 64}, {"LL", 64 << 10, 8, 128},
       {"LL128", 614400, 8, 48},       {"P2P", 128 << 10, 8, 128},
@@ -754,7 +754,8 @@ void dataGroupedReceives(CheckEnv& env) {
 // v2.28.9; 8 before table v7, net_v6.h).
 void dataMaxRequests(CheckEnv& env) {
   // NCCL_NET_MAX_REQUESTS (32) receives outstanding on one comm (shared comms), each of maxRecvs buffers when
-  // the device groups receives, matched by 32 x maxRecvs sends in flight on one send comm (spec §3.4).
+  // the device groups receives, matched by 32 x maxRecvs sends in flight on one send comm
+  // (docs/nccl-semantics.md §data-path).
   int group = agreedMaxRecvs(env);
   Conn c = establish(env);
   const int kReq = NCCL_NET_MAX_REQUESTS;

@@ -1,5 +1,5 @@
-// The conformance checks: each semantic point NCCL relies on (spec §3) as its own named check. Every check runs
-// in both worker processes at once, one as the receiving rank and one as the sending rank, talking through the
+// The conformance checks: each semantic point NCCL relies on (docs/nccl-semantics.md) as its own named check.
+// Every check runs in both worker processes at once, one as the receiving rank and one as the sending rank, talking through the
 // plugin and through the out-of-band channel (NCCL's bootstrap).
 #pragma once
 

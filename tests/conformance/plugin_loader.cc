@@ -20,8 +20,8 @@ std::atomic<bool> gVerbose{false};
 std::mutex gLastMutex;
 std::string gLast;
 
-// NCCL's ncclProfilerCallback as it behaves with a profiler that asks for net-plugin events (spec §4): start (0)
-// dereferences pHandle (so a NULL one is a crash in NCCL: counted here) and writes an event handle; stop (1)
+// NCCL's ncclProfilerCallback as it behaves with a profiler that asks for net-plugin events
+// (docs/nccl-semantics.md §net-events): start (0) dereferences pHandle (so a NULL one is a crash in NCCL: counted here) and writes an event handle; stop (1)
 // stops whatever handle it is given; 2 and 3 (2.27+) update / update-and-stop. Every event must be stopped once.
 std::mutex gNetEvMutex;
 std::set<uintptr_t> gNetEvOpen;

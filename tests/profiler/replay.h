@@ -1,6 +1,6 @@
 // Drives any NCCL profiler plugin file the way NCCL does: dlopen, ncclProfiler_vN, init with that version's
-// arguments (one context per communicator), then per operation the event tree NCCL builds (spec §6.2): on the
-// application thread the group (v1-v4) or GroupApi -> CollApi/P2pApi (v5+), the Coll/P2p event started and
+// arguments (one context per communicator), then per operation the event tree NCCL builds
+// (docs/nccl-semantics.md §profiler-events): on the application thread the group (v1-v4) or GroupApi -> CollApi/P2pApi (v5+), the Coll/P2p event started and
 // stopped at enqueue; on a separate proxy thread, afterwards, the ProxyOp -> ProxyStep -> NetPlugin events with
 // their states and the KernelCh events with GPU timers (v4+); then finalize. Every descriptor is built in the
 // exact layout of its version.

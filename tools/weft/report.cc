@@ -124,7 +124,7 @@ std::string humanBytes(double b) {
 
 std::string fmtUs(double us) { return us >= 10000 ? fmt::format("{:.1f}ms", us / 1000) : fmt::format("{:.1f}us", us); }
 
-// The pattern a record belongs to (the README lists the rules).
+// The pattern a record belongs to (docs/timing.md lists the rules).
 std::string patternOf(const Rec& r) {
   Func f = telemetry::funcFromName(r.func);
   if (r.type == "p2p" || f == Func::kSend || f == Func::kRecv) return "pipeline send/recv";

@@ -1,6 +1,6 @@
 // Our own declarations of the parts of NCCL's plugin ABI that every plugin kind shares:
 // result codes, the logger callback and the profiler callback handed to net plugins.
-// Written from ../shared/spec/nccl-plugin-abi.md §1.3; checked by tests/unit/abi_layout_test.cc.
+// Written from NCCL's headers' documented ABI (docs/nccl-semantics.md); checked by tests/unit/abi_layout_test.cc.
 #pragma once
 
 #include <cstddef>

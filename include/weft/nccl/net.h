@@ -1,6 +1,6 @@
 // Our own declarations of NCCL's network plugin ABI, struct versions v6 to v12.
-// Source of truth: ../shared/spec/nccl-plugin-abi.md §1 and ../shared/nccl-abi/layouts.tsv; every struct here is
-// checked field by field against that table by tests/unit/abi_layout_test.cc.
+// Semantics: docs/nccl-semantics.md. Layouts: tests/abi/layouts.tsv (offsets measured from NCCL's headers); every
+// struct here is checked field by field against that table by tests/unit/abi_layout_test.cc.
 // v6 is declared only so the conformance harness can drive older plugin files; weft itself exports v7..v12.
 #pragma once
 

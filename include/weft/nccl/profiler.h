@@ -1,5 +1,5 @@
 // Our own declarations of NCCL's profiler plugin ABI, versions v1 to v6 (NCCL 2.23 -> 2.30).
-// Source of truth: ../shared/spec/nccl-plugin-abi.md §4 and §6, and ../shared/nccl-abi/layouts.tsv; every struct
+// Semantics: docs/nccl-semantics.md §net-events and §profiler-events. Layouts: tests/abi/layouts.tsv; every struct
 // here is checked field by field against that table by tests/unit/abi_layout_test.cc.
 #pragma once
 
@@ -374,7 +374,8 @@ typedef union {
   } kernelCh;
 } ncclProfilerEventStateArgs_v4_t;
 static_assert(sizeof(ncclProfilerEventStateArgs_v1_t) == 16, "v1-v3 state args: size_t + int");
-static_assert(sizeof(ncclProfilerEventStateArgs_v4_t) == 8, "v4+ state args are 8 bytes (spec §6.2)");
+static_assert(sizeof(ncclProfilerEventStateArgs_v4_t) == 8,
+              "v4+ state args are 8 bytes (docs/nccl-semantics.md §profiler-events)");
 typedef ncclProfilerEventStateArgs_v4_t ncclProfilerEventStateArgs_v5_t;
 typedef ncclProfilerEventStateArgs_v4_t ncclProfilerEventStateArgs_v6_t;
 

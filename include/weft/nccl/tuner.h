@@ -1,6 +1,6 @@
 // Our own declarations of NCCL's tuner plugin ABI, versions v1 to v6 (NCCL 2.19 -> 2.30).
-// Source of truth: ../shared/spec/nccl-plugin-abi.md §5 and ../shared/nccl-abi/layouts.tsv; every struct here is
-// checked field by field against that table by tests/unit/abi_layout_test.cc.
+// Semantics: docs/nccl-semantics.md §tuner. Layouts: tests/abi/layouts.tsv (offsets measured from NCCL's headers);
+// every struct here is checked field by field against that table by tests/unit/abi_layout_test.cc.
 #pragma once
 
 #include "weft/nccl/common.h"
@@ -48,7 +48,7 @@ typedef struct {
   int maxRanksPerNvlDomain;
 } ncclNvlDomainInfo_v5_t;
 typedef ncclNvlDomainInfo_v5_t ncclNvlDomainInfo_v6_t;
-static_assert(sizeof(ncclNvlDomainInfo_v5_t) == 12, "spec §5.1: 12 bytes");
+static_assert(sizeof(ncclNvlDomainInfo_v5_t) == 12, "docs/nccl-semantics.md §tuner: 12 bytes");
 
 // NCCL's model constants a v5+ tuner may edit at init (1152 bytes in the core).
 typedef struct {

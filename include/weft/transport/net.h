@@ -1,8 +1,8 @@
 // The backend-neutral transport interface the plugin tables call into. A backend (libfabric, or native ibverbs)
 // provides devices, comms and requests; the plugin layer only adapts NCCL's versioned tables to this.
 //
-// Threading (NCCL's, see spec §3.1): listen/connect/accept/regMr/deregMr/close* run on a communicator's proxy
-// service thread; isend/irecv/iflush/test on its progress thread, possibly at the same time as regMr/deregMr on
+// Threading (NCCL's, see docs/nccl-semantics.md §threads): listen/connect/accept/regMr/deregMr/close* run on a
+// communicator's proxy service thread; isend/irecv/iflush/test on its progress thread, possibly at the same time as regMr/deregMr on
 // the same comm. Several communicators do this concurrently. Data-path calls on one comm come from one thread.
 #pragma once
 
