@@ -30,7 +30,6 @@ std::vector<Candidate> probe(const std::string& provider, std::string* why);
 // WEFT_IFACE filtering: comma-separated prefixes, '^' excludes, '=' exact. Empty spec: everything except
 // loopback/container bridges, unless that leaves nothing.
 std::vector<Candidate> filterInterfaces(std::vector<Candidate> in, const std::string& spec);
-bool matchInterface(const std::string& name, const std::string& spec);
 
 class FabricDevice final : public Registrar {
  public:

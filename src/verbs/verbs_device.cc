@@ -14,9 +14,9 @@
 #include <cstring>
 #include <fstream>
 
-#include "fabric/fabric_device.h"  // matchInterface (WEFT_IFACE syntax)
 #include "verbs/verbs_comm.h"        // sockaddrString, bindTcpSocket
 #include "weft/common/cuda_shim.h"
+#include "weft/common/netif.h"
 #include "weft/common/log.h"
 #include "weft/common/params.h"
 #include "weft/common/sysfs.h"
@@ -56,7 +56,7 @@ bool anyInterfaceAddress(sockaddr_storage* out, socklen_t* len) {
     for (ifaddrs* i = list; i != nullptr && !found; i = i->ifa_next) {
       if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
       if (!loopbackToo && (i->ifa_flags & IFF_LOOPBACK) != 0) continue;
-      if (!spec.empty() && !fabric::matchInterface(i->ifa_name, spec)) continue;
+      if (!spec.empty() && !matchInterface(i->ifa_name, spec)) continue;
       *len = sizeof(sockaddr_in);
       std::memcpy(out, i->ifa_addr, *len);
       found = true;
