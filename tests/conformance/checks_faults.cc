@@ -1,0 +1,363 @@
+// Faults: killed peers, links down, a flush after the peer died (each runs alone: it ends one worker).
+#include "checks_internal.h"
+
+namespace weft::harness::checks {
+
+// ---- faults (each runs alone: it ends one worker) ---------------------------------------------------------------
+
+// One rank dies (SIGKILL) with the other's requests outstanding: every pending test on the survivor must return
+// an error within a bounded time, and closing the broken comm must work. NCCL learns of a dead peer only from the
+// plugin: an error from test stops its progress thread and becomes the communicator's async error, which the
+// application sees and aborts on (src/proxy.cc v2.28.9, ncclProxyProgress lines 961-965); a test that never fails
+// leaves the job hung.
+void peerKilled(CheckEnv& env, Role victim) {
+  Conn c = establish(env);
+  const size_t size = 1 << 20;  // large enough for rendezvous protocols, where a send waits on its receiver
+  Buffer buf(size * 8);
+  Registration reg(env.net, c.comm(), buf.data(), buf.size());
+  StreamSpec warm;  // the connection carries data first, as in a real job
+  for (int i = 0; i < 16; ++i) warm.sizes.push_back(size);
+  warm.slotSize = size;
+  stream(env, c, warm);
+  // The survivor also holds a connection to itself through the same plugin context (the same endpoint, completion
+  // queue and progress as the broken one): it must keep working while, and after, the killed peer's fail.
+  SelfPair other;
+  if (env.role != victim) {
+    other = connectToSelf(env);
+    selfMessages(env, other, {0, 8, 1 << 20}, 900, "other connection before the kill");
+  }
+  if (env.role == victim) {
+    env.oob.barrier("posted", env.timeout);
+    std::printf("RESULT\t%s\tPASS\t\n", victim == Role::kSend ? "faults.sender_killed" : "faults.receiver_killed");
+    std::fflush(stdout);
+    kill(getpid(), SIGKILL);
+  }
+  // A send may legitimately stay unposted (NULL request) until the receiver has posted its receive, as with
+  // NCCL's IB transport and weft's rdma protocol: the sender then keeps retrying isend, as NCCL's proxy does,
+  // and that retry must fail once the receiver is gone.
+  std::vector<void*> reqs;
+  auto post = [&](int i, std::chrono::milliseconds patience) {
+    void* req = nullptr;
+    Deadline d(patience);
+    ncclResult_t pr = ncclSuccess;
+    while (req == nullptr && pr == ncclSuccess && !d.expired()) {
+      if (env.recv()) {
+        void* data[1] = {buf.data() + i * size};
+        size_t sz[1] = {size};
+        int tags[1] = {0};
+        void* mhs[1] = {reg.mh()};
+        pr = env.net.irecv(c.recvComm, 1, data, sz, tags, mhs, &req);
+      } else {
+        pr = env.net.isend(c.sendComm, buf.data() + i * size, size, 0, reg.mh(), &req);
+      }
+    }
+    if (req != nullptr) reqs.push_back(req);
+    return pr;
+  };
+  for (int i = 0; i < 8; ++i) {
+    expectOk(post(i, env.recv() ? env.timeout : std::chrono::milliseconds(1000)), env.recv() ? "irecv" : "isend");
+    if (reqs.size() < static_cast<size_t>(i + 1)) break;  // the sender waits for its receiver: retried below
+  }
+  env.oob.barrier("posted", env.timeout);
+  env.peerGone = true;
+  auto t0 = std::chrono::steady_clock::now();
+  Deadline d(env.timeout);
+  ncclResult_t r = ncclSuccess;
+  size_t k = 0;  // test the oldest first, as NCCL does; a send may complete if the data left before the kill
+  while (r == ncclSuccess) {
+    if (k < reqs.size()) {
+      int done = 0, sizes[NCCL_PROXY_MAX_SUBS];
+      r = env.net.test(reqs[k], &done, sizes);
+      if (done) ++k;
+    } else if (env.recv()) {
+      break;  // every receive completed: reported below
+    } else {
+      r = post(static_cast<int>(reqs.size() % 8), std::chrono::milliseconds(10));
+    }
+    if (d.expired()) {
+      fail("requests to a killed peer neither failed nor completed within " + std::to_string(env.timeout.count()) +
+           " s");
+    }
+  }
+  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (r == ncclSuccess) fail("every request to a killed peer completed as success");
+  std::printf("INFO\tkilled peer detected after %.0f ms (%s)\n", ms, resultName(r));
+  // Other connections are unaffected: before the broken comm is closed, after, and a new one to ourselves.
+  const std::vector<size_t> sizes = {0, 8, 65536, 1 << 20, (1 << 20) + 3};
+  selfMessages(env, other, sizes, 910, "other connection after the peer died");
+  reg.release();
+  closeConn(env, c);
+  selfMessages(env, other, sizes, 920, "other connection after closing the broken one");
+  closeSelf(env, other);
+  SelfPair fresh = connectToSelf(env);
+  selfMessages(env, fresh, sizes, 930, "new connection after the peer died");
+  closeSelf(env, fresh);
+  std::printf("INFO\tother connections kept working: %zu messages before and after closing the broken comm, and "
+              "on a new connection\n", 3 * sizes.size());
+}
+
+
+// Isolation at scale: the sending process holds N connections to the receiver (256; 64 with --quick; --conns), as
+// a rank does to one peer across channels and communicators, and is SIGKILLed with a receive pending on every one.
+// NCCL learns of the death only from test's error on each of them (src/proxy.cc v2.28.9, lines 961-965).
+// On the receiver, every one of them must fail within a bound, while its connections to itself through the same
+// plugin context (with shared endpoints: the same endpoint, queue and address vector) keep carrying intact data
+// during the failures and after the broken comms are closed.
+void faultsKilledMany(CheckEnv& env) {
+  const int n = env.conns > 0 ? env.conns : (env.quick ? 64 : 256);
+  std::vector<Conn> conns;
+  conns.reserve(n);
+  for (int i = 0; i < n; ++i) conns.push_back(establish(env, "many" + std::to_string(i)));
+  const size_t size = 65536;
+  Buffer buf(size * static_cast<size_t>(n));
+  std::vector<std::unique_ptr<Registration>> regs;
+  for (int i = 0; i < n; ++i) {
+    regs.push_back(std::make_unique<Registration>(env.net, conns[i].comm(), buf.data() + i * size, size));
+  }
+  constexpr int kSelf = 4;
+  std::vector<SelfPair> others;
+  if (env.recv()) {
+    for (int k = 0; k < kSelf; ++k) {
+      others.push_back(connectToSelf(env));
+      selfMessages(env, others.back(), {8, 1 << 20}, 1000 + k, "other connection before the kill");
+    }
+  }
+  std::vector<void*> reqs(n, nullptr);
+  if (env.recv()) {
+    for (int i = 0; i < n; ++i) {
+      void* data[1] = {buf.data() + i * size};
+      size_t sz[1] = {size};
+      int tags[1] = {0};
+      void* mhs[1] = {regs[i]->mh()};
+      Deadline d(env.timeout);
+      while (reqs[i] == nullptr) {
+        expectOk(env.net.irecv(conns[i].recvComm, 1, data, sz, tags, mhs, &reqs[i]), "irecv");
+        if (d.expired()) fail("irecv on connection " + std::to_string(i) + " never posted");
+      }
+    }
+  }
+  env.oob.barrier("posted", env.timeout);
+  if (!env.recv()) {
+    std::printf("RESULT\tfaults.killed_many\tPASS\t\n");
+    std::fflush(stdout);
+    kill(getpid(), SIGKILL);
+  }
+  env.peerGone = true;
+  auto t0 = std::chrono::steady_clock::now();
+  Deadline d(env.timeout);
+  int failed = 0, rounds = 0;
+  std::vector<bool> over(n, false);
+  while (failed < n) {
+    for (int i = 0; i < n; ++i) {
+      if (over[i]) continue;
+      int done = 0, sizes[NCCL_PROXY_MAX_SUBS];
+      ncclResult_t r = env.net.test(reqs[i], &done, sizes);
+      if (r != ncclSuccess) {
+        over[i] = true;
+        ++failed;
+      } else if (done) {
+        fail("a receive on connection " + std::to_string(i) + " completed, but its sender was killed before sending");
+      }
+    }
+    // The other connections keep working while the broken ones fail.
+    if (++rounds % 64 == 0) selfMessages(env, others[rounds / 64 % kSelf], {4096}, 2000 + rounds, "during the failures");
+    if (d.expired()) {
+      fail(std::to_string(n - failed) + " of " + std::to_string(n) + " receives from a killed peer neither failed "
+           "nor completed within " + std::to_string(env.timeout.count()) + " s");
+    }
+  }
+  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("INFO\t%d connections to a killed peer failed within %.0f ms\n", n, ms);
+  regs.clear();
+  for (auto& c : conns) closeConn(env, c);
+  const std::vector<size_t> sizes = {0, 8, 65536, 1 << 20, (1 << 20) + 3};
+  for (int k = 0; k < kSelf; ++k) {
+    selfMessages(env, others[k], sizes, 3000 + 10 * k, "other connection after closing the broken ones");
+    closeSelf(env, others[k]);
+  }
+  std::printf("INFO\t%d other connections kept carrying intact data\n", kSelf);
+}
+
+// The link between the two namespaces goes down mid-stream (the sender takes its own veth down): pending requests
+// on both ends must fail within a bound; the link comes back, the broken comms close without hanging, and a new
+// connection works. Only inside a private network namespace (netns_conformance.sh --link-down), never on a host.
+// The worker was started in its own namespace by the driver (ip netns exec ... execs it): its network namespace
+// must differ from the driver's.
+bool privateNetns() {
+  struct stat self {}, parent {};
+  std::string p = "/proc/" + std::to_string(getppid()) + "/ns/net";
+  if (stat("/proc/self/ns/net", &self) != 0 || stat(p.c_str(), &parent) != 0) return false;
+  return self.st_ino != parent.st_ino || self.st_dev != parent.st_dev;
+}
+
+void setLinks(bool up) {
+  DIR* d = opendir("/sys/class/net");
+  if (d == nullptr) fail("cannot list /sys/class/net");
+  while (dirent* e = readdir(d)) {
+    std::string n = e->d_name;
+    if (n == "." || n == ".." || n == "lo") continue;
+    std::string cmd = "ip link set dev " + n + (up ? " up" : " down");
+    if (std::system(cmd.c_str()) != 0) fail("'" + cmd + "' failed");
+  }
+  closedir(d);
+}
+
+// A link that goes down must surface as test errors as a dead peer does (src/proxy.cc v2.28.9, lines 961-965: the
+// progress thread stops on a plugin error and the communicator reports it); a hung test hangs the job.
+void faultsLinkDown(CheckEnv& env) {
+  if (std::getenv("CONFORMANCE_LINK_DOWN_OK") == nullptr)
+    throw CheckSkip("takes a link down: only under netns_conformance.sh --link-down");
+  if (!privateNetns()) throw CheckSkip("refusing to take links down outside a private network namespace");
+  Conn c = establish(env, "link");
+  const size_t size = 1 << 20;
+  Buffer buf(size * 8);
+  Registration reg(env.net, c.comm(), buf.data(), buf.size());
+  StreamSpec warm;
+  for (int i = 0; i < 16; ++i) warm.sizes.push_back(size);
+  warm.slotSize = size;
+  stream(env, c, warm);
+  std::vector<void*> reqs;
+  if (env.recv()) {
+    for (int i = 0; i < 4; ++i) {
+      void* data[1] = {buf.data() + i * size};
+      size_t sz[1] = {size};
+      int tags[1] = {0};
+      void* mhs[1] = {reg.mh()};
+      void* req = nullptr;
+      Deadline d(env.timeout);
+      while (req == nullptr && !d.expired()) expectOk(env.net.irecv(c.recvComm, 1, data, sz, tags, mhs, &req), "irecv");
+      if (req) reqs.push_back(req);
+    }
+  }
+  env.oob.barrier("posted", env.timeout);
+  if (!env.recv()) setLinks(false);
+  env.oob.barrier("down", env.timeout);
+  auto t0 = std::chrono::steady_clock::now();
+  ncclResult_t r = ncclSuccess;
+  size_t k = 0;
+  Deadline d(env.timeout);
+  while (r == ncclSuccess && !d.expired()) {
+    if (env.recv()) {
+      if (k >= reqs.size()) break;
+      int done = 0, sizes[NCCL_PROXY_MAX_SUBS];
+      r = env.net.test(reqs[k], &done, sizes);
+      if (done) ++k;
+    } else {
+      // keep sending, as NCCL's proxy would; the sends cannot be delivered
+      if (reqs.size() < 4) {
+        void* req = nullptr;
+        r = env.net.isend(c.sendComm, buf.data() + reqs.size() * size, size, 0, reg.mh(), &req);
+        if (req) reqs.push_back(req);
+      } else {
+        int done = 0, sizes[NCCL_PROXY_MAX_SUBS];
+        r = env.net.test(reqs[k % reqs.size()], &done, sizes);
+        if (done) reqs.erase(reqs.begin() + static_cast<long>(k % reqs.size()));
+      }
+    }
+  }
+  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  bool failedInTime = r != ncclSuccess;
+  // Both ends look for the failure while the link is still down: the link comes back only when both are done.
+  env.oob.barrier("detected", env.timeout);
+  if (!env.recv()) setLinks(true);
+  env.oob.barrier("up", env.timeout);
+  if (!failedInTime)
+    fail("pending requests over a link that went down neither failed nor completed within " +
+         std::to_string(env.timeout.count()) + " s");
+  std::printf("INFO\tlink down detected after %.0f ms (%s)\n", ms, resultName(r));
+  reg.release();
+  Deadline closing(std::chrono::seconds(10));
+  closeConn(env, c);
+  if (closing.expired()) fail("closing the broken connection took more than 10 s");
+  // the link is back: a new connection carries data
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  Conn fresh = establish(env, "after");
+  StreamSpec again;
+  for (int i = 0; i < 8; ++i) again.sizes.push_back(size);
+  again.slotSize = size;
+  again.seed = 77;
+  stream(env, fresh, again);
+  closeConn(env, fresh);
+}
+
+// A flush on a comm whose peer died (NCCL's proxy flushes the receive it just completed, and the sender may be
+// gone by then): the flush returns an error, or a request that completes or fails, within the bound; it never
+// hangs. Then, once a pending receive has failed (the plugin knows the peer is gone), a second flush of the same
+// buffer ends the same way; weft fails it. Over device buffers under --mem cuda (as NCCL flushes), over host
+// buffers otherwise (weft flushes those only under WEFT_FLUSH=all; without it a NULL request is the answer).
+void faultsFlushPeerKilled(CheckEnv& env) {
+  Conn c = establish(env);
+  constexpr size_t kSize = 65536;
+  Buffer buf(2 * kSize, env.mem);
+  Registration reg(env, c.comm(), buf);
+  void* data[1] = {buf.data()};
+  void* mhs[1] = {reg.mh()};
+  if (!env.recv()) {
+    buf.fill(0, kSize, 77);
+    void* r = nullptr;
+    while (r == nullptr) expectOk(env.net.isend(c.sendComm, buf.data(), kSize, 5, reg.mh(), &r), "isend");
+    waitRequest(env, r, 1, "send");
+    env.oob.barrier("received", env.timeout);
+    std::printf("RESULT\tfaults.flush_peer_killed\tPASS\t\n");
+    std::fflush(stdout);
+    kill(getpid(), SIGKILL);
+  }
+  size_t sz[1] = {kSize};
+  int tags[1] = {5};
+  void* r = nullptr;
+  while (r == nullptr) expectOk(env.net.irecv(c.recvComm, 1, data, sz, tags, mhs, &r), "irecv");
+  auto got = waitRequest(env, r, 1, "receive");
+  if (buf.mismatch(0, kSize, 77) != SIZE_MAX) fail("the message before the kill arrived corrupted");
+  env.oob.barrier("received", env.timeout);
+  env.peerGone = true;
+  // Ends a flush: an error from iflush, no request, or a request that completes or fails within the bound.
+  auto flushEnds = [&](const char* when) {
+    int fsz[1] = {got[0]};
+    void* f = nullptr;
+    auto t0 = std::chrono::steady_clock::now();
+    ncclResult_t fr = env.net.iflush(c.recvComm, 1, data, fsz, mhs, &f);
+    std::string how;
+    if (fr != ncclSuccess) {
+      how = std::string("iflush returned ") + resultName(fr);
+    } else if (f == nullptr) {
+      how = "no request (nothing to flush)";
+    } else {
+      Deadline d(env.timeout);
+      int done = 0;
+      while (!done && fr == ncclSuccess) {
+        fr = env.net.test(f, &done, nullptr);
+        if (!done && fr == ncclSuccess && d.expired())
+          fail(std::string("a flush ") + when + " neither completed nor failed within " +
+               std::to_string(env.timeout.count()) + " s");
+      }
+      how = fr != ncclSuccess ? std::string("its request failed: ") + resultName(fr) : "its request completed";
+    }
+    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("INFO\tflush %s: %s after %.0f ms\n", when, how.c_str(), ms);
+    return fr;
+  };
+  flushEnds("right after the peer was killed");
+  // A receive that cannot complete: it fails once the plugin finds the peer gone.
+  void* dead = nullptr;
+  sz[0] = kSize;
+  data[0] = buf.data() + kSize;
+  Deadline posting(env.timeout);
+  ncclResult_t pr = ncclSuccess;
+  while (dead == nullptr && pr == ncclSuccess && !posting.expired()) pr = env.net.irecv(c.recvComm, 1, data, sz, tags, mhs, &dead);
+  Deadline d(env.timeout);
+  int done = 0;
+  while (pr == ncclSuccess && dead != nullptr && !done && !d.expired()) pr = env.net.test(dead, &done, nullptr);
+  if (pr == ncclSuccess)
+    fail(done ? "a receive from a killed peer completed as success"
+              : "a receive from a killed peer did not fail within " + std::to_string(env.timeout.count()) + " s");
+  data[0] = buf.data();
+  ncclResult_t after = flushEnds("once the comm had failed");
+  if (env.isWeft && after == ncclSuccess) fail("weft flushed on a comm it had already failed, and reported success");
+  reg.release();
+  closeConn(env, c);
+}
+
+void faultsSenderKilled(CheckEnv& env) { peerKilled(env, Role::kSend); }
+void faultsReceiverKilled(CheckEnv& env) { peerKilled(env, Role::kRecv); }
+
+}  // namespace weft::harness::checks

@@ -1,0 +1,272 @@
+// weft's own guarantees, beyond NCCL's contract (its handle format known).
+#include "checks_internal.h"
+
+namespace weft::harness::checks {
+
+// ---- weft's own guarantees (handle format known) ---------------------------------------------------------------
+
+void requireWeft(CheckEnv& env) {
+  if (!env.isWeft) {
+    throw CheckSkip("a weft promise beyond NCCL's contract (or weft's handle format); the plugin under test is not "
+                    "weft");
+  }
+}
+
+void weftSendLargerThanRecv(CheckEnv& env) { sendLargerThanRecv(env, true); }
+
+// Polls connect with a handle the listener must refuse; requires an error (with a warning) within 30 s.
+void connectRefused(CheckEnv& env, uint8_t* handle, const std::string& what) {
+  int warnings = warningCount();
+  void* sc = nullptr;
+  ncclResult_t r = ncclSuccess;
+  Deadline d(std::chrono::seconds(30));
+  while (r == ncclSuccess && sc == nullptr && !d.expired()) r = env.net.connect(env.ctx, env.dev, handle, &sc);
+  if (sc != nullptr) fail(what + " produced a connection");
+  if (r == ncclSuccess) fail(what + " was neither refused nor connected within 30 s");
+  if (warningCount() == warnings) fail(what + " was refused without a warning");
+}
+
+// weft gives every v11+ communicator its own context (per-communicator state: telemetry, and the endpoint groups of
+// the shared-endpoint transport), and finalizes each on its own.
+void weftContextPerInit(CheckEnv& env) {
+  requireWeft(env);
+  if (!env.net.hasFinalize()) throw CheckSkip("contexts exist from table v11 (NCCL 2.28)");
+  void *c1 = nullptr, *c2 = nullptr;
+  expectOk(env.net.init(&c1, 0x1111), "init");
+  expectOk(env.net.init(&c2, 0x2222), "init again");
+  if (c1 == nullptr || c2 == nullptr) fail("init returned success but a NULL context");
+  if (c1 == c2) fail("two communicators' init returned the same context");
+  expectOk(env.net.finalize(c1), "finalize of the first context");
+  expectOk(env.net.finalize(c2), "finalize of the second context");
+}
+
+// weft answers each registration with a handle of its own, even for a range registered before, and each handle
+// deregisters on its own, in any order.
+void weftDistinctHandles(CheckEnv& env) {
+  requireWeft(env);
+  Conn c = establish(env);
+  Buffer buf(1 << 20);
+  void *a = nullptr, *b = nullptr;
+  expectOk(env.net.regMr(c.comm(), buf.data(), buf.size(), NCCL_PTR_HOST, &a), "regMr");
+  expectOk(env.net.regMr(c.comm(), buf.data(), buf.size(), NCCL_PTR_HOST, &b), "regMr of the same range again");
+  if (a == nullptr || b == nullptr || a == b) fail("registering one range twice must give two distinct handles");
+  expectOk(env.net.deregMr(c.comm(), b), "deregMr of the second handle");
+  expectOk(env.net.deregMr(c.comm(), a), "deregMr of the first handle");
+  closeConn(env, c);
+}
+
+void weftWrongToken(CheckEnv& env) {
+  requireWeft(env);
+  if (env.recv()) {
+    uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
+    void* lc = nullptr;
+    expectOk(env.net.listen(env.ctx, env.dev, handle, &lc), "listen");
+    env.oob.send(std::string(reinterpret_cast<char*>(handle), sizeof(handle)));
+    // Keep accepting while the forged connect is refused; then the real one must get through.
+    void* rc = nullptr;
+    Deadline d(env.timeout);
+    bool forgedDone = false;
+    while (rc == nullptr) {
+      expectOk(env.net.accept(lc, &rc), "accept");
+      std::string m;
+      if (!forgedDone && env.oob.tryRecv(&m)) {
+        if (m != "forged-refused") fail("unexpected message " + m);
+        if (rc != nullptr) fail("accept produced a connection for a forged token");
+        forgedDone = true;
+        env.oob.send("go");
+      }
+      if (d.expired()) fail("accept never got the legitimate connection");
+    }
+    if (!forgedDone) fail("a connection was accepted before the forged attempt was refused");
+    expectOk(env.net.closeListen(lc), "closeListen");
+    Conn c{nullptr, rc};
+    closeConn(env, c);
+  } else {
+    std::string m = env.oob.recvString(env.timeout);
+    uint8_t real[NCCL_NET_HANDLE_MAXSIZE], forged[NCCL_NET_HANDLE_MAXSIZE];
+    std::memcpy(real, m.data(), sizeof(real));
+    WireHandle h;
+    std::string why;
+    if (WireHandle::decode(real, &h, &why) != Status::kOk) fail("cannot decode weft's own handle: " + why);
+    h.token ^= 0x1;  // a well-formed handle with the wrong token
+    h.encode(forged);
+    connectRefused(env, forged, "a connect with a wrong token");
+    env.oob.send("forged-refused");
+    if (env.oob.recvString(env.timeout) != "go") fail("peer out of step");
+    void* sc = nullptr;
+    Deadline d(env.timeout);
+    while (sc == nullptr) {
+      expectOk(env.net.connect(env.ctx, env.dev, real, &sc), "connect with the real handle after a forged one");
+      if (d.expired()) fail("the legitimate connect did not complete");
+    }
+    Conn c{sc, nullptr};
+    closeConn(env, c);
+  }
+}
+
+void weftReplayedHandle(CheckEnv& env) {
+  requireWeft(env);
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
+  Conn c = establish(env, "replay", handle);
+  // The same handle again, from another buffer: a replay. The receiver keeps its comm progressing (NCCL tests
+  // its requests) while the replay is refused; the first connection must still carry data afterwards.
+  if (!env.recv()) connectRefused(env, handle, "a replayed handle");
+  StreamSpec s;
+  s.sizes = {64};
+  s.slotSize = 64;
+  s.inflight = 1;
+  stream(env, c, s);
+  closeConn(env, c);
+}
+
+void weftUnreachablePeer(CheckEnv& env) {
+  requireWeft(env);
+  int64_t limit = params::getInt("WEFT_CONNECT_TIMEOUT");
+  if (limit < 1 || limit > 10) throw CheckSkip("run with WEFT_CONNECT_TIMEOUT between 1 and 10 s");
+  // 1: the listen is gone (nothing answers at that address); 2: a listener that never accepts (a filtered or
+  // wedged peer). Either way connect must fail within the timeout, with a warning, and not spin forever.
+  for (int round = 0; round < 2; ++round) {
+    if (env.recv()) {
+      uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
+      void* lc = nullptr;
+      expectOk(env.net.listen(env.ctx, env.dev, handle, &lc), "listen");
+      if (round == 0) expectOk(env.net.closeListen(lc), "closeListen");
+      env.oob.send(std::string(reinterpret_cast<char*>(handle), sizeof(handle)));
+      if (env.oob.recvString(std::chrono::seconds(limit + 30)) != "done") fail("peer out of step");
+      if (round == 1) expectOk(env.net.closeListen(lc), "closeListen");
+    } else {
+      std::string m = env.oob.recvString(env.timeout);
+      uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
+      std::memcpy(handle, m.data(), sizeof(handle));
+      int warnings = warningCount();
+      auto t0 = std::chrono::steady_clock::now();
+      void* sc = nullptr;
+      ncclResult_t r = ncclSuccess;
+      Deadline d(std::chrono::seconds(limit + 15));
+      while (r == ncclSuccess && sc == nullptr && !d.expired()) r = env.net.connect(env.ctx, env.dev, handle, &sc);
+      double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      env.oob.send("done");
+      std::string what = round == 0 ? "connect to a closed listen" : "connect to a listener that never accepts";
+      if (sc != nullptr) fail(what + " succeeded");
+      if (r == ncclSuccess) fail(what + " did not fail within WEFT_CONNECT_TIMEOUT + 15 s");
+      if (warningCount() == warnings) fail(what + " failed without a warning");
+      std::printf("INFO\t%s failed after %.1f s (%s)\n", what.c_str(), s, resultName(r));
+    }
+  }
+}
+
+// NCCL never does these; a plugin must survive them with an error and a warning, not a crash: closing twice,
+// deregistering twice, testing a request after it reported done, NULL out-pointers, a memory handle that is not
+// one, a comm of the wrong kind.
+void weftMisuse(CheckEnv& env) {
+  requireWeft(env);
+  Conn c = establish(env);
+  Buffer buf(1 << 16);
+  // a registration deregistered twice
+  void* mh = nullptr;
+  expectOk(env.net.regMr(c.comm(), buf.data(), buf.size(), NCCL_PTR_HOST, &mh), "regMr");
+  expectOk(env.net.deregMr(c.comm(), mh), "deregMr");
+  int w = warningCount();
+  if (env.net.deregMr(c.comm(), mh) == ncclSuccess) fail("a second deregMr of the same handle succeeded");
+  if (warningCount() == w) fail("a second deregMr was refused without a warning");
+  uint64_t junk[16] = {};
+  if (env.net.deregMr(c.comm(), junk) == ncclSuccess) fail("deregMr accepted a handle that is not weft's");
+  // NULL out-pointers
+  if (env.net.regMr(c.comm(), buf.data(), buf.size(), NCCL_PTR_HOST, nullptr) == ncclSuccess)
+    fail("regMr accepted a NULL handle pointer");
+  // DMA-BUF registration where the device does not advertise it (NCCL never asks then), with an fd that is no
+  // dma-buf: refused with a warning, never registered as something it is not.
+  if (env.net.hasRegMrDmaBuf() && (env.props.ptrSupport & NCCL_PTR_DMABUF) == 0) {
+    for (int type : {NCCL_PTR_CUDA, NCCL_PTR_HOST}) {
+      int fds[2];
+      if (pipe(fds) != 0) fail("pipe() failed");
+      void* dm = nullptr;
+      w = warningCount();
+      ncclResult_t dr = env.net.regMrDmaBuf(c.comm(), buf.data(), buf.size(), type, 0, fds[0], &dm);
+      close(fds[0]);
+      close(fds[1]);
+      const std::string what = type == NCCL_PTR_CUDA ? "GPU" : "host";
+      if (dr == ncclSuccess) {
+        env.net.deregMr(c.comm(), dm);
+        fail("regMrDmaBuf (" + what + ") succeeded on a device without NCCL_PTR_DMABUF, with a pipe for a dma-buf");
+      }
+      if (warningCount() == w) fail("regMrDmaBuf (" + what + ") was refused without a warning");
+    }
+  }
+  // a message exchanged, then its request tested again
+  Registration reg(env.net, c.comm(), buf.data(), buf.size());
+  void* req = nullptr;
+  if (env.recv()) {
+    void* data[1] = {buf.data()};
+    size_t sz[1] = {4096};
+    int tags[1] = {3};
+    void* mhs[1] = {reg.mh()};
+    Deadline d(env.timeout);
+    while (req == nullptr && !d.expired()) expectOk(env.net.irecv(c.recvComm, 1, data, sz, tags, mhs, &req), "irecv");
+    // a foreign memory handle in a receive
+    void* bad[1] = {junk};
+    void* r2 = nullptr;
+    if (env.net.irecv(c.recvComm, 1, data, sz, tags, bad, &r2) == ncclSuccess && r2 != nullptr)
+      fail("irecv accepted a memory handle that is not weft's");
+  } else {
+    // a foreign memory handle in a send
+    void* r2 = nullptr;
+    if (env.net.isend(c.sendComm, buf.data(), 4096, 3, junk, &r2) == ncclSuccess && r2 != nullptr)
+      fail("isend accepted a memory handle that is not weft's");
+    fillPattern(buf.data(), 4096, 99);
+    Deadline d(env.timeout);
+    while (req == nullptr && !d.expired()) expectOk(env.net.isend(c.sendComm, buf.data(), 4096, 3, reg.mh(), &req), "isend");
+  }
+  waitRequest(env, req, 1, "the exchanged message");
+  int done = 0, sizes[NCCL_PROXY_MAX_SUBS] = {};
+  w = warningCount();
+  if (env.net.test(req, &done, sizes) == ncclSuccess && done) fail("a request tested again after it reported done");
+  if (warningCount() == w) fail("testing a completed request gave no warning");
+  // a comm of the wrong kind
+  void* r3 = nullptr;
+  if (env.recv()) {
+    if (env.net.isend(c.recvComm, buf.data(), 8, 0, reg.mh(), &r3) == ncclSuccess) fail("isend accepted a receive comm");
+  } else {
+    if (env.net.closeRecv(c.sendComm) == ncclSuccess) fail("closeRecv accepted a send comm");
+  }
+  reg.release();
+  env.oob.barrier("misuse-done", env.timeout);
+  // closed twice
+  void* comm = c.comm();
+  closeConn(env, c);
+  w = warningCount();
+  ncclResult_t again = env.recv() ? env.net.closeRecv(comm) : env.net.closeSend(comm);
+  if (again == ncclSuccess) fail("a comm closed twice: the second close succeeded");
+  if (warningCount() == w) fail("a second close was refused without a warning");
+  // a listen comm closed twice
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
+  void* lc = nullptr;
+  expectOk(env.net.listen(env.ctx, env.dev, handle, &lc), "listen");
+  expectOk(env.net.closeListen(lc), "closeListen");
+  if (env.net.closeListen(lc) == ncclSuccess) fail("a listen comm closed twice: the second close succeeded");
+}
+
+void weftGarbageHandles(CheckEnv& env) {
+  requireWeft(env);
+  std::mt19937_64 rng(env.recv() ? 11 : 12);
+  for (int i = 0; i < 64; ++i) {
+    uint8_t h[NCCL_NET_HANDLE_MAXSIZE];
+    for (auto& b : h) b = static_cast<uint8_t>(rng());
+    if (i == 0) std::memset(h, 0, sizeof(h));
+    void* sc = nullptr;
+    int warnings = warningCount();
+    ncclResult_t r = env.net.connect(env.ctx, env.dev, h, &sc);
+    if (r == ncclSuccess || sc != nullptr) fail("connect accepted a garbage handle (#" + std::to_string(i) + ")");
+    if (r != ncclInvalidUsage) fail(std::string("garbage handle: expected ncclInvalidUsage, got ") + resultName(r));
+    if (warningCount() == warnings) fail("a garbage handle was refused without a warning");
+  }
+  // Objects that are not (or no longer) ours are refused, not used.
+  int done = 0;
+  uint64_t junk[8] = {};
+  if (env.net.test(junk, &done, nullptr) == ncclSuccess) fail("test accepted a request that is not weft's");
+  void* req = nullptr;
+  if (env.net.isend(junk, junk, 8, 0, nullptr, &req) == ncclSuccess) fail("isend accepted a comm that is not weft's");
+  if (env.net.closeSend(junk) == ncclSuccess) fail("closeSend accepted a comm that is not weft's");
+}
+
+}  // namespace weft::harness::checks
