@@ -137,34 +137,13 @@ std::string patternOf(const Rec& r) {
   return "other (broadcast/reduce)";
 }
 
-}  // namespace
-
-int reportCommand(int argc, char** argv) {
-  std::string dir, plotDir;
-  double stragglerMinUs = 20;
-  harness::Args a("weft report", argc, argv, 2);
-  std::vector<std::string> positional;
-  // first non-flag argument is the directory
-  if (argc >= 3 && argv[2][0] != '-') {
-    dir = argv[2];
-    a = harness::Args("weft report", argc, argv, 3);
-  }
-  while (a.next()) {
-    const std::string& f = a.flag();
-    if (f == "--dir") dir = a.value();
-    else if (f == "--plot") plotDir = a.value();
-    else if (f == "--straggler-min-us") stragglerMinUs = a.number(0, 100000000);
-    else a.unknown();
-  }
-  if (dir.empty()) {
-    std::fprintf(stderr, "usage: weft report DIR [--plot OUTDIR] [--straggler-min-us N]\n");
-    return 2;
-  }
-  Loaded L;
+// The records of DIR (every *.jsonl in it, in name order) or of one file; false (said on stderr) when there is
+// nothing to report.
+bool loadRecords(const std::string& dir, Loaded& L) {
   struct stat st;
   if (stat(dir.c_str(), &st) != 0) {
     std::fprintf(stderr, "weft report: %s: no such file or directory\n", dir.c_str());
-    return 1;
+    return false;
   }
   if (S_ISDIR(st.st_mode)) {
     DIR* d = opendir(dir.c_str());
@@ -183,9 +162,14 @@ int reportCommand(int argc, char** argv) {
   if (L.recs.empty()) {
     std::fprintf(stderr, "weft report: no collective or p2p records in %s (%zu files, %zu lines)\n", dir.c_str(),
                  L.files, L.lines);
-    return 1;
+    return false;
   }
+  return true;
+}
 
+// Completes what older profilers do not record (nRanks: the ranks seen in the communicator) and the bandwidths,
+// prints the header line; returns the job's first record start (the timeline's origin).
+uint64_t prepareRecords(Loaded& L) {
   // nRanks is not known to NCCL < 2.27's profiler: take the number of ranks seen in the communicator.
   std::map<std::string, std::set<int>> ranksOf;
   for (const auto& r : L.recs) ranksOf[r.comm].insert(r.rank);
@@ -205,8 +189,10 @@ int reportCommand(int argc, char** argv) {
               L.recs.size(), L.files, procs.size(), ranksOf.size(), t1 > t0 ? (t1 - t0) / 1e9 : 0.0);
   if (L.malformed || L.otherSchema)
     std::printf("  (%zu malformed lines and %zu of another schema version skipped)\n", L.malformed, L.otherSchema);
+  return t0;
+}
 
-  // ---- bandwidth per collective and size ----
+void printBandwidth(const Loaded& L) {
   std::printf("\n== bus bandwidth per operation and size (GB/s, nccl-tests definition; GPU time where recorded)\n");
   std::printf("  %-14s %6s %7s %10s %9s %9s %6s  %s\n", "operation", "size", "count", "median", "busbw", "best",
               "ofbest", "by algorithm/protocol (median busbw, count)");
@@ -248,7 +234,10 @@ int reportCommand(int argc, char** argv) {
   }
   for (const auto& s : slow) std::printf("  note: %s\n", s.c_str());
 
-  // ---- stragglers ----
+}
+
+// Collectives joined across ranks by communicator, function and sequence number: who the others waited for.
+void printStragglers(const Loaded& L, double stragglerMinUs) {
   std::printf("\n== stragglers (collectives joined across ranks by communicator and sequence number)\n");
   struct Who {
     std::vector<double> lateStart, lateEnd, waited;
@@ -310,7 +299,9 @@ int reportCommand(int argc, char** argv) {
     for (const auto& f : flagged) std::printf("  %s\n", f.c_str());
   }
 
-  // ---- traffic mix ----
+}
+
+void printTrafficMix(const Loaded& L) {
   std::printf("\n== traffic mix (per record on each rank; time is execution time summed over ranks)\n");
   struct Mix {
     uint64_t count = 0, bytes = 0, ns = 0;
@@ -330,46 +321,80 @@ int reportCommand(int argc, char** argv) {
                 humanBytes(static_cast<double>(m.bytes)).c_str(), fmtUs(m.ns / 1e3).c_str(),
                 totalNs ? 100.0 * m.ns / totalNs : 0.0);
 
-  // ---- plots ----
-  if (!plotDir.empty()) {
-    mkdir(plotDir.c_str(), 0775);
-    svg::Plot bw;
-    bw.title = "bus bandwidth vs message size";
-    bw.xLabel = "message size (bytes)";
-    bw.yLabel = "busbw (GB/s, median)";
-    bw.logX = bw.bytesX = true;
-    std::map<std::string, std::map<int, std::vector<double>>> byAlgo;
-    for (const auto& r : L.recs)
-      if (r.execNs > 0 && r.type == "coll")
-        byAlgo[r.func + " " + r.algo + "/" + r.proto][telemetry::octaveBucket(r.bytes)].push_back(r.busBw);
-    for (const auto& [name, buckets] : byAlgo) {
-      svg::Series s{name, {}, true};
-      for (const auto& [b, v] : buckets) s.points.push_back({std::ldexp(1.0, b), median(v)});
-      bw.series.push_back(s);
-    }
-    svg::Plot tl;
-    tl.title = "time per operation over the run";
-    tl.xLabel = "seconds since the first record";
-    tl.yLabel = "execution time (us)";
-    std::map<std::string, svg::Series> byFunc;
-    for (const auto& r : L.recs) {
-      auto& s = byFunc[r.func];
-      s.name = r.func;
-      s.lines = false;
-      s.points.push_back({(r.startNs - t0) / 1e9, r.execNs / 1e3});
-    }
-    for (auto& [k, s] : byFunc) tl.series.push_back(s);
-    std::string err;
-    for (auto [name, text] : {std::pair{"busbw_vs_size.svg", svg::render(bw)}, std::pair{"timeline.svg", svg::render(tl)}}) {
-      std::string path = plotDir + "/" + name;
-      if (!svg::writeFile(path, text, &err)) {
-        std::fprintf(stderr, "weft report: %s\n", err.c_str());
-        return 1;
-      }
-      std::printf("\nplot: %s", path.c_str());
-    }
-    std::printf("\n");
+}
+
+// busbw_vs_size.svg and timeline.svg in plotDir; false (said on stderr) when one cannot be written.
+bool writePlots(const Loaded& L, const std::string& plotDir, uint64_t t0) {
+  mkdir(plotDir.c_str(), 0775);
+  svg::Plot bw;
+  bw.title = "bus bandwidth vs message size";
+  bw.xLabel = "message size (bytes)";
+  bw.yLabel = "busbw (GB/s, median)";
+  bw.logX = bw.bytesX = true;
+  std::map<std::string, std::map<int, std::vector<double>>> byAlgo;
+  for (const auto& r : L.recs)
+    if (r.execNs > 0 && r.type == "coll")
+      byAlgo[r.func + " " + r.algo + "/" + r.proto][telemetry::octaveBucket(r.bytes)].push_back(r.busBw);
+  for (const auto& [name, buckets] : byAlgo) {
+    svg::Series s{name, {}, true};
+    for (const auto& [b, v] : buckets) s.points.push_back({std::ldexp(1.0, b), median(v)});
+    bw.series.push_back(s);
   }
+  svg::Plot tl;
+  tl.title = "time per operation over the run";
+  tl.xLabel = "seconds since the first record";
+  tl.yLabel = "execution time (us)";
+  std::map<std::string, svg::Series> byFunc;
+  for (const auto& r : L.recs) {
+    auto& s = byFunc[r.func];
+    s.name = r.func;
+    s.lines = false;
+    s.points.push_back({(r.startNs - t0) / 1e9, r.execNs / 1e3});
+  }
+  for (auto& [k, s] : byFunc) tl.series.push_back(s);
+  std::string err;
+  for (auto [name, text] : {std::pair{"busbw_vs_size.svg", svg::render(bw)}, std::pair{"timeline.svg", svg::render(tl)}}) {
+    std::string path = plotDir + "/" + name;
+    if (!svg::writeFile(path, text, &err)) {
+      std::fprintf(stderr, "weft report: %s\n", err.c_str());
+      return false;
+    }
+    std::printf("\nplot: %s", path.c_str());
+  }
+  std::printf("\n");
+  return true;
+}
+
+}  // namespace
+
+int reportCommand(int argc, char** argv) {
+  std::string dir, plotDir;
+  double stragglerMinUs = 20;
+  harness::Args a("weft report", argc, argv, 2);
+  std::vector<std::string> positional;
+  // first non-flag argument is the directory
+  if (argc >= 3 && argv[2][0] != '-') {
+    dir = argv[2];
+    a = harness::Args("weft report", argc, argv, 3);
+  }
+  while (a.next()) {
+    const std::string& f = a.flag();
+    if (f == "--dir") dir = a.value();
+    else if (f == "--plot") plotDir = a.value();
+    else if (f == "--straggler-min-us") stragglerMinUs = a.number(0, 100000000);
+    else a.unknown();
+  }
+  if (dir.empty()) {
+    std::fprintf(stderr, "usage: weft report DIR [--plot OUTDIR] [--straggler-min-us N]\n");
+    return 2;
+  }
+  Loaded L;
+  if (!loadRecords(dir, L)) return 1;
+  const uint64_t t0 = prepareRecords(L);
+  printBandwidth(L);
+  printStragglers(L, stragglerMinUs);
+  printTrafficMix(L);
+  if (!plotDir.empty() && !writePlots(L, plotDir, t0)) return 1;
   return 0;
 }
 
