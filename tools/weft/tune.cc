@@ -319,6 +319,94 @@ bool runCapture(const std::string& cmd, const std::vector<std::pair<std::string,
   return true;
 }
 
+// Candidates x channel caps; false (said on stderr) for an entry that is not ALGO/PROTO.
+bool parseArms(const std::string& candidates, const std::string& channels, std::vector<Arm>* arms) {
+  for (const auto& c : harness::split(candidates, ',')) {
+    auto slash = c.find('/');
+    int al = algoFromName(c.substr(0, slash)), pr = slash == std::string::npos ? -1 : protoFromName(c.substr(slash + 1));
+    if (al < 0 || pr < 0) {
+      std::fprintf(stderr, "weft tune sweep: '%s' is not ALGO/PROTO\n", c.c_str());
+      return false;
+    }
+    for (const auto& ch : harness::split(channels, ',')) {
+      Arm arm;
+      arm.algo = static_cast<int8_t>(al);
+      arm.proto = static_cast<int8_t>(pr);
+      arm.channels = static_cast<int16_t>(std::stoi(ch));
+      arms->push_back(arm);
+    }
+  }
+  return true;
+}
+
+// The profile being swept: resumed where one is there (its measurements kept, its done candidates listed), with
+// where it comes from; false (said on stderr) when the file there is not a profile.
+bool openSweepProfile(const std::string& outPath, const std::string& command, const std::string& via, Profile* prof,
+                      std::set<std::string>* done) {
+  // Resume: a profile already there keeps its measurements and says which candidates are done.
+  std::string err;
+  if (std::ifstream(outPath).good()) {
+    auto old = loadProfile(outPath, 0, 0, &err);
+    if (!old) {
+      std::fprintf(stderr, "weft tune sweep: %s exists but is not a profile (%s); not overwriting it\n", outPath.c_str(),
+                   err.c_str());
+      return false;
+    }
+    *prof = *old;
+    for (const auto& d : harness::split(prof->source["done"], ' ')) done->insert(d);
+  }
+  prof->source["tool"] = "weft tune sweep";
+  prof->source["command"] = command;
+  prof->source["via"] = via;
+  std::string envList;
+  for (const char* k : {"NCCL_NET_PLUGIN", "NCCL_TUNER_PLUGIN", "NCCL_ALGO", "NCCL_PROTO", "NCCL_IB_HCA",
+                        "NCCL_SOCKET_IFNAME", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "WEFT_PROVIDER"})
+    if (const char* v = std::getenv(k)) envList += fmt::format("{}{}={}", envList.empty() ? "" : " ", k, v);
+  prof->source["env"] = envList;
+  return true;
+}
+
+// The environment that forces one candidate: through weft's tuner (WEFT_TUNER_FORCE) or NCCL's own variables.
+std::vector<std::pair<std::string, std::string>> armEnv(const Arm& arm, const std::string& via,
+                                                        const std::string& recordPath) {
+  std::vector<std::pair<std::string, std::string>> env = {{"WEFT_TUNER_RECORD", recordPath}};
+  if (via == "tuner") {
+    env.push_back({"WEFT_TUNER_FORCE", arm.channels > 0 ? fmt::format("{}/{}/{}", algoName(arm.algo), protoName(arm.proto), arm.channels)
+                                                        : fmt::format("{}/{}", algoName(arm.algo), protoName(arm.proto))});
+  } else {
+    std::string algo = arm.algo == 0 ? "Tree" : arm.algo == 1 ? "Ring" : algoName(arm.algo);
+    env.push_back({"NCCL_ALGO", algo});
+    env.push_back({"NCCL_PROTO", arm.proto == 2 ? "Simple" : protoName(arm.proto)});
+    if (arm.channels > 0) {
+      env.push_back({"NCCL_MIN_NCHANNELS", std::to_string(arm.channels)});
+      env.push_back({"NCCL_MAX_NCHANNELS", std::to_string(arm.channels)});
+    }
+  }
+  return env;
+}
+
+// What the tuner recorded in one run (WEFT_TUNER_RECORD): the topology and masks, NCCL's model at the swept sizes
+// (the first run that saw an entry gives it), and the sizes where the forced entry was not available.
+void foldRecord(const std::string& recordPath, int coll, const std::map<uint64_t, std::vector<double>>& times,
+                Profile* prof, std::set<std::tuple<uint64_t, int, int>>* modelSeen, std::set<uint64_t>* unavailable) {
+  std::string rerr;
+  if (auto rec = loadProfile(recordPath, 0, 0, &rerr)) {
+    if (prof->sig.nRanks == 0) prof->sig = rec->sig;
+    for (int c = 0; c < kNumColls; ++c)
+      if (rec->sig.masks[c] && !prof->sig.masks[c]) prof->sig.masks[c] = rec->sig.masks[c];
+    // NCCL's model at the swept sizes (the first run that saw an entry gives it).
+    for (const ModelPoint& m : rec->model)
+      if (m.coll == coll && times.count(m.bytes) && modelSeen->insert({m.bytes, m.algo, m.proto}).second)
+        prof->model.push_back(m);
+    for (const auto& item : harness::split(rec->source["forced_unavailable"], ',')) {
+      auto colon = item.find(':');
+      if (colon != std::string::npos && std::stoi(item.substr(0, colon)) == coll)
+        for (const auto& [b, v] : times)
+          if (sizeBucket(b) == std::stoi(item.substr(colon + 1))) unavailable->insert(b);
+    }
+  }
+}
+
 int sweepCommand(int argc, char** argv) {
   std::string command, outPath, candidates = "TREE/LL,TREE/LL128,TREE/SIMPLE,RING/LL,RING/LL128,RING/SIMPLE";
   std::string channels = "0", via = "tuner";
@@ -345,45 +433,12 @@ int sweepCommand(int argc, char** argv) {
                          "(--repeat: runs per candidate, default 5; with noisy runs use 7 or more: see tuner/README.md)\n");
     return 2;
   }
-  // Candidates x channel caps.
   std::vector<Arm> arms;
-  for (const auto& c : harness::split(candidates, ',')) {
-    auto slash = c.find('/');
-    int al = algoFromName(c.substr(0, slash)), pr = slash == std::string::npos ? -1 : protoFromName(c.substr(slash + 1));
-    if (al < 0 || pr < 0) {
-      std::fprintf(stderr, "weft tune sweep: '%s' is not ALGO/PROTO\n", c.c_str());
-      return 2;
-    }
-    for (const auto& ch : harness::split(channels, ',')) {
-      Arm arm;
-      arm.algo = static_cast<int8_t>(al);
-      arm.proto = static_cast<int8_t>(pr);
-      arm.channels = static_cast<int16_t>(std::stoi(ch));
-      arms.push_back(arm);
-    }
-  }
-  // Resume: a profile already there keeps its measurements and says which candidates are done.
+  if (!parseArms(candidates, channels, &arms)) return 2;
   Profile prof;
   std::set<std::string> done;
   std::string err;
-  if (std::ifstream(outPath).good()) {
-    auto old = loadProfile(outPath, 0, 0, &err);
-    if (!old) {
-      std::fprintf(stderr, "weft tune sweep: %s exists but is not a profile (%s); not overwriting it\n", outPath.c_str(),
-                   err.c_str());
-      return 1;
-    }
-    prof = *old;
-    for (const auto& d : harness::split(prof.source["done"], ' ')) done.insert(d);
-  }
-  prof.source["tool"] = "weft tune sweep";
-  prof.source["command"] = command;
-  prof.source["via"] = via;
-  std::string envList;
-  for (const char* k : {"NCCL_NET_PLUGIN", "NCCL_TUNER_PLUGIN", "NCCL_ALGO", "NCCL_PROTO", "NCCL_IB_HCA",
-                        "NCCL_SOCKET_IFNAME", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "WEFT_PROVIDER"})
-    if (const char* v = std::getenv(k)) envList += fmt::format("{}{}={}", envList.empty() ? "" : " ", k, v);
-  prof.source["env"] = envList;
+  if (!openSweepProfile(outPath, command, via, &prof, &done)) return 1;
   std::string recordPath = outPath + ".record.json";
   std::set<std::tuple<uint64_t, int, int>> modelSeen;  // (bytes, algo, proto) of prof.model
   for (const ModelPoint& m : prof.model)
@@ -408,19 +463,7 @@ int sweepCommand(int argc, char** argv) {
       } else if (r == 0) {
         std::fprintf(stderr, "[%zu/%zu] %s x %d\n", idx, total, name.c_str(), repeat);
       }
-      std::vector<std::pair<std::string, std::string>> env = {{"WEFT_TUNER_RECORD", recordPath}};
-      if (via == "tuner") {
-        env.push_back({"WEFT_TUNER_FORCE", arm.channels > 0 ? fmt::format("{}/{}/{}", algoName(arm.algo), protoName(arm.proto), arm.channels)
-                                                            : fmt::format("{}/{}", algoName(arm.algo), protoName(arm.proto))});
-      } else {
-        std::string algo = arm.algo == 0 ? "Tree" : arm.algo == 1 ? "Ring" : algoName(arm.algo);
-        env.push_back({"NCCL_ALGO", algo});
-        env.push_back({"NCCL_PROTO", arm.proto == 2 ? "Simple" : protoName(arm.proto)});
-        if (arm.channels > 0) {
-          env.push_back({"NCCL_MIN_NCHANNELS", std::to_string(arm.channels)});
-          env.push_back({"NCCL_MAX_NCHANNELS", std::to_string(arm.channels)});
-        }
-      }
+      auto env = armEnv(arm, via, recordPath);
       std::remove(recordPath.c_str());
       std::string out;
       int status = 0;
@@ -435,23 +478,7 @@ int sweepCommand(int argc, char** argv) {
         return 1;
       }
       for (const auto& row : rows) times[row.bytes].push_back(row.timeUs);
-      // What the tuner saw (masks, topology, sizes where the forced entry was not available).
-      std::string rerr;
-      if (auto rec = loadProfile(recordPath, 0, 0, &rerr)) {
-        if (prof.sig.nRanks == 0) prof.sig = rec->sig;
-        for (int c = 0; c < kNumColls; ++c)
-          if (rec->sig.masks[c] && !prof.sig.masks[c]) prof.sig.masks[c] = rec->sig.masks[c];
-        // NCCL's model at the swept sizes (the first run that saw an entry gives it).
-        for (const ModelPoint& m : rec->model)
-          if (m.coll == coll && times.count(m.bytes) && modelSeen.insert({m.bytes, m.algo, m.proto}).second)
-            prof.model.push_back(m);
-        for (const auto& item : harness::split(rec->source["forced_unavailable"], ',')) {
-          auto colon = item.find(':');
-          if (colon != std::string::npos && std::stoi(item.substr(0, colon)) == coll)
-            for (const auto& [b, v] : times)
-              if (sizeBucket(b) == std::stoi(item.substr(colon + 1))) unavailable.insert(b);
-        }
-      }
+      foldRecord(recordPath, coll, times, &prof, &modelSeen, &unavailable);
     }
     for (auto& [bytes, v] : times) {
       if (unavailable.count(bytes) || bytes == 0) continue;  // NCCL ran its own pick there, not this candidate
