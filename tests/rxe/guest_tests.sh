@@ -25,7 +25,7 @@ done
 # its liveness bound is 240 s here (each stream must still finish, or the check fails).
 step verbs.full.v12 900 $RXE_BIN conformance --plugin $RXE_SO --timeout 240 --conns 64 --table 12 $V
 step verbs.qps4.v11 300 $C --table 11 --quick $V --env WEFT_IB_QPS_PER_CONN=4 --env WEFT_STRIPE_MIN=65536
-# GPU memory without a GPU: the mock CUDA driver (tests/mock_cuda) hands out device buffers the CPU cannot touch
+# GPU memory without a GPU: the mock CUDA driver (tools/mock_cuda) hands out device buffers the CPU cannot touch
 # (a CPU access faults and the harness names the code that made it); rxe pins them through the registration
 # window, as nvidia-peermem would, and moves them in the kernel. The data, grouped-receive, soak and flush checks
 # run over them (WEFT_GDR=1: no peer-memory module to detect), then a flush on a comm whose peer was killed.

@@ -1,4 +1,4 @@
-// The mock CUDA driver (tests/mock_cuda) the GPU-memory conformance runs stand on: device memory the CPU cannot
+// The mock CUDA driver (tools/mock_cuda) the GPU-memory conformance runs stand on: device memory the CPU cannot
 // touch, copies that can, pointer attributes, registration windows, dma-buf export where the kernel has udmabuf;
 // and weft's own CUDA shim answering through it (it opens "libcuda.so.1", which the loader resolves to the mock
 // already loaded under that soname).
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "../mock_cuda/mock_cuda.h"
+#include "../../tools/mock_cuda/mock_cuda.h"
 #include "weft/common/cuda_shim.h"
 
 namespace {

@@ -1,5 +1,5 @@
 // Device-typed buffers for the checks (weft conformance --mem cuda): memory from the CUDA driver that whatever
-// libcuda.so.1 the loader finds hands out, a real GPU's or the mock's (tests/mock_cuda). The harness never
+// libcuda.so.1 the loader finds hands out, a real GPU's or the mock's (tools/mock_cuda). The harness never
 // touches it with the CPU: it fills and verifies through the driver's copies. Under the mock, a CPU access
 // through a device pointer faults; the fault handler installed here names the allocation and the code that
 // touched it before the worker dies.
