@@ -5,6 +5,8 @@
 #include <array>
 #include <cstdio>
 
+#include "weft/nccl/names.h"
+
 namespace weft::telemetry {
 namespace {
 
@@ -13,8 +15,8 @@ bool same(std::string_view a, const char* b) noexcept {
   return a.size() == n && strncasecmp(a.data(), b, n) == 0;
 }
 
-constexpr std::array<const char*, kNumFuncs> kFuncNames = {
-    "Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce", "SendRecv", "Send", "Recv",
+// Func's numbers are NCCL's up to Recv (nccl::kFuncNames); the functions after are weft's own order.
+constexpr std::array<const char*, kNumFuncs - nccl::kFuncNames.size()> kLaterFuncNames = {
     "AlltoAll", "Gather", "Scatter", "AllGatherV", "Unknown"};
 
 struct TypeInfo {
@@ -26,20 +28,19 @@ constexpr std::array<TypeInfo, 12> kTypes = {{{"ncclInt8", 1}, {"ncclUint8", 1},
                                               {"ncclFloat32", 4}, {"ncclFloat64", 8}, {"ncclBfloat16", 2},
                                               {"ncclFloat8e4m3", 1}, {"ncclFloat8e5m2", 1}}};
 
-constexpr std::array<const char*, 7> kAlgos = {"TREE", "RING", "COLLNET_DIRECT", "COLLNET_CHAIN",
-                                               "NVLS", "NVLS_TREE", "PAT"};
-constexpr std::array<const char*, 3> kProtos = {"LL", "LL128", "SIMPLE"};
 
 }  // namespace
 
 const char* funcName(Func f) noexcept {
   auto i = static_cast<size_t>(f);
-  return i < kFuncNames.size() ? kFuncNames[i] : "Unknown";
+  if (i < nccl::kFuncNames.size()) return nccl::kFuncNames[i];
+  i -= nccl::kFuncNames.size();
+  return i < kLaterFuncNames.size() ? kLaterFuncNames[i] : "Unknown";
 }
 
 Func funcFromName(std::string_view s) noexcept {
-  for (size_t i = 0; i + 1 < kFuncNames.size(); ++i)
-    if (same(s, kFuncNames[i])) return static_cast<Func>(i);
+  for (size_t i = 0; i < static_cast<size_t>(kNumFuncs) - 1; ++i)
+    if (same(s, funcName(static_cast<Func>(i)))) return static_cast<Func>(i);
   if (same(s, "AllToAll")) return Func::kAllToAll;
   return Func::kUnknown;
 }
@@ -63,16 +64,16 @@ uint8_t typeFromName(std::string_view s) noexcept {
 
 size_t typeSize(uint8_t t) noexcept { return t < kTypes.size() ? kTypes[t].size : 0; }
 
-const char* algoName(uint8_t a) noexcept { return a < kAlgos.size() ? kAlgos[a] : "UNKNOWN"; }
+const char* algoName(uint8_t a) noexcept { return a < nccl::kAlgoNames.size() ? nccl::kAlgoNames[a] : "UNKNOWN"; }
 uint8_t algoFromName(std::string_view s) noexcept {
-  for (size_t i = 0; i < kAlgos.size(); ++i)
-    if (same(s, kAlgos[i])) return static_cast<uint8_t>(i);
+  for (size_t i = 0; i < nccl::kAlgoNames.size(); ++i)
+    if (same(s, nccl::kAlgoNames[i])) return static_cast<uint8_t>(i);
   return kUnknownAlgo;
 }
-const char* protoName(uint8_t p) noexcept { return p < kProtos.size() ? kProtos[p] : "UNKNOWN"; }
+const char* protoName(uint8_t p) noexcept { return p < nccl::kProtoNames.size() ? nccl::kProtoNames[p] : "UNKNOWN"; }
 uint8_t protoFromName(std::string_view s) noexcept {
-  for (size_t i = 0; i < kProtos.size(); ++i)
-    if (same(s, kProtos[i])) return static_cast<uint8_t>(i);
+  for (size_t i = 0; i < nccl::kProtoNames.size(); ++i)
+    if (same(s, nccl::kProtoNames[i])) return static_cast<uint8_t>(i);
   return kUnknownAlgo;
 }
 

@@ -10,14 +10,19 @@
 
 #include <fmt/format.h>
 
+#include "weft/nccl/names.h"
+
 namespace weft::tuner {
 namespace {
 
 using nlohmann::json;
 
-const char* kColls[kNumColls] = {"Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce"};
-const char* kAlgos[kNumAlgos] = {"TREE", "RING", "COLLNET_DIRECT", "COLLNET_CHAIN", "NVLS", "NVLS_TREE", "PAT"};
-const char* kProtos[kNumProtos] = {"LL", "LL128", "SIMPLE"};
+// The tuner's collectives are NCCL's functions 0-4; algorithms and protocols NCCL's, by number.
+static_assert(kNumColls <= static_cast<int>(nccl::kFuncNames.size()) && kNumAlgos == nccl::kAlgoNames.size() &&
+              kNumProtos == nccl::kProtoNames.size());
+const auto& kColls = nccl::kFuncNames;
+const auto& kAlgos = nccl::kAlgoNames;
+const auto& kProtos = nccl::kProtoNames;
 
 bool same(const std::string& a, const char* b) { return strcasecmp(a.c_str(), b) == 0; }
 
