@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "telemetry/profiler_core.h"
+#include "telemetry/sink.h"
 #include "weft/nccl/profiler.h"
 
 namespace weft::telemetry {
@@ -205,25 +206,31 @@ ncclResult_t finalize(void* context) {
   return ncclSuccess;
 }
 
+// Every table's init: the writer attached first (it hears of the context), then the core.
+ncclResult_t initTimed(void** c, int* mask, const InitArgs& a) {
+  attachWriter();
+  return initContext(c, mask, a);
+}
+
 InitArgs noComm(int version) {
   InitArgs a;
   a.version = version;
   return a;
 }
 
-ncclResult_t initV1(void** c, int* mask) { return initContext(c, mask, noComm(1)); }
-ncclResult_t initV2(void** c, int* mask) { return initContext(c, mask, noComm(2)); }
-ncclResult_t initV3(void** c, int* mask) { return initContext(c, mask, noComm(3)); }
+ncclResult_t initV1(void** c, int* mask) { return initTimed(c, mask, noComm(1)); }
+ncclResult_t initV2(void** c, int* mask) { return initTimed(c, mask, noComm(2)); }
+ncclResult_t initV3(void** c, int* mask) { return initTimed(c, mask, noComm(3)); }
 ncclResult_t initV4(void** c, int* mask, const char* commName, uint64_t commHash, int nNodes, int nranks, int rank,
                     ncclDebugLogger_t logfn) {
   InitArgs a{4, true, commHash, commName, nNodes, nranks, rank, logfn};
-  return initContext(c, mask, a);
+  return initTimed(c, mask, a);
 }
 template <int V>
 ncclResult_t initV5(void** c, uint64_t commId, int* mask, const char* commName, int nNodes, int nranks, int rank,
                     ncclDebugLogger_t logfn) {
   InitArgs a{V, true, commId, commName, nNodes, nranks, rank, logfn};
-  return initContext(c, mask, a);
+  return initTimed(c, mask, a);
 }
 
 }  // namespace

@@ -7,7 +7,6 @@
 #include <mutex>
 #include <thread>
 
-#include "telemetry/sink.h"
 #include "weft/common/log.h"
 #include "weft/common/params.h"
 #include "weft/nccl/profiler.h"
@@ -428,6 +427,12 @@ RecordRing* myRing() noexcept {
   }
 }
 
+std::atomic<const WriterHooks*> gWriter{nullptr};
+
+void wakeWriter() noexcept {
+  if (const WriterHooks* w = gWriter.load(std::memory_order_acquire)) w->wake();
+}
+
 // The caller (the ring's only producer) has checked there is room.
 void ringPush(RecordRing* ring, const CollRecord& r, Context* c) noexcept {
   uint64_t h = ring->head.load(std::memory_order_relaxed);
@@ -436,7 +441,7 @@ void ringPush(RecordRing* ring, const CollRecord& r, Context* c) noexcept {
   ring->head.store(h + 1, std::memory_order_release);
   // Filling up: ask the writer for a round now (at a quarter, half and three quarters, in case one is missed).
   uint64_t pending = h + 1 - ring->tail.load(std::memory_order_relaxed);
-  if (pending % (RecordRing::kCap / 4) == 0) Sink::instance().wake();
+  if (pending % (RecordRing::kCap / 4) == 0) wakeWriter();
 }
 
 size_t drainRings(void (*fn)(void*, const CollRecord&, Context*), void* arg) {
@@ -466,7 +471,7 @@ void finishIfComplete(Pools* pools, OpSlot* op, uint64_t now) noexcept {
   if (ring == nullptr ||
       ring->head.load(std::memory_order_relaxed) - ring->tail.load(std::memory_order_acquire) >= RecordRing::kCap) {
     gRingFull.fetch_add(1, std::memory_order_relaxed);
-    Sink::instance().wake();
+    wakeWriter();
     return;
   }
   CollRecord r;
@@ -530,6 +535,8 @@ EvType evTypeFromBit(uint64_t t) noexcept {
   }
 }
 
+void setWriterHooks(const WriterHooks* hooks) noexcept { gWriter.store(hooks, std::memory_order_release); }
+
 ncclResult_t initContext(void** context, int* eActivationMask, const InitArgs& a) noexcept {
   try {
     if (context == nullptr) return ncclInvalidArgument;
@@ -580,7 +587,7 @@ ncclResult_t initContext(void** context, int* eActivationMask, const InitArgs& a
       }
       c->live.store(1, std::memory_order_release);
     }
-    Sink::instance().onInit(c);
+    if (const WriterHooks* w = gWriter.load(std::memory_order_acquire)) w->contextStarted(c);
     *context = c;
     return ncclSuccess;
   } catch (...) {
@@ -775,7 +782,7 @@ void finalizeContext(void* context) noexcept {
     if (context != nullptr) gBadHandles.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  Sink::instance().onFinalize(c);
+  if (const WriterHooks* w = gWriter.load(std::memory_order_acquire)) w->contextEnding(c);
   // Children of this communicator still in the pool (never stopped) are returned to it.
   Pools* pools = gPools.load(std::memory_order_acquire);
   for (uint32_t i = 0; i < kSmallSlots; ++i) {

@@ -114,6 +114,15 @@ struct Context {
   std::atomic<bool> anyChild{false};
 };
 
+// The writer (telemetry/sink.h) is not named by the core: it installs these hooks (attachWriter) and pulls
+// finished operations itself (drainOps). Without a writer, records wait in the rings and slots.
+struct WriterHooks {
+  void (*wake)() noexcept;            // a record ring is filling up: a writer round now
+  void (*contextStarted)(Context*);   // a context was initialised (the writer starts, learns the communicator)
+  void (*contextEnding)(Context*);    // a context is being finalized (the writer writes it out first)
+};
+void setWriterHooks(const WriterHooks* hooks) noexcept;
+
 // The table entry points, version-independent.
 ncclResult_t initContext(void** context, int* eActivationMask, const InitArgs& a) noexcept;
 void* startEvent(void* context, const EventDesc& d) noexcept;

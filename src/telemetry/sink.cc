@@ -81,6 +81,13 @@ std::string promEscape(const std::string& s) {
 }
 }  // namespace
 
+void attachWriter() noexcept {
+  static const WriterHooks hooks{[]() noexcept { Sink::instance().wake(); },
+                                 [](Context* c) { Sink::instance().onInit(c); },
+                                 [](Context* c) { Sink::instance().onFinalize(c); }};
+  setWriterHooks(&hooks);
+}
+
 Sink& Sink::instance() {
   static Sink* s = new Sink;  // lives until exit; its flush runs from the exit hook below
   return *s;

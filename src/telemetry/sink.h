@@ -28,6 +28,10 @@ struct ConnStats {
 ConnStats* registerConn(bool isSend, std::string peer, std::string device);  // never null
 void unregisterConn(ConnStats* s);  // writes its final record; s is freed
 
+// Makes the Sink the profiler core's writer (WriterHooks); idempotent. Every user of the core's tables calls it
+// before the first initContext.
+void attachWriter() noexcept;
+
 class Sink {
  public:
   static Sink& instance();
