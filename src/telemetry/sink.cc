@@ -14,6 +14,7 @@
 
 #include "weft/common/log.h"
 #include "weft/common/params.h"
+#include "weft/telemetry/record_reader.h"
 
 namespace weft::telemetry {
 namespace {
@@ -184,8 +185,8 @@ void Sink::onInit(Context* c) {
   m.version = c->version;
   m.level = c->level;
   writeLineLocked(fmt::format(
-      R"({{"v":1,"type":"comm","host":"{}","pid":{},"comm":"{}","comm_name":"{}","rank":{},"nranks":{},"nnodes":{},"profiler":{},"level":"{}","time_ns":{}}})",
-      jsonEscape(host_), getpid(), hex(m.commHash), jsonEscape(m.name), m.rank, m.nRanks, m.nNodes, m.version,
+      R"({{"v":{},"type":"comm","host":"{}","pid":{},"comm":"{}","comm_name":"{}","rank":{},"nranks":{},"nnodes":{},"profiler":{},"level":"{}","time_ns":{}}})",
+      kRecordSchema, jsonEscape(host_), getpid(), hex(m.commHash), jsonEscape(m.name), m.rank, m.nRanks, m.nNodes, m.version,
       levelName(m.level), c->initNs));
   flushLocked();
   WEFT_INFO(NCCL_INIT, "timing: communicator {} rank {} of {} on profiler v{}, level {}", hex(m.commHash), m.rank,
@@ -204,8 +205,8 @@ void Sink::takeRecordLocked(const CollRecord& r, Context* c) {
   double bus = busBwGBs(r.func, r.bytes, r.nRanks, r.execNs);
   bool p2p = (r.flags & kRecP2p) != 0;
   writeLineLocked(fmt::format(
-      R"({{"v":1,"type":"{}","host":"{}","pid":{},"comm":"{}","rank":{},"nranks":{},"nnodes":{},"seq":{},"func":"{}","dtype":"{}","count":{},"bytes":{},"root":{},"peer":{},"algo":"{}","proto":"{}","channels":{},"warps":{},"start_ns":{},"enqueued_ns":{},"end_ns":{},"gpu_ns":{},"exec_ns":{},"timing":"{}","channels_timed":{},"algbw_gbs":{:.4f},"busbw_gbs":{:.4f},"graph":{},"partial":{}}})",
-      p2p ? "p2p" : "coll", jsonEscape(host_), getpid(), hex(r.commHash), r.rank, r.nRanks, r.nNodes, r.seq,
+      R"({{"v":{},"type":"{}","host":"{}","pid":{},"comm":"{}","rank":{},"nranks":{},"nnodes":{},"seq":{},"func":"{}","dtype":"{}","count":{},"bytes":{},"root":{},"peer":{},"algo":"{}","proto":"{}","channels":{},"warps":{},"start_ns":{},"enqueued_ns":{},"end_ns":{},"gpu_ns":{},"exec_ns":{},"timing":"{}","channels_timed":{},"algbw_gbs":{:.4f},"busbw_gbs":{:.4f},"graph":{},"partial":{}}})",
+      kRecordSchema, p2p ? "p2p" : "coll", jsonEscape(host_), getpid(), hex(r.commHash), r.rank, r.nRanks, r.nNodes, r.seq,
       funcName(r.func), typeName(r.dtype), r.count, r.bytes, r.root, r.peer, p2p ? "" : algoName(r.algo),
       p2p ? "" : protoName(r.proto), r.nChannels, r.nWarps, r.startNs, r.enqueuedNs, r.endNs, r.gpuNs, r.execNs,
       timingSourceName(r.timing), r.channelsTimed, alg, bus, (r.flags & kRecGraphCaptured) ? "true" : "false",
@@ -255,8 +256,8 @@ void Sink::peerLinesLocked(const Comm& m, Context* c) {
     int peer = p.peer.load();
     if (peer == -1) continue;
     writeLineLocked(fmt::format(
-        R"({{"v":1,"type":"peer","host":"{}","pid":{},"comm":"{}","rank":{},"peer":{},"ops":{},"send_bytes":{},"recv_bytes":{},"send_steps":{},"recv_steps":{},"step_p50_us":{:.3f},"step_p99_us":{:.3f},"net_msgs":{},"net_bytes":{},"net_p50_us":{:.3f},"net_p99_us":{:.3f}}})",
-        jsonEscape(host_), getpid(), hex(m.commHash), m.rank, peer, p.ops.load(), p.sendBytes.load(),
+        R"({{"v":{},"type":"peer","host":"{}","pid":{},"comm":"{}","rank":{},"peer":{},"ops":{},"send_bytes":{},"recv_bytes":{},"send_steps":{},"recv_steps":{},"step_p50_us":{:.3f},"step_p99_us":{:.3f},"net_msgs":{},"net_bytes":{},"net_p50_us":{:.3f},"net_p99_us":{:.3f}}})",
+        kRecordSchema, jsonEscape(host_), getpid(), hex(m.commHash), m.rank, peer, p.ops.load(), p.sendBytes.load(),
         p.recvBytes.load(), p.sendSteps.load(), p.recvSteps.load(), p.stepLatency.quantileNs(0.5) / 1e3,
         p.stepLatency.quantileNs(0.99) / 1e3, p.netMsgs.load(), p.netBytes.load(), p.netLatency.quantileNs(0.5) / 1e3,
         p.netLatency.quantileNs(0.99) / 1e3));
@@ -307,8 +308,8 @@ void Sink::onFinalize(Context* c) {
   auto it = comms_.find(c);
   if (it == comms_.end()) return;
   peerLinesLocked(it->second, c);
-  writeLineLocked(fmt::format(R"({{"v":1,"type":"comm_end","host":"{}","pid":{},"comm":"{}","rank":{},"records":{},"partial":{},"dropped":{},"time_ns":{}}})",
-                              jsonEscape(host_), getpid(), hex(it->second.commHash), it->second.rank,
+  writeLineLocked(fmt::format(R"({{"v":{},"type":"comm_end","host":"{}","pid":{},"comm":"{}","rank":{},"records":{},"partial":{},"dropped":{},"time_ns":{}}})",
+                              kRecordSchema, jsonEscape(host_), getpid(), hex(it->second.commHash), it->second.rank,
                               it->second.records, it->second.partial, c->dropped.load(), wallNs()));
   flushLocked();
   summaryLocked(it->second, c);
@@ -344,8 +345,8 @@ void Sink::connRecord(ConnStats* c, bool final) {
   }
   conns_.erase(std::remove(conns_.begin(), conns_.end(), c), conns_.end());
   writeLineLocked(fmt::format(
-      R"({{"v":1,"type":"conn","host":"{}","pid":{},"conn":{},"dir":"{}","peer":"{}","device":"{}","msgs":{},"bytes":{},"lat_p50_us":{:.3f},"lat_p99_us":{:.3f},"time_ns":{}}})",
-      jsonEscape(host_), getpid(), c->id, c->isSend ? "send" : "recv", jsonEscape(c->peer), jsonEscape(c->device),
+      R"({{"v":{},"type":"conn","host":"{}","pid":{},"conn":{},"dir":"{}","peer":"{}","device":"{}","msgs":{},"bytes":{},"lat_p50_us":{:.3f},"lat_p99_us":{:.3f},"time_ns":{}}})",
+      kRecordSchema, jsonEscape(host_), getpid(), c->id, c->isSend ? "send" : "recv", jsonEscape(c->peer), jsonEscape(c->device),
       c->msgs.load(), c->bytes.load(), c->latency.quantileNs(0.5) / 1e3, c->latency.quantileNs(0.99) / 1e3,
       wallNs()));
   flushLocked();

@@ -6,7 +6,6 @@
 //   - the traffic mix (data-parallel large collectives, tensor-parallel small ones, pipeline send/recv,
 //     all-to-all) and the share of time each takes;
 //   - with --plot DIR: busbw_vs_size.svg and timeline.svg.
-#include <dirent.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -14,7 +13,6 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <vector>
@@ -24,18 +22,15 @@
 #include "args.h"
 #include "svg.h"
 #include "weft/telemetry/record.h"
+#include "weft/telemetry/record_reader.h"
 
 namespace weft::tool {
 namespace {
 
-using nlohmann::json;
 using telemetry::Func;
 
-struct Rec {
-  std::string type, comm, host, func, algo, proto, timing;
-  int pid = 0, rank = -1, nRanks = 0, nNodes = 0, peer = -1;
-  uint64_t seq = 0, bytes = 0, startNs = 0, endNs = 0, execNs = 0;
-  bool partial = false;
+// A record as the reader gives it, with its bus bandwidth (computed here, with nRanks completed).
+struct Rec : telemetry::OpRecord {
   double busBw = 0;
 };
 
@@ -46,10 +41,6 @@ struct Loaded {
   std::vector<std::string> problems;
 };
 
-bool endsWith(const std::string& s, const std::string& t) {
-  return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
-}
-
 void loadFile(const std::string& path, Loaded& L) {
   std::ifstream in(path);
   if (!in) {
@@ -57,54 +48,30 @@ void loadFile(const std::string& path, Loaded& L) {
     return;
   }
   ++L.files;
-  std::string line;
+  std::string line, comm, name, err;
   size_t n = 0;
   while (std::getline(in, line)) {
     ++n;
-    if (line.empty()) continue;
-    ++L.lines;
-    json j = json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.is_object()) {
-      if (L.malformed++ < 5) L.problems.push_back(fmt::format("{}:{}: not a JSON object; skipped", path, n));
-      continue;
-    }
-    if (j.value("v", 0) != 1) {
-      if (L.otherSchema++ < 5)
-        L.problems.push_back(fmt::format("{}:{}: record schema version {} (this weft reads 1); skipped", path, n,
-                                         j.contains("v") ? j["v"].dump() : std::string("missing")));
-      continue;
-    }
-    try {
-      std::string type = j.value("type", "");
-      if (type == "comm") {
-        std::string name = j.value("comm_name", "");
-        if (!name.empty()) L.commNames[j.value("comm", "")] = name;
+    Rec r;
+    switch (telemetry::parseRecordLine(line, &r, &comm, &name, &err)) {
+      case telemetry::LineKind::kEmpty:
         continue;
-      }
-      if (type != "coll" && type != "p2p") continue;
-      Rec r;
-      r.type = type;
-      r.comm = j.at("comm").get<std::string>();
-      r.host = j.value("host", "?");
-      r.pid = j.value("pid", 0);
-      r.rank = j.at("rank").get<int>();
-      r.nRanks = j.value("nranks", 0);
-      r.nNodes = j.value("nnodes", 0);
-      r.peer = j.value("peer", -1);
-      r.seq = j.value("seq", uint64_t{0});
-      r.func = j.at("func").get<std::string>();
-      r.algo = j.value("algo", "");
-      r.proto = j.value("proto", "");
-      r.timing = j.value("timing", "");
-      r.bytes = j.at("bytes").get<uint64_t>();
-      r.startNs = j.value("start_ns", uint64_t{0});
-      r.endNs = j.value("end_ns", uint64_t{0});
-      r.execNs = j.at("exec_ns").get<uint64_t>();
-      r.partial = j.value("partial", false);
-      L.recs.push_back(std::move(r));
-    } catch (const std::exception& e) {
-      if (L.malformed++ < 5) L.problems.push_back(fmt::format("{}:{}: {}; skipped", path, n, e.what()));
+      case telemetry::LineKind::kOp:
+        L.recs.push_back(std::move(r));
+        break;
+      case telemetry::LineKind::kComm:
+        if (!name.empty()) L.commNames[comm] = name;
+        break;
+      case telemetry::LineKind::kOther:
+        break;
+      case telemetry::LineKind::kMalformed:
+        if (L.malformed++ < 5) L.problems.push_back(fmt::format("{}:{}: {}; skipped", path, n, err));
+        break;
+      case telemetry::LineKind::kOtherSchema:
+        if (L.otherSchema++ < 5) L.problems.push_back(fmt::format("{}:{}: {}; skipped", path, n, err));
+        break;
     }
+    ++L.lines;
   }
 }
 
@@ -140,24 +107,13 @@ std::string patternOf(const Rec& r) {
 // The records of DIR (every *.jsonl in it, in name order) or of one file; false (said on stderr) when there is
 // nothing to report.
 bool loadRecords(const std::string& dir, Loaded& L) {
-  struct stat st;
-  if (stat(dir.c_str(), &st) != 0) {
-    std::fprintf(stderr, "weft report: %s: no such file or directory\n", dir.c_str());
+  std::string err;
+  const std::vector<std::string> files = telemetry::recordFiles(dir, &err);
+  if (!err.empty()) {
+    std::fprintf(stderr, "weft report: %s\n", err.c_str());
     return false;
   }
-  if (S_ISDIR(st.st_mode)) {
-    DIR* d = opendir(dir.c_str());
-    std::vector<std::string> names;
-    while (dirent* e = d ? readdir(d) : nullptr) {
-      std::string n = e->d_name;
-      if (endsWith(n, ".jsonl")) names.push_back(n);
-    }
-    if (d) closedir(d);
-    std::sort(names.begin(), names.end());
-    for (const auto& n : names) loadFile(dir + "/" + n, L);
-  } else {
-    loadFile(dir, L);
-  }
+  for (const auto& f : files) loadFile(f, L);
   for (const auto& p : L.problems) std::fprintf(stderr, "weft report: %s\n", p.c_str());
   if (L.recs.empty()) {
     std::fprintf(stderr, "weft report: no collective or p2p records in %s (%zu files, %zu lines)\n", dir.c_str(),

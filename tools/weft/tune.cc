@@ -18,7 +18,6 @@
 #include <fstream>
 #include <iostream>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <set>
 #include <tuple>
 #include <sstream>
@@ -35,6 +34,7 @@
 #include "tuner/profile.h"
 #include "tuner/sim.h"
 #include "weft/nccl/tuner.h"
+#include "weft/telemetry/record_reader.h"
 
 namespace weft::tool {
 namespace {
@@ -651,35 +651,25 @@ int mergeCommand(int argc, char** argv) {
   };
   std::map<std::tuple<std::string, std::string, uint64_t>, std::vector<Rec>> groups;  // (comm, func, seq)
   size_t files = 0, bad = 0;
-  DIR* d = opendir(dir.c_str());
-  if (d == nullptr) {
-    std::fprintf(stderr, "weft profile merge: cannot open %s\n", dir.c_str());
+  std::string err;
+  const std::vector<std::string> paths = telemetry::recordFiles(dir, &err);
+  if (!err.empty()) {
+    std::fprintf(stderr, "weft profile merge: %s\n", err.c_str());
     return 1;
   }
-  while (dirent* e = readdir(d)) {
-    std::string n = e->d_name;
-    if (n.size() < 6 || n.substr(n.size() - 6) != ".jsonl") continue;
+  for (const auto& path : paths) {
     ++files;
-    std::ifstream in(dir + "/" + n);
-    std::string line;
+    std::ifstream in(path);
+    std::string line, comm, name;
     while (std::getline(in, line)) {
-      auto j = nlohmann::json::parse(line, nullptr, false);
-      if (j.is_discarded() || !j.is_object()) {
-        ++bad;
-        continue;
-      }
-      if (j.value("v", 0) != 1 || j.value("type", "") != "coll" || j.value("partial", false)) continue;
-      try {
-        Rec r{j.at("rank").get<int>(), j.value("nranks", 0), j.value("nnodes", 0), j.value("algo", ""),
-              j.value("proto", ""), j.at("bytes").get<uint64_t>(), j.at("exec_ns").get<uint64_t>()};
-        if (r.execNs == 0) continue;
-        groups[{j.at("comm").get<std::string>(), j.at("func").get<std::string>(), j.value("seq", uint64_t{0})}].push_back(r);
-      } catch (...) {
-        ++bad;
-      }
+      telemetry::OpRecord op;
+      telemetry::LineKind kind = telemetry::parseRecordLine(line, &op, &comm, &name, &err);
+      if (kind == telemetry::LineKind::kMalformed) ++bad;
+      if (kind != telemetry::LineKind::kOp || op.type != "coll" || op.partial || op.execNs == 0) continue;
+      groups[{op.comm, op.func, op.seq}].push_back(Rec{op.rank, op.nRanks, op.nNodes, op.algo, op.proto, op.bytes,
+                                                       op.execNs});
     }
   }
-  closedir(d);
   std::map<std::string, std::set<int>> ranksOf;
   for (const auto& [k, g] : groups)
     for (const auto& r : g) ranksOf[std::get<0>(k)].insert(r.rank);
@@ -730,7 +720,6 @@ int mergeCommand(int argc, char** argv) {
     auto [coll, bytes, arm] = k;
     p.measurements.push_back(summarize(coll, bytes, arm, v));
   }
-  std::string err;
   if (!svg::writeFile(outPath, writeProfile(p), &err)) {
     std::fprintf(stderr, "weft profile merge: %s\n", err.c_str());
     return 1;

@@ -1,0 +1,40 @@
+// Reading weft's timing records back (the JSON lines src/telemetry/sink.cc writes under WEFT_TELEMETRY_DIR): the
+// one place the tools parse them (weft report, weft profile merge), beside the writer, at the schema version the
+// writer stamps on every line (kRecordSchema).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace weft::telemetry {
+
+// The "v" of every line the writer emits.
+constexpr int kRecordSchema = 1;
+
+// A collective or p2p operation's record ("type": "coll" or "p2p"), the fields the tools use.
+struct OpRecord {
+  std::string type, comm, host, func, algo, proto, timing;
+  int pid = 0, rank = -1, nRanks = 0, nNodes = 0, peer = -1;
+  uint64_t seq = 0, bytes = 0, startNs = 0, endNs = 0, execNs = 0;
+  bool partial = false;
+};
+
+enum class LineKind {
+  kOp,           // an operation: *op is set
+  kComm,         // a communicator's opening record: *commName set (may be empty)
+  kOther,        // another record type (peer, conn, comm_end): nothing to take
+  kEmpty,        // a blank line
+  kMalformed,    // not a JSON object, or an operation without its required fields: *error says which
+  kOtherSchema,  // another schema version: *error names it
+};
+
+// One line. `comm` is set for kComm (the communicator's id) together with commName.
+LineKind parseRecordLine(const std::string& line, OpRecord* op, std::string* comm, std::string* commName,
+                         std::string* error);
+
+// The record files of a WEFT_TELEMETRY_DIR (every *.jsonl in it, by name; none in an empty one), or `path` itself
+// when it is a file; empty with `error` set when it cannot be read.
+std::vector<std::string> recordFiles(const std::string& path, std::string* error);
+
+}  // namespace weft::telemetry

@@ -1,0 +1,86 @@
+#include "weft/telemetry/record_reader.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+namespace weft::telemetry {
+
+LineKind parseRecordLine(const std::string& line, OpRecord* op, std::string* comm, std::string* commName,
+                         std::string* error) {
+  if (line.empty()) return LineKind::kEmpty;
+  const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    *error = "not a JSON object";
+    return LineKind::kMalformed;
+  }
+  if (j.value("v", 0) != kRecordSchema) {
+    *error = "record schema version " + (j.contains("v") ? j["v"].dump() : std::string("missing")) +
+             " (this weft reads " + std::to_string(kRecordSchema) + ")";
+    return LineKind::kOtherSchema;
+  }
+  try {
+    const std::string type = j.value("type", "");
+    if (type == "comm") {
+      *comm = j.value("comm", "");
+      *commName = j.value("comm_name", "");
+      return LineKind::kComm;
+    }
+    if (type != "coll" && type != "p2p") return LineKind::kOther;
+    OpRecord r;
+    r.type = type;
+    r.comm = j.at("comm").get<std::string>();
+    r.host = j.value("host", "?");
+    r.pid = j.value("pid", 0);
+    r.rank = j.at("rank").get<int>();
+    r.nRanks = j.value("nranks", 0);
+    r.nNodes = j.value("nnodes", 0);
+    r.peer = j.value("peer", -1);
+    r.seq = j.value("seq", uint64_t{0});
+    r.func = j.at("func").get<std::string>();
+    r.algo = j.value("algo", "");
+    r.proto = j.value("proto", "");
+    r.timing = j.value("timing", "");
+    r.bytes = j.at("bytes").get<uint64_t>();
+    r.startNs = j.value("start_ns", uint64_t{0});
+    r.endNs = j.value("end_ns", uint64_t{0});
+    r.execNs = j.at("exec_ns").get<uint64_t>();
+    r.partial = j.value("partial", false);
+    *op = std::move(r);
+    return LineKind::kOp;
+  } catch (const std::exception& e) {
+    *error = e.what();
+    return LineKind::kMalformed;
+  }
+}
+
+std::vector<std::string> recordFiles(const std::string& path, std::string* error) {
+  std::vector<std::string> out;
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) {
+    *error = path + ": no such file or directory";
+    return out;
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    out.push_back(path);
+    return out;
+  }
+  DIR* d = opendir(path.c_str());
+  if (d == nullptr) {
+    *error = path + ": cannot open the directory";
+    return out;
+  }
+  std::vector<std::string> names;
+  while (dirent* e = readdir(d)) {
+    std::string n = e->d_name;
+    if (n.size() > 6 && n.compare(n.size() - 6, 6, ".jsonl") == 0) names.push_back(n);
+  }
+  closedir(d);
+  std::sort(names.begin(), names.end());
+  for (const auto& n : names) out.push_back(path + "/" + n);
+  return out;
+}
+
+}  // namespace weft::telemetry
