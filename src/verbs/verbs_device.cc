@@ -134,6 +134,18 @@ std::vector<std::unique_ptr<VerbsDevice>> VerbsDevice::discover(std::string* why
 }
 
 bool VerbsDevice::open(ibv_device* dev, const std::string& name, int port, std::string* why) {
+  ibv_port_attr pa{};
+  const std::string sys = "/sys/class/infiniband/" + name + "/ports/" + std::to_string(port);
+  if (!openPort(dev, port, &pa, why) || !pickGid(sys, pa, why) || !allocate(why) ||
+      !findHandshakeAddress(name, sys, why))
+    return false;
+  fillProps(name, port, pa);
+  advertiseGpuMemory();
+  return true;
+}
+
+// The device context and the port: active, InfiniBand or Ethernet (RoCE); its limits.
+bool VerbsDevice::openPort(ibv_device* dev, int port, ibv_port_attr* portAttr, std::string* why) {
   const IbvApi& api = ibv();
   ctx_ = api.openDevice(dev);
   if (ctx_ == nullptr) {
@@ -146,7 +158,7 @@ bool VerbsDevice::open(ibv_device* dev, const std::string& name, int port, std::
     *why = "ibv_query_device failed";
     return false;
   }
-  ibv_port_attr pa{};
+  ibv_port_attr& pa = *portAttr;
   if (api.queryPort(ctx_, port_, &pa) != 0) {
     *why = "ibv_query_port failed";
     return false;
@@ -164,7 +176,12 @@ bool VerbsDevice::open(ibv_device* dev, const std::string& name, int port, std::
   mtu_ = pa.active_mtu;
   maxQpWr_ = da.max_qp_wr;
   maxCqe_ = da.max_cqe;
-  const std::string sys = "/sys/class/infiniband/" + name + "/ports/" + std::to_string(port);
+  return true;
+}
+
+// The GID the port's traffic uses: WEFT_IB_GID_INDEX, or (RoCE) the best of the table (chooseGid).
+bool VerbsDevice::pickGid(const std::string& sys, const ibv_port_attr& pa, std::string* why) {
+  const IbvApi& api = ibv();
   const int forced = static_cast<int>(params::getInt("WEFT_IB_GID_INDEX"));
   if (roce_) {
     std::vector<GidEntry> table;
@@ -191,6 +208,12 @@ bool VerbsDevice::open(ibv_device* dev, const std::string& name, int port, std::
     *why = "ibv_query_gid failed";
     return false;
   }
+  return true;
+}
+
+// The protection domain, and the asynchronous event channel made non-blocking.
+bool VerbsDevice::allocate(std::string* why) {
+  const IbvApi& api = ibv();
   pd_ = api.allocPd(ctx_);
   if (pd_ == nullptr) {
     *why = std::string("ibv_alloc_pd failed: ") + std::strerror(errno);
@@ -202,6 +225,11 @@ bool VerbsDevice::open(ibv_device* dev, const std::string& name, int port, std::
     *why = "cannot make the asynchronous event channel non-blocking";
     return false;
   }
+  return true;
+}
+
+// The TCP address the connection handshake runs on: the RoCE GID's IPv4 address, else the port's interface.
+bool VerbsDevice::findHandshakeAddress(const std::string& name, const std::string& sys, std::string* why) {
   // The connection handshake runs over TCP on the port's own interface where there is one.
   if (roce_ && gidIsIpv4Mapped(gid_.raw)) {
     auto* sin = reinterpret_cast<sockaddr_in*>(&addr_);
@@ -235,6 +263,11 @@ bool VerbsDevice::open(ibv_device* dev, const std::string& name, int port, std::
            " cannot be bound here (" + std::strerror(errno) + "; another network namespace's device?)";
     return false;
   }
+  return true;
+}
+
+void VerbsDevice::fillProps(const std::string& name, int port, const ibv_port_attr& pa) {
+  const IbvApi& api = ibv();
   relaxedOrdering_ = api.regMrIova2 != nullptr;
   props_.name = name + ":" + std::to_string(port);
   props_.pciPath = realPath("/sys/class/infiniband/" + name + "/device");
@@ -253,6 +286,11 @@ bool VerbsDevice::open(ibv_device* dev, const std::string& name, int port, std::
   props_.maxP2pBytes = NCCL_MAX_NET_SIZE_BYTES;
   props_.maxCollBytes = NCCL_MAX_NET_SIZE_BYTES;
   props_.ptrSupport = NCCL_PTR_HOST;
+}
+
+// NCCL_PTR_CUDA (and NCCL_PTR_DMABUF) as WEFT_GDR and the host allow.
+void VerbsDevice::advertiseGpuMemory() {
+  const IbvApi& api = ibv();
   const std::string& gdr = params::getString("WEFT_GDR");
   if (cuda::compiledIn() && gdr != "0" && cuda::driverPresent()) {
     // GPU memory through nvidia-peermem, or through DMA-BUF where the kernel and device take it (the probe NCCL
@@ -278,7 +316,6 @@ bool VerbsDevice::open(ibv_device* dev, const std::string& name, int port, std::
                 cuda::compiledIn() ? "no CUDA driver (libcuda.so.1)" : "built without CUDA");
     }
   }
-  return true;
 }
 
 VerbsDevice::~VerbsDevice() {

@@ -58,6 +58,13 @@ class VerbsDevice final : public Registrar {
  private:
   VerbsDevice() : cache_(std::make_unique<MrCache>(this)) {}
   bool open(ibv_device* dev, const std::string& name, int port, std::string* why);
+  // The steps of open().
+  bool openPort(ibv_device* dev, int port, ibv_port_attr* portAttr, std::string* why);
+  bool pickGid(const std::string& sys, const ibv_port_attr& pa, std::string* why);
+  bool allocate(std::string* why);
+  bool findHandshakeAddress(const std::string& name, const std::string& sys, std::string* why);
+  void fillProps(const std::string& name, int port, const ibv_port_attr& pa);
+  void advertiseGpuMemory();
 
   DeviceProps props_;
   ibv_context* ctx_ = nullptr;
