@@ -14,6 +14,7 @@
 
 #include "fabric/fabric_endpoint.h"
 #include "verbs/verbs_comm.h"
+#include "plugin/conn_timing.h"
 #include "plugin/engine.h"
 #include "telemetry/profiler_core.h"
 #include "telemetry/sink.h"
@@ -108,91 +109,6 @@ T* as(void* p, const char* what) {
     return nullptr;
   }
   return static_cast<T*>(o);
-}
-
-// ---- timing of weft's own connections -------------------------------------------------------------------------
-// With WEFT_TIMING on, every comm gets a per-connection record (bytes, messages, post-to-completion latency); with
-// WEFT_TIMING=net each message is also reported to NCCL's profiler as a net-plugin event (v10+ tables hand us the
-// callback and a per-step pHandle), decoded by any profiler through weftProfilerNetDescr_v1_t.
-
-std::atomic<ncclProfilerCallback_t> gProfCallback{nullptr};
-
-telemetry::Level timingLevel() {
-  static const telemetry::Level level = telemetry::levelFromParams();
-  return level;
-}
-
-uint64_t monoNs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
-}
-
-void timingOpen(Comm* c, bool isSend) {
-  if (timingLevel() == telemetry::Level::kOff || c->telemetry != nullptr) return;
-  try {
-    c->telemetry = telemetry::registerConn(isSend, c->peerName(), c->deviceName());
-  } catch (...) {
-    c->telemetry = nullptr;  // no record for this comm; the data path is unaffected
-  }
-}
-
-void timingClose(Comm* c) {
-  auto* s = static_cast<telemetry::ConnStats*>(c->telemetry);
-  c->telemetry = nullptr;
-  if (s != nullptr) telemetry::unregisterConn(s);
-}
-
-// After a successful post. phandles: one per buffer (NULL entries, or NULL altogether, open no event: NCCL
-// dereferences them unchecked, docs/nccl-semantics.md §net-events).
-void timingPost(Comm* c, Request* r, uint64_t bytes, bool isSend, int n, void* const* phandles) {
-  RequestTelemetry& t = r->tel;
-  t.conn = c->telemetry;
-  t.nEvents = 0;
-  t.nBufs = static_cast<uint8_t>(n);
-  if (t.conn == nullptr) return;
-  t.postNs = monoNs();
-  t.bytes = bytes;
-  ncclProfilerCallback_t cb = gProfCallback.load(std::memory_order_relaxed);
-  if (cb == nullptr || phandles == nullptr || timingLevel() < telemetry::Level::kNet) return;
-  auto* stats = static_cast<telemetry::ConnStats*>(t.conn);
-  for (int i = 0; i < n && i < kMaxRecvs; ++i) {
-    if (phandles[i] == nullptr) continue;
-    weftProfilerNetDescr_v1_t d{};
-    d.type = 1;
-    d.isSend = isSend ? 1 : 0;
-    d.peerId = stats->id;
-    d.seq = stats->msgs.load(std::memory_order_relaxed);
-    d.length = bytes;
-    void* eh = nullptr;  // NCCL leaves it untouched when its mask does not ask for net events
-    cb(&eh, ncclProfilerNetEventStart, phandles[i], static_cast<int64_t>(WEFT_PROFILER_NET_TYPE | WEFT_PROFILER_NET_VER), &d);
-    if (eh != nullptr) t.events[t.nEvents++] = eh;
-  }
-}
-
-// When test() reported the request done (or failed).
-void timingDone(Request* r, const int* sizes) {
-  RequestTelemetry& t = r->tel;
-  auto* stats = static_cast<telemetry::ConnStats*>(t.conn);
-  if (stats == nullptr) return;
-  t.conn = nullptr;
-  uint64_t bytes = t.bytes;
-  if (!stats->isSend && sizes != nullptr) {
-    bytes = 0;
-    for (int i = 0; i < t.nBufs; ++i) bytes += sizes[i] > 0 ? static_cast<uint64_t>(sizes[i]) : 0;
-  }
-  stats->bytes.fetch_add(bytes, std::memory_order_relaxed);
-  stats->msgs.fetch_add(1, std::memory_order_relaxed);
-  uint64_t now = monoNs();
-  stats->latency.add(now > t.postNs ? now - t.postNs : 0);
-  if (t.nEvents != 0) {
-    ncclProfilerCallback_t cb = gProfCallback.load(std::memory_order_relaxed);
-    for (int i = 0; i < t.nEvents; ++i) {
-      void* eh = t.events[i];
-      if (cb != nullptr) cb(&eh, ncclProfilerNetEventStop, nullptr, 0, nullptr);
-    }
-    t.nEvents = 0;
-  }
 }
 
 // ---- one implementation ----------------------------------------------------------------------------------------
@@ -460,7 +376,7 @@ ncclResult_t testImpl(void* request, int* done, int* sizes) {
     if (r == nullptr) return Status::kInternal;
     bool d = false;
     Status st = r->test(&d, sizes);
-    if ((d || st != Status::kOk) && r->tel.conn != nullptr) timingDone(r, sizes);
+    if ((d || st != Status::kOk) && timingPending(r)) timingDone(r, sizes);
     *done = d ? 1 : 0;
     return st;
   });
@@ -514,14 +430,14 @@ ncclResult_t closeListenImpl(void* listenComm) {
 
 ncclResult_t init_v7(ncclDebugLogger_t logger) { return initImpl(logger); }
 ncclResult_t init_v10(ncclDebugLogger_t logger, ncclProfilerCallback_t prof) {
-  if (prof != nullptr) gProfCallback.store(prof, std::memory_order_relaxed);
+  if (prof != nullptr) setProfilerCallback(prof);
   return initImpl(logger);
 }
 
 template <typename Config>
 ncclResult_t init_v11(void** ctx, uint64_t commId, Config* config, ncclDebugLogger_t logger,
                       ncclProfilerCallback_t prof) {
-  if (prof != nullptr) gProfCallback.store(prof, std::memory_order_relaxed);
+  if (prof != nullptr) setProfilerCallback(prof);
   if (ctx != nullptr) *ctx = nullptr;
   ncclResult_t r = initImpl(logger);
   if (r != ncclSuccess) return r;

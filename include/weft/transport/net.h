@@ -66,23 +66,15 @@ constexpr uint32_t kMrMagic = 0x57464d52;      // "WFMR"
 
 class MemHandle;  // defined by the registration cache (mr_cache.h)
 
-// What the plugin layer notes about a request for weft's timing (set at post, used when test() says done).
-struct RequestTelemetry {
-  void* conn = nullptr;     // telemetry::ConnStats of the comm; nullptr: timing off
-  uint64_t postNs = 0;      // monotonic clock at isend/irecv
-  uint64_t bytes = 0;       // posted bytes (sends)
-  uint8_t nBufs = 0;        // buffers of the request (receives: how many sizes test() reports)
-  uint8_t nEvents = 0;
-  void* events[8] = {};     // net-plugin profiler events opened for this request (kMaxRecvs)
-};
-
 class Request : public Object {
  public:
   Request() : Object(0) {}
   virtual ~Request() = default;
   // On done, `sizes` (when non-NULL) gets one entry per buffer and the request returns to its pool.
   virtual Status test(bool* done, int* sizes) = 0;
-  RequestTelemetry tel;
+  // Room for the layer above the backends (the plugin's connection timing, plugin/conn_timing.cc), zeroed at
+  // construction and kept with the request through its reuses; no backend reads or writes it.
+  alignas(8) unsigned char above[96] = {};
 };
 
 class Comm : public Object {
@@ -92,7 +84,7 @@ class Comm : public Object {
   // For logs and per-connection records: the peer's address, this end's device.
   virtual std::string peerName() const { return {}; }
   virtual std::string deviceName() const { return {}; }
-  void* telemetry = nullptr;  // telemetry::ConnStats, owned by the plugin layer
+  void* above = nullptr;  // the layer above the backends: the plugin's connection timing (plugin/conn_timing.cc)
   virtual Status regMr(void* data, size_t size, int type, MemHandle** out) = 0;
   virtual Status regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd, MemHandle** out) = 0;
   virtual Status deregMr(MemHandle* mh) = 0;

@@ -1,0 +1,28 @@
+// Timing of weft's own connections, wrapped around the transport calls by the plugin layer (net_plugin.cc): with
+// WEFT_TIMING on, every comm gets a per-connection record (bytes, messages, post-to-completion latency); with
+// WEFT_TIMING=net each message is also reported to NCCL's profiler as a net-plugin event (v10+ tables hand us the
+// callback and a per-step pHandle), decoded by any profiler through weftProfilerNetDescr_v1_t. What it keeps per
+// comm and per request lives in the room the transport interface leaves the layer above (Comm::above,
+// Request::above): the backends know nothing of it.
+#pragma once
+
+#include <cstdint>
+
+#include "weft/nccl/common.h"
+#include "weft/transport/net.h"
+
+namespace weft {
+
+void setProfilerCallback(ncclProfilerCallback_t cb);
+// A comm was made / is closing (its record is written then).
+void timingOpen(Comm* c, bool isSend);
+void timingClose(Comm* c);
+// After a successful post. phandles: one per buffer (NULL entries, or NULL altogether, open no event: NCCL
+// dereferences them unchecked, docs/nccl-semantics.md §net-events).
+void timingPost(Comm* c, Request* r, uint64_t bytes, bool isSend, int n, void* const* phandles);
+// The request was posted with timing on and test() has not yet reported it.
+bool timingPending(Request* r);
+// When test() reported the request done (or failed).
+void timingDone(Request* r, const int* sizes);
+
+}  // namespace weft
