@@ -3,6 +3,7 @@
 #include <rdma/fabric.h>
 
 #include "fabric/fabric_backend.h"
+#include "tcp/tcp_backend.h"
 #include "verbs/verbs_backend.h"
 #include "weft/common/log.h"
 #include "weft/common/params.h"
@@ -34,19 +35,21 @@ Status Engine::init(ncclDebugLogger_t logger) {
     WEFT_WARN("not offering any device: {}; NCCL will use its own transports", declineReason_);
     return Status::kOk;
   }
-  // WEFT_BACKEND: verbs where an InfiniBand/RoCE port is active (auto), else libfabric; a forced backend that
-  // finds nothing declines instead of silently using the other.
+  // WEFT_BACKEND: verbs where an InfiniBand/RoCE port is active (auto), else libfabric; tcp only when asked for; a
+  // forced backend that finds nothing declines instead of silently using another.
   const std::string& which = params::getString("WEFT_BACKEND");
   try {
-    std::string verbsWhy, fabricWhy;
-    if (which != "fabric") {
+    std::string verbsWhy, fabricWhy, tcpWhy;
+    if (which == "tcp") backend_ = tcp::TcpBackend::discover(&tcpWhy);
+    if (which == "auto" || which == "verbs") {
       backend_ = verbs::VerbsBackend::discover(&verbsWhy);
       if (!backend_ && which == "auto")
         WEFT_INFO(NCCL_INIT | NCCL_NET, "verbs backend not used: {}; trying libfabric", verbsWhy);
     }
-    if (!backend_ && which != "verbs") backend_ = fabric::FabricBackend::discover(&fabricWhy);
+    if (!backend_ && (which == "auto" || which == "fabric")) backend_ = fabric::FabricBackend::discover(&fabricWhy);
     if (!backend_) {
       declineReason_ = which == "verbs"    ? "WEFT_BACKEND=verbs: " + verbsWhy
+                       : which == "tcp"    ? "WEFT_BACKEND=tcp: " + tcpWhy
                        : which == "fabric" ? fabricWhy
                                            : fabricWhy + "; verbs: " + verbsWhy;
     } else {

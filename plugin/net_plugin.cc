@@ -9,10 +9,12 @@
 #include <mutex>
 #include <new>
 #include <unordered_set>
+#include <utility>
 
 #include <time.h>
 
 #include "fabric/fabric_endpoint.h"
+#include "tcp/tcp_comm.h"
 #include "verbs/verbs_comm.h"
 #include "plugin/conn_timing.h"
 #include "plugin/engine.h"
@@ -636,7 +638,8 @@ WEFT_EXPORT ncclNet_v12_t ncclNetPlugin_v12 = {
 // weft's own figures, for tools (`weft conformance` reports endpoints open with it); not part of NCCL's ABI.
 // Returns 0 and sets *value for a known key, -1 otherwise. Keys: "fabric.endpoints_open" (libfabric endpoints
 // open in this process), "fabric.probes_sent" (liveness probes sent so far), "flush_reads" (read-back flush
-// reads completed so far, on either backend; "fabric.flush_reads": libfabric's only).
+// reads completed so far, on either backend; "fabric.flush_reads": libfabric's only), "tcp.send_calls",
+// "tcp.recv_calls", "tcp.bytes_sent", "tcp.bytes_received", "tcp.comms_open" (the native TCP backend's data path).
 WEFT_EXPORT int weftNetStat(const char* key, long long* value) {
   if (key == nullptr || value == nullptr) return -1;
   if (std::strcmp(key, "fabric.endpoints_open") == 0) {
@@ -650,6 +653,17 @@ WEFT_EXPORT int weftNetStat(const char* key, long long* value) {
   if (std::strcmp(key, "fabric.flush_reads") == 0) {
     *value = weft::fabric::Endpoint::flushReads();
     return 0;
+  }
+  // The native TCP backend: data-path system calls and bytes, and comms open ("tcp.send_calls", ...).
+  static constexpr std::pair<const char*, std::atomic<int64_t> weft::tcp::Counters::*> kTcp[] = {
+      {"tcp.send_calls", &weft::tcp::Counters::sendCalls},   {"tcp.recv_calls", &weft::tcp::Counters::recvCalls},
+      {"tcp.bytes_sent", &weft::tcp::Counters::bytesSent},   {"tcp.bytes_received", &weft::tcp::Counters::bytesReceived},
+      {"tcp.comms_open", &weft::tcp::Counters::commsOpen}};
+  for (const auto& [name, member] : kTcp) {
+    if (std::strcmp(key, name) == 0) {
+      *value = (weft::tcp::counters().*member).load(std::memory_order_relaxed);
+      return 0;
+    }
   }
   if (std::strcmp(key, "flush_reads") == 0) {
     *value = weft::fabric::Endpoint::flushReads() + weft::verbs::VerbsRecvComm::flushReads();

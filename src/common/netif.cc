@@ -1,5 +1,11 @@
 #include "weft/common/netif.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include <cerrno>
+
 namespace weft {
 
 bool matchInterface(const std::string& name, const std::string& spec) {
@@ -23,6 +29,35 @@ bool matchInterface(const std::string& name, const std::string& spec) {
     start = comma + 1;
   }
   return exclude ? !matched : matched;
+}
+
+std::string sockaddrString(const sockaddr* sa, bool withPort) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  if (sa->sa_family == AF_INET) {
+    auto* s = reinterpret_cast<const sockaddr_in*>(sa);
+    inet_ntop(AF_INET, &s->sin_addr, host, sizeof(host));
+    return withPort ? std::string(host) + ":" + std::to_string(ntohs(s->sin_port)) : host;
+  }
+  if (sa->sa_family == AF_INET6) {
+    auto* s = reinterpret_cast<const sockaddr_in6*>(sa);
+    inet_ntop(AF_INET6, &s->sin6_addr, host, sizeof(host));
+    return withPort ? "[" + std::string(host) + "]:" + std::to_string(ntohs(s->sin6_port)) : host;
+  }
+  return "?";
+}
+
+int bindTcpSocket(sockaddr_storage addr, socklen_t len, int flags) {
+  if (addr.ss_family == AF_INET) reinterpret_cast<sockaddr_in*>(&addr)->sin_port = 0;
+  if (addr.ss_family == AF_INET6) reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port = 0;
+  int fd = ::socket(addr.ss_family, SOCK_STREAM | flags, 0);
+  if (fd < 0) return -1;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+    int e = errno;
+    ::close(fd);
+    errno = e;
+    return -1;
+  }
+  return fd;
 }
 
 }  // namespace weft

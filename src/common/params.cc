@@ -14,10 +14,11 @@ namespace {
 
 // clang-format off
 const std::vector<Def> kDefs = {
-  {"WEFT_BACKEND", Kind::kChoice, "auto", 0, 0, "auto|verbs|fabric",
-   "Transport: verbs = native ibverbs (InfiniBand, RoCE); fabric = libfabric; auto = verbs where an active "
-   "InfiniBand or RoCE port exists (after WEFT_IB_HCA), libfabric otherwise. A forced backend that finds no "
-   "device declines (NCCL uses its own transports) rather than falling back."},
+  {"WEFT_BACKEND", Kind::kChoice, "auto", 0, 0, "auto|verbs|fabric|tcp",
+   "Transport: verbs = native ibverbs (InfiniBand, RoCE); fabric = libfabric; tcp = weft's own TCP sockets (one "
+   "per connection, progressed inline; host memory only); auto = verbs where an active InfiniBand or RoCE port "
+   "exists (after WEFT_IB_HCA), libfabric otherwise. A forced backend that finds no device declines (NCCL uses "
+   "its own transports) rather than falling back."},
   {"WEFT_IB_HCA", Kind::kString, "", 0, 0, nullptr,
    "verbs: which HCA ports become NCCL devices, NCCL_IB_HCA syntax: comma-separated device names with an "
    "optional :port (mlx5_0:1,mlx5_1), '^' to exclude, '=' for exact names (prefixes otherwise). Empty: every "
@@ -44,6 +45,13 @@ const std::vector<Def> kDefs = {
    "Which NICs/domains become NCCL devices: comma-separated name prefixes, '^' to exclude, '=' for exact names "
    "(NCCL_SOCKET_IFNAME syntax). Empty: every domain except loopback and container bridges (loopback is used "
    "only when nothing else exists)."},
+  {"WEFT_TCP_SOCKBUF", Kind::kInt, "0", 0, 1 << 30, nullptr,
+   "Native TCP backend: SO_SNDBUF and SO_RCVBUF of every data socket, in bytes (the kernel doubles the value and "
+   "caps it at net.core.wmem_max/rmem_max). 0: the kernel's autotuning (net.ipv4.tcp_wmem/tcp_rmem), which grows "
+   "a busy connection's buffers to its bandwidth-delay product and keeps an idle one small."},
+  {"WEFT_TCP_WRITE_MAX", Kind::kInt, "524288", 4096, 1 << 30, nullptr,
+   "Native TCP backend: bytes one sendmsg offers the kernel at most (queued messages go out together up to this). "
+   "One write of several queued MiB measured half the bandwidth of 512 KiB writes on loopback."},
   {"WEFT_MAX_RECVS", Kind::kInt, "8", 1, 8, nullptr,
    "maxRecvs reported to NCCL: buffers one grouped irecv may carry (PXN aggregation). 1 turns grouping off."},
   {"WEFT_CONNECT_TIMEOUT", Kind::kInt, "120", 0, 86400, nullptr,

@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <sys/stat.h>
 
+#include <cctype>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -29,6 +30,36 @@ std::string realPath(const std::string& path) {
   char buf[PATH_MAX];
   if (::realpath(path.c_str(), buf) == nullptr) return {};
   return buf;
+}
+
+bool isPciBusId(const std::string& c) {  // dddd:bb:dd.f
+  if (c.size() != 12 || c[4] != ':' || c[7] != ':' || c[10] != '.') return false;
+  for (size_t i : {0, 1, 2, 3, 5, 6, 8, 9, 11}) {
+    if (!std::isxdigit(static_cast<unsigned char>(c[i]))) return false;
+  }
+  return true;
+}
+
+std::string pciAncestor(std::string p) {
+  while (!p.empty()) {
+    size_t slash = p.rfind('/');
+    if (slash == std::string::npos) break;
+    if (isPciBusId(p.substr(slash + 1))) return p;
+    p.erase(slash);
+  }
+  return {};
+}
+
+std::string netdevPciPath(const std::string& ifname, const std::string& root) {
+  return pciAncestor(realPath(root + "/class/net/" + ifname + "/device"));
+}
+
+int netdevSpeedMbps(const std::string& ifname, const std::string& root) {
+  std::string s = readLine(root + "/class/net/" + ifname + "/speed");
+  char* end = nullptr;
+  long v = s.empty() ? 0 : std::strtol(s.c_str(), &end, 10);
+  if (end == nullptr || *end != '\0' || v <= 0 || v > INT_MAX) return 10000;
+  return static_cast<int>(v);
 }
 
 namespace {

@@ -55,18 +55,6 @@ InfoPtr makeHints(const std::string& provider, bool directed, bool manualProgres
 }
 
 
-// NCCL wants a path whose last component is the PCI bus id (docs/nccl-semantics.md §properties): walk up from
-// virtio/usb children.
-std::string pciAncestor(std::string p) {
-  while (!p.empty()) {
-    size_t slash = p.rfind('/');
-    if (slash == std::string::npos) break;
-    if (isPciBusId(p.substr(slash + 1))) return p;
-    p.erase(slash);
-  }
-  return {};
-}
-
 std::string pciPathOf(const fi_info* info) {
   if (info->nic != nullptr && info->nic->bus_attr != nullptr && info->nic->bus_attr->bus_type == FI_BUS_PCI) {
     const auto& pci = info->nic->bus_attr->attr.pci;
@@ -78,7 +66,7 @@ std::string pciPathOf(const fi_info* info) {
   }
   // tcp/sockets: the domain is a network interface; a physical one has a PCI device behind it.
   if (info->domain_attr != nullptr && info->domain_attr->name != nullptr) {
-    std::string p = pciAncestor(sysfs::realPath(std::string("/sys/class/net/") + info->domain_attr->name + "/device"));
+    std::string p = sysfs::netdevPciPath(info->domain_attr->name);
     if (!p.empty()) return p;
   }
   return {};
@@ -89,12 +77,9 @@ int speedMbpsOf(const fi_info* info) {
     return static_cast<int>(std::min<size_t>(info->nic->link_attr->speed / 1000000, INT_MAX));
   }
   if (info->domain_attr != nullptr && info->domain_attr->name != nullptr) {
-    std::string s = sysfs::readLine(std::string("/sys/class/net/") + info->domain_attr->name + "/speed");
-    int64_t v = 0;
-    std::string err;
-    if (params::parseInt(s, 1, INT_MAX, &v, &err)) return static_cast<int>(v);
+    return sysfs::netdevSpeedMbps(info->domain_attr->name);
   }
-  return 10000;  // unknown (loopback, virtual NICs): NCCL's own default of 10 Gb/s
+  return 10000;
 }
 
 bool isLoopbackOrBridge(const std::string& name) {

@@ -36,14 +36,6 @@ size_t commonPrefix(const std::vector<std::string>& a, const std::vector<std::st
 
 }  // namespace
 
-bool isPciBusId(const std::string& c) {  // dddd:bb:dd.f
-  if (c.size() != 12 || c[4] != ':' || c[7] != ':' || c[10] != '.') return false;
-  for (size_t i : {0, 1, 2, 3, 5, 6, 8, 9, 11}) {
-    if (!std::isxdigit(static_cast<unsigned char>(c[i]))) return false;
-  }
-  return true;
-}
-
 bool parseNicRails(const std::string& text, std::map<std::string, NicRail>* out, std::string* error) {
   out->clear();
   size_t start = 0;

@@ -2,6 +2,8 @@
 // from PCI locality; pure functions over names and sysfs paths, so the rules are unit-tested without hardware.
 #pragma once
 
+#include "weft/common/sysfs.h"
+
 #include <map>
 #include <string>
 #include <vector>
@@ -44,7 +46,7 @@ std::vector<std::string> pciChain(const std::string& sysfsPath);
 std::vector<std::vector<int>> groupRails(const std::vector<NicInfo>& nics, const std::vector<std::string>& gpuPaths,
                                          const RailSpec& spec, std::vector<std::string>* warnings);
 
-bool isPciBusId(const std::string& component);      // dddd:bb:dd.f
+using sysfs::isPciBusId;  // weft/common/sysfs.h
 
 // sysfs paths of the GPUs in this machine (PCI display/3D controllers of NVIDIA or AMD).
 std::vector<std::string> findGpuPciPaths();

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "verbs/verbs_device.h"
+#include "weft/common/netif.h"
 #include "weft/transport/offer_table.h"
 #include "weft/transport/tag_seq.h"
 
@@ -305,8 +306,7 @@ class VerbsListenComm final : public ListenComm {
   std::chrono::steady_clock::time_point started_;
 };
 
-std::string sockaddrString(const sockaddr* sa, bool withPort = true);
-// A TCP socket (`flags` as for socket(2)) bound to `addr` with port 0, the kernel picking one; -1 with errno set.
-int bindTcpSocket(sockaddr_storage addr, socklen_t len, int flags);
+using weft::bindTcpSocket;  // weft/common/netif.h
+using weft::sockaddrString;
 
 }  // namespace weft::verbs

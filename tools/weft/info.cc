@@ -5,6 +5,7 @@
 #include <string>
 
 #include "fabric/fabric_backend.h"
+#include "tcp/tcp_backend.h"
 #include "verbs/verbs_backend.h"
 #include "plugin_loader.h"
 #include "weft/common/params.h"
@@ -104,14 +105,25 @@ int info(int argc, char** argv) {
   }
   const std::string& which = params::getString("WEFT_BACKEND");
   std::printf("\ndevices weft offers NCCL with this environment (WEFT_BACKEND=%s):\n", which.c_str());
-  if (which != "fabric" && vb) {
+  if (which == "tcp") {
+    std::string twhy;
+    auto tb = tcp::TcpBackend::discover(&twhy);
+    if (!tb) std::printf("  none: WEFT_BACKEND=tcp and %s\n", twhy.c_str());
+    for (int d = 0; tb && d < tb->deviceCount(); ++d) {
+      const auto& p = tb->props(d);
+      std::printf("  %d: %-10s %-18s %6d Mb/s  maxRecvs %d  ptrSupport %#x  address %s  pci %s\n", d, p.name.c_str(),
+                  p.provider.c_str(), p.speedMbps, p.maxRecvs, p.ptrSupport, p.fabric.c_str(),
+                  p.pciPath.empty() ? "-" : p.pciPath.c_str());
+    }
+  } else if (which != "fabric" && vb) {
     std::printf("  the native verbs ports above\n");
   } else if (which == "verbs") {
     std::printf("  none: WEFT_BACKEND=verbs and %s\n", vwhy.c_str());
   }
   std::string why;
-  auto backend = (which == "verbs" || (which == "auto" && vb)) ? nullptr : fabric::FabricBackend::discover(&why);
-  if (which == "verbs" || (which == "auto" && vb)) {
+  const bool notFabric = which == "verbs" || which == "tcp" || (which == "auto" && vb);
+  auto backend = notFabric ? nullptr : fabric::FabricBackend::discover(&why);
+  if (notFabric) {
     // listed above
   } else if (!backend) {
     std::printf("  none: %s\n", why.c_str());

@@ -2,6 +2,8 @@
 // domains and for the interfaces verbs takes RoCE addresses from).
 #pragma once
 
+#include <sys/socket.h>
+
 #include <string>
 
 namespace weft {
@@ -9,5 +11,10 @@ namespace weft {
 // True when `name` is selected by `spec`: comma-separated name prefixes, '^' first excludes them, '=' first
 // makes them exact names. An empty spec selects nothing here (callers decide what empty means).
 bool matchInterface(const std::string& name, const std::string& spec);
+
+// "1.2.3.4:port" or "[v6]:port" (without the port when withPort is false); "?" for another family.
+std::string sockaddrString(const sockaddr* sa, bool withPort = true);
+// A TCP socket (`flags` as for socket(2)) bound to `addr` with port 0, the kernel picking one; -1 with errno set.
+int bindTcpSocket(sockaddr_storage addr, socklen_t len, int flags);
 
 }  // namespace weft

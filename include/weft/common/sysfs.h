@@ -13,6 +13,17 @@ std::string readLine(const std::string& path);
 // The canonical path (symlinks resolved); "" when it does not exist.
 std::string realPath(const std::string& path);
 
+// A PCI bus id as sysfs names devices: dddd:bb:dd.f.
+bool isPciBusId(const std::string& component);
+// NCCL wants a path whose last component is the PCI bus id (docs/nccl-semantics.md §properties): `path` itself
+// or its nearest such ancestor (a virtio or usb NIC's device is a child of its PCI function); "" when none.
+std::string pciAncestor(std::string path);
+// The PCI path of a network interface's device; "" for virtual interfaces (loopback, veth, bridges).
+std::string netdevPciPath(const std::string& ifname, const std::string& root = "/sys");
+// A network interface's link speed in Mb/s; 10000 (NCCL's own default) where the kernel does not know it
+// (loopback, most virtual interfaces).
+int netdevSpeedMbps(const std::string& ifname, const std::string& root = "/sys");
+
 // Where the up/down state of the NIC behind a libfabric domain (or a network interface) is read.
 struct LinkSource {
   enum class Kind { kNone, kNetdev, kRdmaPort };

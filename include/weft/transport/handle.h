@@ -3,7 +3,8 @@
 //   0  u32 magic 'WEFT'     4  u8 version   5  u8 backend   6  u16 addrLen
 //   8  u32 providerHash     12 u32 checksum (FNV-1a of every other byte)
 //   16 u64 token (random per listen)       24 u32 listen id (libfabric: the listen's entry at its port)
-//   28 u8 addr[100] (provider address of the listening port, or the verbs handshake socket; addrLen bytes)
+//   28 u8 addr[100] (provider address of the listening port, the verbs handshake socket, or the TCP listen
+//   socket; addrLen bytes)
 #pragma once
 
 #include <array>
@@ -16,7 +17,7 @@
 
 namespace weft {
 
-enum class BackendId : uint8_t { kFabric = 1, kVerbs = 2 };
+enum class BackendId : uint8_t { kFabric = 1, kVerbs = 2, kTcp = 3 };
 
 struct WireHandle {
   static constexpr uint32_t kMagic = 0x54464557;  // "WEFT"

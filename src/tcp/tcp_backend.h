@@ -1,0 +1,64 @@
+// The native TCP backend (WEFT_BACKEND=tcp): one NCCL device per network interface WEFT_IFACE selects (by default
+// every interface that is up except loopback and container bridges; loopback when nothing else is), one
+// non-blocking socket per connection, everything progressed inline from NCCL's calls (tcp_comm.h). Host memory
+// only, as NCCL's own Socket transport: NCCL stages GPU data through host buffers.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "tcp/tcp_comm.h"
+#include "weft/transport/pending_connects.h"
+
+namespace weft::tcp {
+
+class TcpBackend final : public Backend {
+ public:
+  // Every interface with an address that WEFT_IFACE allows; nullptr and `why` when there is none.
+  static std::unique_ptr<TcpBackend> discover(std::string* why);
+  ~TcpBackend() override;
+
+  const char* name() const override { return "tcp"; }
+  int deviceCount() const override { return count_.load(std::memory_order_acquire); }
+  const DeviceProps& props(int dev) const override { return slots_[dev].props; }
+  Status listen(int dev, const CommConfig& config, void* handle, ListenComm** out) override;
+  Status connect(int dev, const CommConfig& config, void* handle, SendComm** out) override;
+  // One interface as a device of its own (NCCL asks for single ones too); fusing several is not offered yet:
+  // NCCL is told so and keeps them separate.
+  Status makeVDevice(const int* devs, int n, int* out) override;
+
+  static constexpr int kMaxDevices = 256;
+  static uint32_t providerHash();
+
+ private:
+  struct Slot {
+    TcpDevice* dev = nullptr;
+    DeviceProps props;
+  };
+  struct PendingConnect {
+    int fd = -1;
+    std::string peerName;
+    uint64_t token = 0;
+    size_t helloSent = 0;
+    Hello answer{};
+    size_t answerGot = 0;
+    uint8_t handleBytes[kHandleSize];
+    std::chrono::steady_clock::time_point started;
+    ~PendingConnect();
+  };
+  Status pollConnect(int dev, PendingConnect& pc, SendComm** out);
+
+  std::vector<std::unique_ptr<TcpDevice>> devices_;
+  std::array<Slot, kMaxDevices> slots_;
+  std::atomic<int> count_{0};
+  std::mutex slotsMutex_;
+  SocketOptions opts_;
+  PendingConnects<PendingConnect> pending_;
+};
+
+}  // namespace weft::tcp

@@ -1,0 +1,218 @@
+// Listen, send and receive comms of the native TCP backend (WEFT_BACKEND=tcp): one non-blocking TCP_NODELAY
+// socket per comm, progressed inline from isend, irecv and test (no helper thread, no poll, no wake-up fds, no
+// lock on the data path: NCCL calls a comm's data path from one thread, docs/nccl-semantics.md §threads).
+//
+// Connection: the handle names the listen socket's address and a random token. connect() opens a non-blocking
+// TCP connection and sends a hello (token, the tuner's digest); the listener checks it and answers; the connector
+// hands out its send comm once the answer says accepted. Every step is a non-blocking call NCCL polls; the same
+// socket then carries the data, receiver-bound only.
+//
+// Data: each message is a 16-byte header (size, tag, a check word with the message's sequence number) followed by
+// the payload, written with one sendmsg (queued messages go out together, several per call). A send completes when
+// its last byte is in the kernel's socket buffer, as NCCL's Socket transport does. The receiver reads into a small
+// staging buffer (a header with a small payload, often several, arrive in one recv); the rest of a large payload
+// is read straight into the posted buffer. A header goes to the first posted receive buffer, in posting order,
+// with its tag that has no message yet (grouped receives: any order within a group); one that matches none waits
+// in the staging buffer, unread further, until NCCL posts its receive (TCP's window holds the sender back).
+//
+// Failures: the peer's process dying closes its socket (EOF or reset: requests fail at once); a peer host or link
+// that goes silent is found by TCP itself (TCP_USER_TIMEOUT on unacknowledged data, keepalive probes on an idle
+// connection, both WEFT_PEER_TIMEOUT), no probe of ours. A header whose check word is wrong (a corrupted or
+// desynchronised stream) or whose size exceeds its receive buffer fails the comm.
+#pragma once
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "weft/transport/mr_cache.h"
+#include "weft/transport/net.h"
+
+namespace weft::tcp {
+
+// Both directions of the connection handshake (32 bytes).
+struct Hello {
+  static constexpr uint32_t kMagic = 0x57465443;  // "WFTC"
+  static constexpr uint16_t kVersion = 1;
+  enum : uint16_t { kRequest = 0xffff, kAccepted = 0, kWrongToken = 1, kBadRequest = 2, kUsed = 3, kTunerMismatch = 4 };
+  uint32_t magic;
+  uint16_t version;
+  uint16_t status;  // kRequest from the connector; the listener's verdict in its answer
+  uint64_t token;
+  uint64_t tunerDigest;
+  uint64_t reserved;
+};
+static_assert(sizeof(Hello) == 32);
+
+struct MsgHeader {
+  static constexpr uint32_t kCheck = 0x5746544d;  // "WFTM", xor the message's sequence number
+  uint64_t size;
+  int32_t tag;
+  uint32_t check;
+};
+static_assert(sizeof(MsgHeader) == 16);
+
+// Process-wide counters (weftNetStat "tcp.*"): system calls and bytes of the data path.
+struct Counters {
+  std::atomic<int64_t> sendCalls{0}, recvCalls{0}, bytesSent{0}, bytesReceived{0}, commsOpen{0};
+};
+Counters& counters();
+
+// What every comm of one device shares: its props (for names) and the registration cache. Registration is
+// bookkeeping only (TCP needs none), kept so handles behave as on the other backends.
+struct TcpDevice {
+  DeviceProps props;
+  sockaddr_storage addr{};
+  socklen_t addrLen = 0;
+  std::unique_ptr<Registrar> registrar;
+  std::unique_ptr<MrCache> cache;
+};
+
+// The socket settings of a data connection (TCP_NODELAY, liveness, buffer sizes), from the WEFT_* parameters.
+struct SocketOptions {
+  int peerTimeoutSec = 10;
+  int keepIdleSec = 1;
+  int sockBuf = 0;  // SO_SNDBUF/SO_RCVBUF; 0: the kernel's autotuning
+  size_t writeMax = 512 << 10;
+  static SocketOptions fromParams();
+  // Before connect or listen (buffer sizes decide the window scale at the SYN).
+  void applyEarly(int fd) const;
+  // On a connected socket.
+  void applyConnected(int fd) const;
+};
+
+class TcpDataComm;
+
+class TcpRequest final : public Request {
+ public:
+  Status test(bool* done, int* sizes) override;
+  TcpDataComm* comm = nullptr;
+  TcpRequest* next = nullptr;  // the comm's queue of posted requests, or its free list
+  bool inUse = false;
+  bool complete = false;
+  uint8_t n = 0;
+  // send: the header, then the payload; `sent` counts both
+  MsgHeader hdr{};
+  const uint8_t* src = nullptr;
+  uint64_t sent = 0;
+  // recv: per buffer, its place, capacity and tag, and how much of its message has arrived of how much
+  uint8_t matched = 0, filled = 0;
+  uint8_t* dst[kMaxRecvs] = {};
+  uint64_t cap[kMaxRecvs] = {};
+  uint64_t got[kMaxRecvs] = {};
+  uint64_t want[kMaxRecvs] = {};
+  int32_t tags[kMaxRecvs] = {};
+  bool bufMatched[kMaxRecvs] = {};
+};
+
+class TcpDataComm {
+ public:
+  TcpDataComm(TcpDevice& dev, int fd, std::string peerName);
+  virtual ~TcpDataComm();
+  TcpDataComm(const TcpDataComm&) = delete;
+  TcpDataComm& operator=(const TcpDataComm&) = delete;
+  Status testRequest(TcpRequest* r, bool* done, int* sizes);
+  virtual void progress() = 0;
+  Status regMrImpl(void* data, size_t size, int type, MemHandle** out);
+  Status deregMrImpl(MemHandle* mh);
+
+ protected:
+  TcpRequest* acquire();
+  void release(TcpRequest* r);
+  void enqueue(TcpRequest* r);
+  void fail(Status st, const std::string& why);
+  Status checkMh(const MemHandle* mh, const void* data, size_t size, const char* op) const;
+
+  TcpDevice& dev_;
+  int fd_;
+  std::string peerName_;
+  Status fatal_ = Status::kOk;
+  TcpRequest* head_ = nullptr;  // posted, in order; completed ones leave from the front
+  TcpRequest* tail_ = nullptr;
+  uint32_t seq_ = 0;  // messages started (send) or matched (recv) on this comm
+
+ private:
+  // Requests come kChunk at a time when the comm first has more in flight (an idle comm holds none).
+  static constexpr int kChunk = 4;
+  static constexpr int kMaxPool = 512;
+  std::vector<std::unique_ptr<TcpRequest[]>> chunks_;
+  TcpRequest* free_ = nullptr;
+};
+
+template <typename Iface>
+class TcpComm : public Iface, public TcpDataComm {
+ public:
+  using TcpDataComm::TcpDataComm;
+  std::string peerName() const override { return peerName_; }
+  std::string deviceName() const override { return dev_.props.name; }
+  Status regMr(void* data, size_t size, int type, MemHandle** out) override { return regMrImpl(data, size, type, out); }
+  Status regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd, MemHandle** out) override;
+  Status deregMr(MemHandle* mh) override { return deregMrImpl(mh); }
+};
+
+class TcpSendComm final : public TcpComm<SendComm> {
+ public:
+  TcpSendComm(TcpDevice& dev, int fd, std::string peerName, size_t writeMax)
+      : TcpComm<SendComm>(dev, fd, std::move(peerName)), writeMax_(writeMax) {}
+  Status isend(void* data, size_t size, int tag, MemHandle* mh, Request** request) override;
+  void progress() override;
+
+ private:
+  size_t writeMax_;  // bytes one sendmsg offers at most (WEFT_TCP_WRITE_MAX)
+};
+
+class TcpRecvComm final : public TcpComm<RecvComm> {
+ public:
+  TcpRecvComm(TcpDevice& dev, int fd, std::string peerName);
+  Status irecv(int n, void** data, const size_t* sizes, const int* tags, MemHandle** mhs, bool optional,
+               Request** request) override;
+  Status iflush(int n, void** data, const int* sizes, MemHandle** mhs, Request** request) override;
+  void progress() override;
+
+  static constexpr size_t kStage = 8192;  // the staging buffer
+  static constexpr size_t kDirectMin = kStage / 2;  // payload left to read from which recv goes to the buffer
+
+ private:
+  bool fillStage();  // one recv into the staging buffer: true when bytes came
+  bool matchHeader();  // the header at the front of the staging buffer found its receive buffer
+  void bufferDone();
+  std::unique_ptr<uint8_t[]> stage_;
+  size_t begin_ = 0, end_ = 0;  // unread bytes of the staging buffer
+  TcpRequest* cur_ = nullptr;  // the request whose buffer cur_Buf_ the payload in progress goes to
+  int curBuf_ = 0;
+};
+
+class TcpListenComm final : public ListenComm {
+ public:
+  TcpListenComm(TcpDevice& dev, int fd, uint64_t token, SocketOptions opts);
+  ~TcpListenComm() override;
+  Status accept(RecvComm** recvComm) override;
+
+ private:
+  struct Incoming {
+    int fd = -1;
+    std::string peer;
+    Hello hello{};
+    size_t got = 0;
+    std::chrono::steady_clock::time_point started;
+  };
+  // Reads what has arrived of its hello; answers and returns true once the connection is decided (*out set when
+  // accepted).
+  bool serve(Incoming& in, RecvComm** out);
+  TcpDevice& dev_;
+  int listenFd_;
+  uint64_t token_;
+  SocketOptions opts_;
+  bool used_ = false;  // a connection was accepted: the handle is spent
+  std::vector<Incoming> incoming_;
+  static constexpr size_t kMaxIncoming = 16;
+  static constexpr std::chrono::seconds kHelloTimeout{30};
+};
+
+}  // namespace weft::tcp
