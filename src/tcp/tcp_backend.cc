@@ -67,7 +67,9 @@ std::vector<Interface> interfaces() {
 uint32_t TcpBackend::providerHash() { return static_cast<uint32_t>(fnv1a64("weft-tcp-stream-v1")); }
 
 TcpBackend::PendingConnect::~PendingConnect() {
-  if (fd >= 0) ::close(fd);
+  for (auto& ps : socks) {
+    if (ps.fd >= 0) ::close(ps.fd);
+  }
 }
 
 std::unique_ptr<TcpBackend> TcpBackend::discover(std::string* why) {
@@ -94,8 +96,11 @@ std::unique_ptr<TcpBackend> TcpBackend::discover(std::string* why) {
     const int k = b->count_.load();
     if (k >= kMaxDevices) break;
     auto d = std::make_unique<TcpDevice>();
-    d->addr = i.addr;
-    d->addrLen = i.len;
+    RailAddr ra;
+    ra.ifname = i.name;
+    ra.addr = i.addr;
+    ra.len = i.len;
+    d->rails.push_back(ra);
     d->registrar = std::make_unique<NullRegistrar>();
     d->cache = std::make_unique<MrCache>(d->registrar.get());
     DeviceProps& p = d->props;
@@ -122,26 +127,120 @@ TcpBackend::~TcpBackend() = default;
 
 Status TcpBackend::makeVDevice(const int* devs, int n, int* out) {
   if (devs == nullptr || out == nullptr || n < 1) return Status::kInternal;
-  if (n > 1) {
-    WEFT_WARN("makeVDevice: fusing {} interfaces into one device is not offered by the TCP backend; NCCL keeps "
-              "them separate",
-              n);
-    return Status::kInvalidUsage;
-  }
-  if (devs[0] < 0 || devs[0] >= deviceCount()) {
-    WEFT_WARN("makeVDevice: device {} does not exist ({} devices)", devs[0], deviceCount());
+  if (n > kMaxRails) {
+    WEFT_WARN("makeVDevice: {} interfaces asked for; the TCP backend fuses at most {}", n, kMaxRails);
     return Status::kInvalidUsage;
   }
   std::lock_guard<std::mutex> lock(slotsMutex_);
-  const int i = count_.load(std::memory_order_relaxed);
-  if (i >= kMaxDevices) return Status::kInternal;
-  slots_[i] = slots_[devs[0]];
-  slots_[i].props.vdevCount = 1;
-  slots_[i].props.vdevs[0] = devs[0];
-  count_.store(i + 1, std::memory_order_release);
-  *out = i;
+  const int count = count_.load(std::memory_order_relaxed);
+  for (int j = 0; j < n; ++j) {
+    if (devs[j] < 0 || devs[j] >= count || slots_[devs[j]].props.vdevCount > 0) {
+      WEFT_WARN("makeVDevice: device {} is not one of the {} interfaces", devs[j], devices_.size());
+      return Status::kInvalidUsage;
+    }
+    for (int m = 0; m < j; ++m) {
+      if (devs[m] == devs[j]) {
+        WEFT_WARN("makeVDevice: device {} named twice", devs[j]);
+        return Status::kInvalidUsage;
+      }
+    }
+  }
+  if (count >= kMaxDevices) return Status::kInternal;
+  Slot& slot = slots_[count];
+  if (n == 1) {
+    slot = slots_[devs[0]];
+  } else {
+    // A device of its own: one rail per member interface, in the order NCCL gave them (rail k meets rail k).
+    auto d = std::make_unique<TcpDevice>();
+    d->registrar = std::make_unique<NullRegistrar>();
+    d->cache = std::make_unique<MrCache>(d->registrar.get());
+    DeviceProps& p = d->props;
+    p = slots_[devs[0]].props;
+    p.speedMbps = 0;
+    p.name.clear();
+    p.fabric.clear();
+    for (int j = 0; j < n; ++j) {
+      const TcpDevice& m = *slots_[devs[j]].dev;
+      d->rails.push_back(m.rails[0]);
+      p.name += (j ? "+" : "") + m.props.name;
+      p.speedMbps += m.props.speedMbps;
+      p.fabric += (j ? "," : "") + m.props.fabric;
+    }
+    p.guid = fnv1a64("weft-tcp/" + p.name);
+    WEFT_INFO(NCCL_INIT | NCCL_NET, "NET/weft device {}: {} fused by NCCL, {} rails, {} Mb/s", count, p.name, n,
+              p.speedMbps);
+    slot.dev = d.get();
+    slot.props = p;
+    devices_.push_back(std::move(d));
+  }
+  slot.props.vdevCount = n;
+  for (int j = 0; j < n; ++j) slot.props.vdevs[j] = devs[j];
+  count_.store(count + 1, std::memory_order_release);
+  *out = count;
   return Status::kOk;
 }
+
+// The handle's address bytes: the rail count, then per rail its family (4 or 6), port (network order) and address.
+// Four IPv6 rails take 77 of the 100 bytes.
+namespace {
+
+bool encodeRails(const std::vector<sockaddr_storage>& addrs, WireHandle* h) {
+  size_t n = 0;
+  h->addr[n++] = static_cast<uint8_t>(addrs.size());
+  for (const auto& sa : addrs) {
+    const bool v4 = sa.ss_family == AF_INET;
+    const size_t alen = v4 ? 4 : 16;
+    if (n + 3 + alen > WireHandle::kMaxAddr) return false;
+    h->addr[n++] = v4 ? 4 : 6;
+    if (v4) {
+      const auto* a = reinterpret_cast<const sockaddr_in*>(&sa);
+      std::memcpy(&h->addr[n], &a->sin_port, 2);
+      std::memcpy(&h->addr[n + 2], &a->sin_addr, 4);
+    } else {
+      const auto* a = reinterpret_cast<const sockaddr_in6*>(&sa);
+      std::memcpy(&h->addr[n], &a->sin6_port, 2);
+      std::memcpy(&h->addr[n + 2], &a->sin6_addr, 16);
+    }
+    n += 2 + alen;
+  }
+  h->addrLen = static_cast<uint16_t>(n);
+  return true;
+}
+
+bool decodeRails(const WireHandle& h, std::vector<sockaddr_storage>* out) {
+  out->clear();
+  if (h.addrLen < 1) return false;
+  const int rails = h.addr[0];
+  size_t n = 1;
+  if (rails < 1 || rails > kMaxRails) return false;
+  for (int k = 0; k < rails; ++k) {
+    if (n + 1 > h.addrLen) return false;
+    const uint8_t fam = h.addr[n++];
+    const size_t alen = fam == 4 ? 4 : fam == 6 ? 16 : 0;
+    if (alen == 0 || n + 2 + alen > h.addrLen) return false;
+    sockaddr_storage sa{};
+    if (fam == 4) {
+      auto* a = reinterpret_cast<sockaddr_in*>(&sa);
+      a->sin_family = AF_INET;
+      std::memcpy(&a->sin_port, &h.addr[n], 2);
+      std::memcpy(&a->sin_addr, &h.addr[n + 2], 4);
+    } else {
+      auto* a = reinterpret_cast<sockaddr_in6*>(&sa);
+      a->sin6_family = AF_INET6;
+      std::memcpy(&a->sin6_port, &h.addr[n], 2);
+      std::memcpy(&a->sin6_addr, &h.addr[n + 2], 16);
+    }
+    n += 2 + alen;
+    out->push_back(sa);
+  }
+  return n == h.addrLen;
+}
+
+socklen_t lengthOf(const sockaddr_storage& sa) {
+  return sa.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+}
+
+}  // namespace
 
 Status TcpBackend::listen(int dev, const CommConfig& config, void* handle, ListenComm** out) {
   (void)config;
@@ -152,25 +251,37 @@ Status TcpBackend::listen(int dev, const CommConfig& config, void* handle, Liste
   }
   if (handle == nullptr) return Status::kInternal;
   TcpDevice& d = *slots_[dev].dev;
-  sockaddr_storage sa = d.addr;
-  socklen_t len = d.addrLen;
-  int fd = bindTcpSocket(sa, len, SOCK_NONBLOCK | SOCK_CLOEXEC);
-  if (fd >= 0) opts_.applyEarly(fd);  // accepted sockets inherit the buffer sizes
-  if (fd < 0 || ::listen(fd, 64) != 0 || ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
-    WEFT_WARN("listen on {}: cannot open a listening socket at {}: {}", d.props.name,
-              sockaddrString(reinterpret_cast<sockaddr*>(&sa)), std::strerror(errno));
-    if (fd >= 0) ::close(fd);
-    return errno == EMFILE || errno == ENFILE ? Status::kSystem : Status::kInternal;
+  std::vector<int> fds;
+  std::vector<sockaddr_storage> addrs;
+  for (const RailAddr& ra : d.rails) {
+    sockaddr_storage sa = ra.addr;
+    socklen_t len = ra.len;
+    int fd = bindTcpSocket(sa, len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd >= 0) opts_.applyEarly(fd);  // accepted sockets inherit the buffer sizes
+    if (fd < 0 || ::listen(fd, 64) != 0 || ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
+      const int err = errno;
+      WEFT_WARN("listen on {}: cannot open a listening socket at {}: {}", d.props.name,
+                sockaddrString(reinterpret_cast<sockaddr*>(&sa)), std::strerror(err));
+      if (fd >= 0) ::close(fd);
+      for (int f : fds) ::close(f);
+      return err == EMFILE || err == ENFILE ? Status::kSystem : Status::kInternal;
+    }
+    fds.push_back(fd);
+    addrs.push_back(sa);
   }
   WireHandle h;
   h.backend = BackendId::kTcp;
   h.providerHash = providerHash();
   h.token = randomToken();
-  h.addrLen = static_cast<uint16_t>(len);
-  std::memcpy(h.addr.data(), &sa, len);
+  if (!encodeRails(addrs, &h)) {
+    WEFT_WARN("listen on {}: {} rail addresses do not fit in NCCL's handle", d.props.name, addrs.size());
+    for (int f : fds) ::close(f);
+    return Status::kInternal;
+  }
   h.encode(handle);
-  WEFT_INFO(NCCL_NET, "listening on {} at {}", d.props.name, sockaddrString(reinterpret_cast<sockaddr*>(&sa)));
-  *out = new TcpListenComm(d, fd, h.token, opts_);
+  WEFT_INFO(NCCL_NET, "listening on {} at {}{}", d.props.name, sockaddrString(reinterpret_cast<sockaddr*>(&addrs[0])),
+            addrs.size() > 1 ? " and " + std::to_string(addrs.size() - 1) + " more rails" : std::string());
+  *out = new TcpListenComm(d, std::move(fds), h.token, opts_);
   return Status::kOk;
 }
 
@@ -196,33 +307,41 @@ Status TcpBackend::connect(int dev, const CommConfig& config, void* handle, Send
                 props(dev).name);
       return Status::kInvalidUsage;
     }
-    sockaddr_storage sa{};
-    if (h.addrLen > sizeof(sa) || h.addrLen < sizeof(sockaddr_in)) {
-      WEFT_WARN("connect on {}: the handle's address is malformed", props(dev).name);
+    std::vector<sockaddr_storage> peer;
+    if (!decodeRails(h, &peer)) {
+      WEFT_WARN("connect on {}: the handle's addresses are malformed", props(dev).name);
       return Status::kInvalidUsage;
     }
-    std::memcpy(&sa, h.addr.data(), h.addrLen);
-    if ((sa.ss_family != AF_INET && sa.ss_family != AF_INET6) ||
-        (sa.ss_family == AF_INET6 && h.addrLen < sizeof(sockaddr_in6))) {
-      WEFT_WARN("connect on {}: the handle's address is malformed", props(dev).name);
-      return Status::kInvalidUsage;
-    }
+    const TcpDevice& d = *slots_[dev].dev;
+    // Rail k meets rail k, over the rails both ends have.
+    const size_t rails = std::min(peer.size(), d.rails.size());
     auto fresh = std::make_unique<PendingConnect>();
     std::memcpy(fresh->handleBytes, handle, kHandleSize);
     fresh->started = std::chrono::steady_clock::now();
-    fresh->peerName = sockaddrString(reinterpret_cast<sockaddr*>(&sa));
+    fresh->peerName = sockaddrString(reinterpret_cast<sockaddr*>(&peer[0]));
     fresh->token = h.token;
-    fresh->fd = ::socket(sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fresh->fd < 0) {
-      WEFT_WARN("connect on {}: socket(): {}", props(dev).name, std::strerror(errno));
-      return Status::kSystem;
-    }
-    opts_.applyEarly(fresh->fd);
-    if (::connect(fresh->fd, reinterpret_cast<sockaddr*>(&sa), h.addrLen) != 0 && errno != EINPROGRESS) {
-      WEFT_WARN("connect to {} on {} failed: {} (nothing listening there any more, a firewall/security group, or "
-                "an address this host cannot reach)",
-                fresh->peerName, props(dev).name, std::strerror(errno));
-      return Status::kRemote;
+    fresh->nonce = randomToken();
+    fresh->socks.resize(rails);
+    for (size_t k = 0; k < rails; ++k) {
+      const sockaddr_storage& sa = peer[k];
+      int fd = -1;
+      if (rails > 1 && d.rails[k].addr.ss_family == sa.ss_family) {
+        fd = bindTcpSocket(d.rails[k].addr, d.rails[k].len, SOCK_NONBLOCK | SOCK_CLOEXEC);  // leave by rail k
+      } else {
+        fd = ::socket(sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+      }
+      if (fd < 0) {
+        WEFT_WARN("connect on {}: socket(): {}", props(dev).name, std::strerror(errno));
+        return Status::kSystem;
+      }
+      fresh->socks[k].fd = fd;
+      opts_.applyEarly(fd);
+      if (::connect(fd, reinterpret_cast<const sockaddr*>(&sa), lengthOf(sa)) != 0 && errno != EINPROGRESS) {
+        WEFT_WARN("connect to {} on {} failed: {} (nothing listening there any more, a firewall/security group, or "
+                  "an address this host cannot reach)",
+                  sockaddrString(reinterpret_cast<const sockaddr*>(&sa)), props(dev).name, std::strerror(errno));
+        return Status::kRemote;
+      }
     }
     pc = pending_.add(handle, std::move(fresh));
   }
@@ -233,68 +352,93 @@ Status TcpBackend::connect(int dev, const CommConfig& config, void* handle, Send
 
 Status TcpBackend::pollConnect(int dev, PendingConnect& pc, SendComm** out) {
   TcpDevice& d = *slots_[dev].dev;
-  if (pc.helloSent == 0) {
-    // Until the connection is up (or failed: POLLERR, and the send below returns the error). Sending on a socket
-    // still connecting returns EAGAIN too, but doing that instead made the 1,024-connection check take 1.5-6.3 s
-    // now and then (whole seconds added, as a SYN retransmission would) against 0.21 s with this poll.
-    pollfd p{pc.fd, POLLOUT, 0};
-    if (::poll(&p, 1, 0) <= 0) return Status::kOk;
-  }
-  if (pc.helloSent < sizeof(Hello)) {
-    Hello hello{};
-    hello.magic = Hello::kMagic;
-    hello.version = Hello::kVersion;
-    hello.status = Hello::kRequest;
-    hello.token = pc.token;
-    hello.tunerDigest = transport::localDigest();
-    ssize_t w = ::send(pc.fd, reinterpret_cast<uint8_t*>(&hello) + pc.helloSent, sizeof(hello) - pc.helloSent,
-                       MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-      WEFT_WARN("connect to {} on {} failed: {} (nothing listening there any more, a firewall/security group, or "
-                "an address this host cannot reach)",
-                pc.peerName, d.props.name, std::strerror(errno));
+  const int rails = static_cast<int>(pc.socks.size());
+  bool all = true;
+  for (int k = 0; k < rails; ++k) {
+    PendingConnect::Sock& ps = pc.socks[k];
+    if (ps.helloSent == 0) {
+      // Until the connection is up (or failed: POLLERR, and the send below returns the error). Sending on a
+      // socket still connecting returns EAGAIN too, but doing that instead made the 1,024-connection check take
+      // 1.5-6.3 s now and then (whole seconds added, as a SYN retransmission would) against 0.21 s with this poll.
+      pollfd p{ps.fd, POLLOUT, 0};
+      if (::poll(&p, 1, 0) <= 0) {
+        all = false;
+        continue;
+      }
+    }
+    if (ps.helloSent < sizeof(Hello)) {
+      Hello hello{};
+      hello.magic = Hello::kMagic;
+      hello.version = Hello::kVersion;
+      hello.status = Hello::kRequest;
+      hello.token = pc.token;
+      hello.tunerDigest = transport::localDigest();
+      hello.nonce = pc.nonce;
+      hello.rail = static_cast<uint8_t>(k);
+      hello.rails = static_cast<uint8_t>(rails);
+      ssize_t w = ::send(ps.fd, reinterpret_cast<uint8_t*>(&hello) + ps.helloSent, sizeof(hello) - ps.helloSent,
+                         MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        WEFT_WARN("connect to {} on {} failed{}: {} (nothing listening there any more, a firewall/security group, "
+                  "or an address this host cannot reach)",
+                  pc.peerName, d.props.name, rails > 1 ? " on rail " + std::to_string(k) : std::string(),
+                  std::strerror(errno));
+        return Status::kRemote;
+      }
+      if (w > 0) ps.helloSent += static_cast<size_t>(w);
+      if (ps.helloSent < sizeof(Hello)) {
+        all = false;
+        continue;
+      }
+    }
+    while (ps.answerGot < sizeof(Hello)) {
+      ssize_t r = ::recv(ps.fd, reinterpret_cast<uint8_t*>(&ps.answer) + ps.answerGot, sizeof(Hello) - ps.answerGot,
+                         MSG_DONTWAIT);
+      if (r > 0) {
+        ps.answerGot += static_cast<size_t>(r);
+        continue;
+      }
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      WEFT_WARN("connect to {} on {}: the listener closed the handshake ({}): the listen is gone or refused us",
+                pc.peerName, d.props.name, r == 0 ? "end of stream" : std::strerror(errno));
       return Status::kRemote;
     }
-    if (w > 0) pc.helloSent += static_cast<size_t>(w);
-    if (pc.helloSent < sizeof(Hello)) return Status::kOk;
-  }
-  while (pc.answerGot < sizeof(Hello)) {
-    ssize_t r = ::recv(pc.fd, reinterpret_cast<uint8_t*>(&pc.answer) + pc.answerGot, sizeof(Hello) - pc.answerGot,
-                       MSG_DONTWAIT);
-    if (r > 0) {
-      pc.answerGot += static_cast<size_t>(r);
+    if (ps.answerGot < sizeof(Hello)) {
+      all = false;
       continue;
     }
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return Status::kOk;
-    WEFT_WARN("connect to {} on {}: the listener closed the handshake ({}): the listen is gone or refused us",
-              pc.peerName, d.props.name, r == 0 ? "end of stream" : std::strerror(errno));
-    return Status::kRemote;
+    const Hello& a = ps.answer;
+    if (a.magic != Hello::kMagic || a.version != Hello::kVersion) {
+      WEFT_WARN("connect to {} on {}: the answer is not a weft TCP handshake of this version (v{}, this end v{}: "
+                "run the same weft build on every node)",
+                pc.peerName, d.props.name, a.version, Hello::kVersion);
+      return Status::kRemote;
+    }
+    if (a.status == Hello::kTunerMismatch) {
+      WEFT_WARN("connect to {} on {}: {}", pc.peerName, d.props.name,
+                transport::agreementMismatch(a.tunerDigest, pc.peerName));
+      return Status::kInvalidUsage;
+    }
+    if (a.status != Hello::kAccepted || a.token != pc.token || a.nonce != pc.nonce || a.rail != k) {
+      WEFT_WARN("connect to {} on {}: refused by the listener ({})", pc.peerName, d.props.name,
+                a.status == Hello::kWrongToken   ? "wrong token: the handle belongs to another listen or job"
+                : a.status == Hello::kUsed       ? "the handle was used already: a replayed handle"
+                : a.status == Hello::kBadRequest ? "malformed request"
+                                                 : "an answer that does not match this connection");
+      return Status::kRemote;
+    }
   }
-  const Hello& a = pc.answer;
-  if (a.magic != Hello::kMagic || a.version != Hello::kVersion) {
-    WEFT_WARN("connect to {} on {}: the answer is not a weft TCP handshake of this version (v{}, this end v{}: run "
-              "the same weft build on every node)",
-              pc.peerName, d.props.name, a.version, Hello::kVersion);
-    return Status::kRemote;
+  if (!all) return Status::kOk;
+  std::vector<int> fds;
+  for (auto& ps : pc.socks) {
+    opts_.applyConnected(ps.fd);
+    fds.push_back(ps.fd);
+    ps.fd = -1;  // the comm owns it now
   }
-  if (a.status == Hello::kTunerMismatch) {
-    WEFT_WARN("connect to {} on {}: {}", pc.peerName, d.props.name,
-              transport::agreementMismatch(a.tunerDigest, pc.peerName));
-    return Status::kInvalidUsage;
-  }
-  if (a.status != Hello::kAccepted || a.token != pc.token) {
-    WEFT_WARN("connect to {} on {}: refused by the listener ({})", pc.peerName, d.props.name,
-              a.status == Hello::kWrongToken   ? "wrong token: the handle belongs to another listen or job"
-              : a.status == Hello::kUsed       ? "the handle was used already: a replayed handle"
-              : a.status == Hello::kBadRequest ? "malformed request"
-                                               : "an answer that does not match this connection");
-    return Status::kRemote;
-  }
-  opts_.applyConnected(pc.fd);
-  *out = new TcpSendComm(d, pc.fd, pc.peerName, opts_.writeMax);
-  pc.fd = -1;  // the comm owns it now
-  WEFT_INFO(NCCL_NET, "connected to {} on {} (tcp)", pc.peerName, d.props.name);
+  *out = new TcpSendComm(d, std::move(fds), pc.peerName, opts_);
+  WEFT_INFO(NCCL_NET, "connected to {} on {} (tcp{})", pc.peerName, d.props.name,
+            rails > 1 ? ", " + std::to_string(rails) + " rails" : std::string());
   return Status::kOk;
 }
 

@@ -28,8 +28,8 @@ class TcpBackend final : public Backend {
   const DeviceProps& props(int dev) const override { return slots_[dev].props; }
   Status listen(int dev, const CommConfig& config, void* handle, ListenComm** out) override;
   Status connect(int dev, const CommConfig& config, void* handle, SendComm** out) override;
-  // One interface as a device of its own (NCCL asks for single ones too); fusing several is not offered yet:
-  // NCCL is told so and keeps them separate.
+  // NCCL's NIC fusion: a device with one rail (socket) per member interface, at most kMaxRails; one member gives
+  // that interface again.
   Status makeVDevice(const int* devs, int n, int* out) override;
 
   static constexpr int kMaxDevices = 256;
@@ -41,12 +41,16 @@ class TcpBackend final : public Backend {
     DeviceProps props;
   };
   struct PendingConnect {
-    int fd = -1;
+    struct Sock {  // one per rail
+      int fd = -1;
+      size_t helloSent = 0;
+      Hello answer{};
+      size_t answerGot = 0;
+    };
+    std::vector<Sock> socks;
     std::string peerName;
     uint64_t token = 0;
-    size_t helloSent = 0;
-    Hello answer{};
-    size_t answerGot = 0;
+    uint64_t nonce = 0;
     uint8_t handleBytes[kHandleSize];
     std::chrono::steady_clock::time_point started;
     ~PendingConnect();

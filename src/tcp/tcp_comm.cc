@@ -39,6 +39,7 @@ SocketOptions SocketOptions::fromParams() {
   o.keepIdleSec = static_cast<int>(std::clamp<int64_t>((probeMs + 999) / 1000, 1, 32767));
   o.sockBuf = static_cast<int>(params::getInt("WEFT_TCP_SOCKBUF"));
   o.writeMax = static_cast<size_t>(params::getInt("WEFT_TCP_WRITE_MAX"));
+  o.stripeMin = static_cast<uint64_t>(params::getInt("WEFT_STRIPE_MIN"));
   return o;
 }
 
@@ -74,13 +75,16 @@ Status TcpRequest::test(bool* done, int* sizes) {
   return comm->testRequest(this, done, sizes);
 }
 
-TcpDataComm::TcpDataComm(TcpDevice& dev, int fd, std::string peerName)
-    : dev_(dev), fd_(fd), peerName_(std::move(peerName)) {
+TcpDataComm::TcpDataComm(TcpDevice& dev, std::vector<int> fds, std::string peerName)
+    : dev_(dev), nRails_(static_cast<int>(fds.size())), peerName_(std::move(peerName)) {
+  for (int k = 0; k < nRails_; ++k) rails_[k].fd = fds[k];
   add(counters().commsOpen, 1);
 }
 
 TcpDataComm::~TcpDataComm() {
-  if (fd_ >= 0) ::close(fd_);
+  for (int k = 0; k < nRails_; ++k) {
+    if (rails_[k].fd >= 0) ::close(rails_[k].fd);
+  }
   add(counters().commsOpen, -1);
 }
 
@@ -110,20 +114,22 @@ void TcpDataComm::release(TcpRequest* r) {
   free_ = r;
 }
 
-void TcpDataComm::enqueue(TcpRequest* r) {
-  r->next = nullptr;
-  if (tail_ != nullptr) {
-    tail_->next = r;
-  } else {
-    head_ = r;
-  }
-  tail_ = r;
-}
-
 void TcpDataComm::fail(Status st, const std::string& why) {
   if (fatal_ != Status::kOk) return;
   fatal_ = st;
   WEFT_WARN("connection with {} on {} failed: {}", peerName_, dev_.props.name, why);
+}
+
+void TcpDataComm::failErrno(int err, const char* call, int k) {
+  const bool peer = err == EPIPE || err == ECONNRESET || err == ETIMEDOUT || err == EHOSTUNREACH || err == ENETUNREACH;
+  std::string why = std::string(call) + (nRails_ > 1 ? " on rail " + std::to_string(k) : std::string()) + ": " +
+                    std::strerror(err);
+  if (err == ETIMEDOUT) {
+    why += " (the peer stopped answering: host or link down)";
+  } else if (peer) {
+    why += " (the peer closed the connection: its process ended or aborted)";
+  }
+  fail(peer ? Status::kRemote : Status::kSystem, why);
 }
 
 Status TcpDataComm::testRequest(TcpRequest* r, bool* done, int* sizes) {
@@ -131,24 +137,15 @@ Status TcpDataComm::testRequest(TcpRequest* r, bool* done, int* sizes) {
   if (!r->complete) progress();
   if (!r->complete) {
     if (fatal_ == Status::kOk) return Status::kOk;
-    // The request is NCCL's no more once an error is reported: it leaves the queue and returns to the pool.
-    TcpRequest** p = &head_;
-    TcpRequest* prev = nullptr;
-    while (*p != nullptr && *p != r) {
-      prev = *p;
-      p = &(*p)->next;
-    }
-    if (*p == r) {
-      *p = r->next;
-      if (tail_ == r) tail_ = prev;
-    }
-    release(r);  // a receive's cur_ may still name it: the comm is failed, nothing reads cur_ again
+    // The request is NCCL's no more once an error is reported: it leaves the queues and returns to the pool.
+    forget(r);
+    release(r);
     return fatal_;
   }
   *done = true;
   if (sizes != nullptr) {
     if (r->n == 0) {
-      sizes[0] = static_cast<int>(std::min<uint64_t>(r->hdr.size, INT_MAX));
+      sizes[0] = static_cast<int>(std::min<uint64_t>(r->size, INT_MAX));
     } else {
       for (int i = 0; i < r->n; ++i) sizes[i] = static_cast<int>(std::min<uint64_t>(r->got[i], INT_MAX));
     }
@@ -197,6 +194,12 @@ Status TcpComm<Iface>::regMrDmaBuf(void*, size_t, int type, uint64_t, int, MemHa
 template class TcpComm<SendComm>;
 template class TcpComm<RecvComm>;
 
+// Where piece k of a message of `size` bytes cut into `n` pieces starts, and its length (the last takes the rest).
+uint64_t pieceOffset(uint64_t size, int k, int n) { return size / static_cast<uint64_t>(n) * static_cast<uint64_t>(k); }
+uint64_t pieceLength(uint64_t size, int k, int n) {
+  return k == n - 1 ? size - pieceOffset(size, k, n) : size / static_cast<uint64_t>(n);
+}
+
 // ---- sending ----------------------------------------------------------------------------------------------------
 
 Status TcpSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Request** request) {
@@ -206,75 +209,113 @@ Status TcpSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Reque
   TcpRequest* r = acquire();
   if (r == nullptr) return Status::kOk;  // back-pressure
   r->n = 0;
-  r->hdr.size = size;
-  r->hdr.tag = tag;
-  r->hdr.check = MsgHeader::kCheck ^ seq_++;
-  r->src = static_cast<const uint8_t*>(data);
-  r->sent = 0;
-  const bool idle = head_ == nullptr;
-  enqueue(r);
-  if (idle) progress();  // header and payload leave in this call when the socket has room
+  r->size = size;
+  const uint32_t check = MsgHeader::kCheck ^ seq_++;
+  const auto* src = static_cast<const uint8_t*>(data);
+  const int pieces = nRails_ > 1 && size >= stripeMin_ ? nRails_ : 1;
+  r->segsLeft = static_cast<uint8_t>(pieces);
+  for (int k = 0; k < pieces; ++k) {
+    TcpRequest::Segment& g = r->seg[k];
+    // rail 0's header names the whole message (the receiver matches on it); a piece's header its own length
+    g.hdr.size = k == 0 ? size : pieceLength(size, k, pieces);
+    g.hdr.tag = tag;
+    g.hdr.check = check;
+    g.src = src + pieceOffset(size, k, pieces);
+    g.len = pieceLength(size, k, pieces);
+    g.sent = 0;
+    g.next = nullptr;
+    Rail& q = rails_[k];
+    const bool idle = q.head == nullptr;
+    if (q.tail != nullptr) {
+      q.tail->seg[k].next = r;
+    } else {
+      q.head = r;
+    }
+    q.tail = r;
+    if (idle) progressRail(k);  // header and payload leave in this call when the socket has room
+  }
   *request = r;
   return Status::kOk;
 }
 
 void TcpSendComm::progress() {
+  for (int k = 0; k < nRails_ && fatal_ == Status::kOk; ++k) {
+    if (rails_[k].head != nullptr) progressRail(k);
+  }
+}
+
+void TcpSendComm::progressRail(int k) {
   if (fatal_ != Status::kOk) return;
+  Rail& q = rails_[k];
   constexpr int kIov = 64;
-  while (head_ != nullptr) {
+  while (q.head != nullptr) {
     iovec iov[kIov];
-    int k = 0;
+    int n = 0;
     size_t want = 0;
     // At most writeMax_ bytes a call: one huge sendmsg (8 queued 1 MiB messages) measured half the bandwidth of
     // 512 KiB ones on loopback (docs/tcp.md), the receiver draining while the sender copies.
-    for (TcpRequest* r = head_; r != nullptr && k + 2 <= kIov && want < writeMax_; r = r->next) {
-      if (r->sent < sizeof(MsgHeader)) {
-        iov[k++] = {reinterpret_cast<uint8_t*>(&r->hdr) + r->sent, sizeof(MsgHeader) - r->sent};
-        want += sizeof(MsgHeader) - r->sent;
+    for (TcpRequest* r = q.head; r != nullptr && n + 2 <= kIov && want < writeMax_; r = r->seg[k].next) {
+      TcpRequest::Segment& g = r->seg[k];
+      if (g.sent < sizeof(MsgHeader)) {
+        iov[n++] = {reinterpret_cast<uint8_t*>(&g.hdr) + g.sent, sizeof(MsgHeader) - g.sent};
+        want += sizeof(MsgHeader) - g.sent;
       }
-      const uint64_t off = r->sent > sizeof(MsgHeader) ? r->sent - sizeof(MsgHeader) : 0;
-      if (r->hdr.size > off) {
-        const size_t len = static_cast<size_t>(std::min<uint64_t>(r->hdr.size - off, writeMax_ - want));
-        iov[k++] = {const_cast<uint8_t*>(r->src) + off, len};
+      const uint64_t off = g.sent > sizeof(MsgHeader) ? g.sent - sizeof(MsgHeader) : 0;
+      if (g.len > off && want < writeMax_) {
+        const size_t len = static_cast<size_t>(std::min<uint64_t>(g.len - off, writeMax_ - want));
+        iov[n++] = {const_cast<uint8_t*>(g.src) + off, len};
         want += len;
       }
     }
     msghdr msg{};
     msg.msg_iov = iov;
-    msg.msg_iovlen = static_cast<size_t>(k);
-    const ssize_t w = ::sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    msg.msg_iovlen = static_cast<size_t>(n);
+    const ssize_t w = ::sendmsg(q.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     add(counters().sendCalls, 1);
     if (w < 0) {
       if (errno == EINTR) continue;
       if (wouldBlock(errno)) return;
-      fail(errno == EPIPE || errno == ECONNRESET || errno == ETIMEDOUT ? Status::kRemote : Status::kSystem,
-           std::string("send: ") + std::strerror(errno) +
-               (errno == ETIMEDOUT ? " (the peer stopped acknowledging: host or link down)"
-                                   : " (the peer closed the connection: its process ended or aborted)"));
+      failErrno(errno, "send", k);
       return;
     }
     add(counters().bytesSent, w);
     uint64_t left = static_cast<uint64_t>(w);
-    while (head_ != nullptr && left > 0) {
-      TcpRequest* r = head_;
-      const uint64_t total = sizeof(MsgHeader) + r->hdr.size;
-      const uint64_t take = std::min(left, total - r->sent);
-      r->sent += take;
+    while (q.head != nullptr && left > 0) {
+      TcpRequest* r = q.head;
+      TcpRequest::Segment& g = r->seg[k];
+      const uint64_t total = sizeof(MsgHeader) + g.len;
+      const uint64_t take = std::min(left, total - g.sent);
+      g.sent += take;
       left -= take;
-      if (r->sent == total) {
-        r->complete = true;
-        head_ = r->next;
-        if (head_ == nullptr) tail_ = nullptr;
-      }
+      if (g.sent < total) break;
+      q.head = g.next;
+      if (q.head == nullptr) q.tail = nullptr;
+      if (--r->segsLeft == 0) r->complete = true;
     }
     if (static_cast<size_t>(w) < want) return;  // the socket is full
   }
 }
 
+void TcpSendComm::forget(TcpRequest* r) {
+  for (int k = 0; k < nRails_; ++k) {
+    Rail& q = rails_[k];
+    TcpRequest* prev = nullptr;
+    for (TcpRequest* p = q.head; p != nullptr; prev = p, p = p->seg[k].next) {
+      if (p != r) continue;
+      (prev ? prev->seg[k].next : q.head) = r->seg[k].next;
+      if (q.tail == r) q.tail = prev;
+      break;
+    }
+  }
+}
+
 // ---- receiving --------------------------------------------------------------------------------------------------
 
-TcpRecvComm::TcpRecvComm(TcpDevice& dev, int fd, std::string peerName)
-    : TcpComm<RecvComm>(dev, fd, std::move(peerName)), stage_(new uint8_t[kStage]) {}
+TcpRecvComm::TcpRecvComm(TcpDevice& dev, std::vector<int> fds, std::string peerName, const SocketOptions& opts)
+    : TcpComm<RecvComm>(dev, std::move(fds), std::move(peerName)), stage_(new uint8_t[kStage]),
+      stripeMin_(opts.stripeMin) {
+  for (int k = 1; k < nRails_; ++k) rails_[k].pieces.reset(new Rail::Piece[Rail::kPieces]);
+}
 
 Status TcpRecvComm::irecv(int n, void** data, const size_t* sizes, const int* tags, MemHandle** mhs, bool optional,
                           Request** request) {
@@ -296,7 +337,10 @@ Status TcpRecvComm::irecv(int n, void** data, const size_t* sizes, const int* ta
     r->got[i] = r->want[i] = 0;
     r->bufMatched[i] = false;
   }
-  enqueue(r);
+  r->next = nullptr;
+  (tail_ ? tail_->next : head_) = r;
+  tail_ = r;
+  unmatched_ += n;
   *request = r;
   return Status::kOk;
 }
@@ -307,6 +351,37 @@ Status TcpRecvComm::iflush(int, void**, const int*, MemHandle**, Request** reque
   return fatal_;
 }
 
+void TcpRecvComm::forget(TcpRequest* r) {
+  TcpRequest* prev = nullptr;
+  for (TcpRequest* p = head_; p != nullptr; prev = p, p = p->next) {
+    if (p != r) continue;
+    (prev ? prev->next : head_) = r->next;
+    if (tail_ == r) tail_ = prev;
+    return;
+  }
+  // cur_ and the rails' pieces may still name it: the comm is failed, and nothing reads them again
+}
+
+size_t TcpRecvComm::readSome(int k, uint8_t* p, size_t len) {
+  for (;;) {
+    const ssize_t got = ::recv(rails_[k].fd, p, len, MSG_DONTWAIT);
+    add(counters().recvCalls, 1);
+    if (got > 0) {
+      add(counters().bytesReceived, got);
+      return static_cast<size_t>(got);
+    }
+    if (got == 0) {
+      fail(Status::kRemote, std::string("the peer closed the connection") +
+                                (nRails_ > 1 ? " (rail " + std::to_string(k) + ")" : std::string()) +
+                                " with receives outstanding: its process ended or closed the comm");
+      return 0;
+    }
+    if (errno == EINTR) continue;
+    if (!wouldBlock(errno)) failErrno(errno, "recv", k);
+    return 0;
+  }
+}
+
 bool TcpRecvComm::fillStage() {
   if (begin_ == end_) {
     begin_ = end_ = 0;
@@ -315,27 +390,9 @@ bool TcpRecvComm::fillStage() {
     end_ -= begin_;
     begin_ = 0;
   }
-  for (;;) {
-    const ssize_t got = ::recv(fd_, stage_.get() + end_, kStage - end_, MSG_DONTWAIT);
-    add(counters().recvCalls, 1);
-    if (got > 0) {
-      add(counters().bytesReceived, got);
-      end_ += static_cast<size_t>(got);
-      return true;
-    }
-    if (got == 0) {
-      fail(Status::kRemote, "the peer closed the connection with receives outstanding (its process ended or "
-                            "closed the comm)");
-      return false;
-    }
-    if (errno == EINTR) continue;
-    if (!wouldBlock(errno)) {
-      fail(errno == ECONNRESET || errno == ETIMEDOUT ? Status::kRemote : Status::kSystem,
-           std::string("recv: ") + std::strerror(errno) +
-               (errno == ETIMEDOUT ? " (the peer stopped answering: host or link down)" : ""));
-    }
-    return false;
-  }
+  const size_t got = readSome(0, stage_.get() + end_, kStage - end_);
+  end_ += got;
+  return got > 0;
 }
 
 bool TcpRecvComm::matchHeader() {
@@ -345,6 +402,10 @@ bool TcpRecvComm::matchHeader() {
     fail(Status::kRemote, "a message header failed its check (message " + std::to_string(seq_) +
                               "): the stream is corrupt or out of step");
     return false;
+  }
+  const int pieces = nRails_ > 1 && h.size >= stripeMin_ ? nRails_ : 1;
+  for (int k = 1; k < pieces; ++k) {
+    if (rails_[k].pieceCount == Rail::kPieces) return false;  // rail k is that far behind: match later
   }
   for (TcpRequest* r = head_; r != nullptr; r = r->next) {
     if (r->matched == r->n) continue;
@@ -361,72 +422,69 @@ bool TcpRecvComm::matchHeader() {
       ++seq_;
       r->bufMatched[i] = true;
       ++r->matched;
+      --unmatched_;
       r->want[i] = h.size;
       r->got[i] = 0;
+      for (int k = 1; k < pieces; ++k) {
+        Rail& q = rails_[k];
+        Rail::Piece& p = q.pieces[(q.pieceHead + q.pieceCount++) % Rail::kPieces];
+        p.r = r;
+        p.buf = static_cast<uint8_t>(i);
+        p.check = h.check;
+        p.off = pieceOffset(h.size, k, pieces);
+        p.len = pieceLength(h.size, k, pieces);
+      }
       cur_ = r;
       curBuf_ = i;
+      curOff_ = 0;
+      curLeft_ = pieceLength(h.size, 0, pieces);
+      if (curLeft_ == 0) {
+        cur_ = nullptr;
+        bytesIn(r, i, 0);
+      }
       return true;
     }
   }
   return false;  // its receive is not posted yet: the header waits
 }
 
-void TcpRecvComm::bufferDone() {
-  TcpRequest* r = cur_;
-  cur_ = nullptr;
+void TcpRecvComm::bytesIn(TcpRequest* r, int i, uint64_t n) {
+  r->got[i] += n;
+  if (r->got[i] < r->want[i]) return;
   if (++r->filled < r->n) return;
   r->complete = true;
-  // Completed requests leave the queue (from anywhere: a later group may fill before an earlier one).
-  TcpRequest** p = &head_;
-  TcpRequest* prev = nullptr;
-  while (*p != r) {
-    prev = *p;
-    p = &(*p)->next;
-  }
-  *p = r->next;
-  if (tail_ == r) tail_ = prev;
+  forget(r);  // completed requests leave the queue (from anywhere: a later group may fill before an earlier one)
 }
 
-void TcpRecvComm::progress() {
+void TcpRecvComm::progressRail0() {
   while (fatal_ == Status::kOk) {
     if (cur_ != nullptr) {
       TcpRequest* r = cur_;
       const int i = curBuf_;
-      uint64_t rem = r->want[i] - r->got[i];
-      if (rem > 0 && end_ > begin_) {
-        const size_t c = static_cast<size_t>(std::min<uint64_t>(rem, end_ - begin_));
-        std::memcpy(r->dst[i] + r->got[i], stage_.get() + begin_, c);
-        begin_ += c;
-        r->got[i] += c;
-        rem -= c;
-      }
-      if (rem == 0) {
-        bufferDone();
+      uint8_t* dst = r->dst[i] + curOff_;
+      uint64_t n = 0;
+      if (end_ > begin_) {
+        n = std::min<uint64_t>(curLeft_, end_ - begin_);
+        std::memcpy(dst, stage_.get() + begin_, n);
+        begin_ += n;
+      } else if (curLeft_ >= kDirectMin) {
+        n = readSome(0, dst, curLeft_);  // exactly what is left: the next header stays in the socket
+        if (n == 0) return;
+      } else {
+        if (!fillStage()) return;
         continue;
       }
-      if (rem >= kDirectMin) {
-        const ssize_t got = ::recv(fd_, r->dst[i] + r->got[i], rem, MSG_DONTWAIT);
-        add(counters().recvCalls, 1);
-        if (got > 0) {
-          add(counters().bytesReceived, got);
-          r->got[i] += static_cast<uint64_t>(got);
-          if (static_cast<uint64_t>(got) < rem) return;  // the socket is empty for now
-          continue;
-        }
-        if (got < 0 && errno == EINTR) continue;
-        if (got < 0 && wouldBlock(errno)) return;
-        if (got == 0) {
-          fail(Status::kRemote, "the peer closed the connection in the middle of a message (its process ended)");
-        } else {
-          fail(errno == ECONNRESET || errno == ETIMEDOUT ? Status::kRemote : Status::kSystem,
-               std::string("recv: ") + std::strerror(errno));
-        }
-        return;
-      }
-      if (!fillStage()) return;
+      curOff_ += n;
+      curLeft_ -= n;
+      const bool drained = curLeft_ > 0 && end_ == begin_;  // a direct read came short: the socket is empty now
+      if (curLeft_ == 0) cur_ = nullptr;
+      bytesIn(r, i, n);
+      if (drained) return;
       continue;
     }
-    if (head_ == nullptr) return;  // nothing posted: leave the bytes in the socket
+    // Nothing posted that waits for a header: leave the bytes in the socket (and the end of the stream too: a
+    // sender that closed after its last message has ended rail 0 while other rails still bring pieces).
+    if (unmatched_ == 0) return;
     if (end_ - begin_ >= sizeof(MsgHeader)) {
       if (!matchHeader()) return;
       continue;
@@ -435,54 +493,150 @@ void TcpRecvComm::progress() {
   }
 }
 
+void TcpRecvComm::progressPieces(int k) {
+  Rail& q = rails_[k];
+  while (fatal_ == Status::kOk) {
+    if (!q.inPiece) {
+      if (q.pieceCount == 0) return;  // rail 0 has matched no message with a piece here yet
+      q.cur = q.pieces[q.pieceHead];
+      q.pieceHead = (q.pieceHead + 1) % Rail::kPieces;
+      --q.pieceCount;
+      q.inPiece = true;
+      q.hdrGot = 0;
+    }
+    if (q.hdrGot < sizeof(MsgHeader)) {
+      const size_t n = readSome(k, reinterpret_cast<uint8_t*>(&q.hdrIn) + q.hdrGot, sizeof(MsgHeader) - q.hdrGot);
+      if (n == 0) return;
+      q.hdrGot += n;
+      if (q.hdrGot < sizeof(MsgHeader)) return;
+      if (q.hdrIn.check != q.cur.check || q.hdrIn.size != q.cur.len || q.hdrIn.tag != q.cur.r->tags[q.cur.buf]) {
+        fail(Status::kRemote, "a piece header on rail " + std::to_string(k) +
+                                  " does not match its message: the streams are corrupt or out of step");
+        return;
+      }
+    }
+    if (q.cur.len > 0) {
+      const size_t n = readSome(k, q.cur.r->dst[q.cur.buf] + q.cur.off, q.cur.len);
+      if (n == 0) return;
+      q.cur.off += n;
+      q.cur.len -= n;
+      bytesIn(q.cur.r, q.cur.buf, n);
+      if (q.cur.len > 0) return;  // the socket is empty for now
+    }
+    q.inPiece = false;
+  }
+}
+
+void TcpRecvComm::progress() {
+  progressRail0();
+  for (int k = 1; k < nRails_ && fatal_ == Status::kOk; ++k) progressPieces(k);
+}
+
 // ---- listening --------------------------------------------------------------------------------------------------
 
-TcpListenComm::TcpListenComm(TcpDevice& dev, int fd, uint64_t token, SocketOptions opts)
-    : dev_(dev), listenFd_(fd), token_(token), opts_(opts) {}
+TcpListenComm::TcpListenComm(TcpDevice& dev, std::vector<int> fds, uint64_t token, SocketOptions opts)
+    : dev_(dev), listenFds_(std::move(fds)), token_(token), opts_(opts) {}
 
 TcpListenComm::~TcpListenComm() {
   for (auto& in : incoming_) ::close(in.fd);
-  ::close(listenFd_);
+  for (int fd : listenFds_) ::close(fd);
 }
 
 Status TcpListenComm::accept(RecvComm** recvComm) {
   *recvComm = nullptr;
-  while (incoming_.size() < kMaxIncoming) {
+  for (size_t k = 0; k < listenFds_.size() && incoming_.size() < kMaxIncoming; ++k) {
     sockaddr_storage sa{};
     socklen_t len = sizeof(sa);
-    int fd = ::accept4(listenFd_, reinterpret_cast<sockaddr*>(&sa), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    int fd = ::accept4(listenFds_[k], reinterpret_cast<sockaddr*>(&sa), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      if (wouldBlock(errno)) break;
+      if (errno == EINTR || errno == ECONNABORTED || wouldBlock(errno)) continue;
       WEFT_WARN("accept on {}: {}", dev_.props.name, std::strerror(errno));
       return errno == EMFILE || errno == ENFILE ? Status::kSystem : Status::kInternal;
     }
+    // One a call per rail: NCCL's listen has one connector (more, refused, come on later calls).
     Incoming in;
     in.fd = fd;
+    in.listenRail = static_cast<int>(k);
     in.peer = sockaddrString(reinterpret_cast<sockaddr*>(&sa));
     in.started = std::chrono::steady_clock::now();
     incoming_.push_back(std::move(in));
-    break;  // one a call: NCCL's listen has one connector (more, refused, come on later calls)
   }
   for (size_t k = 0; k < incoming_.size();) {
-    if (serve(incoming_[k], recvComm)) {
+    Incoming& in = incoming_[k];
+    if (!in.ready && serve(in)) {
       incoming_.erase(incoming_.begin() + static_cast<long>(k));
-      if (*recvComm != nullptr) return Status::kOk;
       continue;
     }
-    if (std::chrono::steady_clock::now() - incoming_[k].started > kHelloTimeout) {
+    if (!in.ready && std::chrono::steady_clock::now() - in.started > kHelloTimeout) {
       WEFT_WARN("accept on {}: {} connected but sent no complete hello within {} s; dropped", dev_.props.name,
-                incoming_[k].peer, kHelloTimeout.count());
-      ::close(incoming_[k].fd);
+                in.peer, kHelloTimeout.count());
+      ::close(in.fd);
       incoming_.erase(incoming_.begin() + static_cast<long>(k));
       continue;
     }
     ++k;
   }
+  // A connection is complete when every one of its rails said hello (same nonce).
+  for (const Incoming& first : incoming_) {
+    if (!first.ready || first.hello.rail != 0) continue;
+    const int rails = first.hello.rails;
+    std::vector<size_t> members(static_cast<size_t>(rails), SIZE_MAX);
+    for (size_t k = 0; k < incoming_.size(); ++k) {
+      const Incoming& in = incoming_[k];
+      if (in.ready && in.hello.nonce == first.hello.nonce && in.hello.rails == rails && in.hello.rail < rails) {
+        members[in.hello.rail] = k;
+      }
+    }
+    if (std::find(members.begin(), members.end(), SIZE_MAX) != members.end()) continue;
+    std::vector<int> fds;
+    for (size_t m : members) {
+      answer(incoming_[m], Hello::kAccepted, nullptr);
+      fds.push_back(incoming_[m].fd);  // -1 where the answer could not be sent (the connector is gone)
+    }
+    const std::string peer = first.peer;
+    std::vector<Incoming> rest;
+    for (size_t k = 0; k < incoming_.size(); ++k) {
+      if (std::find(members.begin(), members.end(), k) == members.end()) rest.push_back(incoming_[k]);
+    }
+    incoming_ = std::move(rest);
+    if (std::find(fds.begin(), fds.end(), -1) != fds.end()) {
+      WEFT_INFO(NCCL_NET, "accept on {}: {} went away during the handshake", dev_.props.name, peer);
+      for (int fd : fds) {
+        if (fd >= 0) ::close(fd);
+      }
+      return Status::kOk;
+    }
+    used_ = true;
+    for (int fd : fds) opts_.applyConnected(fd);
+    *recvComm = new TcpRecvComm(dev_, fds, peer, opts_);
+    WEFT_INFO(NCCL_NET, "accepted {} on {} (tcp{})", peer, dev_.props.name,
+              fds.size() > 1 ? ", " + std::to_string(fds.size()) + " rails" : std::string());
+    return Status::kOk;
+  }
   return Status::kOk;
 }
 
-bool TcpListenComm::serve(Incoming& in, RecvComm** out) {
+// Sends the verdict; a refusal closes the socket. An accepted socket whose answer could not be sent whole (32 bytes
+// into a fresh connection's empty buffer: only when the connector is gone) is closed too, its fd set to -1.
+void TcpListenComm::answer(Incoming& in, uint16_t status, const char* why) {
+  Hello a{};
+  a.magic = Hello::kMagic;
+  a.version = Hello::kVersion;
+  a.status = status;
+  a.token = in.hello.token;
+  a.tunerDigest = transport::localDigest();
+  a.nonce = in.hello.nonce;
+  a.rail = in.hello.rail;
+  a.rails = in.hello.rails;
+  if (why != nullptr) WEFT_WARN("accept on {}: refused {}: {}", dev_.props.name, in.peer, why);
+  const ssize_t w = ::send(in.fd, &a, sizeof(a), MSG_NOSIGNAL | MSG_DONTWAIT);
+  if (status != Hello::kAccepted || w != static_cast<ssize_t>(sizeof(a))) {
+    ::close(in.fd);
+    in.fd = -1;
+  }
+}
+
+bool TcpListenComm::serve(Incoming& in) {
   while (in.got < sizeof(Hello)) {
     ssize_t r = ::recv(in.fd, reinterpret_cast<uint8_t*>(&in.hello) + in.got, sizeof(Hello) - in.got, MSG_DONTWAIT);
     if (r > 0) {
@@ -495,41 +649,22 @@ bool TcpListenComm::serve(Incoming& in, RecvComm** out) {
     ::close(in.fd);
     return true;
   }
-  Hello answer{};
-  answer.magic = Hello::kMagic;
-  answer.version = Hello::kVersion;
-  answer.token = in.hello.token;
-  answer.tunerDigest = transport::localDigest();
-  const char* why = nullptr;
-  if (in.hello.magic != Hello::kMagic || in.hello.version != Hello::kVersion || in.hello.status != Hello::kRequest) {
-    answer.status = Hello::kBadRequest;
-    why = "not a weft TCP hello of this version (run the same weft build on every node)";
-  } else if (in.hello.token != token_) {
-    answer.status = Hello::kWrongToken;
-    why = "wrong token: the handle belongs to another listen or job";
+  const Hello& h = in.hello;
+  if (h.magic != Hello::kMagic || h.version != Hello::kVersion || h.status != Hello::kRequest) {
+    answer(in, Hello::kBadRequest, "not a weft TCP hello of this version (run the same weft build on every node)");
+  } else if (h.token != token_) {
+    answer(in, Hello::kWrongToken, "wrong token: the handle belongs to another listen or job");
+  } else if (h.rails < 1 || h.rails > listenFds_.size() || h.rail >= h.rails || h.rail != in.listenRail) {
+    answer(in, Hello::kBadRequest, "a rail this listen does not have");
   } else if (used_) {
-    answer.status = Hello::kUsed;
-    why = "this listen's handle was used already (a replayed handle)";
-  } else if (!transport::agreesWith(in.hello.tunerDigest)) {
-    answer.status = Hello::kTunerMismatch;
-    WEFT_WARN("accept on {}: {}", dev_.props.name, transport::agreementMismatch(in.hello.tunerDigest, in.peer));
+    answer(in, Hello::kUsed, "this listen's handle was used already (a replayed handle)");
+  } else if (!transport::agreesWith(h.tunerDigest)) {
+    WEFT_WARN("accept on {}: {}", dev_.props.name, transport::agreementMismatch(h.tunerDigest, in.peer));
+    answer(in, Hello::kTunerMismatch, nullptr);
   } else {
-    answer.status = Hello::kAccepted;
+    in.ready = true;
+    return false;
   }
-  if (why != nullptr) WEFT_WARN("accept on {}: refused {}: {}", dev_.props.name, in.peer, why);
-  // 32 bytes into a fresh connection's empty socket buffer: sent whole, or the connection is gone.
-  const ssize_t w = ::send(in.fd, &answer, sizeof(answer), MSG_NOSIGNAL | MSG_DONTWAIT);
-  if (answer.status != Hello::kAccepted || w != static_cast<ssize_t>(sizeof(answer))) {
-    if (answer.status == Hello::kAccepted) {
-      WEFT_INFO(NCCL_NET, "accept on {}: {} went away during the handshake", dev_.props.name, in.peer);
-    }
-    ::close(in.fd);
-    return true;
-  }
-  used_ = true;
-  opts_.applyConnected(in.fd);
-  *out = new TcpRecvComm(dev_, in.fd, in.peer);
-  WEFT_INFO(NCCL_NET, "accepted {} on {} (tcp)", in.peer, dev_.props.name);
   return true;
 }
 

@@ -15,6 +15,12 @@
 // with its tag that has no message yet (grouped receives: any order within a group); one that matches none waits
 // in the staging buffer, unread further, until NCCL posts its receive (TCP's window holds the sender back).
 //
+// Rails: a device NCCL fused from several interfaces (makeVDevice) gives each comm one socket per interface, rail k
+// of one end to rail k of the other. Messages below WEFT_STRIPE_MIN bytes travel whole on rail 0; a larger one is
+// cut into one piece per rail: rail 0 carries its header (with the whole size, for matching) and piece 0, rail k a
+// piece header (the piece's size and the message's check word) and piece k. Each rail's stream is in message order,
+// so the receiver reads rail k's pieces in the order rail 0 matched their messages (a short queue per rail).
+//
 // Failures: the peer's process dying closes its socket (EOF or reset: requests fail at once); a peer host or link
 // that goes silent is found by TCP itself (TCP_USER_TIMEOUT on unacknowledged data, keepalive probes on an idle
 // connection, both WEFT_PEER_TIMEOUT), no probe of ours. A header whose check word is wrong (a corrupted or
@@ -37,6 +43,7 @@
 namespace weft::tcp {
 
 // Both directions of the connection handshake (32 bytes).
+// Both directions of the connection handshake (40 bytes), on every rail's socket.
 struct Hello {
   static constexpr uint32_t kMagic = 0x57465443;  // "WFTC"
   static constexpr uint16_t kVersion = 1;
@@ -46,9 +53,12 @@ struct Hello {
   uint16_t status;  // kRequest from the connector; the listener's verdict in its answer
   uint64_t token;
   uint64_t tunerDigest;
-  uint64_t reserved;
+  uint64_t nonce;   // the connector's, the same on all its rails: which sockets form one connection
+  uint8_t rail;     // this socket's rail
+  uint8_t rails;    // the connection's rail count
+  uint8_t pad[6];
 };
-static_assert(sizeof(Hello) == 32);
+static_assert(sizeof(Hello) == 40);
 
 struct MsgHeader {
   static constexpr uint32_t kCheck = 0x5746544d;  // "WFTM", xor the message's sequence number
@@ -66,10 +76,17 @@ Counters& counters();
 
 // What every comm of one device shares: its props (for names) and the registration cache. Registration is
 // bookkeeping only (TCP needs none), kept so handles behave as on the other backends.
+constexpr int kMaxRails = 4;
+
+struct RailAddr {
+  std::string ifname;
+  sockaddr_storage addr{};
+  socklen_t len = 0;
+};
+
 struct TcpDevice {
   DeviceProps props;
-  sockaddr_storage addr{};
-  socklen_t addrLen = 0;
+  std::vector<RailAddr> rails;  // one for an interface; several for a device NCCL fused
   std::unique_ptr<Registrar> registrar;
   std::unique_ptr<MrCache> cache;
 };
@@ -80,6 +97,7 @@ struct SocketOptions {
   int keepIdleSec = 1;
   int sockBuf = 0;  // SO_SNDBUF/SO_RCVBUF; 0: the kernel's autotuning
   size_t writeMax = 512 << 10;
+  uint64_t stripeMin = 256 << 10;  // WEFT_STRIPE_MIN: from this size a message is cut into one piece per rail
   static SocketOptions fromParams();
   // Before connect or listen (buffer sizes decide the window scale at the SYN).
   void applyEarly(int fd) const;
@@ -93,15 +111,22 @@ class TcpRequest final : public Request {
  public:
   Status test(bool* done, int* sizes) override;
   TcpDataComm* comm = nullptr;
-  TcpRequest* next = nullptr;  // the comm's queue of posted requests, or its free list
+  TcpRequest* next = nullptr;  // receives: the comm's queue of posted requests; either: the free list
   bool inUse = false;
   bool complete = false;
-  uint8_t n = 0;
-  // send: the header, then the payload; `sent` counts both
-  MsgHeader hdr{};
-  const uint8_t* src = nullptr;
-  uint64_t sent = 0;
-  // recv: per buffer, its place, capacity and tag, and how much of its message has arrived of how much
+  uint8_t n = 0;  // receive buffers; 0 for a send
+  // send: per rail a segment (header, then payload; `sent` counts both), queued on that rail's socket
+  struct Segment {
+    MsgHeader hdr{};
+    const uint8_t* src = nullptr;
+    uint64_t len = 0;
+    uint64_t sent = 0;
+    TcpRequest* next = nullptr;
+  };
+  Segment seg[kMaxRails];
+  uint64_t size = 0;
+  uint8_t segsLeft = 0;
+  // recv: per buffer, its place, capacity and tag, the message's size and how much of it has arrived
   uint8_t matched = 0, filled = 0;
   uint8_t* dst[kMaxRecvs] = {};
   uint64_t cap[kMaxRecvs] = {};
@@ -111,9 +136,32 @@ class TcpRequest final : public Request {
   bool bufMatched[kMaxRecvs] = {};
 };
 
+// One socket of a comm.
+struct Rail {
+  int fd = -1;
+  // send: its queue of segments
+  TcpRequest* head = nullptr;
+  TcpRequest* tail = nullptr;
+  // recv, rails 1+: the piece being read (request, buffer, where, how much left; the header first) and the pieces
+  // rail 0 matched for this rail since, in order
+  struct Piece {
+    TcpRequest* r = nullptr;
+    uint8_t buf = 0;
+    uint32_t check = 0;
+    uint64_t off = 0, len = 0;
+  };
+  static constexpr int kPieces = 64;
+  std::unique_ptr<Piece[]> pieces;  // ring, rails 1+ of a receive comm only
+  uint32_t pieceHead = 0, pieceCount = 0;
+  Piece cur;
+  bool inPiece = false;
+  MsgHeader hdrIn{};
+  size_t hdrGot = 0;
+};
+
 class TcpDataComm {
  public:
-  TcpDataComm(TcpDevice& dev, int fd, std::string peerName);
+  TcpDataComm(TcpDevice& dev, std::vector<int> fds, std::string peerName);
   virtual ~TcpDataComm();
   TcpDataComm(const TcpDataComm&) = delete;
   TcpDataComm& operator=(const TcpDataComm&) = delete;
@@ -121,20 +169,22 @@ class TcpDataComm {
   virtual void progress() = 0;
   Status regMrImpl(void* data, size_t size, int type, MemHandle** out);
   Status deregMrImpl(MemHandle* mh);
+  int railCount() const { return nRails_; }
 
  protected:
   TcpRequest* acquire();
   void release(TcpRequest* r);
-  void enqueue(TcpRequest* r);
+  virtual void forget(TcpRequest* r) = 0;  // a failed request leaves the comm's queues
   void fail(Status st, const std::string& why);
+  // A system call's error on rail k, as the comm's failure (kRemote for what a dead or silent peer causes).
+  void failErrno(int err, const char* call, int k);
   Status checkMh(const MemHandle* mh, const void* data, size_t size, const char* op) const;
 
   TcpDevice& dev_;
-  int fd_;
+  Rail rails_[kMaxRails];
+  int nRails_ = 1;
   std::string peerName_;
   Status fatal_ = Status::kOk;
-  TcpRequest* head_ = nullptr;  // posted, in order; completed ones leave from the front
-  TcpRequest* tail_ = nullptr;
   uint32_t seq_ = 0;  // messages started (send) or matched (recv) on this comm
 
  private:
@@ -158,18 +208,22 @@ class TcpComm : public Iface, public TcpDataComm {
 
 class TcpSendComm final : public TcpComm<SendComm> {
  public:
-  TcpSendComm(TcpDevice& dev, int fd, std::string peerName, size_t writeMax)
-      : TcpComm<SendComm>(dev, fd, std::move(peerName)), writeMax_(writeMax) {}
+  TcpSendComm(TcpDevice& dev, std::vector<int> fds, std::string peerName, const SocketOptions& opts)
+      : TcpComm<SendComm>(dev, std::move(fds), std::move(peerName)), writeMax_(opts.writeMax),
+        stripeMin_(opts.stripeMin) {}
   Status isend(void* data, size_t size, int tag, MemHandle* mh, Request** request) override;
   void progress() override;
 
  private:
+  void forget(TcpRequest* r) override;
+  void progressRail(int k);
   size_t writeMax_;  // bytes one sendmsg offers at most (WEFT_TCP_WRITE_MAX)
+  uint64_t stripeMin_;
 };
 
 class TcpRecvComm final : public TcpComm<RecvComm> {
  public:
-  TcpRecvComm(TcpDevice& dev, int fd, std::string peerName);
+  TcpRecvComm(TcpDevice& dev, std::vector<int> fds, std::string peerName, const SocketOptions& opts);
   Status irecv(int n, void** data, const size_t* sizes, const int* tags, MemHandle** mhs, bool optional,
                Request** request) override;
   Status iflush(int n, void** data, const int* sizes, MemHandle** mhs, Request** request) override;
@@ -179,34 +233,49 @@ class TcpRecvComm final : public TcpComm<RecvComm> {
   static constexpr size_t kDirectMin = kStage / 2;  // payload left to read from which recv goes to the buffer
 
  private:
+  void forget(TcpRequest* r) override;
+  void progressRail0();
+  void progressPieces(int k);  // rails 1+
   bool fillStage();  // one recv into the staging buffer: true when bytes came
   bool matchHeader();  // the header at the front of the staging buffer found its receive buffer
-  void bufferDone();
+  void bytesIn(TcpRequest* r, int buf, uint64_t n);  // completes the buffer, and the request, when all are in
+  // read into [p, p + len) on rail k: bytes read, 0 for "nothing now" (or failed: fatal_ set)
+  size_t readSome(int k, uint8_t* p, size_t len);
+  TcpRequest* head_ = nullptr;  // posted receives, in order; completed ones leave from anywhere
+  TcpRequest* tail_ = nullptr;
+  int unmatched_ = 0;  // posted buffers whose message's header has not come yet
   std::unique_ptr<uint8_t[]> stage_;
   size_t begin_ = 0, end_ = 0;  // unread bytes of the staging buffer
-  TcpRequest* cur_ = nullptr;  // the request whose buffer cur_Buf_ the payload in progress goes to
+  // rail 0's payload in progress: request, buffer, where it goes, bytes left
+  TcpRequest* cur_ = nullptr;
   int curBuf_ = 0;
+  uint64_t curOff_ = 0, curLeft_ = 0;
+  uint64_t stripeMin_;
 };
 
 class TcpListenComm final : public ListenComm {
  public:
-  TcpListenComm(TcpDevice& dev, int fd, uint64_t token, SocketOptions opts);
+  // One listening socket per rail of the device.
+  TcpListenComm(TcpDevice& dev, std::vector<int> fds, uint64_t token, SocketOptions opts);
   ~TcpListenComm() override;
   Status accept(RecvComm** recvComm) override;
 
  private:
   struct Incoming {
     int fd = -1;
+    int listenRail = 0;  // the listening socket it came in on
     std::string peer;
     Hello hello{};
     size_t got = 0;
+    bool ready = false;  // a well-formed hello for this listen is in, waiting for its connection's other rails
     std::chrono::steady_clock::time_point started;
   };
-  // Reads what has arrived of its hello; answers and returns true once the connection is decided (*out set when
-  // accepted).
-  bool serve(Incoming& in, RecvComm** out);
+  // Reads what has arrived of its hello. Returns true when the socket is finished with here (refused and closed);
+  // a good hello leaves it ready.
+  bool serve(Incoming& in);
+  void answer(Incoming& in, uint16_t status, const char* why);
   TcpDevice& dev_;
-  int listenFd_;
+  std::vector<int> listenFds_;
   uint64_t token_;
   SocketOptions opts_;
   bool used_ = false;  // a connection was accepted: the handle is spent
