@@ -3,6 +3,7 @@
 #include <rdma/fabric.h>
 
 #include "fabric/fabric_backend.h"
+#include "fabric/fabric_device.h"
 #include "tcp/tcp_backend.h"
 #include "verbs/verbs_backend.h"
 #include "weft/common/log.h"
@@ -35,31 +36,51 @@ Status Engine::init(ncclDebugLogger_t logger) {
     WEFT_WARN("not offering any device: {}; NCCL will use its own transports", declineReason_);
     return Status::kOk;
   }
-  // WEFT_BACKEND: verbs where an InfiniBand/RoCE port is active (auto), else libfabric; tcp only when asked for; a
-  // forced backend that finds nothing declines instead of silently using another.
-  const std::string& which = params::getString("WEFT_BACKEND");
   try {
-    std::string verbsWhy, fabricWhy, tcpWhy;
-    if (which == "tcp") backend_ = tcp::TcpBackend::discover(&tcpWhy);
-    if (which == "auto" || which == "verbs") {
-      backend_ = verbs::VerbsBackend::discover(&verbsWhy);
-      if (!backend_ && which == "auto")
-        WEFT_INFO(NCCL_INIT | NCCL_NET, "verbs backend not used: {}; trying libfabric", verbsWhy);
-    }
-    if (!backend_ && (which == "auto" || which == "fabric")) backend_ = fabric::FabricBackend::discover(&fabricWhy);
-    if (!backend_) {
-      declineReason_ = which == "verbs"    ? "WEFT_BACKEND=verbs: " + verbsWhy
-                       : which == "tcp"    ? "WEFT_BACKEND=tcp: " + tcpWhy
-                       : which == "fabric" ? fabricWhy
-                                           : fabricWhy + "; verbs: " + verbsWhy;
-    } else {
-      WEFT_INFO(NCCL_INIT | NCCL_NET, "transport: {} (WEFT_BACKEND={})", backend_->name(), which);
-    }
+    backend_ = selectBackend(params::getString("WEFT_BACKEND"), &declineReason_);
   } catch (const std::exception& e) {
     declineReason_ = e.what();
   }
-  if (!backend_) WEFT_WARN("not offering any device: {}; NCCL will use its own transports", declineReason_);
+  if (backend_) {
+    WEFT_INFO(NCCL_INIT | NCCL_NET, "transport: {} (WEFT_BACKEND={})", backend_->name(),
+              params::getString("WEFT_BACKEND"));
+  } else {
+    WEFT_WARN("not offering any device: {}; NCCL will use its own transports", declineReason_);
+  }
   return Status::kOk;
+}
+
+std::unique_ptr<Backend> selectBackend(const std::string& which, std::string* why) {
+  std::string verbsWhy, fabricWhy, tcpWhy;
+  std::unique_ptr<Backend> b;
+  if (which == "auto" || which == "verbs") {
+    b = verbs::VerbsBackend::discover(&verbsWhy);
+    if (b || which == "verbs") {
+      if (!b) *why = "WEFT_BACKEND=verbs: " + verbsWhy;
+      return b;
+    }
+    WEFT_INFO(NCCL_INIT | NCCL_NET, "verbs backend not used: {}", verbsWhy);
+  }
+  // auto without an RDMA NIC: weft's own sockets, unless the user named a libfabric provider or libfabric has a
+  // hardware one (EFA; verbs through rxm where the native backend declined). The TCP backend makes 2 system calls
+  // per small message where libfabric's tcp;ofi_rxm makes 16-18 (docs/tcp.md).
+  if (which == "tcp" || (which == "auto" && params::getString("WEFT_PROVIDER").empty() &&
+                         fabric::probe("efa", &fabricWhy).empty() && fabric::probe("verbs;ofi_rxm", &fabricWhy).empty())) {
+    b = tcp::TcpBackend::discover(&tcpWhy);
+    if (b || which == "tcp") {
+      if (!b) *why = "WEFT_BACKEND=tcp: " + tcpWhy;
+      if (b && which == "auto") {
+        WEFT_INFO(NCCL_INIT | NCCL_NET, "no RDMA device and no WEFT_PROVIDER: native TCP sockets (WEFT_BACKEND=fabric "
+                  "for libfabric's tcp)");
+      }
+      return b;
+    }
+    WEFT_INFO(NCCL_INIT | NCCL_NET, "native TCP backend not used: {}; trying libfabric", tcpWhy);
+  }
+  fabricWhy.clear();
+  b = fabric::FabricBackend::discover(&fabricWhy);
+  if (!b) *why = which == "fabric" ? fabricWhy : fabricWhy + "; verbs: " + verbsWhy;
+  return b;
 }
 
 int Engine::deviceCount() const {

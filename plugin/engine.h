@@ -11,6 +11,11 @@
 
 namespace weft {
 
+// The backend WEFT_BACKEND (`which`) selects on this host: verbs where an InfiniBand/RoCE port is active (auto), else
+// weft's own TCP sockets where libfabric offers no hardware provider and WEFT_PROVIDER is unset, else libfabric; a
+// forced backend that finds nothing declines instead of using another. nullptr, and *why, when there is none.
+std::unique_ptr<Backend> selectBackend(const std::string& which, std::string* why);
+
 class Engine {
  public:
   static Engine& instance();

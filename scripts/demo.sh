@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job: build weft, then move data between two processes through libnccl-net-weft.so's C table, the
-# way NCCL's proxy threads do, over libfabric on loopback, and say what happened.
+# way NCCL's proxy threads do, over libfabric and over weft's own TCP sockets on loopback, and say what happened.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh >/dev/null
@@ -22,6 +22,20 @@ echo "   (beside raw libfabric on the same provider; ratios are weft / raw)"
 echo
 echo "== the same through shared memory (shm provider)"
 "$weft" bench --quick --rounds 1 --patterns lat,bw --no-raw --plugin "$so" --env WEFT_PROVIDER=shm | tail -n +2
+
+echo
+echo "== weft's own TCP sockets (WEFT_BACKEND=tcp; the default on a host without an RDMA NIC), beside NCCL's own"
+echo "   Socket transport where it can be built from the CUDA toolkit's libnccl.so.2 (tests/conformance)"
+echo "-- weft, WEFT_BACKEND=tcp"
+"$weft" bench --quick --rounds 1 --patterns lat,bw --no-raw --plugin "$so" --env WEFT_BACKEND=tcp \
+  --env "WEFT_IFACE=$iface" | tail -n +2
+if tests/conformance/nccl_builtin_build.sh ncclNetSocket build/nccl-builtin >/dev/null 2>&1; then
+  echo "-- NCCL's Socket transport (one round each: run weft bench --rounds N for medians; docs/tcp.md has them)"
+  NCCL_SOCKET_IFNAME=$iface "$weft" bench --quick --rounds 1 --patterns lat,bw --no-raw --table 11 \
+    --plugin build/nccl-builtin/libnccl-net-ncclNetSocket.so | tail -n +2
+fi
+"$weft" conformance --plugin "$so" --table 11 --quick --env WEFT_BACKEND=tcp --env "WEFT_IFACE=$iface" \
+  2>/dev/null | grep -E '^\[FAIL\]|^conformance:'
 
 echo
 echo "== conformance of the plugin file, as NCCL would drive it (table v11, what NCCL 2.28 picks)"

@@ -16,9 +16,10 @@ namespace {
 const std::vector<Def> kDefs = {
   {"WEFT_BACKEND", Kind::kChoice, "auto", 0, 0, "auto|verbs|fabric|tcp",
    "Transport: verbs = native ibverbs (InfiniBand, RoCE); fabric = libfabric; tcp = weft's own TCP sockets (one "
-   "per connection, progressed inline; host memory only); auto = verbs where an active InfiniBand or RoCE port "
-   "exists (after WEFT_IB_HCA), libfabric otherwise. A forced backend that finds no device declines (NCCL uses "
-   "its own transports) rather than falling back."},
+   "per connection and interface, progressed inline; host memory only); auto = verbs where an active InfiniBand "
+   "or RoCE port exists (after WEFT_IB_HCA), else tcp where libfabric has no hardware provider (efa, "
+   "verbs;ofi_rxm) and WEFT_PROVIDER is unset, else libfabric. A forced backend that finds no device declines "
+   "(NCCL uses its own transports) rather than falling back."},
   {"WEFT_IB_HCA", Kind::kString, "", 0, 0, nullptr,
    "verbs: which HCA ports become NCCL devices, NCCL_IB_HCA syntax: comma-separated device names with an "
    "optional :port (mlx5_0:1,mlx5_1), '^' to exclude, '=' for exact names (prefixes otherwise). Empty: every "

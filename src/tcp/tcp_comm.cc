@@ -561,9 +561,10 @@ Status TcpListenComm::accept(RecvComm** recvComm) {
     in.started = std::chrono::steady_clock::now();
     incoming_.push_back(std::move(in));
   }
+  bool mismatch = false;
   for (size_t k = 0; k < incoming_.size();) {
     Incoming& in = incoming_[k];
-    if (!in.ready && serve(in)) {
+    if (!in.ready && serve(in, &mismatch)) {
       incoming_.erase(incoming_.begin() + static_cast<long>(k));
       continue;
     }
@@ -576,6 +577,9 @@ Status TcpListenComm::accept(RecvComm** recvComm) {
     }
     ++k;
   }
+  // A peer whose tuner would decide differently fails the accept, as on the other backends: NCCL's init then
+  // stops with the warning that names both, instead of hanging later.
+  if (mismatch) return Status::kInvalidUsage;
   // A connection is complete when every one of its rails said hello (same nonce).
   for (const Incoming& first : incoming_) {
     if (!first.ready || first.hello.rail != 0) continue;
@@ -636,7 +640,7 @@ void TcpListenComm::answer(Incoming& in, uint16_t status, const char* why) {
   }
 }
 
-bool TcpListenComm::serve(Incoming& in) {
+bool TcpListenComm::serve(Incoming& in, bool* tunerMismatch) {
   while (in.got < sizeof(Hello)) {
     ssize_t r = ::recv(in.fd, reinterpret_cast<uint8_t*>(&in.hello) + in.got, sizeof(Hello) - in.got, MSG_DONTWAIT);
     if (r > 0) {
@@ -661,6 +665,7 @@ bool TcpListenComm::serve(Incoming& in) {
   } else if (!transport::agreesWith(h.tunerDigest)) {
     WEFT_WARN("accept on {}: {}", dev_.props.name, transport::agreementMismatch(h.tunerDigest, in.peer));
     answer(in, Hello::kTunerMismatch, nullptr);
+    *tunerMismatch = true;
   } else {
     in.ready = true;
     return false;

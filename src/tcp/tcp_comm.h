@@ -272,7 +272,7 @@ class TcpListenComm final : public ListenComm {
   };
   // Reads what has arrived of its hello. Returns true when the socket is finished with here (refused and closed);
   // a good hello leaves it ready.
-  bool serve(Incoming& in);
+  bool serve(Incoming& in, bool* tunerMismatch);
   void answer(Incoming& in, uint16_t status, const char* why);
   TcpDevice& dev_;
   std::vector<int> listenFds_;

@@ -5,9 +5,12 @@
 #   warning naming both digests (and so does connect, unless the harness stopped it first);
 # - the standalone tuner (libnccl-tuner-weft.so, called by the simulated NCCL): every process logs its decision
 #   state at INFO, and `weft tune check` over the logs finds one state, or names the processes that differ.
-# usage: agreement_e2e.sh WEFT NET_SO TUNER_SO
+# usage: agreement_e2e.sh WEFT NET_SO TUNER_SO [harness --env options for the pair; default: tcp;ofi_rxm on lo]
 set -euo pipefail
 weft=$1 net=$2 tuner=$3
+shift 3
+transport=("$@")
+[ ${#transport[@]} -eq 0 ] && transport=(--env 'WEFT_PROVIDER=tcp;ofi_rxm' --env WEFT_IFACE=lo)
 dir=$(mktemp -d /tmp/weft-agreement-e2e-XXXXXX)
 trap 'rm -rf "$dir"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
@@ -25,7 +28,7 @@ head -c 100 "$dir/a.json" >"$dir/damaged.json"
 
 pair() {  # pair RECV_PROFILE SEND_PROFILE: the harness's two-process connect through the combined library
   timeout 120 "$weft" conformance --plugin "$net" --only connect.two_process --timeout 30 --verbose \
-    --env 'WEFT_PROVIDER=tcp;ofi_rxm' --env WEFT_IFACE=lo \
+    "${transport[@]}" \
     --recv-env "WEFT_TUNER_PROFILE=$1" --send-env "WEFT_TUNER_PROFILE=$2" >"$dir/pair.out" 2>&1
 }
 pair "$dir/a.json" "$dir/a.json" || { cat "$dir/pair.out"; fail "ranks with the same profile did not connect"; }

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "fabric/fabric_backend.h"
-#include "tcp/tcp_backend.h"
+#include "plugin/engine.h"
 #include "verbs/verbs_backend.h"
 #include "plugin_loader.h"
 #include "weft/common/params.h"
@@ -103,39 +103,27 @@ int info(int argc, char** argv) {
                   p.provider.c_str(), p.speedMbps, p.maxRecvs, p.ptrSupport, p.pciPath.empty() ? "-" : p.pciPath.c_str());
     }
   }
+  // The same choice the plugin makes at init (plugin/engine.cc).
   const std::string& which = params::getString("WEFT_BACKEND");
-  std::printf("\ndevices weft offers NCCL with this environment (WEFT_BACKEND=%s):\n", which.c_str());
-  if (which == "tcp") {
-    std::string twhy;
-    auto tb = tcp::TcpBackend::discover(&twhy);
-    if (!tb) std::printf("  none: WEFT_BACKEND=tcp and %s\n", twhy.c_str());
-    for (int d = 0; tb && d < tb->deviceCount(); ++d) {
-      const auto& p = tb->props(d);
-      std::printf("  %d: %-10s %-18s %6d Mb/s  maxRecvs %d  ptrSupport %#x  address %s  pci %s\n", d, p.name.c_str(),
-                  p.provider.c_str(), p.speedMbps, p.maxRecvs, p.ptrSupport, p.fabric.c_str(),
-                  p.pciPath.empty() ? "-" : p.pciPath.c_str());
-    }
-  } else if (which != "fabric" && vb) {
-    std::printf("  the native verbs ports above\n");
-  } else if (which == "verbs") {
-    std::printf("  none: WEFT_BACKEND=verbs and %s\n", vwhy.c_str());
-  }
   std::string why;
-  const bool notFabric = which == "verbs" || which == "tcp" || (which == "auto" && vb);
-  auto backend = notFabric ? nullptr : fabric::FabricBackend::discover(&why);
-  if (notFabric) {
-    // listed above
-  } else if (!backend) {
-    std::printf("  none: %s\n", why.c_str());
-  } else {
-    for (int d = 0; d < backend->deviceCount(); ++d) {
-      const auto& p = backend->props(d);
-      const auto& dev = backend->device(d);
-      std::printf("  %d: %-10s %-12s %6d Mb/s  rails %d  maxRecvs %d  ptrSupport %#x  protocol %s (eager <= %zu B)  pci %s\n",
-                  d, p.name.c_str(), p.provider.c_str(), p.speedMbps, backend->railCount(d), p.maxRecvs, p.ptrSupport,
-                  dev.rdma() ? (dev.compactImm() ? "rdma(cq4)" : "rdma") : "sendrecv", dev.rdma() ? dev.eagerMax() : size_t{0},
-                  p.pciPath.empty() ? "-" : p.pciPath.c_str());
+  auto chosen = selectBackend(which, &why);
+  std::printf("\ndevices weft offers NCCL with this environment (WEFT_BACKEND=%s): %s\n", which.c_str(),
+              chosen ? chosen->name() : "none");
+  if (!chosen) std::printf("  none: %s\n", why.c_str());
+  auto* fb = dynamic_cast<fabric::FabricBackend*>(chosen.get());
+  for (int d = 0; chosen && d < chosen->deviceCount(); ++d) {
+    const auto& p = chosen->props(d);
+    std::printf("  %d: %-10s %-18s %6d Mb/s  maxRecvs %d  ptrSupport %#x  pci %s", d, p.name.c_str(),
+                p.provider.c_str(), p.speedMbps, p.maxRecvs, p.ptrSupport, p.pciPath.empty() ? "-" : p.pciPath.c_str());
+    if (fb != nullptr) {
+      const auto& dev = fb->device(d);
+      std::printf("  rails %d  protocol %s (eager <= %zu B)", fb->railCount(d),
+                  dev.rdma() ? (dev.compactImm() ? "rdma(cq4)" : "rdma") : "sendrecv",
+                  dev.rdma() ? dev.eagerMax() : size_t{0});
+    } else if (std::string(chosen->name()) == "tcp") {
+      std::printf("  address %s", p.fabric.c_str());
     }
+    std::printf("\n");
   }
   std::printf("\nvariables:\n");
   for (const auto& val : params::values()) {
