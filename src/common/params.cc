@@ -50,6 +50,15 @@ const std::vector<Def> kDefs = {
    "Native TCP backend: SO_SNDBUF and SO_RCVBUF of every data socket, in bytes (the kernel doubles the value and "
    "caps it at net.core.wmem_max/rmem_max). 0: the kernel's autotuning (net.ipv4.tcp_wmem/tcp_rmem), which grows "
    "a busy connection's buffers to its bandwidth-delay product and keeps an idle one small."},
+  {"WEFT_TCP_SOCKETS", Kind::kInt, "1", 1, 4, nullptr,
+   "Native TCP backend: data sockets per interface in every connection (at most 4 a connection in all, a fused "
+   "device's interfaces included); messages of WEFT_STRIPE_MIN bytes or more are cut into one piece per socket. "
+   "For many-core hosts whose NIC needs several flows to fill; on 2 cores over loopback more sockets measured no "
+   "faster (docs/tcp.md)."},
+  {"WEFT_TCP_BUSY_POLL", Kind::kInt, "0", 0, 1000000, nullptr,
+   "Native TCP backend: SO_BUSY_POLL on every data socket, in microseconds: a recv that finds nothing polls the "
+   "NIC's queue that long instead of returning (NICs with NAPI busy polling; needs CAP_NET_ADMIN above "
+   "net.core.busy_read; warned about once when refused). 0: off. Not measurable on loopback or veth."},
   {"WEFT_TCP_WRITE_MAX", Kind::kInt, "524288", 4096, 1 << 30, nullptr,
    "Native TCP backend: bytes one sendmsg offers the kernel at most (queued messages go out together up to this). "
    "One write of several queued MiB measured half the bandwidth of 512 KiB writes on loopback."},
@@ -90,7 +99,9 @@ const std::vector<Def> kDefs = {
    "The verbs backend takes them from WEFT_IB_HCA (name:port:rail:plane, as NCCL_IB_HCA in 2.30)."},
   {"WEFT_STRIPE_MIN", Kind::kInt, "262144", 4096, int64_t{1} << 40, nullptr,
    "On a multi-rail device with the rdma protocol, messages of at least this many bytes are split across all "
-   "rails; smaller ones (and every tagged message) go to one rail, round-robin."},
+   "rails; smaller ones (and every tagged message) go to one rail, round-robin. Native TCP: messages of at least "
+   "this many bytes are cut into one piece per socket (WEFT_TCP_SOCKETS, fused interfaces); smaller ones go whole "
+   "on the first."},
   {"WEFT_CQ_DATA", Kind::kChoice, "auto", 0, 0, "auto|4",
    "Remote completion data of the rdma protocol: auto = 8 bytes where the provider carries them, the compact "
    "4-byte form where it carries only 4 (EFA, verbs); 4 = the compact form everywhere (tests that path)."},

@@ -90,6 +90,7 @@ std::unique_ptr<TcpBackend> TcpBackend::discover(std::string* why) {
   }
   auto b = std::unique_ptr<TcpBackend>(new TcpBackend());
   b->opts_ = SocketOptions::fromParams();
+  b->socketsPerInterface_ = static_cast<int>(params::getInt("WEFT_TCP_SOCKETS"));
   b->pending_.setTimeout(static_cast<int>(params::getInt("WEFT_CONNECT_TIMEOUT")));
   const int maxRecvs = static_cast<int>(params::getInt("WEFT_MAX_RECVS"));
   for (const auto& i : chosen) {
@@ -100,7 +101,7 @@ std::unique_ptr<TcpBackend> TcpBackend::discover(std::string* why) {
     ra.ifname = i.name;
     ra.addr = i.addr;
     ra.len = i.len;
-    d->rails.push_back(ra);
+    for (int k = 0; k < b->socketsPerInterface_; ++k) d->rails.push_back(ra);
     d->registrar = std::make_unique<NullRegistrar>();
     d->cache = std::make_unique<MrCache>(d->registrar.get());
     DeviceProps& p = d->props;
@@ -159,16 +160,18 @@ Status TcpBackend::makeVDevice(const int* devs, int n, int* out) {
     p.speedMbps = 0;
     p.name.clear();
     p.fabric.clear();
+    // WEFT_TCP_SOCKETS per interface where kMaxRails allows, one at least
+    const int per = std::max(1, std::min(socketsPerInterface_, kMaxRails / n));
     for (int j = 0; j < n; ++j) {
       const TcpDevice& m = *slots_[devs[j]].dev;
-      d->rails.push_back(m.rails[0]);
+      for (int k = 0; k < per; ++k) d->rails.push_back(m.rails[0]);
       p.name += (j ? "+" : "") + m.props.name;
       p.speedMbps += m.props.speedMbps;
       p.fabric += (j ? "," : "") + m.props.fabric;
     }
     p.guid = fnv1a64("weft-tcp/" + p.name);
-    WEFT_INFO(NCCL_INIT | NCCL_NET, "NET/weft device {}: {} fused by NCCL, {} rails, {} Mb/s", count, p.name, n,
-              p.speedMbps);
+    WEFT_INFO(NCCL_INIT | NCCL_NET, "NET/weft device {}: {} fused by NCCL, {} sockets a connection, {} Mb/s", count,
+              p.name, d->rails.size(), p.speedMbps);
     slot.dev = d.get();
     slot.props = p;
     devices_.push_back(std::move(d));

@@ -62,6 +62,7 @@ class TcpBackend final : public Backend {
   std::atomic<int> count_{0};
   std::mutex slotsMutex_;
   SocketOptions opts_;
+  int socketsPerInterface_ = 1;  // WEFT_TCP_SOCKETS
   PendingConnects<PendingConnect> pending_;
 };
 

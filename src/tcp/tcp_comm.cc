@@ -38,6 +38,7 @@ SocketOptions SocketOptions::fromParams() {
   const int64_t probeMs = params::getInt("WEFT_PROBE_INTERVAL");
   o.keepIdleSec = static_cast<int>(std::clamp<int64_t>((probeMs + 999) / 1000, 1, 32767));
   o.sockBuf = static_cast<int>(params::getInt("WEFT_TCP_SOCKBUF"));
+  o.busyPollUs = static_cast<int>(params::getInt("WEFT_TCP_BUSY_POLL"));
   o.writeMax = static_cast<size_t>(params::getInt("WEFT_TCP_WRITE_MAX"));
   o.stripeMin = static_cast<uint64_t>(params::getInt("WEFT_STRIPE_MIN"));
   return o;
@@ -63,6 +64,13 @@ void SocketOptions::applyConnected(int fd) const {
   int idle = keepIdleSec, intvl = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
+  if (busyPollUs > 0 && setsockopt(fd, SOL_SOCKET, SO_BUSY_POLL, &busyPollUs, sizeof(busyPollUs)) != 0) {
+    static std::atomic<bool> warned{false};
+    if (!warned.exchange(true)) {
+      WEFT_WARN("WEFT_TCP_BUSY_POLL={}: SO_BUSY_POLL refused ({}); sockets poll as usual", busyPollUs,
+                std::strerror(errno));
+    }
+  }
 }
 
 // ---- requests and the comm's pool --------------------------------------------------------------------------------

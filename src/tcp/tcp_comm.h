@@ -96,6 +96,7 @@ struct SocketOptions {
   int peerTimeoutSec = 10;
   int keepIdleSec = 1;
   int sockBuf = 0;  // SO_SNDBUF/SO_RCVBUF; 0: the kernel's autotuning
+  int busyPollUs = 0;  // SO_BUSY_POLL; 0: off
   size_t writeMax = 512 << 10;
   uint64_t stripeMin = 256 << 10;  // WEFT_STRIPE_MIN: from this size a message is cut into one piece per rail
   static SocketOptions fromParams();
