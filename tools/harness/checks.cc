@@ -28,6 +28,8 @@ const std::vector<Check>& allChecks() {
        dataRequestHint, true},
       {"data.grouped_receives", "irecv of n<=maxRecvs buffers, sends in any tag order, per-buffer sizes",
        dataGroupedReceives, true},
+      {"data.grouped_skew", "PXN subs of one grouped receive out of step: one sub NCCL_STEPS ahead of another, whose "
+       "step 0 its group waits for, still delivers (held aside or refused until posted)", dataGroupedSkew, true},
       {"data.max_requests", "32 receives outstanding on one comm, matched in posting order", dataMaxRequests, true},
       {"data.send_larger_than_recv", "a send larger than its receive: an error, or a completion truncated to the "
        "receive's size (NCCL's IB transport); never a byte past the receive buffer", dataSendLargerThanRecv},

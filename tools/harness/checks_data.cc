@@ -290,6 +290,97 @@ void sendLargerThanRecv(CheckEnv& env, bool weftPromise) {
 
 void dataSendLargerThanRecv(CheckEnv& env) { sendLargerThanRecv(env, false); }
 
+// PXN's subs of one grouped receive progress on their own: NCCL posts the group of step s + NCCL_STEPS only after the
+// group of step s completed (its buffers are the same), while a sub whose data is ready sends on regardless, retrying
+// an isend that returns NULL (net.cc v2.28.9: sendProxyProgress per sub, recvProxyProgress posting a group per step).
+// Here sub A sends as far as the plugin takes its sends (steps 0..8) before sub B sends its step 0: A's step 8 has no
+// posted receive until B's step 0 has arrived. A plugin must hold A's step 8 aside (tag matching) or refuse it until
+// its receive exists (buffer offers; NCCL's IB transport refuses A's step 1 until B's step 0 went); one ordered
+// stream that waits for A's step 8 to be posted never delivers B's step 0.
+void dataGroupedSkew(CheckEnv& env) {
+  int maxRecvs = agreedMaxRecvs(env);
+  if (maxRecvs <= 1) throw CheckSkip("the device reports maxRecvs=1 (grouped receives not offered)");
+  Conn c = establish(env);
+  static constexpr int kSteps = 8, kGroups = kSteps + 1, kTagA = 7, kTagB = 9;  // NCCL_STEPS
+  constexpr size_t kMsg = 4096;
+  // one slot per (group, sub)
+  Buffer buf(kMsg * 2 * kGroups, env.mem);
+  Registration reg(env, c.comm(), buf);
+  auto slot = [&](int g, int sub) { return static_cast<size_t>(g * 2 + sub) * kMsg; };
+  auto seed = [&](int g, int sub) { return 900 + g * 2 + sub; };
+  Deadline d(env.timeout);
+  if (env.recv()) {
+    std::vector<void*> reqs(kGroups, nullptr);
+    auto post = [&](int g) {
+      void* data[2] = {buf.data() + slot(g, 0), buf.data() + slot(g, 1)};
+      size_t sizes[2] = {kMsg, kMsg};
+      int tags[2] = {kTagA, kTagB};
+      void* mhs[2] = {reg.mh(), reg.mh()};
+      while (reqs[g] == nullptr) {
+        expectOk(env.net.irecv(c.recvComm, 2, data, sizes, tags, mhs, &reqs[g]), "irecv of group " + std::to_string(g));
+        if (d.expired()) fail("the grouped irecv of step " + std::to_string(g) + " was never accepted");
+      }
+    };
+    for (int g = 0; g < kSteps; ++g) post(g);
+    for (int g = 0; g < kGroups; ++g) {  // NCCL tests the oldest; its buffers free step g + NCCL_STEPS
+      int done = 0, sizes[NCCL_PROXY_MAX_SUBS] = {};
+      while (!done) {
+        expectOk(env.net.test(reqs[g], &done, sizes), "test of group " + std::to_string(g));
+        if (!done && d.expired()) {
+          fail("the group of step " + std::to_string(g) + " never completed: sub A's step " + std::to_string(kSteps) +
+               " (no receive posted yet) held up sub B's step 0 behind it");
+        }
+      }
+      for (int sub = 0; sub < 2; ++sub) {
+        if (sizes[sub] != static_cast<int>(kMsg) || buf.mismatch(slot(g, sub), kMsg, seed(g, sub)) != SIZE_MAX) {
+          fail("step " + std::to_string(g) + ", sub " + (sub ? "B" : "A") + ": wrong size or data");
+        }
+      }
+      if (g + kSteps < kGroups) post(g + kSteps);
+    }
+  } else {
+    for (int g = 0; g < kGroups; ++g) {
+      for (int sub = 0; sub < 2; ++sub) buf.fill(slot(g, sub), kMsg, seed(g, sub));
+    }
+    // Each sub posts its sends in order, retrying a NULL isend, and tests its oldest.
+    struct Sub {
+      int tag, next = 0, tested = 0;
+      std::vector<void*> reqs = std::vector<void*>(kGroups, nullptr);
+    } subs[2] = {{kTagA}, {kTagB}};
+    // One round of NCCL's proxy for this sub: post the next send if it can (false: refused for now), test one.
+    auto step = [&](int sub) {
+      Sub& s = subs[sub];
+      bool posted = true;
+      if (s.next < kGroups) {
+        expectOk(env.net.isend(c.sendComm, buf.data() + slot(s.next, sub), kMsg, s.tag, reg.mh(), &s.reqs[s.next]),
+                 "isend");
+        posted = s.reqs[s.next] != nullptr;
+        if (posted) ++s.next;
+      }
+      if (s.tested < s.next) {
+        int done = 0, size = 0;
+        expectOk(env.net.test(s.reqs[s.tested], &done, &size), "test of a send");
+        if (done) ++s.tested;
+      }
+      return posted;
+    };
+    // Sub A alone, as far as the plugin lets it go: all its steps, or until a send is refused (NCCL's IB transport
+    // takes a group's sends slot by slot, so A waits at step 1 for B's step 0; buffer offers stop A at step 8).
+    // Then both, B from its step 0.
+    while (subs[0].next < kGroups && step(0)) {
+      if (d.expired()) fail("sub A's sends were neither accepted nor refused within the time limit");
+    }
+    while (subs[0].tested < kGroups || subs[1].tested < kGroups) {
+      step(0);
+      step(1);
+      if (d.expired()) fail("the sends did not complete within the time limit");
+    }
+  }
+  env.oob.barrier("skew-done", env.timeout);
+  reg.release();
+  closeConn(env, c);
+}
+
 // Registered user buffers go out in pieces of up to NCCL_MAX_NET_SIZE, 1 GiB (src/include/collectives.h v2.28.9
 // line 14; src/transport/net.cc lines 1306 and 1444-1445): one message of that size must pass intact.
 void dataLarge(CheckEnv& env) {

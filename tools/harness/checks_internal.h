@@ -53,6 +53,7 @@ void connectNonblocking(CheckEnv& env);
 void connectSelf(CheckEnv& env);
 void connectTwoProcess(CheckEnv& env);
 void dataGroupedReceives(CheckEnv& env);
+void dataGroupedSkew(CheckEnv& env);
 void dataLarge(CheckEnv& env);
 void dataMaxRequests(CheckEnv& env);
 void dataNcclSteps(CheckEnv& env);
