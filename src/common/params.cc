@@ -59,12 +59,10 @@ const std::vector<Def> kDefs = {
    "Native TCP backend: SO_BUSY_POLL on every data socket, in microseconds: a recv that finds nothing polls the "
    "NIC's queue that long instead of returning (NICs with NAPI busy polling; needs CAP_NET_ADMIN above "
    "net.core.busy_read; warned about once when refused). 0: off. Not measurable on loopback or veth."},
-  {"WEFT_TCP_MAX_RECVS", Kind::kInt, "1", 1, 8, nullptr,
-   "Native TCP backend: maxRecvs reported to NCCL (WEFT_MAX_RECVS is the other backends'). 1, as NCCL's Socket "
-   "transport: no grouped receives, and so no comm shared by PXN's sub-connections. Above 1 the backend groups "
-   "receives (checked by the conformance suite), but the subs of a group share one ordered stream: a sub 8 or more "
-   "steps ahead of another could put a message whose receive NCCL cannot post yet before the one the group waits "
-   "for, and both would stall (libfabric's tag matching and the verbs backend's buffer offers cannot)."},
+  {"WEFT_TCP_MAX_RECVS", Kind::kInt, "8", 1, 8, nullptr,
+   "Native TCP backend: maxRecvs reported to NCCL (WEFT_MAX_RECVS is the other backends'): buffers one grouped irecv "
+   "may carry (PXN aggregation). A message whose receive is not posted yet (a PXN sub ahead of its group) is held "
+   "aside, up to 64 MiB a comm. 1: no grouping, as NCCL's Socket transport."},
   {"WEFT_TCP_WRITE_MAX", Kind::kInt, "524288", 4096, 1 << 30, nullptr,
    "Native TCP backend: bytes one sendmsg offers the kernel at most (queued messages go out together up to this). "
    "One write of several queued MiB measured half the bandwidth of 512 KiB writes on loopback."},

@@ -92,8 +92,6 @@ std::unique_ptr<TcpBackend> TcpBackend::discover(std::string* why) {
   b->opts_ = SocketOptions::fromParams();
   b->socketsPerInterface_ = static_cast<int>(params::getInt("WEFT_TCP_SOCKETS"));
   b->pending_.setTimeout(static_cast<int>(params::getInt("WEFT_CONNECT_TIMEOUT")));
-  // One buffer a receive unless asked for more: see WEFT_TCP_MAX_RECVS (a grouped receive's subs share one stream,
-  // and one that runs 8 steps ahead of another could hold up the message its group waits for).
   const int maxRecvs = static_cast<int>(params::getInt("WEFT_TCP_MAX_RECVS"));
   for (const auto& i : chosen) {
     const int k = b->count_.load();

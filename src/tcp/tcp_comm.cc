@@ -325,6 +325,68 @@ TcpRecvComm::TcpRecvComm(TcpDevice& dev, std::vector<int> fds, std::string peerN
   for (int k = 1; k < nRails_; ++k) rails_[k].pieces.reset(new Rail::Piece[Rail::kPieces]);
 }
 
+TcpRecvComm::~TcpRecvComm() {
+  while (unexpHead_ != nullptr) {
+    Unexpected* u = unexpHead_;
+    unexpHead_ = u->next;
+    delete u;
+  }
+}
+
+uint8_t* Unexpected::base() const { return r != nullptr ? r->dst[buf] : data.get(); }
+
+void TcpRecvComm::dropUnexpected(Unexpected* u) {
+  Unexpected* prev = nullptr;
+  for (Unexpected* p = unexpHead_; p != nullptr; prev = p, p = p->next) {
+    if (p != u) continue;
+    (prev ? prev->next : unexpHead_) = u->next;
+    if (unexpTail_ == u) unexpTail_ = prev;
+    break;
+  }
+  unexpBytes_ -= u->size;
+  delete u;
+}
+
+void TcpRecvComm::unexpectedIn(Unexpected* u, uint64_t n) {
+  u->got += n;
+  if (u->r == nullptr) return;  // still aside
+  TcpRequest* r = u->r;
+  const int i = u->buf;
+  const bool all = u->got == u->size;
+  if (all) dropUnexpected(u);  // nothing names it any more: its last bytes are in
+  bytesIn(r, i, n);
+}
+
+bool TcpRecvComm::matchUnexpected(TcpRequest* r, int i) {
+  for (Unexpected* u = unexpHead_; u != nullptr; u = u->next) {
+    if (u->r != nullptr || u->tag != r->tags[i]) continue;
+    if (u->size > r->cap[i]) {
+      fail(Status::kInvalidUsage, "a " + std::to_string(u->size) + "-byte message (tag " + std::to_string(u->tag) +
+                                      ") arrived for a " + std::to_string(r->cap[i]) +
+                                      "-byte receive: sender and receiver disagree on the size");
+      return false;
+    }
+    r->bufMatched[i] = true;
+    ++r->matched;
+    --unmatched_;
+    r->want[i] = u->size;
+    r->got[i] = 0;
+    // What has arrived moves over; the rest will land in the buffer itself (base() follows the match).
+    if (u->size > 0) std::memcpy(r->dst[i], u->data.get(), u->size);
+    const uint64_t arrived = u->got;
+    if (arrived == u->size) {
+      dropUnexpected(u);
+    } else {
+      u->r = r;
+      u->buf = i;
+      u->data.reset();
+    }
+    bytesIn(r, i, arrived);
+    return true;
+  }
+  return false;
+}
+
 Status TcpRecvComm::irecv(int n, void** data, const size_t* sizes, const int* tags, MemHandle** mhs, bool optional,
                           Request** request) {
   (void)optional;  // every receive completes when its bytes are in: the data's own flags are NCCL's business
@@ -349,6 +411,12 @@ Status TcpRecvComm::irecv(int n, void** data, const size_t* sizes, const int* ta
   (tail_ ? tail_->next : head_) = r;
   tail_ = r;
   unmatched_ += n;
+  for (int i = 0; i < n && unexpHead_ != nullptr; ++i) matchUnexpected(r, i);
+  if (fatal_ != Status::kOk) {
+    forget(r);
+    release(r);
+    return fatal_;
+  }
   *request = r;
   return Status::kOk;
 }
@@ -437,6 +505,7 @@ bool TcpRecvComm::matchHeader() {
         Rail& q = rails_[k];
         Rail::Piece& p = q.pieces[(q.pieceHead + q.pieceCount++) % Rail::kPieces];
         p.r = r;
+        p.u = nullptr;
         p.buf = static_cast<uint8_t>(i);
         p.check = h.check;
         p.off = pieceOffset(h.size, k, pieces);
@@ -453,7 +522,36 @@ bool TcpRecvComm::matchHeader() {
       return true;
     }
   }
-  return false;  // its receive is not posted yet: the header waits
+  // Its receive is not posted yet: held aside while there is room (the rest of its pieces and payload land there);
+  // otherwise the header waits.
+  if (unexpBytes_ + h.size > kUnexpectedMax) return false;
+  auto* u = new Unexpected;
+  u->check = h.check;
+  u->tag = h.tag;
+  u->size = h.size;
+  u->data.reset(new uint8_t[h.size > 0 ? h.size : 1]);
+  (unexpTail_ ? unexpTail_->next : unexpHead_) = u;
+  unexpTail_ = u;
+  unexpBytes_ += h.size;
+  begin_ += sizeof(MsgHeader);
+  ++seq_;
+  for (int k = 1; k < pieces; ++k) {
+    Rail& q = rails_[k];
+    Rail::Piece& p = q.pieces[(q.pieceHead + q.pieceCount++) % Rail::kPieces];
+    p.r = nullptr;
+    p.u = u;
+    p.check = h.check;
+    p.off = pieceOffset(h.size, k, pieces);
+    p.len = pieceLength(h.size, k, pieces);
+  }
+  curU_ = u;
+  curOff_ = 0;
+  curLeft_ = pieceLength(h.size, 0, pieces);
+  if (curLeft_ == 0) {
+    curU_ = nullptr;
+    unexpectedIn(u, 0);
+  }
+  return true;
 }
 
 void TcpRecvComm::bytesIn(TcpRequest* r, int i, uint64_t n) {
@@ -466,10 +564,11 @@ void TcpRecvComm::bytesIn(TcpRequest* r, int i, uint64_t n) {
 
 void TcpRecvComm::progressRail0() {
   while (fatal_ == Status::kOk) {
-    if (cur_ != nullptr) {
+    if (cur_ != nullptr || curU_ != nullptr) {
       TcpRequest* r = cur_;
+      Unexpected* u = curU_;
       const int i = curBuf_;
-      uint8_t* dst = r->dst[i] + curOff_;
+      uint8_t* dst = (u != nullptr ? u->base() : r->dst[i]) + curOff_;
       uint64_t n = 0;
       if (end_ > begin_) {
         n = std::min<uint64_t>(curLeft_, end_ - begin_);
@@ -485,8 +584,12 @@ void TcpRecvComm::progressRail0() {
       curOff_ += n;
       curLeft_ -= n;
       const bool drained = curLeft_ > 0 && end_ == begin_;  // a direct read came short: the socket is empty now
-      if (curLeft_ == 0) cur_ = nullptr;
-      bytesIn(r, i, n);
+      if (curLeft_ == 0) cur_ = nullptr, curU_ = nullptr;
+      if (u != nullptr) {
+        unexpectedIn(u, n);
+      } else {
+        bytesIn(r, i, n);
+      }
       if (drained) return;
       continue;
     }
@@ -512,24 +615,34 @@ void TcpRecvComm::progressPieces(int k) {
       q.inPiece = true;
       q.hdrGot = 0;
     }
+    Rail::Piece& c = q.cur;
     if (q.hdrGot < sizeof(MsgHeader)) {
       const size_t n = readSome(k, reinterpret_cast<uint8_t*>(&q.hdrIn) + q.hdrGot, sizeof(MsgHeader) - q.hdrGot);
       if (n == 0) return;
       q.hdrGot += n;
       if (q.hdrGot < sizeof(MsgHeader)) return;
-      if (q.hdrIn.check != q.cur.check || q.hdrIn.size != q.cur.len || q.hdrIn.tag != q.cur.r->tags[q.cur.buf]) {
+      const int32_t tag = c.u != nullptr ? c.u->tag : c.r->tags[c.buf];
+      if (q.hdrIn.check != c.check || q.hdrIn.size != c.len || q.hdrIn.tag != tag) {
         fail(Status::kRemote, "a piece header on rail " + std::to_string(k) +
                                   " does not match its message: the streams are corrupt or out of step");
         return;
       }
     }
-    if (q.cur.len > 0) {
-      const size_t n = readSome(k, q.cur.r->dst[q.cur.buf] + q.cur.off, q.cur.len);
+    if (c.len > 0) {
+      uint8_t* dst = (c.u != nullptr ? c.u->base() : c.r->dst[c.buf]) + c.off;
+      const size_t n = readSome(k, dst, c.len);
       if (n == 0) return;
-      q.cur.off += n;
-      q.cur.len -= n;
-      bytesIn(q.cur.r, q.cur.buf, n);
-      if (q.cur.len > 0) return;  // the socket is empty for now
+      c.off += n;
+      c.len -= n;
+      const bool more = c.len > 0;
+      if (!more) q.inPiece = false;
+      if (c.u != nullptr) {
+        unexpectedIn(c.u, n);
+      } else {
+        bytesIn(c.r, c.buf, n);
+      }
+      if (more) return;  // the socket is empty for now
+      continue;
     }
     q.inPiece = false;
   }

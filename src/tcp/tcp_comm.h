@@ -107,6 +107,20 @@ struct SocketOptions {
 };
 
 class TcpDataComm;
+class TcpRequest;
+
+// A message whose receive was not posted when its header came (a PXN sub ahead of the others in its group), held
+// aside in memory of its own until a receive matches it; from then on its remaining bytes go to that receive.
+struct Unexpected {
+  uint32_t check = 0;
+  int32_t tag = 0;
+  uint64_t size = 0, got = 0;
+  std::unique_ptr<uint8_t[]> data;
+  TcpRequest* r = nullptr;  // the receive it was matched to, and which buffer
+  int buf = 0;
+  Unexpected* next = nullptr;
+  uint8_t* base() const;
+};
 
 class TcpRequest final : public Request {
  public:
@@ -146,7 +160,8 @@ struct Rail {
   // recv, rails 1+: the piece being read (request, buffer, where, how much left; the header first) and the pieces
   // rail 0 matched for this rail since, in order
   struct Piece {
-    TcpRequest* r = nullptr;
+    TcpRequest* r = nullptr;  // where it goes: a receive's buffer, or a message held aside (u)
+    Unexpected* u = nullptr;
     uint8_t buf = 0;
     uint32_t check = 0;
     uint64_t off = 0, len = 0;
@@ -225,6 +240,7 @@ class TcpSendComm final : public TcpComm<SendComm> {
 class TcpRecvComm final : public TcpComm<RecvComm> {
  public:
   TcpRecvComm(TcpDevice& dev, std::vector<int> fds, std::string peerName, const SocketOptions& opts);
+  ~TcpRecvComm() override;
   Status irecv(int n, void** data, const size_t* sizes, const int* tags, MemHandle** mhs, bool optional,
                Request** request) override;
   Status iflush(int n, void** data, const int* sizes, MemHandle** mhs, Request** request) override;
@@ -249,8 +265,19 @@ class TcpRecvComm final : public TcpComm<RecvComm> {
   size_t begin_ = 0, end_ = 0;  // unread bytes of the staging buffer
   // rail 0's payload in progress: request, buffer, where it goes, bytes left
   TcpRequest* cur_ = nullptr;
+  Unexpected* curU_ = nullptr;  // or the message held aside it goes to
   int curBuf_ = 0;
   uint64_t curOff_ = 0, curLeft_ = 0;
+  // Messages held aside, in arrival order, and their bytes (at most kUnexpectedMax: beyond, rail 0 waits as TCP
+  // holds the sender back).
+  Unexpected* unexpHead_ = nullptr;
+  Unexpected* unexpTail_ = nullptr;
+  uint64_t unexpBytes_ = 0;
+  static constexpr uint64_t kUnexpectedMax = uint64_t{64} << 20;
+  void unexpectedIn(Unexpected* u, uint64_t n);  // n bytes of u arrived
+  void dropUnexpected(Unexpected* u);
+  // Matches buffer i of a just-posted receive to the oldest message held aside with its tag: false when none.
+  bool matchUnexpected(TcpRequest* r, int i);
   uint64_t stripeMin_;
 };
 

@@ -302,7 +302,9 @@ void dataGroupedSkew(CheckEnv& env) {
   if (maxRecvs <= 1) throw CheckSkip("the device reports maxRecvs=1 (grouped receives not offered)");
   Conn c = establish(env);
   static constexpr int kSteps = 8, kGroups = kSteps + 1, kTagA = 7, kTagB = 9;  // NCCL_STEPS
-  constexpr size_t kMsg = 4096;
+  // Large enough to be cut into pieces on a multi-rail device (WEFT_STRIPE_MIN's default), so that a message held
+  // aside may still be arriving on another rail when its receive is posted.
+  constexpr size_t kMsg = (300 << 10) + 3;
   // one slot per (group, sub)
   Buffer buf(kMsg * 2 * kGroups, env.mem);
   Registration reg(env, c.comm(), buf);
