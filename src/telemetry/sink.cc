@@ -131,12 +131,26 @@ void Sink::startLocked() {
 }
 
 
+namespace {
+
+// mkdir -p: a job's output tree (WEFT_TELEMETRY_DIR=$OUT/run/weft) rarely exists before the first rank writes.
+// Ranks create it concurrently: EEXIST at any level is success.
+bool makeDirs(const std::string& dir) {
+  for (size_t slash = dir.find('/', 1); ; slash = dir.find('/', slash + 1)) {
+    const std::string part = dir.substr(0, slash);
+    if (!part.empty() && mkdir(part.c_str(), 0775) != 0 && errno != EEXIST) return false;
+    if (slash == std::string::npos) return true;
+  }
+}
+
+}  // namespace
+
 void Sink::writeLineLocked(const std::string& line) {
   if (!jsonlTried_) {
     jsonlTried_ = true;
     const std::string& dir = params::getString("WEFT_TELEMETRY_DIR");
     if (!dir.empty()) {
-      if (mkdir(dir.c_str(), 0775) != 0 && errno != EEXIST) {
+      if (!makeDirs(dir)) {
         WEFT_WARN("timing: cannot create WEFT_TELEMETRY_DIR {}: {}; no JSON records will be written", dir,
                   std::strerror(errno));
       } else {
