@@ -262,12 +262,10 @@ Status FabricBackend::connect(int dev, const CommConfig& config, void* handle, S
   }
   if (pc == nullptr) {
     WireHandle h;
-    if (Status st = decodeForConnect(handle, props(dev).name, &h); st != Status::kOk) return st;
-    if (h.backend != BackendId::kFabric || h.providerHash != device(dev).providerHash()) {
-      WEFT_WARN("connect on {}: the handle comes from a different transport or provider than {} (every rank "
-                "must use the same WEFT_PROVIDER)",
-                props(dev).name, props(dev).provider);
-      return Status::kInvalidUsage;
+    if (Status st = decodeForConnect(handle, props(dev).name, BackendId::kFabric, device(dev).providerHash(),
+                                     "libfabric's " + props(dev).provider, &h);
+        st != Status::kOk) {
+      return st;
     }
     auto fresh = std::make_unique<PendingConnect>();
     std::memcpy(fresh->handleBytes, handle, kHandleSize);

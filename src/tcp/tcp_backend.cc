@@ -303,12 +303,9 @@ Status TcpBackend::connect(int dev, const CommConfig& config, void* handle, Send
   }
   if (pc == nullptr) {
     WireHandle h;
-    if (Status st = decodeForConnect(handle, props(dev).name, &h); st != Status::kOk) return st;
-    if (h.backend != BackendId::kTcp || h.providerHash != providerHash()) {
-      WEFT_WARN("connect on {}: the handle comes from a different transport than native TCP (every rank must use "
-                "the same WEFT_BACKEND)",
-                props(dev).name);
-      return Status::kInvalidUsage;
+    if (Status st = decodeForConnect(handle, props(dev).name, BackendId::kTcp, providerHash(), "native TCP", &h);
+        st != Status::kOk) {
+      return st;
     }
     std::vector<sockaddr_storage> peer;
     if (!decodeRails(h, &peer)) {

@@ -24,6 +24,18 @@ Counters& counters() {
 
 namespace {
 
+// Takes `node` out of a singly linked list (through its `next`) with a tail pointer; nothing when it is not there.
+template <typename T>
+void unlink(T*& head, T*& tail, T* node) {
+  T* prev = nullptr;
+  for (T* p = head; p != nullptr; prev = p, p = p->next) {
+    if (p != node) continue;
+    (prev ? prev->next : head) = node->next;
+    if (tail == node) tail = prev;
+    return;
+  }
+}
+
 bool wouldBlock(int e) { return e == EAGAIN || e == EWOULDBLOCK; }
 
 void add(std::atomic<int64_t>& c, int64_t v) { c.fetch_add(v, std::memory_order_relaxed); }
@@ -336,13 +348,7 @@ TcpRecvComm::~TcpRecvComm() {
 uint8_t* Unexpected::base() const { return r != nullptr ? r->dst[buf] : data.get(); }
 
 void TcpRecvComm::dropUnexpected(Unexpected* u) {
-  Unexpected* prev = nullptr;
-  for (Unexpected* p = unexpHead_; p != nullptr; prev = p, p = p->next) {
-    if (p != u) continue;
-    (prev ? prev->next : unexpHead_) = u->next;
-    if (unexpTail_ == u) unexpTail_ = prev;
-    break;
-  }
+  unlink(unexpHead_, unexpTail_, u);
   unexpBytes_ -= u->size;
   delete u;
 }
@@ -428,14 +434,8 @@ Status TcpRecvComm::iflush(int, void**, const int*, MemHandle**, Request** reque
 }
 
 void TcpRecvComm::forget(TcpRequest* r) {
-  TcpRequest* prev = nullptr;
-  for (TcpRequest* p = head_; p != nullptr; prev = p, p = p->next) {
-    if (p != r) continue;
-    (prev ? prev->next : head_) = r->next;
-    if (tail_ == r) tail_ = prev;
-    return;
-  }
-  // cur_ and the rails' pieces may still name it: the comm is failed, and nothing reads them again
+  // cur_ and the rails' pieces may still name a failed request: the comm is failed, and nothing reads them again
+  unlink(head_, tail_, r);
 }
 
 size_t TcpRecvComm::readSome(int k, uint8_t* p, size_t len) {

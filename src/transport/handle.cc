@@ -99,11 +99,21 @@ Status WireHandle::decode(const void* in, WireHandle* out, std::string* why) {
   return Status::kOk;
 }
 
-Status decodeForConnect(const void* handle, const std::string& device, WireHandle* out) {
+Status decodeForConnect(const void* handle, const std::string& device, BackendId backend, uint32_t providerHash,
+                        const std::string& transport, WireHandle* out) {
   std::string why;
   Status st = WireHandle::decode(handle, out, &why);
-  if (st != Status::kOk) WEFT_WARN("connect on {}: {}", device, why);
-  return st;
+  if (st != Status::kOk) {
+    WEFT_WARN("connect on {}: {}", device, why);
+    return st;
+  }
+  if (out->backend != backend || out->providerHash != providerHash) {
+    WEFT_WARN("connect on {}: the handle comes from a different transport than {} (every rank must use the same "
+              "WEFT_BACKEND, and for libfabric the same WEFT_PROVIDER)",
+              device, transport);
+    return Status::kInvalidUsage;
+  }
+  return Status::kOk;
 }
 
 }  // namespace weft

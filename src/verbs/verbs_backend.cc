@@ -110,12 +110,9 @@ Status VerbsBackend::connect(int dev, const CommConfig& config, void* handle, Se
   }
   if (pc == nullptr) {
     WireHandle h;
-    if (Status st = decodeForConnect(handle, props(dev).name, &h); st != Status::kOk) return st;
-    if (h.backend != BackendId::kVerbs || h.providerHash != providerHash()) {
-      WEFT_WARN("connect on {}: the handle comes from a different transport than verbs (every rank must use the "
-                "same WEFT_BACKEND)",
-                props(dev).name);
-      return Status::kInvalidUsage;
+    if (Status st = decodeForConnect(handle, props(dev).name, BackendId::kVerbs, providerHash(), "verbs", &h);
+        st != Status::kOk) {
+      return st;
     }
     sockaddr_storage sa{};
     if (h.addrLen > sizeof(sa) || h.addrLen < sizeof(sockaddr_in)) {

@@ -36,8 +36,10 @@ struct WireHandle {
   static Status decode(const void* in, WireHandle* out, std::string* why);
 };
 
-// decode() for a backend's connect(): a refusal is warned about, naming the device the connect was for.
-Status decodeForConnect(const void* handle, const std::string& device, WireHandle* out);
+// decode() for a backend's connect(), which also refuses a handle of another backend or provider (`transport` names
+// this end's, for the warning); a refusal is warned about, naming the device the connect was for.
+Status decodeForConnect(const void* handle, const std::string& device, BackendId backend, uint32_t providerHash,
+                        const std::string& transport, WireHandle* out);
 
 uint32_t fnv1a32(const void* data, size_t len, uint32_t seed = 2166136261u);
 uint64_t fnv1a64(std::string_view s);
