@@ -90,6 +90,7 @@ WorkerArgs parseWorkerArgs(int argc, char** argv) {
     else if (f == "--raw-modes") w.rawModes = a.value();
     else if (f == "--conns-list") w.connsList = a.value();
     else if (f == "--raw-max-conns") w.rawMaxConns = a.number(1, 100000);
+    else if (f == "--conns-size") w.connsSize = static_cast<size_t>(a.number(4096, 1 << 30));
     else a.unknown();
   }
   return w;

@@ -47,6 +47,7 @@ struct WorkerArgs {
   // weft bench only: the raw libfabric reference (empty provider: none), rounds per point, which patterns.
   std::string rawProvider, rawIface, patterns = "lat,bw,conns,steps", latSizes, rawModes, connsList;
   int rawMaxConns = 16;
+  size_t connsSize = 1 << 20;
   int rounds = 3;
 };
 WorkerArgs parseWorkerArgs(int argc, char** argv);

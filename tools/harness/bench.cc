@@ -325,7 +325,9 @@ int runBenchWorker(int argc, char** argv) {
       for (size_t s : sizes) streamPoint("bw", s, s, 1, false, std::max(total, 16 * s));
     }
     if (want("conns")) {
-      for (int n : connsList) streamPoint("conns", static_cast<size_t>(n), 1 << 20, n, false, total);
+      for (int n : connsList) {
+        streamPoint("conns", static_cast<size_t>(n), wa.connsSize, n, false, std::max(total, 16 * wa.connsSize));
+      }
     }
     if (want("steps")) {
       std::vector<int> ns = quick ? std::vector<int>{8} : std::vector<int>{2, 8};
@@ -347,10 +349,15 @@ struct Row {
   std::map<std::string, std::pair<double, double>> values;  // implementation -> (value, p99 for latency)
 };
 
-const char* patternTitle(const std::string& p) {
+std::string patternTitle(const std::string& p, size_t connsSize) {
   if (p == "lat") return "ping-pong latency, half round trip in us (median; p99 in brackets), pre-posted receives";
   if (p == "bw") return "streaming bandwidth, one connection, 8 messages in flight, Gb/s";
-  if (p == "conns") return "parallel connections (NCCL channels), 1 MiB messages, 8 in flight each, Gb/s in total";
+  if (p == "conns") {
+    return "parallel connections (NCCL channels), " +
+           (connsSize % (1 << 20) == 0 ? std::to_string(connsSize >> 20) + " MiB"
+                                       : std::to_string(connsSize) + " B") +
+           " messages, 8 in flight each, Gb/s in total";
+  }
   return "NCCL step pattern, both directions at once, 1 MiB slices, 8 in flight per connection, Gb/s received";
 }
 
@@ -375,6 +382,7 @@ int runBench(const BenchOptions& o) {
   if (!o.latSizes.empty()) args.insert(args.end(), {"--lat-sizes", o.latSizes});
   if (!o.rawModes.empty()) args.insert(args.end(), {"--raw-modes", o.rawModes});
   if (!o.connsList.empty()) args.insert(args.end(), {"--conns-list", o.connsList});
+  args.insert(args.end(), {"--conns-size", std::to_string(o.connsSize)});
   args.insert(args.end(), {"--raw-max-conns", std::to_string(o.rawMaxConns)});
   if (o.quick) args.push_back("--quick");
   if (!o.fuse.empty()) args.insert(args.end(), {"--fuse", o.fuse});
@@ -445,7 +453,7 @@ int runBench(const BenchOptions& o) {
     for (const Row& r : rows) {
       if (r.pattern != last) {
         last = r.pattern;
-        std::printf("\n%s\n  %10s", patternTitle(r.pattern), r.pattern == "lat" || r.pattern == "bw" ? "size" : "conns");
+        std::printf("\n%s\n  %10s", patternTitle(r.pattern, o.connsSize).c_str(), r.pattern == "lat" || r.pattern == "bw" ? "size" : "conns");
         for (const auto& impl : implOrder) std::printf(" %20s", impl.c_str());
         if (implOrder.size() > 1) std::printf(" %8s", "ratio");
         std::printf("\n");

@@ -24,6 +24,7 @@ struct BenchOptions {
   std::string latSizes;                           // comma-separated bytes (empty: the built-in list)
   std::string rawModes;                           // subset of raw-tagged,raw-rma,raw-tagged-1ep (empty: all)
   std::string connsList;                          // conns pattern: connection counts (empty: 1,2,4,8,16)
+  size_t connsSize = 1 << 20;                     // conns pattern: message size
   int rawMaxConns = 16;                           // raw references open at most this many links (memory)
   std::string rawProvider, rawIface;              // the raw reference (empty provider: none)
   PairOptions pair;

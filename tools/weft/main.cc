@@ -63,6 +63,7 @@ void usage() {
                "      [--patterns lat,bw,conns,steps] [--rounds N] (median of N alternating runs, default 3)\n"
                "      [--lat-sizes 8,4096,...]  latency message sizes in bytes\n"
                "      [--conns-list 1,16,64]    connection counts of the conns pattern (default 1,2,4,8,16)\n"
+               "      [--conns-size BYTES]      message size of the conns pattern (default 1 MiB)\n"
                "      [--raw-max-conns N]       raw references run conns points up to N only (default 16: each raw\n"
                "                                link is its own endpoints, tens of MiB each over rxm)\n"
                "      [--raw-modes raw-tagged,raw-rma,raw-tagged-1ep]  which references to run (default: all)\n"
@@ -219,6 +220,7 @@ int bench(int argc, char** argv) {
       }
     }
     else if (f == "--raw-max-conns") o.rawMaxConns = a.number(1, 100000);
+    else if (f == "--conns-size") o.connsSize = static_cast<size_t>(a.number(4096, 1 << 30));
     else if (f == "--no-raw") noRaw = true;
     else a.unknown();
   }
