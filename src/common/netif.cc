@@ -31,6 +31,10 @@ bool matchInterface(const std::string& name, const std::string& spec) {
   return exclude ? !matched : matched;
 }
 
+bool isLoopbackOrBridge(const std::string& name) {
+  return name == "lo" || name.rfind("docker", 0) == 0 || name.rfind("virbr", 0) == 0;
+}
+
 std::string sockaddrString(const sockaddr* sa, bool withPort) {
   char host[INET6_ADDRSTRLEN] = "?";
   if (sa->sa_family == AF_INET) {

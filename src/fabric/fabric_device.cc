@@ -82,10 +82,6 @@ int speedMbpsOf(const fi_info* info) {
   return 10000;
 }
 
-bool isLoopbackOrBridge(const std::string& name) {
-  return name == "lo" || name.rfind("docker", 0) == 0 || name.rfind("virbr", 0) == 0;
-}
-
 int addrPreference(const fi_info* i) {
   switch (i->addr_format) {
     case FI_SOCKADDR_IN: return 0;

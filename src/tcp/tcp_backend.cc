@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <cstring>
-#include <map>
 
 #include "weft/common/log.h"
 #include "weft/common/netif.h"
@@ -25,10 +24,6 @@ class NullRegistrar final : public Registrar {
   Status registerRange(uintptr_t, size_t, int, int, uint64_t, MrEntry*) override { return Status::kOk; }
   void deregisterRange(MrEntry*) noexcept override {}
 };
-
-bool isLoopbackOrBridge(const std::string& name) {
-  return name == "lo" || name.rfind("docker", 0) == 0 || name.rfind("virbr", 0) == 0;
-}
 
 struct Interface {
   std::string name;

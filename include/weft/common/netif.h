@@ -12,6 +12,9 @@ namespace weft {
 // makes them exact names. An empty spec selects nothing here (callers decide what empty means).
 bool matchInterface(const std::string& name, const std::string& spec);
 
+// Loopback and container bridges (docker*, virbr*): left out when WEFT_IFACE is empty, unless nothing else exists.
+bool isLoopbackOrBridge(const std::string& name);
+
 // "1.2.3.4:port" or "[v6]:port" (without the port when withPort is false); "?" for another family.
 std::string sockaddrString(const sockaddr* sa, bool withPort = true);
 // A TCP socket (`flags` as for socket(2)) bound to `addr` with port 0, the kernel picking one; -1 with errno set.
