@@ -28,6 +28,17 @@ expect_rc 0 $report busbw "$fx/all_reduce_oldlayout.txt"
 expect_rc 2 $report
 expect_rc 1 $report check /dev/null
 
+# torch-allreduce-sweep.py and gpu-lease.sh: arguments, what is missing
+sweep="python3 $e2e/torch-allreduce-sweep.py"
+expect_rc 2 $sweep --procs 1
+expect_rc 2 $sweep --runs tcp,nope
+grep -q "unknown run" "$dir/out" || fail "sweep: no reason for an unknown run"
+if ! command -v torchrun >/dev/null; then
+  expect_rc 3 $sweep --runs tcp,socket
+  grep -q "torchrun is not on PATH" "$dir/out" || fail "sweep: what is missing"
+fi
+bash -n "$e2e/gpu-lease.sh" || fail "gpu-lease.sh does not parse"
+
 # nccl-tests.sh: checks on recorded logs, arguments, what is missing, the commands it would run
 expect_rc 0 "$e2e/nccl-tests.sh" --check-only "$fx/e2e-good"
 grep -q "weft: NCCL loaded weft, results verified" "$dir/out" || fail "check-only good"
