@@ -21,9 +21,10 @@ if [ "${1:-}" = "--pack" ]; then
   du -sh "$dir"
   exit 0
 fi
-# WEFT_LEASE_MPS=1: run the ranks under NVIDIA MPS (without it two processes on one GPU are time-sliced, and
+# DIR/lib/libnccl-profiler-example.so, where present (NCCL's ext-profiler/example built by hand), serves the
+# sweep's socket-example0 run. WEFT_LEASE_RUNS: the sweep's --runs. WEFT_LEASE_MPS=1: run the ranks under NVIDIA MPS (without it two processes on one GPU are time-sliced, and
 # every collective waits milliseconds for the other rank's kernel to get the GPU); WEFT_LEASE_DDP=0 skips DDP.
-dir=${1:-$repo/.e2e}
+dir=$(cd "${1:-$repo/.e2e}" && pwd) || exit 1
 out=${2:-${OUT:-$repo/build/e2e}}
 work=/tmp/weft-gpu-lease
 rm -rf "$work" && mkdir -p "$work" "$out" "$repo/build/lib" "$repo/build/bin"
@@ -47,6 +48,8 @@ step() { echo "=== $* ($(date +%T))"; }
     mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
     nvidia-cuda-mps-control -d && echo "MPS daemon started" || echo "MPS could not start"
   fi
+  echo "mpirun: $(command -v mpirun || echo none)"
+  [ -e "$dir/lib/libnccl-profiler-example.so" ] && export WEFT_E2E_EXAMPLE_PROFILER="$dir/lib/libnccl-profiler-example.so"
   step all_reduce sweep
   timeout 280 python3 "$here/torch-allreduce-sweep.py" --out "$work/sweep" --max-mb 128 --timeout 90 --runs "${WEFT_LEASE_RUNS:-weft,tcp,socket}" || rc=1
   [ "${WEFT_LEASE_DDP:-1}" = 1 ] && backends="fabric tcp" || backends=""

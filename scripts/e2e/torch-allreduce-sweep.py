@@ -11,6 +11,9 @@ It runs the same sweep under torchrun once per transport, each rank made to look
     tcp-untimed  the same with WEFT_TIMING=0 (weft's profiler loaded, asking NCCL for no events)
     tcp-bare     the same with NCCL_PROFILER_PLUGIN=none NCCL_TUNER_PLUGIN=none (the transport alone)
     socket-timed NCCL Socket with weft's profiler (libnccl-profiler-weft.so): what timing costs
+    socket-untimed   the same with WEFT_TIMING=0 (the profiler loaded, asking for no events)
+    socket-example0  NCCL Socket with NCCL's example profiler (WEFT_E2E_EXAMPLE_PROFILER: its file) asking for
+                     no events (NCCL_PROFILE_EVENT_MASK=0): what any loaded profiler costs
 A name may repeat (socket,tcp,socket,tcp): each run is a column of its own, numbered.
     socket  NCCL's internal Socket transport (the baseline)
 and prints busbw per size side by side (medians of the timed iterations). Exit: 0 good; 1 a run failed or a
@@ -26,7 +29,7 @@ import statistics
 import subprocess
 import sys
 
-RUNS = ("weft", "tcp", "tcp2", "tcp-untimed", "tcp-bare", "socket", "socket-timed")
+RUNS = ("weft", "tcp", "tcp2", "tcp-untimed", "tcp-bare", "socket", "socket-timed", "socket-untimed", "socket-example0")
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 
@@ -94,6 +97,10 @@ def launch(args):
         "socket": dict(NCCL_NET="Socket", NCCL_NET_PLUGIN="none"),
         "socket-timed": dict(NCCL_NET="Socket", NCCL_NET_PLUGIN="none",
                              NCCL_PROFILER_PLUGIN=os.path.join(REPO, "build/lib/libnccl-profiler-weft.so")),
+        "socket-untimed": dict(NCCL_NET="Socket", NCCL_NET_PLUGIN="none", WEFT_TIMING="0",
+                               NCCL_PROFILER_PLUGIN=os.path.join(REPO, "build/lib/libnccl-profiler-weft.so")),
+        "socket-example0": dict(NCCL_NET="Socket", NCCL_NET_PLUGIN="none", NCCL_PROFILE_EVENT_MASK="0",
+                                NCCL_PROFILER_PLUGIN=os.environ.get("WEFT_E2E_EXAMPLE_PROFILER", "none")),
     }
     failed, table = 0, {}
     for i, name in enumerate(names):
