@@ -47,7 +47,9 @@ void setProfilerCallback(ncclProfilerCallback_t cb) { gProfCallback.store(cb, st
 void timingOpen(Comm* c, bool isSend) {
   if (timingLevel() == telemetry::Level::kOff || c->above != nullptr) return;
   try {
-    c->above = telemetry::registerConn(isSend, c->peerName(), c->deviceName());
+    int nRails = 0;
+    const RailHealth* rails = c->rails(&nRails);
+    c->above = telemetry::registerConn(isSend, c->peerName(), c->deviceName(), rails, nRails);
   } catch (...) {
     c->above = nullptr;  // no record for this comm; the data path is unaffected
   }
@@ -56,7 +58,9 @@ void timingOpen(Comm* c, bool isSend) {
 void timingClose(Comm* c) {
   auto* s = static_cast<telemetry::ConnStats*>(c->above);
   c->above = nullptr;
-  if (s != nullptr) telemetry::unregisterConn(s);
+  if (s == nullptr) return;
+  if (s->nRails > 0) c->refreshRails();
+  telemetry::unregisterConn(s);
 }
 
 void timingPost(Comm* c, Request* r, uint64_t bytes, bool isSend, int n, void* const* phandles) {

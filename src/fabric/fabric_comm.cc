@@ -36,7 +36,11 @@ FabricDataComm::FabricDataComm(std::shared_ptr<EndpointGroup> group, std::vector
       recvSide_(recvSide),
       probeIntervalMs_(params::getInt("WEFT_PROBE_INTERVAL")),
       peerTimeoutMs_(params::getInt("WEFT_PEER_TIMEOUT") * 1000) {
+  health_ = std::make_unique<RailHealth[]>(rails_.size());
+  railDownSinceMs_.assign(rails_.size(), 0);
   for (size_t k = 0; k < rails_.size(); ++k) {
+    health_[k].setDevice(rails_[k].ep->device().props().name.c_str());
+    rails_[k].health = &health_[k];
     OpContext& c = rails_[k].noteCtx;
     c.owner = this;
     c.comm = localId_.get();
@@ -103,11 +107,47 @@ bool FabricDataComm::grow() {
 void FabricDataComm::logRails() const {
   if (nRails_ <= 1) return;
   std::string per;
-  for (const Rail& r : rails_) {
-    per += fmt::format("{}{}: {} msgs {} B", per.empty() ? "" : ", ", r.ep->device().props().name, r.txMsgs,
-                       r.txBytes);
+  for (int k = 0; k < nRails_; ++k) {
+    const RailHealth& h = health_[k];
+    per += fmt::format("{}{}: {} msgs {} B", per.empty() ? "" : ", ", h.device, h.msgs.load(std::memory_order_relaxed),
+                       h.bytes.load(std::memory_order_relaxed));
+    if (uint32_t downs = h.downs.load(std::memory_order_relaxed); downs != 0) {
+      per += fmt::format(" (down {} times, last: {}{})", downs, railEventName(h.lastDownEvent()),
+                         h.up.load(std::memory_order_relaxed) != 0 ? ", back up" : "");
+    }
   }
   WEFT_INFO(NCCL_NET, "comm with {} closed; sent per rail: {}", peerName_, per);
+}
+
+std::string FabricDataComm::railName(int k) const {
+  return nRails_ > 1 ? fmt::format("rail {} ({})", k, health_[k].device) : std::string(health_[k].device);
+}
+
+int FabricDataComm::railOfEndpoint(const Endpoint* ep) const {
+  for (int k = 0; k < nRails_; ++k) {
+    if (rails_[k].ep == ep) return k;
+  }
+  return 0;
+}
+
+// Counted on the rail and in the process (weftNetStat "fabric.rail_downs"), reported once per transition.
+void FabricDataComm::railDown(int k, RailEvent why, const std::string& detail) {
+  if (!health_[k].markDown(why)) return;
+  ++railsDown_;
+  railDownSinceMs_[k] = coarseNowMs();
+  Endpoint::countRailDown();
+  WEFT_WARN("comm with {}: {} is down ({}: {}); {} requests outstanding{}", peerName_, railName(k),
+            railEventName(why), detail, outstanding_,
+            why == RailEvent::kLinkDown ? "; weft does not move traffic off a failed rail yet (docs/failover.md): "
+                                          "the comm fails unless the link comes back within WEFT_PEER_TIMEOUT" : "");
+}
+
+void FabricDataComm::railUp(int k, int64_t nowMs) {
+  if (!health_[k].markUp()) return;
+  --railsDown_;
+  Endpoint::countRailRecovery();
+  WEFT_WARN("comm with {}: {} is back up after {} ms", peerName_, railName(k), nowMs - railDownSinceMs_[k]);
+  railDownSinceMs_[k] = 0;
 }
 
 // Leaving the group's table first: from then on a completion naming this comm is a stray, never delivered to
@@ -137,6 +177,7 @@ bool FabricDataComm::drained(DataSink* s) { return static_cast<FabricDataComm*>(
 
 void FabricDataComm::closeComm(bool sendSide) {
   ClosingComms::poll();
+  refreshRailHealth();  // what its last log line says
   if (!group_->shared()) {
     // Its own endpoints close with it, canceling whatever is in flight (an abort: NCCL closed it with requests
     // outstanding). A send comm whose sends are all done first makes sure they reached the peer where the
@@ -145,7 +186,7 @@ void FabricDataComm::closeComm(bool sendSide) {
     // peer's receive would then wait for them forever (seen: 17 runs in 200 of data.recv_larger on a loaded
     // machine, two rails between namespaces).
     bool sent = false;
-    for (const Rail& r : rails_) sent = sent || r.txMsgs > 0;
+    for (const Rail& r : rails_) sent = sent || r.health->msgs.load(std::memory_order_relaxed) > 0;
     if (sendSide && sent && fatal_ == Status::kOk && opsInFlight() == 0 && dev_.streamSockets()) {
       closing_ = true;
       lingering_ = true;
@@ -273,6 +314,7 @@ Status FabricDataComm::progress() {
   flushOffers();
   if (notesWaiting_ > 0) postNotes();
   if ((outstanding_ > 0 || waitingOffer_) && probeIntervalMs_ > 0 && (++polls_ & 1023) == 0) checkPeer();
+  if (railsDown_ > 0 && (++railPolls_ & 255) == 0) recheckRails(coarseNowMs());
   return st;
 }
 
@@ -282,9 +324,21 @@ Status FabricDataComm::progress() {
 // a probe at once, whatever its process is doing; a dead process answers with a connection error (reported by
 // the provider on the probe's completion); a probe the provider cannot even hand over within WEFT_PEER_TIMEOUT
 // means the host or the link is gone.
+// A rail seen down for its link comes back when its link does, whether or not traffic stalls meanwhile: looked at
+// from checkPeer, from progress while a rail is down (every 256 calls; sysfs is read at most every 100 ms per
+// endpoint), and at close.
+void FabricDataComm::recheckRails(int64_t nowMs, bool fresh) {
+  for (int k = 0; k < nRails_; ++k) {
+    if (health_[k].up.load(std::memory_order_relaxed) == 0 && health_[k].lastDownEvent() == RailEvent::kLinkDown &&
+        rails_[k].ep->linkDownForMs(nowMs, fresh) == 0)
+      railUp(k, nowMs);
+  }
+}
+
 void FabricDataComm::checkPeer() {
   if (fatal_ != Status::kOk) return;
   int64_t now = coarseNowMs();
+  if (railsDown_ > 0) recheckRails(now);
   if (completions_ != completionsSeen_ || lastActivityMs_ == 0) {  // something completed since the last look
     completionsSeen_ = completions_;
     lastActivityMs_ = now;
@@ -295,31 +349,37 @@ void FabricDataComm::checkPeer() {
   // the connection once it has stayed down for WEFT_PEER_TIMEOUT. A probe cannot show that over TCP: it is
   // "delivered" into the socket buffer and retransmitted for minutes. (The endpoint reads sysfs at most every
   // 100 ms, whatever the number of comms.)
-  for (Rail& rail : rails_) {
-    int64_t down = rail.ep->linkDownForMs(now);
+  // A rail whose link is seen down is marked down at once (and up again if it returns before the timeout).
+  for (int k = 0; k < nRails_; ++k) {
+    int64_t down = rails_[k].ep->linkDownForMs(now);
+    if (down == 0) continue;  // (a rail back up was seen above)
+    railDown(k, RailEvent::kLinkDown, fmt::format("its link has been down for {} ms", down));
     if (down > peerTimeoutMs_) {
       WEFT_WARN("peer {} unreachable: the link of {} has been down for {} s with {} requests outstanding; they fail "
-                "(WEFT_PEER_TIMEOUT)", peerName_, rail.ep->device().props().name, down / 1000, outstanding_);
+                "(WEFT_PEER_TIMEOUT)", peerName_, railName(k), down / 1000, outstanding_);
       fatal_ = Status::kRemote;
       return;
     }
   }
   // Every rail is probed: a link down on one NIC of a device stalls the messages that rail carries.
-  for (Rail& rail : rails_) {
+  for (int k = 0; k < nRails_; ++k) {
+    Rail& rail = rails_[k];
     Status why = Status::kOk;
     switch (rail.ep->checkPeer(rail.peer, lastActivityMs_, now, probeIntervalMs_, peerTimeoutMs_, &why)) {
       case Endpoint::PeerVerdict::kOk: break;
       case Endpoint::PeerVerdict::kGone:
+        railDown(k, RailEvent::kPeerGone, "a liveness probe failed");
         WEFT_WARN("peer {} on {} is gone: a liveness probe failed after {} ms without progress (process exited or "
                   "was killed, or the connection broke); its {} outstanding requests fail",
-                  peerName_, rail.ep->device().props().name, now - lastActivityMs_, outstanding_);
+                  peerName_, railName(k), now - lastActivityMs_, outstanding_);
         (void)why;  // the provider's error was logged with the completion; NCCL sees a remote failure
         fatal_ = Status::kRemote;
         return;
       case Endpoint::PeerVerdict::kUnreachable:
+        railDown(k, RailEvent::kProbeLost, "a liveness probe was not delivered");
         WEFT_WARN("peer {} on {} unreachable: a liveness probe was not delivered within {} s (host down, link "
                   "down, or traffic filtered); its {} outstanding requests fail (WEFT_PEER_TIMEOUT)",
-                  peerName_, rail.ep->device().props().name, peerTimeoutMs_ / 1000, outstanding_);
+                  peerName_, railName(k), peerTimeoutMs_ / 1000, outstanding_);
         fatal_ = Status::kRemote;
         return;
     }
@@ -404,7 +464,7 @@ void FabricDataComm::onComplete(OpContext* ctx, size_t len) noexcept {
   opDone(r);
 }
 
-void FabricDataComm::onError(OpContext* ctx, int fiErr, Status st) noexcept {
+void FabricDataComm::onError(Endpoint* ep, OpContext* ctx, int fiErr, Status st) noexcept {
   if (ctx->kind == OpKind::kNote) {
     // The peer is gone or closed its side: nothing of ours can reach it any more, and nobody waits for it.
     (void)fiErr;
@@ -448,7 +508,16 @@ void FabricDataComm::onError(OpContext* ctx, int fiErr, Status st) noexcept {
   }
   if (r->error == Status::kOk) r->error = st;
   // A failed transfer breaks the ordered stream NCCL relies on: the connection is done for.
-  if (fatal_ == Status::kOk) fatal_ = st;
+  if (fatal_ == Status::kOk) {
+    const int k = railOfEndpoint(ep);
+    try {
+      railDown(k, RailEvent::kErrorCompletion, fi_strerror(fiErr));
+      WEFT_WARN("comm with {}: an operation on {} failed ({}); the comm fails", peerName_, railName(k),
+                fi_strerror(fiErr));
+    } catch (...) {  // a log line that cannot be formatted changes nothing
+    }
+    fatal_ = st;
+  }
   opDone(r);
 }
 
@@ -735,10 +804,7 @@ Status FabricSendComm::sendTagged(FabricSendRequest* r, void* data, size_t size,
     if (rc == 0) r->ops = 1;
   }
   *again = rc == -FI_EAGAIN;
-  if (rc == 0) {
-    ++rail.txMsgs;
-    rail.txBytes += size;
-  }
+  if (rc == 0) rail.health->countSend(size);
   if (rc == 0 || rc == -FI_EAGAIN) return Status::kOk;
   WEFT_WARN("fi_tsend ({} B) to {} on {} failed: {}", size, peerName_, dev_.props().name,
             fi_strerror(static_cast<int>(-rc)));
@@ -913,8 +979,7 @@ Status FabricSendComm::postSegments(FabricSendRequest* r, bool* again) {
     }
     ++r->ops;
     ++r->nextSeg;
-    ++rail.txMsgs;
-    rail.txBytes += len;
+    rail.health->countSend(len);
   }
   return Status::kOk;
 }

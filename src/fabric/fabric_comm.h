@@ -34,6 +34,7 @@
 
 #include "fabric/endpoint_group.h"
 #include "fabric/fabric_endpoint.h"
+#include "weft/common/clock.h"
 #include "weft/transport/comm_ids.h"
 #include "weft/transport/offer_table.h"
 #include "weft/transport/tag_seq.h"
@@ -118,7 +119,7 @@ class FabricRecvRequest final : public FabricRequest {
 struct Rail {
   Endpoint* ep = nullptr;
   fi_addr_t peer = FI_ADDR_UNSPEC;
-  uint64_t txMsgs = 0, txBytes = 0;
+  RailHealth* health = nullptr;  // the comm's (FabricDataComm::health_): state, what was sent on it
   // Close notice (send comm) or ack (receive comm) on this rail (wire.h): Note* flags, its operation's context.
   uint8_t note = 0;
   OpContext noteCtx;
@@ -144,9 +145,16 @@ class FabricDataComm : public DataSink {
   // lost with its endpoints.
   void closeComm(bool sendSide = false);
   void onComplete(OpContext* ctx, size_t len) noexcept override;
-  void onError(OpContext* ctx, int fiErr, Status st) noexcept override;
+  void onError(Endpoint* ep, OpContext* ctx, int fiErr, Status st) noexcept override;
   void onRemoteData(uint64_t data, size_t len) noexcept override;
   void onCloseNote(Endpoint* ep, bool ack) noexcept override;
+  void refreshRailHealth() {
+    if (railsDown_ > 0 && fatal_ == Status::kOk) recheckRails(coarseNowMs(), true);
+  }
+  const RailHealth* railHealth(int* n) const {
+    *n = nRails_ > 1 ? nRails_ : 0;
+    return nRails_ > 1 ? health_.get() : nullptr;
+  }
   // Lingering after close: posts what waits, reads the endpoints; true once every rail's notice was acked or
   // failed (or the comm failed): it may be deleted.
   bool lingerStep();
@@ -227,6 +235,18 @@ class FabricDataComm : public DataSink {
   void checkPeer();
   int opsInFlight() const;  // provider operations of this comm not yet completed
   void logRails() const;    // multi-rail: what each rail carried
+  // Per-rail health (weft/common/rail_health.h), one entry per rail. A rail seen down is reported once (a warning
+  // naming the comm, the rail and why), and again when it comes back. No traffic moves off a down rail yet
+  // (docs/failover.md): the comm still fails when a rail stays down for WEFT_PEER_TIMEOUT or an operation on it fails.
+  std::unique_ptr<RailHealth[]> health_;
+  std::vector<int64_t> railDownSinceMs_;  // per rail: when it was seen down (0: up)
+  int railsDown_ = 0;
+  void railDown(int k, RailEvent why, const std::string& detail);
+  void railUp(int k, int64_t nowMs);
+  void recheckRails(int64_t nowMs, bool fresh = false);
+  uint32_t railPolls_ = 0;
+  int railOfEndpoint(const Endpoint* ep) const;
+  std::string railName(int k) const;  // "rail 1 (eth1)"
   static bool drained(DataSink* s);
   bool closing_ = false;          // NCCL closed it: nothing more is posted
   // Close notices and acks (Rail::note).
@@ -256,6 +276,8 @@ class FabricSendComm final : public SendComm, public FabricDataComm {
   Status isend(void* data, size_t size, int tag, MemHandle* mh, Request** request) override;
   std::string peerName() const override { return peerName_; }
   std::string deviceName() const override;
+  const RailHealth* rails(int* n) const override { return railHealth(n); }
+  void refreshRails() override { refreshRailHealth(); }
   void close() override { closeComm(true); }
   Status regMr(void* data, size_t size, int type, MemHandle** out) override {
     return regOnDevice(data, size, type, -1, 0, out);
@@ -294,6 +316,8 @@ class FabricRecvComm final : public RecvComm, public FabricDataComm {
   Status start();  // joins the group; rdma: opens the offer array
   std::string peerName() const override { return peerName_; }
   std::string deviceName() const override;
+  const RailHealth* rails(int* n) const override { return railHealth(n); }
+  void refreshRails() override { refreshRailHealth(); }
   void close() override { closeComm(); }
   Status irecv(int n, void** data, const size_t* sizes, const int* tags, MemHandle** mhs, bool optional,
                Request** request) override;

@@ -192,6 +192,14 @@ Endpoint::~Endpoint() {
 
 int64_t Endpoint::openCount() { return gOpen.load(std::memory_order_relaxed); }
 int64_t Endpoint::probesSent() { return gProbes.load(std::memory_order_relaxed); }
+
+namespace {
+std::atomic<int64_t> gRailDowns{0}, gRailRecoveries{0};
+}  // namespace
+int64_t Endpoint::railDowns() { return gRailDowns.load(std::memory_order_relaxed); }
+int64_t Endpoint::railRecoveries() { return gRailRecoveries.load(std::memory_order_relaxed); }
+void Endpoint::countRailDown() { gRailDowns.fetch_add(1, std::memory_order_relaxed); }
+void Endpoint::countRailRecovery() { gRailRecoveries.fetch_add(1, std::memory_order_relaxed); }
 int64_t Endpoint::flushReads() { return gFlushReads.load(std::memory_order_relaxed); }
 void Endpoint::countFlushRead() { gFlushReads.fetch_add(1, std::memory_order_relaxed); }
 
@@ -359,7 +367,7 @@ Status Endpoint::progress(int* read) {
       WEFT_WARN("transfer failed on {} ({}): {} ({})", dev_.props().name, dev_.props().provider, fi_strerror(err.err),
                 provMsg ? provMsg : "");
     }
-    if (DataSink* sink = table_ != nullptr ? table_->forContext(ctx) : nullptr) sink->onError(ctx, err.err, st);
+    if (DataSink* sink = table_ != nullptr ? table_->forContext(ctx) : nullptr) sink->onError(this, ctx, err.err, st);
   } else {
     handleControl(ctx, false, st);
   }
@@ -656,8 +664,8 @@ Status Endpoint::postFlushRead(uint64_t remoteAddr, uint64_t key, OpContext* ctx
   return statusOfFiError(static_cast<int>(-rc));
 }
 
-int64_t Endpoint::linkDownForMs(int64_t nowMs) {
-  if (nowMs - linkCheckMs_ < 100) return linkDownSinceMs_ == 0 ? 0 : nowMs - linkDownSinceMs_;
+int64_t Endpoint::linkDownForMs(int64_t nowMs, bool fresh) {
+  if (!fresh && nowMs - linkCheckMs_ < 100) return linkDownSinceMs_ == 0 ? 0 : nowMs - linkDownSinceMs_;
   linkCheckMs_ = nowMs;
   if (sysfs::linkUp(dev_.linkSource())) {
     linkDownSinceMs_ = 0;

@@ -75,6 +75,12 @@ class Endpoint {
   // probes sent so far.
   static int64_t openCount();
   static int64_t probesSent();
+  // Rails comms saw go down and come back, every comm together (weftNetStat "fabric.rail_downs",
+  // "fabric.rail_recoveries"; per comm: FabricDataComm's RailHealth).
+  static int64_t railDowns();
+  static int64_t railRecoveries();
+  static void countRailDown();
+  static void countRailRecovery();
   static int64_t flushReads();  // read-back flush reads completed in this process
   static void countFlushRead();
 
@@ -146,7 +152,7 @@ class Endpoint {
   // How long this endpoint's NIC has been seen down (0: up), from sysfs read at most every 100 ms
   // (FabricDevice::linkSource: a network interface's operstate, or the port state of the RDMA device the domain
   // is on, EFA's included); a device sysfs does not know counts as up.
-  int64_t linkDownForMs(int64_t nowMs);
+  int64_t linkDownForMs(int64_t nowMs, bool fresh = false);  // fresh: read sysfs now
 
   // Tagged receives of NCCL data posted here and not completed yet, against a budget. shm (libfabric 1.17) keeps
   // posted receives and messages that arrive before their receive in one fixed set of rx_size entries, and a

@@ -46,7 +46,8 @@ class DataSink {
   virtual ~DataSink() = default;
   virtual void onComplete(OpContext* ctx, size_t len) noexcept = 0;
   // fiErr: libfabric's error number (FI_ECANCELED for a canceled receive); st: its NCCL-facing status.
-  virtual void onError(OpContext* ctx, int fiErr, Status st) noexcept = 0;
+  // ep: the endpoint whose completion queue reported it (the operation's rail).
+  virtual void onError(Endpoint* ep, OpContext* ctx, int fiErr, Status st) noexcept = 0;
   // An RMA write with remote completion data landed in one of our buffers.
   // len: the completion entry's length (0 where the provider does not report it).
   virtual void onRemoteData(uint64_t data, size_t len) noexcept = 0;

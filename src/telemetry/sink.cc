@@ -333,12 +333,14 @@ void Sink::onFinalize(Context* c) {
 
 // ---- transport connections ----------------------------------------------------------------------------------
 
-ConnStats* registerConn(bool isSend, std::string peer, std::string device) {
+ConnStats* registerConn(bool isSend, std::string peer, std::string device, const RailHealth* rails, int nRails) {
   Sink& s = Sink::instance();
   auto* c = new ConnStats;
   c->isSend = isSend;
   c->peer = std::move(peer);
   c->device = std::move(device);
+  c->rails = nRails > 0 ? rails : nullptr;
+  c->nRails = c->rails != nullptr ? nRails : 0;
   s.connRecord(c, false);
   return c;
 }
@@ -358,10 +360,28 @@ void Sink::connRecord(ConnStats* c, bool final) {
     return;
   }
   conns_.erase(std::remove(conns_.begin(), conns_.end(), c), conns_.end());
+  // A multi-rail comm: each rail's state, how often it went down and came back, why it last went down, and what
+  // this end sent on it.
+  std::string rails;
+  for (int k = 0; k < c->nRails; ++k) {
+    const RailHealth& h = c->rails[k];
+    rails += fmt::format(
+        R"({}{{"rail":{},"device":"{}","up":{},"downs":{},"recoveries":{},"last_down":"{}","msgs":{},"bytes":{}}})",
+        k == 0 ? ",\"rails\":[" : ",", k, jsonEscape(h.device), h.up.load(std::memory_order_relaxed) != 0,
+        h.downs.load(std::memory_order_relaxed), h.recoveries.load(std::memory_order_relaxed),
+        railEventName(h.lastDownEvent()), h.msgs.load(std::memory_order_relaxed),
+        h.bytes.load(std::memory_order_relaxed));
+  }
+  if (!rails.empty()) rails += "]";
+  for (int k = 0; k < c->nRails; ++k) {
+    auto& t = railsClosed_[c->rails[k].device];
+    t.first += c->rails[k].downs.load(std::memory_order_relaxed);
+    t.second += c->rails[k].recoveries.load(std::memory_order_relaxed);
+  }
   writeLineLocked(fmt::format(
-      R"({{"v":{},"type":"conn","host":"{}","pid":{},"conn":{},"dir":"{}","peer":"{}","device":"{}","msgs":{},"bytes":{},"lat_p50_us":{:.3f},"lat_p99_us":{:.3f},"time_ns":{}}})",
+      R"({{"v":{},"type":"conn","host":"{}","pid":{},"conn":{},"dir":"{}","peer":"{}","device":"{}","msgs":{},"bytes":{},"lat_p50_us":{:.3f},"lat_p99_us":{:.3f}{},"time_ns":{}}})",
       kRecordSchema, jsonEscape(host_), getpid(), c->id, c->isSend ? "send" : "recv", jsonEscape(c->peer), jsonEscape(c->device),
-      c->msgs.load(), c->bytes.load(), c->latency.quantileNs(0.5) / 1e3, c->latency.quantileNs(0.99) / 1e3,
+      c->msgs.load(), c->bytes.load(), c->latency.quantileNs(0.5) / 1e3, c->latency.quantileNs(0.99) / 1e3, rails,
       wallNs()));
   flushLocked();
 }
@@ -414,6 +434,11 @@ void Sink::writePromLocked() {
   }
   std::string conns = "# HELP weft_conn_bytes_total Bytes through each weft connection.\n# TYPE weft_conn_bytes_total counter\n";
   std::string connLat = "# HELP weft_conn_latency_seconds Post-to-completion time quantiles per weft connection.\n# TYPE weft_conn_latency_seconds gauge\n";
+  std::string railUp = "# HELP weft_conn_rail_up Whether a rail (NIC) of a multi-rail weft connection is up (1) or seen down (0).\n# TYPE weft_conn_rail_up gauge\n";
+  std::string railDowns = "# HELP weft_conn_rail_down_total Times a rail of a weft connection went down (why: its connection record, and the log).\n# TYPE weft_conn_rail_down_total counter\n";
+  std::string railRec = "# HELP weft_conn_rail_recoveries_total Times a rail of a weft connection came back up.\n# TYPE weft_conn_rail_recoveries_total counter\n";
+  std::string railBytes = "# HELP weft_conn_rail_bytes_total Bytes a weft connection sent on each rail.\n# TYPE weft_conn_rail_bytes_total counter\n";
+  bool anyRails = false;
   for (ConnStats* c : conns_) {
     std::string l = fmt::format("conn=\"{}\",dir=\"{}\",peer=\"{}\",device=\"{}\"", c->id, c->isSend ? "send" : "recv",
                                 promEscape(c->peer), promEscape(c->device));
@@ -422,6 +447,33 @@ void Sink::writePromLocked() {
       connLat += fmt::format("weft_conn_latency_seconds{{{},quantile=\"0.5\"}} {:.9f}\n", l, c->latency.quantileNs(0.5) / 1e9);
       connLat += fmt::format("weft_conn_latency_seconds{{{},quantile=\"0.99\"}} {:.9f}\n", l, c->latency.quantileNs(0.99) / 1e9);
     }
+    for (int k = 0; k < c->nRails; ++k) {
+      const RailHealth& h = c->rails[k];
+      std::string rl = fmt::format("{},rail=\"{}\",rail_device=\"{}\"", l, k, promEscape(h.device));
+      railUp += fmt::format("weft_conn_rail_up{{{}}} {}\n", rl, h.up.load(std::memory_order_relaxed) != 0 ? 1 : 0);
+      railDowns += fmt::format("weft_conn_rail_down_total{{{}}} {}\n", rl, h.downs.load(std::memory_order_relaxed));
+      railRec += fmt::format("weft_conn_rail_recoveries_total{{{}}} {}\n", rl, h.recoveries.load(std::memory_order_relaxed));
+      railBytes += fmt::format("weft_conn_rail_bytes_total{{{}}} {}\n", rl, h.bytes.load(std::memory_order_relaxed));
+      anyRails = true;
+    }
+  }
+  if (anyRails) connLat += railUp + railDowns + railRec + railBytes;
+  // Per NIC, every connection of this process together, closed ones included: what an alert watches.
+  std::map<std::string, std::pair<uint64_t, uint64_t>> railTotals = railsClosed_;
+  for (ConnStats* c : conns_) {
+    for (int k = 0; k < c->nRails; ++k) {
+      auto& t = railTotals[c->rails[k].device];
+      t.first += c->rails[k].downs.load(std::memory_order_relaxed);
+      t.second += c->rails[k].recoveries.load(std::memory_order_relaxed);
+    }
+  }
+  if (!railTotals.empty()) {
+    connLat += "# HELP weft_rail_down_total Times a connection saw this NIC (rail) go down, every connection of the process.\n"
+               "# TYPE weft_rail_down_total counter\n";
+    for (const auto& [dev, t] : railTotals) connLat += fmt::format("weft_rail_down_total{{device=\"{}\"}} {}\n", promEscape(dev), t.first);
+    connLat += "# HELP weft_rail_recoveries_total Times a connection saw this NIC (rail) come back up.\n"
+               "# TYPE weft_rail_recoveries_total counter\n";
+    for (const auto& [dev, t] : railTotals) connLat += fmt::format("weft_rail_recoveries_total{{device=\"{}\"}} {}\n", promEscape(dev), t.second);
   }
   // What NCCL (or a profiler driver) sent that could not be right: counted, never fatal.
   const Anomalies an = anomalies();

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "weft/common/rail_health.h"
 #include "telemetry/profiler_core.h"
 
 namespace weft::telemetry {
@@ -24,8 +25,12 @@ struct ConnStats {
   std::string device;   // weft device name
   std::atomic<uint64_t> bytes{0}, msgs{0};
   LatencyHistogram latency;  // post (isend/irecv) -> completion seen in test
+  // A multi-rail comm's rails (the comm's, valid while the connection is registered; NULL for one rail).
+  const RailHealth* rails = nullptr;
+  int nRails = 0;
 };
-ConnStats* registerConn(bool isSend, std::string peer, std::string device);  // never null
+ConnStats* registerConn(bool isSend, std::string peer, std::string device, const RailHealth* rails = nullptr,
+                        int nRails = 0);  // never null
 void unregisterConn(ConnStats* s);  // writes its final record; s is freed
 
 // Makes the Sink the profiler core's writer (WriterHooks); idempotent. Every user of the core's tables calls it
@@ -84,6 +89,9 @@ class Sink {
   bool started_ = false;
   std::map<Context*, Comm> comms_;
   std::vector<ConnStats*> conns_;
+  // Rails (NICs) of closed connections: times they went down and came back, by device (the Prometheus file's
+  // weft_rail_down_total counts these and the open connections' own).
+  std::map<std::string, std::pair<uint64_t, uint64_t>> railsClosed_;
   int fd_ = -1;
   std::string pending_;
   std::string jsonlPath_;

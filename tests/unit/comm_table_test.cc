@@ -15,7 +15,7 @@ struct Sink final : DataSink {
   int completions = 0, errors = 0, writes = 0;
   uint64_t lastData = 0;
   void onComplete(OpContext*, size_t) noexcept override { ++completions; }
-  void onError(OpContext*, int, Status) noexcept override { ++errors; }
+  void onError(Endpoint*, OpContext*, int, Status) noexcept override { ++errors; }
   void onRemoteData(uint64_t d, size_t) noexcept override {
     ++writes;
     lastData = d;

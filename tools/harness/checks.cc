@@ -63,6 +63,9 @@ const std::vector<Check>& allChecks() {
        profilerNetEvents},
       {"faults.link_down", "the link goes down mid-stream: pending requests fail within a bound; back up, a new "
        "connection works (alone, under netns_conformance.sh --link-down)", faultsLinkDown},
+      {"faults.rail_down", "one of two rails goes down mid-stream: pending striped requests end within a bound "
+       "(intact, or failed); weft counts the rail down; back up, a new connection works (alone, under "
+       "netns_conformance.sh --rails explicit --link-down)", faultsRailDown},
       {"soak.random", "16 connections, grouped receives of random sizes and tags in shuffled send order, every byte "
        "checked (--soak N messages)", soakRandom, true},
       {"diff.stream", "8 interleaved connections of seeded groups (4 with --quick): sizes reported and bytes up to 64 "

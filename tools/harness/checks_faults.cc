@@ -1,4 +1,6 @@
 // Faults: killed peers, links down, a flush after the peer died (each runs alone: it ends one worker).
+#include <algorithm>
+
 #include "checks_internal.h"
 
 namespace weft::harness::checks {
@@ -278,6 +280,167 @@ void faultsLinkDown(CheckEnv& env) {
   again.seed = 77;
   stream(env, fresh, again);
   closeConn(env, fresh);
+}
+
+// One rail of a multi-rail device goes down mid-stream (the sender takes down the last of its interfaces by
+// name, which netns_conformance.sh --rails explicit makes rail 1): the pending requests, each striped over both
+// rails, must end within the bound (complete intact where the plugin moves traffic to the surviving rail, fail
+// otherwise; weft does not move it yet, docs/failover.md); a plugin that counts rails going down
+// (weftNetStat "fabric.rail_downs") must have counted it on the sender, whose own link it is, and, once the link
+// is back, its return. Then a new connection carries data over both rails again.
+void faultsRailDown(CheckEnv& env) {
+  if (std::getenv("CONFORMANCE_LINK_DOWN_OK") == nullptr)
+    throw CheckSkip("takes a link down: only under netns_conformance.sh --rails explicit --link-down");
+  if (!privateNetns()) throw CheckSkip("refusing to take links down outside a private network namespace");
+  std::vector<std::string> links;
+  if (DIR* d = opendir("/sys/class/net")) {
+    while (dirent* e = readdir(d)) {
+      std::string n = e->d_name;
+      if (n != "." && n != ".." && n != "lo") links.push_back(n);
+    }
+    closedir(d);
+  }
+  std::sort(links.begin(), links.end());
+  if (links.size() < 2) throw CheckSkip("needs two interfaces (rails) in the namespace: --rails explicit");
+  const std::string victim = links.back();
+  auto setVictim = [&](bool up) {
+    std::string cmd = "ip link set dev " + victim + (up ? " up" : " down");
+    if (std::system(cmd.c_str()) != 0) fail("'" + cmd + "' failed");
+  };
+  long long downsBefore = 0, recoveriesBefore = 0;
+  const bool counted = env.plugin != nullptr && env.plugin->stat("fabric.rail_downs", &downsBefore) &&
+                       env.plugin->stat("fabric.rail_recoveries", &recoveriesBefore);
+  const size_t size = 1 << 20;
+  Buffer buf(size * 8);
+  // 4 striped messages of `size`, posted once the rail is down (the sender's come after the "down" barrier);
+  // test() until all 4 ended or one failed, within the bound. whileDown: the sender brings the rail back after
+  // that long, testing meanwhile (0: it stays down). Returns the first error (ncclSuccess: all 4 completed).
+  auto run4 = [&](Conn& c, Registration& reg, const char* phase, std::chrono::milliseconds whileDown,
+                  double* tookMs) {
+    std::vector<void*> reqs;
+    if (env.recv()) {
+      for (int i = 0; i < 4; ++i) {
+        void* data[1] = {buf.data() + i * size};
+        size_t sz[1] = {size};
+        int tags[1] = {0};
+        void* mhs[1] = {reg.mh()};
+        void* req = nullptr;
+        Deadline d(env.timeout);
+        while (req == nullptr && !d.expired()) expectOk(env.net.irecv(c.recvComm, 1, data, sz, tags, mhs, &req), "irecv");
+        if (req) reqs.push_back(req);
+      }
+    } else {
+      for (int i = 0; i < 4; ++i) buf.fill(static_cast<size_t>(i) * size, size, 90 + i);
+    }
+    env.oob.barrier(std::string(phase) + "-posted", env.timeout);
+    if (!env.recv()) setVictim(false);
+    env.oob.barrier(std::string(phase) + "-down", env.timeout);
+    auto t0 = std::chrono::steady_clock::now();
+    bool restored = whileDown.count() == 0 || env.recv();  // the sender brings it back
+    ncclResult_t r = ncclSuccess;
+    size_t done = 0, posted = 0;
+    auto doneAt = t0;
+    Deadline d(env.timeout);
+    std::vector<bool> over(4, false);
+    while (r == ncclSuccess && (done < 4 || !restored) && !d.expired()) {
+      if (!env.recv() && !restored && std::chrono::steady_clock::now() - t0 >= whileDown) {
+        setVictim(true);
+        restored = true;
+      }
+      if (!env.recv() && posted < 4) {
+        void* req = nullptr;
+        r = env.net.isend(c.sendComm, buf.data() + posted * size, size, 0, reg.mh(), &req);
+        if (req) {
+          reqs.push_back(req);
+          ++posted;
+        }
+        continue;
+      }
+      for (size_t k = 0; k < reqs.size() && r == ncclSuccess; ++k) {
+        if (over[k]) continue;
+        int fin = 0, sizes[NCCL_PROXY_MAX_SUBS];
+        r = env.net.test(reqs[k], &fin, sizes);
+        if (fin) {
+          over[k] = true;
+          if (++done == 4) doneAt = std::chrono::steady_clock::now();
+        }
+      }
+    }
+    if (!env.recv() && !restored) setVictim(true);
+    if (done < 4) doneAt = std::chrono::steady_clock::now();
+    double ms = std::chrono::duration<double, std::milli>(doneAt - t0).count();  // until the requests ended
+    *tookMs = ms;
+    if (r == ncclSuccess && done < 4)
+      fail(std::string(phase) + ": pending requests over a device that lost one of its two rails neither failed "
+           "nor completed within " + std::to_string(env.timeout.count()) + " s");
+    if (r == ncclSuccess && env.recv()) {
+      for (int i = 0; i < 4; ++i) {
+        if (buf.mismatch(static_cast<size_t>(i) * size, size, 90 + i) != SIZE_MAX)
+          fail(std::string(phase) + ": a message that completed across a rail failure arrived corrupted");
+      }
+    }
+    std::printf("INFO\t%s: rail %s down%s: pending requests %s after %.0f ms\n", phase, victim.c_str(),
+                whileDown.count() != 0 ? (" for " + std::to_string(whileDown.count()) + " ms").c_str() : "",
+                r == ncclSuccess ? "completed" : (std::string("failed (") + resultName(r) + ")").c_str(), ms);
+    return r;
+  };
+  // A flap: the rail is down for 1.2 s, less than the WEFT_PEER_TIMEOUT the test runs with, then back.
+  {
+    Conn f = establish(env, "flap");
+    Registration freg(env.net, f.comm(), buf.data(), buf.size());
+    StreamSpec w;
+    for (int i = 0; i < 4; ++i) w.sizes.push_back(size);
+    w.slotSize = size;
+    stream(env, f, w);
+    double took = 0;
+    ncclResult_t fr = run4(f, freg, "flap", std::chrono::milliseconds(1200), &took);
+    env.oob.barrier("flap-ended", env.timeout);
+    freg.release();
+    closeConn(env, f);  // its rails' state is settled by then (a rail back up is seen at the latest at close)
+    long long downs = 0, recoveries = 0;
+    // An end whose requests waited out the flap (a send the provider completes once buffered need not) was
+    // stalled well past WEFT_PROBE_INTERVAL: it must have seen the rail go down and come back.
+    if (counted && took >= 1200 && env.plugin->stat("fabric.rail_downs", &downs) &&
+        env.plugin->stat("fabric.rail_recoveries", &recoveries)) {
+      if (downs <= downsBefore) fail("flap: the plugin counted no rail going down (weftNetStat fabric.rail_downs)");
+      if (recoveries <= recoveriesBefore)
+        fail("flap: the plugin counted no rail coming back (weftNetStat fabric.rail_recoveries)");
+      if (fr != ncclSuccess) fail("flap: a rail down for less than WEFT_PEER_TIMEOUT failed the connection");
+      std::printf("INFO\tflap: rails seen down %lld, back up %lld\n", downs - downsBefore, recoveries - recoveriesBefore);
+      downsBefore = downs;
+    }
+  }
+  Conn c = establish(env, "rail");
+  Registration reg(env.net, c.comm(), buf.data(), buf.size());
+  StreamSpec warm;
+  for (int i = 0; i < 16; ++i) warm.sizes.push_back(size);
+  warm.slotSize = size;
+  stream(env, c, warm);
+  double took = 0;
+  ncclResult_t r = run4(c, reg, "down", std::chrono::milliseconds(0), &took);
+  long long downsAfter = 0;
+  if (counted) env.plugin->stat("fabric.rail_downs", &downsAfter);
+  env.oob.barrier("detected", env.timeout);  // both ends looked while the rail was still down
+  if (!env.recv()) setVictim(true);
+  env.oob.barrier("up", env.timeout);
+  // Completed (the plugin moved the traffic, or a send it completes once buffered) or failed: either is an answer
+  // within the bound. A failure must have been put down to the rail.
+  if (counted && r != ncclSuccess && downsAfter <= downsBefore)
+    fail("the requests failed, and the plugin counted no rail going down (weftNetStat fabric.rail_downs) after " +
+         victim + " went down");
+  reg.release();
+  Deadline closing(std::chrono::seconds(10));
+  closeConn(env, c);
+  if (closing.expired()) fail("closing the connection took more than 10 s");
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  Conn fresh = establish(env, "after");
+  StreamSpec again;
+  for (int i = 0; i < 8; ++i) again.sizes.push_back(size);
+  again.slotSize = size;
+  again.seed = 78;
+  stream(env, fresh, again);
+  closeConn(env, fresh);
+  if (counted) std::printf("INFO\trails seen down by this process: %lld\n", downsAfter - downsBefore);
 }
 
 // A flush on a comm whose peer died (NCCL's proxy flushes the receive it just completed, and the sender may be

@@ -66,6 +66,7 @@ void diffStream(CheckEnv& env);
 void faultsFlushPeerKilled(CheckEnv& env);
 void faultsKilledMany(CheckEnv& env);
 void faultsLinkDown(CheckEnv& env);
+void faultsRailDown(CheckEnv& env);
 void faultsReceiverKilled(CheckEnv& env);
 void faultsSenderKilled(CheckEnv& env);
 void hygieneConnectCycles(CheckEnv& env);

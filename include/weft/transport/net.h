@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 
+#include "weft/common/rail_health.h"
 #include "weft/common/status.h"
 
 namespace weft {
@@ -85,6 +86,15 @@ class Comm : public Object {
   virtual std::string peerName() const { return {}; }
   virtual std::string deviceName() const { return {}; }
   void* above = nullptr;  // the layer above the backends: the plugin's connection timing (plugin/conn_timing.cc)
+  // A comm of several rails (NICs): their health, *n entries, valid until the comm is closed and readable from
+  // any thread (weft/common/rail_health.h). A single-rail comm reports none.
+  virtual const RailHealth* rails(int* n) const {
+    *n = 0;
+    return nullptr;
+  }
+  // Brings that health up to date now (a rail that came back while the comm sat idle); the layer above calls it
+  // before it writes the comm's final record.
+  virtual void refreshRails() {}
   virtual Status regMr(void* data, size_t size, int type, MemHandle** out) = 0;
   virtual Status regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd, MemHandle** out) = 0;
   virtual Status deregMr(MemHandle* mh) = 0;

@@ -1,0 +1,68 @@
+// The health of one NIC (rail) of a multi-rail connection, as that connection saw it: whether it is up, how often
+// it went down and came back, why it last went down, and what the connection sent on it. Kept by a backend's comm
+// (its progress thread is the only writer) and read by the layer above from another thread (connection records,
+// the Prometheus file): relaxed atomics, stored without read-modify-write, which on x86 are the plain loads and
+// stores the counters cost before.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+
+namespace weft {
+
+// Why a rail was last seen down.
+enum class RailEvent : uint8_t {
+  kNone = 0,
+  kLinkDown,         // the NIC's link (its sysfs operstate or port state) went down
+  kErrorCompletion,  // an operation of the connection on this rail completed with an error
+  kProbeLost,        // a liveness probe on this rail was not delivered within WEFT_PEER_TIMEOUT
+  kPeerGone,         // a liveness probe on this rail failed (the peer, or the way to it, is gone)
+};
+
+inline const char* railEventName(RailEvent e) {
+  switch (e) {
+    case RailEvent::kNone: return "none";
+    case RailEvent::kLinkDown: return "link_down";
+    case RailEvent::kErrorCompletion: return "error_completion";
+    case RailEvent::kProbeLost: return "probe_lost";
+    case RailEvent::kPeerGone: return "peer_gone";
+  }
+  return "unknown";
+}
+
+struct RailHealth {
+  char device[32] = {};  // the NIC's name (set once, before anyone reads)
+  std::atomic<uint8_t> up{1};
+  std::atomic<uint8_t> lastDown{0};  // RailEvent
+  std::atomic<uint32_t> downs{0};        // times it went down
+  std::atomic<uint32_t> recoveries{0};   // times it came back
+  std::atomic<uint64_t> msgs{0}, bytes{0};  // what the connection sent on it
+
+  void setDevice(const char* name) {
+    std::strncpy(device, name != nullptr ? name : "", sizeof(device) - 1);
+    device[sizeof(device) - 1] = '\0';
+  }
+  // The writer's updates (one thread: no read-modify-write needed).
+  void countSend(uint64_t n) {
+    msgs.store(msgs.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    bytes.store(bytes.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+  }
+  // True when this changed the state (the first report of a down rail, or of its return).
+  bool markDown(RailEvent why) {
+    if (up.load(std::memory_order_relaxed) == 0) return false;
+    lastDown.store(static_cast<uint8_t>(why), std::memory_order_relaxed);
+    downs.store(downs.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    up.store(0, std::memory_order_relaxed);
+    return true;
+  }
+  bool markUp() {
+    if (up.load(std::memory_order_relaxed) != 0) return false;
+    recoveries.store(recoveries.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    up.store(1, std::memory_order_relaxed);
+    return true;
+  }
+  RailEvent lastDownEvent() const { return static_cast<RailEvent>(lastDown.load(std::memory_order_relaxed)); }
+};
+
+}  // namespace weft

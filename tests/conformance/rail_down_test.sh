@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# One rail of a two-rail device goes down (faults.rail_down, two network namespaces joined by two veth pairs fused
+# with WEFT_RAILS): a flap shorter than WEFT_PEER_TIMEOUT is survived and counted, a rail that stays down fails
+# the comm within the timeout, each counted. Then the per-rail health must be in the connection records and the
+# Prometheus file: a comm whose rail went down and came back, and one whose rail was down when it closed.
+# usage: rail_down_test.sh WEFT_BINARY PLUGIN_SO [netns_conformance.sh args...]
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+weft=$1 plugin=$2
+shift 2
+dir=$(mktemp -d /tmp/weft-rail-down-XXXXXX)
+[ -n "${KEEP:-}" ] || trap 'rm -rf "$dir"' EXIT
+"$here/netns_conformance.sh" --rails explicit --link-down "$weft" "$plugin" --table 11 --only faults.rail_down \
+  --timeout 30 --env WEFT_PEER_TIMEOUT=6 --env WEFT_PROBE_INTERVAL=500 --env WEFT_TELEMETRY_DIR="$dir" \
+  --recv-env WEFT_PROM_FILE="$dir/recv.prom" --send-env WEFT_PROM_FILE="$dir/send.prom" --env WEFT_PROM_INTERVAL=1 "$@"
+rc=$?
+[ $rc = 0 ] || exit $rc
+fail() { echo "FAIL: $*"; exit 1; }
+records=$(cat "$dir"/*.jsonl 2>/dev/null | grep '"type":"conn"')
+[ -n "$records" ] || fail "no connection records in $dir"
+# The flap: a rail down once and back up.
+echo "$records" | grep -q '"up":true,"downs":1,"recoveries":1,"last_down":"link_down"' ||
+  fail "no connection record shows a rail that went down and came back"
+# The rail that stayed down: the comm closed with it down.
+echo "$records" | grep -q '"up":false,"downs":1,"recoveries":0,"last_down":"link_down"' ||
+  fail "no connection record shows a rail down at close"
+# Every multi-rail record names both rails.
+n=$(echo "$records" | grep -c '"rails":\[{"rail":0,.*{"rail":1,')
+[ "$n" -ge 4 ] || fail "$n connection records list two rails, wanted every one (4 or more)"
+# The Prometheus file each process left (written last at exit, every connection closed). The receiver waits for
+# data in both phases, so it sees both: rail 1 down twice and back once; the sender only where its sends stalled
+# (an RMA write the provider completes once buffered does not). Rail 0 is never down on either.
+prom=$dir/recv.prom
+grep -Eq '^weft_rail_down_total\{device="v[a-z0-9]*1"\} 2$' "$prom" 2>/dev/null ||
+  fail "recv: the Prometheus file has no weft_rail_down_total of 2 for rail 1: $(grep weft_rail "$prom" 2>&1)"
+grep -Eq '^weft_rail_recoveries_total\{device="v[a-z0-9]*1"\} [1-9]' "$prom" ||
+  fail "recv: no recovery of rail 1 counted: $(grep weft_rail "$prom" 2>&1)"
+for side in recv send; do
+  grep -Eq '^weft_rail_down_total\{device="v[a-z0-9]*0"\} 0$' "$dir/$side.prom" ||
+    fail "$side: rail 0 counted down, or no rail line: $(grep weft_rail "$dir/$side.prom" 2>&1)"
+done
+echo "rail health: $(echo "$records" | wc -l) connection records; Prometheus:"
+grep -H '^weft_rail_' "$dir/recv.prom" "$dir/send.prom"
