@@ -638,7 +638,8 @@ WEFT_EXPORT ncclNet_v12_t ncclNetPlugin_v12 = {
 // weft's own figures, for tools (`weft conformance` reports endpoints open with it); not part of NCCL's ABI.
 // Returns 0 and sets *value for a known key, -1 otherwise. Keys: "fabric.endpoints_open" (libfabric endpoints
 // open in this process), "fabric.probes_sent" (liveness probes sent so far), "fabric.rail_downs" and
-// "fabric.rail_recoveries" (a comm's rail seen going down / coming back, every comm counted), "flush_reads" (read-back flush
+// "fabric.rail_recoveries" (a comm's rail seen going down / coming back, every comm counted; unknown unless the
+// libfabric backend is in use), "flush_reads" (read-back flush
 // reads completed so far, on either backend; "fabric.flush_reads": libfabric's only), "tcp.send_calls",
 // "tcp.recv_calls", "tcp.bytes_sent", "tcp.bytes_received", "tcp.comms_open" (the native TCP backend's data path).
 WEFT_EXPORT int weftNetStat(const char* key, long long* value) {
@@ -651,12 +652,14 @@ WEFT_EXPORT int weftNetStat(const char* key, long long* value) {
     *value = weft::fabric::Endpoint::probesSent();
     return 0;
   }
-  if (std::strcmp(key, "fabric.rail_downs") == 0) {
-    *value = weft::fabric::Endpoint::railDowns();
-    return 0;
-  }
-  if (std::strcmp(key, "fabric.rail_recoveries") == 0) {
-    *value = weft::fabric::Endpoint::railRecoveries();
+  // Known only where the libfabric backend carries the traffic: the others do not watch their rails' links (a
+  // tool reading 0 there would take it for "no rail went down").
+  const bool railKey = std::strcmp(key, "fabric.rail_downs") == 0 || std::strcmp(key, "fabric.rail_recoveries") == 0;
+  if (railKey) {
+    weft::Backend* b = weft::Engine::instance().backend();
+    if (b == nullptr || std::strcmp(b->name(), "libfabric") != 0) return -1;
+    *value = std::strcmp(key, "fabric.rail_downs") == 0 ? weft::fabric::Endpoint::railDowns()
+                                                         : weft::fabric::Endpoint::railRecoveries();
     return 0;
   }
   if (std::strcmp(key, "fabric.flush_reads") == 0) {

@@ -97,7 +97,11 @@ Status TcpRequest::test(bool* done, int* sizes) {
 
 TcpDataComm::TcpDataComm(TcpDevice& dev, std::vector<int> fds, std::string peerName)
     : dev_(dev), nRails_(static_cast<int>(fds.size())), peerName_(std::move(peerName)) {
-  for (int k = 0; k < nRails_; ++k) rails_[k].fd = fds[k];
+  for (int k = 0; k < nRails_; ++k) {
+    rails_[k].fd = fds[k];
+    health_[k].setDevice(static_cast<size_t>(k) < dev_.rails.size() ? dev_.rails[k].ifname.c_str()
+                                                                     : dev_.props.name.c_str());
+  }
   add(counters().commsOpen, 1);
 }
 
@@ -140,12 +144,25 @@ void TcpDataComm::fail(Status st, const std::string& why) {
   WEFT_WARN("connection with {} on {} failed: {}", peerName_, dev_.props.name, why);
 }
 
+// A rail of a multi-rail comm is marked down by what failed it (its health, weft/common/rail_health.h). A socket
+// cannot come back: no recovery here (docs/failover.md).
+void TcpDataComm::railDown(int k, RailEvent why) {
+  if (nRails_ > 1 && k >= 0 && k < nRails_) health_[k].markDown(why);
+}
+
 void TcpDataComm::failErrno(int err, const char* call, int k) {
   const bool peer = err == EPIPE || err == ECONNRESET || err == ETIMEDOUT || err == EHOSTUNREACH || err == ENETUNREACH;
+  const bool unreachable = err == EHOSTUNREACH || err == ENETUNREACH;
+  railDown(k, err == ETIMEDOUT ? RailEvent::kProbeLost
+              : unreachable ? RailEvent::kLinkDown
+              : peer        ? RailEvent::kPeerGone
+                            : RailEvent::kErrorCompletion);
   std::string why = std::string(call) + (nRails_ > 1 ? " on rail " + std::to_string(k) : std::string()) + ": " +
                     std::strerror(err);
   if (err == ETIMEDOUT) {
     why += " (the peer stopped answering: host or link down)";
+  } else if (unreachable) {
+    why += " (no way to the peer: a link or route on the way is down)";
   } else if (peer) {
     why += " (the peer closed the connection: its process ended or aborted)";
   }
@@ -299,6 +316,8 @@ void TcpSendComm::progressRail(int k) {
       return;
     }
     add(counters().bytesSent, w);
+    RailHealth& h = health_[k];
+    h.bytes.store(h.bytes.load(std::memory_order_relaxed) + static_cast<uint64_t>(w), std::memory_order_relaxed);
     uint64_t left = static_cast<uint64_t>(w);
     while (q.head != nullptr && left > 0) {
       TcpRequest* r = q.head;
@@ -310,6 +329,7 @@ void TcpSendComm::progressRail(int k) {
       if (g.sent < total) break;
       q.head = g.next;
       if (q.head == nullptr) q.tail = nullptr;
+      h.msgs.store(h.msgs.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
       if (--r->segsLeft == 0) r->complete = true;
     }
     if (static_cast<size_t>(w) < want) return;  // the socket is full
@@ -447,6 +467,7 @@ size_t TcpRecvComm::readSome(int k, uint8_t* p, size_t len) {
       return static_cast<size_t>(got);
     }
     if (got == 0) {
+      railDown(k, RailEvent::kPeerGone);
       fail(Status::kRemote, std::string("the peer closed the connection") +
                                 (nRails_ > 1 ? " (rail " + std::to_string(k) + ")" : std::string()) +
                                 " with receives outstanding: its process ended or closed the comm");
@@ -526,7 +547,6 @@ bool TcpRecvComm::matchHeader() {
   // otherwise the header waits.
   if (unexpBytes_ + h.size > kUnexpectedMax) return false;
   auto* u = new Unexpected;
-  u->check = h.check;
   u->tag = h.tag;
   u->size = h.size;
   u->data.reset(new uint8_t[h.size > 0 ? h.size : 1]);

@@ -112,7 +112,6 @@ class TcpRequest;
 // A message whose receive was not posted when its header came (a PXN sub ahead of the others in its group), held
 // aside in memory of its own until a receive matches it; from then on its remaining bytes go to that receive.
 struct Unexpected {
-  uint32_t check = 0;
   int32_t tag = 0;
   uint64_t size = 0, got = 0;
   std::unique_ptr<uint8_t[]> data;
@@ -186,6 +185,10 @@ class TcpDataComm {
   Status regMrImpl(void* data, size_t size, int type, MemHandle** out);
   Status deregMrImpl(MemHandle* mh);
   int railCount() const { return nRails_; }
+  const RailHealth* railHealth(int* n) const {
+    *n = nRails_ > 1 ? nRails_ : 0;
+    return nRails_ > 1 ? health_ : nullptr;
+  }
 
  protected:
   TcpRequest* acquire();
@@ -194,10 +197,12 @@ class TcpDataComm {
   void fail(Status st, const std::string& why);
   // A system call's error on rail k, as the comm's failure (kRemote for what a dead or silent peer causes).
   void failErrno(int err, const char* call, int k);
+  void railDown(int k, RailEvent why);
   Status checkMh(const MemHandle* mh, const void* data, size_t size, const char* op) const;
 
   TcpDevice& dev_;
   Rail rails_[kMaxRails];
+  RailHealth health_[kMaxRails];  // multi-rail comms: each socket's (messages and bytes sent, why it failed)
   int nRails_ = 1;
   std::string peerName_;
   Status fatal_ = Status::kOk;
@@ -217,6 +222,7 @@ class TcpComm : public Iface, public TcpDataComm {
   using TcpDataComm::TcpDataComm;
   std::string peerName() const override { return peerName_; }
   std::string deviceName() const override { return dev_.props.name; }
+  const RailHealth* rails(int* n) const override { return railHealth(n); }
   Status regMr(void* data, size_t size, int type, MemHandle** out) override { return regMrImpl(data, size, type, out); }
   Status regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd, MemHandle** out) override;
   Status deregMr(MemHandle* mh) override { return deregMrImpl(mh); }

@@ -3,14 +3,21 @@
 # with WEFT_RAILS): a flap shorter than WEFT_PEER_TIMEOUT is survived and counted, a rail that stays down fails
 # the comm within the timeout, each counted. Then the per-rail health must be in the connection records and the
 # Prometheus file: a comm whose rail went down and came back, and one whose rail was down when it closed.
-# usage: rail_down_test.sh WEFT_BINARY PLUGIN_SO [netns_conformance.sh args...]
+# usage: rail_down_test.sh [--tcp] WEFT_BINARY PLUGIN_SO [netns_conformance.sh args...]
+#   --tcp: weft's native TCP backend, the two interfaces fused through makeVDevice (--rails fuse). It does not watch
+#   links: a flap is TCP's to retransmit, unseen; the rail that stays down fails with TCP_USER_TIMEOUT (probe_lost)
+#   or, once the neighbour entry is gone, "no route to host" (link_down).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
+tcp=0
+[ "${1:-}" = --tcp ] && { tcp=1; shift; }
 weft=$1 plugin=$2
 shift 2
 dir=$(mktemp -d /tmp/weft-rail-down-XXXXXX)
 [ -n "${KEEP:-}" ] || trap 'rm -rf "$dir"' EXIT
-"$here/netns_conformance.sh" --rails explicit --link-down "$weft" "$plugin" --table 11 --only faults.rail_down \
+mode=(--rails explicit)
+[ $tcp = 1 ] && mode=(--rails fuse)
+"$here/netns_conformance.sh" "${mode[@]}" --link-down "$weft" "$plugin" --table 11 --only faults.rail_down \
   --timeout 30 --env WEFT_PEER_TIMEOUT=6 --env WEFT_PROBE_INTERVAL=500 --env WEFT_TELEMETRY_DIR="$dir" \
   --recv-env WEFT_PROM_FILE="$dir/recv.prom" --send-env WEFT_PROM_FILE="$dir/send.prom" --env WEFT_PROM_INTERVAL=1 "$@"
 rc=$?
@@ -18,6 +25,16 @@ rc=$?
 fail() { echo "FAIL: $*"; exit 1; }
 records=$(cat "$dir"/*.jsonl 2>/dev/null | grep '"type":"conn"')
 [ -n "$records" ] || fail "no connection records in $dir"
+if [ $tcp = 1 ]; then
+  echo "$records" | grep -Eq '"up":false,"downs":1,"recoveries":0,"last_down":"(probe_lost|link_down)"' ||
+    fail "no connection record shows the rail that failed (probe_lost: TCP_USER_TIMEOUT; link_down: no route)"
+  n=$(echo "$records" | grep -c '"rails":\[{"rail":0,.*{"rail":1,')
+  [ "$n" -ge 4 ] || fail "$n connection records list two rails, wanted every one (4 or more)"
+  grep -Eq '^weft_rail_down_total\{device="v[a-z0-9]*0"\} 0$' "$dir/recv.prom" ||
+    fail "recv: rail 0 counted down, or no rail line: $(grep weft_rail "$dir/recv.prom" 2>&1)"
+  echo "rail health (tcp): $(echo "$records" | wc -l) connection records"
+  exit 0
+fi
 # The flap: a rail down once and back up.
 echo "$records" | grep -q '"up":true,"downs":1,"recoveries":1,"last_down":"link_down"' ||
   fail "no connection record shows a rail that went down and came back"
