@@ -9,7 +9,7 @@
 namespace weft::telemetry {
 
 LineKind parseRecordLine(const std::string& line, OpRecord* op, std::string* comm, std::string* commName,
-                         std::string* error) {
+                         std::string* error, ConnRecord* conn) {
   if (line.empty()) return LineKind::kEmpty;
   const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
   if (j.is_discarded() || !j.is_object()) {
@@ -27,6 +27,31 @@ LineKind parseRecordLine(const std::string& line, OpRecord* op, std::string* com
       *comm = j.value("comm", "");
       *commName = j.value("comm_name", "");
       return LineKind::kComm;
+    }
+    if (type == "conn" && conn != nullptr) {
+      ConnRecord c;
+      c.host = j.value("host", "?");
+      c.pid = j.value("pid", 0);
+      c.dir = j.value("dir", "");
+      c.peer = j.value("peer", "");
+      c.device = j.value("device", "");
+      c.msgs = j.value("msgs", uint64_t{0});
+      c.bytes = j.value("bytes", uint64_t{0});
+      if (j.contains("rails")) {
+        for (const auto& x : j.at("rails")) {
+          RailRecord r;
+          r.device = x.at("device").get<std::string>();
+          r.up = x.value("up", true);
+          r.downs = x.value("downs", uint64_t{0});
+          r.recoveries = x.value("recoveries", uint64_t{0});
+          r.lastDown = x.value("last_down", "none");
+          r.msgs = x.value("msgs", uint64_t{0});
+          r.bytes = x.value("bytes", uint64_t{0});
+          c.rails.push_back(std::move(r));
+        }
+      }
+      *conn = std::move(c);
+      return LineKind::kConn;
     }
     if (type != "coll" && type != "p2p") return LineKind::kOther;
     OpRecord r;

@@ -34,5 +34,5 @@ echo "$out" | grep -q "no straggler" || fail "the good records were not read aft
 # 4. nothing to read: a clear error, exit 1
 mkdir "$dir/empty"
 if "$weft" report "$dir/empty" 2>"$dir/e.err"; then fail "an empty directory reported success"; fi
-grep -q "no collective or p2p records" "$dir/e.err" || fail "no clear error for an empty directory"
+grep -q "no collective, p2p or connection records" "$dir/e.err" || fail "no clear error for an empty directory"
 echo "report end to end: ok"

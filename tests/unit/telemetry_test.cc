@@ -1,9 +1,14 @@
 // The arithmetic every exporter and `weft report` share: size buckets, nccl-tests bandwidth factors, names,
-// and the latency histogram's quantiles.
+// the latency histogram's quantiles; a rail's health and connection records read back.
 #include <catch2/catch.hpp>
 
+#include <cstring>
+#include <string>
+
+#include "weft/common/rail_health.h"
 #include "weft/telemetry/histogram.h"
 #include "weft/telemetry/record.h"
+#include "weft/telemetry/record_reader.h"
 
 using namespace weft::telemetry;
 
@@ -65,4 +70,53 @@ TEST_CASE("the latency histogram's quantiles are within its bucket width", "[tel
   CHECK(h.count() == 10002);
   h.reset();
   CHECK(h.count() == 0);
+}
+
+TEST_CASE("a rail's health: each transition counted once, what was sent kept", "[telemetry][rails]") {
+  weft::RailHealth h;
+  h.setDevice("a-name-longer-than-the-field-holds-0123456789");
+  CHECK(std::strlen(h.device) == sizeof(h.device) - 1);
+  CHECK(h.up.load() == 1);
+  CHECK_FALSE(h.markUp());  // already up: nothing to count
+  CHECK(h.markDown(weft::RailEvent::kLinkDown));
+  CHECK_FALSE(h.markDown(weft::RailEvent::kPeerGone));  // down already: the first reason stays
+  CHECK(h.lastDownEvent() == weft::RailEvent::kLinkDown);
+  CHECK(h.markUp());
+  CHECK(h.markDown(weft::RailEvent::kErrorCompletion));
+  CHECK(h.downs.load() == 2);
+  CHECK(h.recoveries.load() == 1);
+  CHECK(std::string(weft::railEventName(h.lastDownEvent())) == "error_completion");
+  h.countSend(100);
+  h.countSend(28);
+  CHECK(h.msgs.load() == 2);
+  CHECK(h.bytes.load() == 128);
+}
+
+TEST_CASE("connection records are read back with their rails, and skipped by readers that want none",
+          "[telemetry][rails]") {
+  const std::string line =
+      R"({"v":1,"type":"conn","host":"h","pid":7,"conn":1,"dir":"send","peer":"p","device":"e0+e1","msgs":3,)"
+      R"("bytes":300,"lat_p50_us":1.0,"lat_p99_us":2.0,"rails":[{"rail":0,"device":"e0","up":true,"downs":0,)"
+      R"("recoveries":0,"last_down":"none","msgs":2,"bytes":200},{"rail":1,"device":"e1","up":false,"downs":2,)"
+      R"("recoveries":1,"last_down":"link_down","msgs":1,"bytes":100}],"time_ns":5})";
+  OpRecord op;
+  std::string comm, name, err;
+  ConnRecord c;
+  REQUIRE(parseRecordLine(line, &op, &comm, &name, &err, &c) == LineKind::kConn);
+  CHECK(c.host == "h");
+  CHECK(c.device == "e0+e1");
+  REQUIRE(c.rails.size() == 2);
+  CHECK(c.rails[1].device == "e1");
+  CHECK_FALSE(c.rails[1].up);
+  CHECK(c.rails[1].downs == 2);
+  CHECK(c.rails[1].recoveries == 1);
+  CHECK(c.rails[1].lastDown == "link_down");
+  CHECK(c.rails[0].bytes == 200);
+  CHECK(parseRecordLine(line, &op, &comm, &name, &err) == LineKind::kOther);
+  // A single-rail connection has no rails; a malformed rail is a malformed line.
+  CHECK(parseRecordLine(R"({"v":1,"type":"conn","host":"h","msgs":1})", &op, &comm, &name, &err, &c) ==
+        LineKind::kConn);
+  CHECK(c.rails.empty());
+  CHECK(parseRecordLine(R"({"v":1,"type":"conn","rails":[{"up":true}]})", &op, &comm, &name, &err, &c) ==
+        LineKind::kMalformed);
 }

@@ -39,6 +39,7 @@ struct Loaded {
   std::map<std::string, std::string> commNames;
   size_t files = 0, lines = 0, malformed = 0, otherSchema = 0;
   std::vector<std::string> problems;
+  std::vector<telemetry::ConnRecord> conns;
 };
 
 void loadFile(const std::string& path, Loaded& L) {
@@ -53,9 +54,13 @@ void loadFile(const std::string& path, Loaded& L) {
   while (std::getline(in, line)) {
     ++n;
     Rec r;
-    switch (telemetry::parseRecordLine(line, &r, &comm, &name, &err)) {
+    telemetry::ConnRecord conn;
+    switch (telemetry::parseRecordLine(line, &r, &comm, &name, &err, &conn)) {
       case telemetry::LineKind::kEmpty:
         continue;
+      case telemetry::LineKind::kConn:
+        L.conns.push_back(std::move(conn));
+        break;
       case telemetry::LineKind::kOp:
         L.recs.push_back(std::move(r));
         break;
@@ -115,12 +120,45 @@ bool loadRecords(const std::string& dir, Loaded& L) {
   }
   for (const auto& f : files) loadFile(f, L);
   for (const auto& p : L.problems) std::fprintf(stderr, "weft report: %s\n", p.c_str());
-  if (L.recs.empty()) {
-    std::fprintf(stderr, "weft report: no collective or p2p records in %s (%zu files, %zu lines)\n", dir.c_str(),
-                 L.files, L.lines);
+  if (L.recs.empty() && L.conns.empty()) {
+    std::fprintf(stderr, "weft report: no collective, p2p or connection records in %s (%zu files, %zu lines)\n",
+                 dir.c_str(), L.files, L.lines);
     return false;
   }
   return true;
+}
+
+// Per host and NIC of multi-rail connections: what they sent on it, how often they saw it go down and come back
+// (and why), how many closed with it down. Nothing where no connection had several rails.
+void printRails(const Loaded& L) {
+  struct Nic {
+    uint64_t conns = 0, bytes = 0, downs = 0, recoveries = 0, closedDown = 0;
+    std::map<std::string, uint64_t> why;
+  };
+  std::map<std::pair<std::string, std::string>, Nic> nics;
+  for (const auto& c : L.conns) {
+    for (const auto& r : c.rails) {
+      Nic& n = nics[{c.host, r.device}];
+      ++n.conns;
+      n.bytes += r.bytes;
+      n.downs += r.downs;
+      n.recoveries += r.recoveries;
+      if (!r.up) ++n.closedDown;
+      if (r.downs > 0) n.why[r.lastDown] += 1;
+    }
+  }
+  if (nics.empty()) return;
+  std::printf("\n== rails (the NICs of multi-rail weft connections, per host: every connection's record together)\n");
+  std::printf("  %-20s %-16s %7s %12s %7s %10s %11s  %s\n", "host", "nic", "conns", "sent", "downs", "recoveries",
+              "closed down", "last went down (connections)");
+  for (const auto& [key, n] : nics) {
+    std::string why;
+    for (const auto& [w, k] : n.why) why += fmt::format("{}{} ({})", why.empty() ? "" : ", ", w, k);
+    std::printf("  %-20s %-16s %7llu %12s %7llu %10llu %11llu  %s\n", key.first.c_str(), key.second.c_str(),
+                static_cast<unsigned long long>(n.conns), humanBytes(static_cast<double>(n.bytes)).c_str(),
+                static_cast<unsigned long long>(n.downs), static_cast<unsigned long long>(n.recoveries),
+                static_cast<unsigned long long>(n.closedDown), why.empty() ? "-" : why.c_str());
+  }
 }
 
 // Completes what older profilers do not record (nRanks: the ranks seen in the communicator) and the bandwidths,
@@ -346,10 +384,17 @@ int reportCommand(int argc, char** argv) {
   }
   Loaded L;
   if (!loadRecords(dir, L)) return 1;
+  if (L.recs.empty()) {  // connections only (a run of weft conformance or bench, no NCCL profiler)
+    std::printf("weft report: no collective or p2p records; %zu connection records from %zu files\n", L.conns.size(),
+                L.files);
+    printRails(L);
+    return 0;
+  }
   const uint64_t t0 = prepareRecords(L);
   printBandwidth(L);
   printStragglers(L, stragglerMinUs);
   printTrafficMix(L);
+  printRails(L);
   if (!plotDir.empty() && !writePlots(L, plotDir, t0)) return 1;
   return 0;
 }

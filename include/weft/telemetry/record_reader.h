@@ -20,8 +20,22 @@ struct OpRecord {
   bool partial = false;
 };
 
+// A weft connection's closing record ("type": "conn"): what the tools use, with its rails where it had several.
+struct RailRecord {
+  std::string device, lastDown;
+  bool up = true;
+  uint64_t downs = 0, recoveries = 0, msgs = 0, bytes = 0;
+};
+struct ConnRecord {
+  std::string host, dir, peer, device;
+  int pid = 0;
+  uint64_t msgs = 0, bytes = 0;
+  std::vector<RailRecord> rails;
+};
+
 enum class LineKind {
   kOp,           // an operation: *op is set
+  kConn,         // a connection's record: *conn is set (only when the caller passed one)
   kComm,         // a communicator's opening record: *commName set (may be empty)
   kOther,        // another record type (peer, conn, comm_end): nothing to take
   kEmpty,        // a blank line
@@ -29,9 +43,10 @@ enum class LineKind {
   kOtherSchema,  // another schema version: *error names it
 };
 
-// One line. `comm` is set for kComm (the communicator's id) together with commName.
+// One line. `comm` is set for kComm (the communicator's id) together with commName. A connection record is kConn
+// where `conn` is given, kOther otherwise.
 LineKind parseRecordLine(const std::string& line, OpRecord* op, std::string* comm, std::string* commName,
-                         std::string* error);
+                         std::string* error, ConnRecord* conn = nullptr);
 
 // The record files of a WEFT_TELEMETRY_DIR (every *.jsonl in it, by name; none in an empty one), or `path` itself
 // when it is a file; empty with `error` set when it cannot be read.
