@@ -38,6 +38,7 @@ FabricDataComm::FabricDataComm(std::shared_ptr<EndpointGroup> group, std::vector
       peerTimeoutMs_(params::getInt("WEFT_PEER_TIMEOUT") * 1000) {
   health_ = std::make_unique<RailHealth[]>(rails_.size());
   railDownSinceMs_.assign(rails_.size(), 0);
+  unreachableSinceMs_.assign(rails_.size(), 0);
   for (size_t k = 0; k < rails_.size(); ++k) {
     health_[k].setDevice(rails_[k].ep->device().props().name.c_str());
     rails_[k].health = &health_[k];
@@ -130,23 +131,53 @@ int FabricDataComm::railOfEndpoint(const Endpoint* ep) const {
   return 0;
 }
 
-// Counted on the rail and in the process (weftNetStat "fabric.rail_downs"), reported once per transition.
+// A send or write the provider refused at once because the rail's NIC has no route (its link is down: the
+// kernel drops the interface's routes, and rxm's connection attempt fails with it) is pushed back, as for
+// FI_EAGAIN, while the link has been down for less than WEFT_PEER_TIMEOUT: a flap is ridden out, as for what was
+// already in flight on the rail. True: wait (the rail is marked down); false: the error stands.
+bool FabricDataComm::railDownWait(int k, ssize_t rc) {
+  if (rc != -FI_ENETUNREACH && rc != -FI_EHOSTUNREACH) return false;
+  const int64_t now = coarseNowMs();
+  // Measured from the first refusal (the link may be back already while the route, or the provider's
+  // connection, is not): a later post that the provider takes ends the wait (unreachableSinceMs_ cleared).
+  if (unreachableSinceMs_[k] == 0) unreachableSinceMs_[k] = now;
+  railDown(k, RailEvent::kLinkDown, fmt::format("a send found no route to the peer ({})",
+                                                fi_strerror(static_cast<int>(-rc))));
+  return now - unreachableSinceMs_[k] <= peerTimeoutMs_;
+}
+
+// Counted on the rail and in the process (weftNetStat "fabric.rail_downs"), reported once per transition. The
+// first comm of an endpoint to see its NIC go down (or come back) warns; the others of the same endpoint (a shared
+// one carries every comm of its context) say it at INFO: one NIC flapping under thousands of connections is a few
+// lines, not thousands.
 void FabricDataComm::railDown(int k, RailEvent why, const std::string& detail) {
   if (!health_[k].markDown(why)) return;
   ++railsDown_;
   railDownSinceMs_[k] = coarseNowMs();
   Endpoint::countRailDown();
-  WEFT_WARN("comm with {}: {} is down ({}: {}); {} requests outstanding{}", peerName_, railName(k),
-            railEventName(why), detail, outstanding_,
-            why == RailEvent::kLinkDown ? "; weft does not move traffic off a failed rail yet (docs/failover.md): "
-                                          "the comm fails unless the link comes back within WEFT_PEER_TIMEOUT" : "");
+  const std::string line = fmt::format(
+      "comm with {}: {} is down ({}: {}); {} requests outstanding{}", peerName_, railName(k), railEventName(why),
+      detail, outstanding_,
+      why == RailEvent::kLinkDown ? "; weft does not move traffic off a failed rail yet (docs/failover.md): the "
+                                    "comm fails unless the link comes back within WEFT_PEER_TIMEOUT" : "");
+  if (rails_[k].ep->noteLinkReport(false)) {
+    WEFT_WARN("{} (other comms on this NIC: INFO lines)", line);
+  } else {
+    WEFT_INFO(NCCL_NET, "{}", line);
+  }
 }
 
 void FabricDataComm::railUp(int k, int64_t nowMs) {
   if (!health_[k].markUp()) return;
   --railsDown_;
   Endpoint::countRailRecovery();
-  WEFT_WARN("comm with {}: {} is back up after {} ms", peerName_, railName(k), nowMs - railDownSinceMs_[k]);
+  const std::string line =
+      fmt::format("comm with {}: {} is back up after {} ms", peerName_, railName(k), nowMs - railDownSinceMs_[k]);
+  if (rails_[k].ep->noteLinkReport(true)) {
+    WEFT_WARN("{}", line);
+  } else {
+    WEFT_INFO(NCCL_NET, "{}", line);
+  }
   railDownSinceMs_[k] = 0;
 }
 
@@ -803,11 +834,13 @@ Status FabricSendComm::sendTagged(FabricSendRequest* r, void* data, size_t size,
     rc = fi_tsend(rail.ep->ep(), data, size, h ? h->desc() : nullptr, rail.peer, ftag, &r->ctx[0].fi);
     if (rc == 0) r->ops = 1;
   }
-  *again = rc == -FI_EAGAIN;
-  if (rc == 0) rail.health->countSend(size);
-  if (rc == 0 || rc == -FI_EAGAIN) return Status::kOk;
-  WEFT_WARN("fi_tsend ({} B) to {} on {} failed: {}", size, peerName_, dev_.props().name,
-            fi_strerror(static_cast<int>(-rc)));
+  *again = rc == -FI_EAGAIN || railDownWait(k, rc);
+  if (rc == 0) {
+    rail.health->countSend(size);
+    unreachableSinceMs_[k] = 0;
+  }
+  if (rc == 0 || *again) return Status::kOk;
+  WEFT_WARN("fi_tsend ({} B) to {} on {} failed: {}", size, peerName_, railName(k), fi_strerror(static_cast<int>(-rc)));
   return statusOfFiError(static_cast<int>(-rc));
 }
 
@@ -965,12 +998,12 @@ Status FabricSendComm::postSegments(FabricSendRequest* r, bool* again) {
                                         : WriteImm32::encode(r->offer.slot, r->immFlags, r->nSeg, r->pieceField[i]);
     ssize_t rc = fi_writedata(rail.ep->ep(), r->src + off, len, h ? h->desc() : nullptr, imm, rail.peer,
                               r->offer.addr[k] + off, r->offer.key[k], &r->ctx[i].fi);
-    if (rc == -FI_EAGAIN) {
+    if (rc == -FI_EAGAIN || railDownWait(k, rc)) {
       *again = true;
       return Status::kOk;
     }
     if (rc != 0) {
-      WEFT_WARN("fi_writedata ({} B) to {} on {} failed: {}", len, peerName_, rail.ep->device().props().name,
+      WEFT_WARN("fi_writedata ({} B) to {} on {} failed: {}", len, peerName_, railName(k),
                 fi_strerror(static_cast<int>(-rc)));
       Status st = statusOfFiError(static_cast<int>(-rc));
       if (r->error == Status::kOk) r->error = st;
@@ -980,6 +1013,7 @@ Status FabricSendComm::postSegments(FabricSendRequest* r, bool* again) {
     ++r->ops;
     ++r->nextSeg;
     rail.health->countSend(len);
+    unreachableSinceMs_[k] = 0;
   }
   return Status::kOk;
 }

@@ -240,10 +240,12 @@ class FabricDataComm : public DataSink {
   // (docs/failover.md): the comm still fails when a rail stays down for WEFT_PEER_TIMEOUT or an operation on it fails.
   std::unique_ptr<RailHealth[]> health_;
   std::vector<int64_t> railDownSinceMs_;  // per rail: when it was seen down (0: up)
+  std::vector<int64_t> unreachableSinceMs_;  // per rail: the first post refused for no route (0: none pending)
   int railsDown_ = 0;
   void railDown(int k, RailEvent why, const std::string& detail);
   void railUp(int k, int64_t nowMs);
   void recheckRails(int64_t nowMs, bool fresh = false);
+  bool railDownWait(int k, ssize_t rc);
   uint32_t railPolls_ = 0;
   int railOfEndpoint(const Endpoint* ep) const;
   std::string railName(int k) const;  // "rail 1 (eth1)"

@@ -153,6 +153,13 @@ class Endpoint {
   // (FabricDevice::linkSource: a network interface's operstate, or the port state of the RDMA device the domain
   // is on, EFA's included); a device sysfs does not know counts as up.
   int64_t linkDownForMs(int64_t nowMs, bool fresh = false);  // fresh: read sysfs now
+  // A comm reports this endpoint's NIC down (up false) or back (true): true for the first report of that state
+  // since the other was reported (the one that warns; the rest log at INFO).
+  bool noteLinkReport(bool up) {
+    if (reportedDown_ == !up) return false;
+    reportedDown_ = !up;
+    return true;
+  }
 
   // Tagged receives of NCCL data posted here and not completed yet, against a budget. shm (libfabric 1.17) keeps
   // posted receives and messages that arrive before their receive in one fixed set of rx_size entries, and a
@@ -274,6 +281,7 @@ class Endpoint {
   OpContext probeRecvCtx_;
   std::unordered_map<fi_addr_t, std::unique_ptr<Liveness>> liveness_;  // by peer address, kept with the AV
   int64_t linkCheckMs_ = 0, linkDownSinceMs_ = 0;
+  bool reportedDown_ = false;
   int refusals_ = 0;
   bool counted_ = false;  // in openCount()
 };

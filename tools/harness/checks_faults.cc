@@ -443,6 +443,89 @@ void faultsRailDown(CheckEnv& env) {
   if (counted) std::printf("INFO\trails seen down by this process: %lld\n", downsAfter - downsBefore);
 }
 
+// The soak (soak.random: connections, grouped receives of random sizes and tags, every byte checked) while the
+// sender flaps the last of its interfaces (rail 1 under netns_conformance.sh --rails explicit): down 0.8 s every
+// 2 s, shorter than the WEFT_PEER_TIMEOUT the test runs with. Nothing may be lost, duplicated or corrupted, and
+// every request must end; what the plugin counted is reported.
+void faultsRailFlapSoak(CheckEnv& env) {
+  if (std::getenv("CONFORMANCE_LINK_DOWN_OK") == nullptr)
+    throw CheckSkip("takes a link down: only under netns_conformance.sh --rails explicit --link-down");
+  if (!privateNetns()) throw CheckSkip("refusing to take links down outside a private network namespace");
+  std::vector<std::string> links;
+  if (DIR* d = opendir("/sys/class/net")) {
+    while (dirent* e = readdir(d)) {
+      std::string n = e->d_name;
+      if (n != "." && n != ".." && n != "lo") links.push_back(n);
+    }
+    closedir(d);
+  }
+  std::sort(links.begin(), links.end());
+  if (links.size() < 2) throw CheckSkip("needs two interfaces (rails) in the namespace: --rails explicit");
+  const std::string victim = links.back();
+  long long downs0 = 0, rec0 = 0;
+  const bool counted = env.plugin != nullptr && env.plugin->stat("fabric.rail_downs", &downs0) &&
+                       env.plugin->stat("fabric.rail_recoveries", &rec0);
+  std::atomic<bool> stop{false};
+  std::atomic<int> flaps{0};
+  std::atomic<bool> linkError{false};
+  std::thread flapper;
+  if (!env.recv()) {
+    flapper = std::thread([&] {
+      auto nap = [&](int ms) {
+        for (int t = 0; t < ms && !stop.load(); t += 50) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      };
+      while (!stop.load()) {
+        nap(1200);
+        if (stop.load()) break;
+        if (std::system(("ip link set dev " + victim + " down").c_str()) != 0) linkError = true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(800));
+        if (std::system(("ip link set dev " + victim + " up").c_str()) != 0) linkError = true;
+        ++flaps;
+      }
+    });
+  }
+  // Rounds of the soak until at least 10 s and 4 flaps have passed (at most 40 rounds); the sender decides and
+  // tells the receiver before each round.
+  std::string failure;
+  auto t0 = std::chrono::steady_clock::now();
+  int rounds = 0;
+  try {
+    for (;;) {
+      bool again;
+      if (!env.recv()) {
+        again = rounds < 40 && (rounds == 0 || flaps.load() < 4 ||
+                                std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
+        env.oob.send(again ? "again" : "done");
+      } else {
+        again = env.oob.recvString(env.timeout) == "again";
+      }
+      if (!again) break;
+      soakRandom(env);
+      ++rounds;
+    }
+  } catch (const CheckFailure& e) {
+    failure = e.what();
+  } catch (...) {
+    stop = true;
+    if (flapper.joinable()) flapper.join();
+    throw;
+  }
+  stop = true;
+  if (flapper.joinable()) flapper.join();
+  if (!env.recv()) (void)std::system(("ip link set dev " + victim + " up").c_str());
+  if (!failure.empty()) fail("while " + victim + " flapped: " + failure);
+  if (linkError) fail("'ip link set dev " + victim + "' failed");
+  long long downs = 0, rec = 0;
+  if (counted) {
+    env.plugin->stat("fabric.rail_downs", &downs);
+    env.plugin->stat("fabric.rail_recoveries", &rec);
+  }
+  if (!env.recv())
+    std::printf("INFO\t%s flapped %d times (down 0.8 s each) during %d rounds of the soak (%.1f s)\n", victim.c_str(),
+                flaps.load(), rounds, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  if (counted) std::printf("INFO\trails seen down %lld times, back up %lld times\n", downs - downs0, rec - rec0);
+}
+
 // A flush on a comm whose peer died (NCCL's proxy flushes the receive it just completed, and the sender may be
 // gone by then): the flush returns an error, or a request that completes or fails, within the bound; it never
 // hangs. Then, once a pending receive has failed (the plugin knows the peer is gone), a second flush of the same

@@ -67,6 +67,7 @@ void faultsFlushPeerKilled(CheckEnv& env);
 void faultsKilledMany(CheckEnv& env);
 void faultsLinkDown(CheckEnv& env);
 void faultsRailDown(CheckEnv& env);
+void faultsRailFlapSoak(CheckEnv& env);
 void faultsReceiverKilled(CheckEnv& env);
 void faultsSenderKilled(CheckEnv& env);
 void hygieneConnectCycles(CheckEnv& env);
