@@ -204,6 +204,42 @@ void setLinks(bool up) {
   closedir(d);
 }
 
+// n messages of `size` through c, verified (the connection carries data before a fault, as in a real job).
+void streamOf(CheckEnv& env, Conn& c, int n, size_t size, uint64_t seed = 1) {
+  StreamSpec spec;
+  for (int i = 0; i < n; ++i) spec.sizes.push_back(size);
+  spec.slotSize = size;
+  spec.seed = seed;
+  stream(env, c, spec);
+}
+
+// n receives of `size` (tag 0) into consecutive slots of buf, each posted until the plugin takes it (bounded).
+std::vector<void*> postReceives(CheckEnv& env, Conn& c, Buffer& buf, Registration& reg, size_t size, int n) {
+  std::vector<void*> reqs;
+  for (int i = 0; i < n; ++i) {
+    void* data[1] = {buf.data() + i * size};
+    size_t sz[1] = {size};
+    int tags[1] = {0};
+    void* mhs[1] = {reg.mh()};
+    void* req = nullptr;
+    Deadline d(env.timeout);
+    while (req == nullptr && !d.expired()) expectOk(env.net.irecv(c.recvComm, 1, data, sz, tags, mhs, &req), "irecv");
+    if (req) reqs.push_back(req);
+  }
+  return reqs;
+}
+
+// After a link came back: the broken connection closes within 10 s, and a new one carries 8 messages of `size`.
+void closeThenReconnect(CheckEnv& env, Conn& broken, size_t size, uint64_t seed) {
+  Deadline closing(std::chrono::seconds(10));
+  closeConn(env, broken);
+  if (closing.expired()) fail("closing the broken connection took more than 10 s");
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  Conn fresh = establish(env, "after");
+  streamOf(env, fresh, 8, size, seed);
+  closeConn(env, fresh);
+}
+
 // A link that goes down must surface as test errors as a dead peer does (src/proxy.cc v2.28.9, lines 961-965: the
 // progress thread stops on a plugin error and the communicator reports it); a hung test hangs the job.
 void faultsLinkDown(CheckEnv& env) {
@@ -220,16 +256,7 @@ void faultsLinkDown(CheckEnv& env) {
   stream(env, c, warm);
   std::vector<void*> reqs;
   if (env.recv()) {
-    for (int i = 0; i < 4; ++i) {
-      void* data[1] = {buf.data() + i * size};
-      size_t sz[1] = {size};
-      int tags[1] = {0};
-      void* mhs[1] = {reg.mh()};
-      void* req = nullptr;
-      Deadline d(env.timeout);
-      while (req == nullptr && !d.expired()) expectOk(env.net.irecv(c.recvComm, 1, data, sz, tags, mhs, &req), "irecv");
-      if (req) reqs.push_back(req);
-    }
+    reqs = postReceives(env, c, buf, reg, size, 4);
   }
   env.oob.barrier("posted", env.timeout);
   if (!env.recv()) setLinks(false);
@@ -268,27 +295,12 @@ void faultsLinkDown(CheckEnv& env) {
          std::to_string(env.timeout.count()) + " s");
   std::printf("INFO\tlink down detected after %.0f ms (%s)\n", ms, resultName(r));
   reg.release();
-  Deadline closing(std::chrono::seconds(10));
-  closeConn(env, c);
-  if (closing.expired()) fail("closing the broken connection took more than 10 s");
-  // the link is back: a new connection carries data
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  Conn fresh = establish(env, "after");
-  StreamSpec again;
-  for (int i = 0; i < 8; ++i) again.sizes.push_back(size);
-  again.slotSize = size;
-  again.seed = 77;
-  stream(env, fresh, again);
-  closeConn(env, fresh);
+  closeThenReconnect(env, c, size, 77);
 }
 
-// One rail of a multi-rail device goes down mid-stream (the sender takes down the last of its interfaces by
-// name, which netns_conformance.sh --rails explicit makes rail 1): the pending requests, each striped over both
-// rails, must end within the bound (complete intact where the plugin moves traffic to the surviving rail, fail
-// otherwise; weft does not move it yet, docs/failover.md); a plugin that counts rails going down
-// (weftNetStat "fabric.rail_downs") must have counted it on the sender, whose own link it is, and, once the link
-// is back, its return. Then a new connection carries data over both rails again.
-void faultsRailDown(CheckEnv& env) {
+// The interface a rail check takes down: the last by name of this namespace's (rail 1 under
+// netns_conformance.sh --rails explicit). Skips unless links may be taken down here and there are two rails.
+std::string railToTakeDown() {
   if (std::getenv("CONFORMANCE_LINK_DOWN_OK") == nullptr)
     throw CheckSkip("takes a link down: only under netns_conformance.sh --rails explicit --link-down");
   if (!privateNetns()) throw CheckSkip("refusing to take links down outside a private network namespace");
@@ -302,7 +314,17 @@ void faultsRailDown(CheckEnv& env) {
   }
   std::sort(links.begin(), links.end());
   if (links.size() < 2) throw CheckSkip("needs two interfaces (rails) in the namespace: --rails explicit");
-  const std::string victim = links.back();
+  return links.back();
+}
+
+// One rail of a multi-rail device goes down mid-stream (the sender takes down the last of its interfaces by
+// name, which netns_conformance.sh --rails explicit makes rail 1): the pending requests, each striped over both
+// rails, must end within the bound (complete intact where the plugin moves traffic to the surviving rail, fail
+// otherwise; weft does not move it yet, docs/failover.md); a plugin that counts rails going down
+// (weftNetStat "fabric.rail_downs") must have counted it on the sender, whose own link it is, and, once the link
+// is back, its return. Then a new connection carries data over both rails again.
+void faultsRailDown(CheckEnv& env) {
+  const std::string victim = railToTakeDown();
   auto setVictim = [&](bool up) {
     std::string cmd = "ip link set dev " + victim + (up ? " up" : " down");
     if (std::system(cmd.c_str()) != 0) fail("'" + cmd + "' failed");
@@ -319,16 +341,7 @@ void faultsRailDown(CheckEnv& env) {
                   double* tookMs) {
     std::vector<void*> reqs;
     if (env.recv()) {
-      for (int i = 0; i < 4; ++i) {
-        void* data[1] = {buf.data() + i * size};
-        size_t sz[1] = {size};
-        int tags[1] = {0};
-        void* mhs[1] = {reg.mh()};
-        void* req = nullptr;
-        Deadline d(env.timeout);
-        while (req == nullptr && !d.expired()) expectOk(env.net.irecv(c.recvComm, 1, data, sz, tags, mhs, &req), "irecv");
-        if (req) reqs.push_back(req);
-      }
+      reqs = postReceives(env, c, buf, reg, size, 4);
     } else {
       for (int i = 0; i < 4; ++i) buf.fill(static_cast<size_t>(i) * size, size, 90 + i);
     }
@@ -388,10 +401,7 @@ void faultsRailDown(CheckEnv& env) {
   {
     Conn f = establish(env, "flap");
     Registration freg(env.net, f.comm(), buf.data(), buf.size());
-    StreamSpec w;
-    for (int i = 0; i < 4; ++i) w.sizes.push_back(size);
-    w.slotSize = size;
-    stream(env, f, w);
+    streamOf(env, f, 4, size);
     double took = 0;
     ncclResult_t fr = run4(f, freg, "flap", std::chrono::milliseconds(1200), &took);
     env.oob.barrier("flap-ended", env.timeout);
@@ -412,10 +422,7 @@ void faultsRailDown(CheckEnv& env) {
   }
   Conn c = establish(env, "rail");
   Registration reg(env.net, c.comm(), buf.data(), buf.size());
-  StreamSpec warm;
-  for (int i = 0; i < 16; ++i) warm.sizes.push_back(size);
-  warm.slotSize = size;
-  stream(env, c, warm);
+  streamOf(env, c, 16, size);
   double took = 0;
   ncclResult_t r = run4(c, reg, "down", std::chrono::milliseconds(0), &took);
   long long downsAfter = 0;
@@ -429,17 +436,7 @@ void faultsRailDown(CheckEnv& env) {
     fail("the requests failed, and the plugin counted no rail going down (weftNetStat fabric.rail_downs) after " +
          victim + " went down");
   reg.release();
-  Deadline closing(std::chrono::seconds(10));
-  closeConn(env, c);
-  if (closing.expired()) fail("closing the connection took more than 10 s");
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  Conn fresh = establish(env, "after");
-  StreamSpec again;
-  for (int i = 0; i < 8; ++i) again.sizes.push_back(size);
-  again.slotSize = size;
-  again.seed = 78;
-  stream(env, fresh, again);
-  closeConn(env, fresh);
+  closeThenReconnect(env, c, size, 78);
   if (counted) std::printf("INFO\trails seen down by this process: %lld\n", downsAfter - downsBefore);
 }
 
@@ -448,20 +445,7 @@ void faultsRailDown(CheckEnv& env) {
 // 2 s, shorter than the WEFT_PEER_TIMEOUT the test runs with. Nothing may be lost, duplicated or corrupted, and
 // every request must end; what the plugin counted is reported.
 void faultsRailFlapSoak(CheckEnv& env) {
-  if (std::getenv("CONFORMANCE_LINK_DOWN_OK") == nullptr)
-    throw CheckSkip("takes a link down: only under netns_conformance.sh --rails explicit --link-down");
-  if (!privateNetns()) throw CheckSkip("refusing to take links down outside a private network namespace");
-  std::vector<std::string> links;
-  if (DIR* d = opendir("/sys/class/net")) {
-    while (dirent* e = readdir(d)) {
-      std::string n = e->d_name;
-      if (n != "." && n != ".." && n != "lo") links.push_back(n);
-    }
-    closedir(d);
-  }
-  std::sort(links.begin(), links.end());
-  if (links.size() < 2) throw CheckSkip("needs two interfaces (rails) in the namespace: --rails explicit");
-  const std::string victim = links.back();
+  const std::string victim = railToTakeDown();
   long long downs0 = 0, rec0 = 0;
   const bool counted = env.plugin != nullptr && env.plugin->stat("fabric.rail_downs", &downs0) &&
                        env.plugin->stat("fabric.rail_recoveries", &rec0);
