@@ -317,26 +317,9 @@ Status TcpBackend::connect(int dev, const CommConfig& config, void* handle, Send
     fresh->token = h.token;
     fresh->nonce = randomToken();
     fresh->socks.resize(rails);
+    fresh->peer.assign(peer.begin(), peer.begin() + static_cast<long>(rails));
     for (size_t k = 0; k < rails; ++k) {
-      const sockaddr_storage& sa = peer[k];
-      int fd = -1;
-      if (rails > 1 && d.rails[k].addr.ss_family == sa.ss_family) {
-        fd = bindTcpSocket(d.rails[k].addr, d.rails[k].len, SOCK_NONBLOCK | SOCK_CLOEXEC);  // leave by rail k
-      } else {
-        fd = ::socket(sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-      }
-      if (fd < 0) {
-        WEFT_WARN("connect on {}: socket(): {}", props(dev).name, std::strerror(errno));
-        return Status::kSystem;
-      }
-      fresh->socks[k].fd = fd;
-      opts_.applyEarly(fd);
-      if (::connect(fd, reinterpret_cast<const sockaddr*>(&sa), lengthOf(sa)) != 0 && errno != EINPROGRESS) {
-        WEFT_WARN("connect to {} on {} failed: {} (nothing listening there any more, a firewall/security group, or "
-                  "an address this host cannot reach)",
-                  sockaddrString(reinterpret_cast<const sockaddr*>(&sa)), props(dev).name, std::strerror(errno));
-        return Status::kRemote;
-      }
+      if (Status st = startRail(d, *fresh, k); st != Status::kOk) return st;
     }
     pc = pending_.add(handle, std::move(fresh));
   }
@@ -345,12 +328,55 @@ Status TcpBackend::connect(int dev, const CommConfig& config, void* handle, Send
   return st;
 }
 
+namespace {
+bool noRoute(int err) { return err == ENETUNREACH || err == EHOSTUNREACH; }
+}  // namespace
+
+Status TcpBackend::startRail(const TcpDevice& d, PendingConnect& pc, size_t k) {
+  const sockaddr_storage& sa = pc.peer[k];
+  PendingConnect::Sock& ps = pc.socks[k];
+  int fd = -1;
+  if (pc.socks.size() > 1 && d.rails[k].addr.ss_family == sa.ss_family) {
+    fd = bindTcpSocket(d.rails[k].addr, d.rails[k].len, SOCK_NONBLOCK | SOCK_CLOEXEC);  // leave by rail k
+  } else {
+    fd = ::socket(sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  }
+  if (fd < 0) {
+    WEFT_WARN("connect on {}: socket(): {}", d.props.name, std::strerror(errno));
+    return Status::kSystem;
+  }
+  opts_.applyEarly(fd);
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&sa), lengthOf(sa)) != 0 && errno != EINPROGRESS) {
+    const int err = errno;
+    ::close(fd);
+    if (noRoute(err)) {
+      ps.retryAt = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+      return Status::kOk;
+    }
+    WEFT_WARN("connect to {} on {} failed: {} (nothing listening there any more, a firewall/security group, or "
+              "an address this host cannot reach)",
+              sockaddrString(reinterpret_cast<const sockaddr*>(&sa)), d.props.name, std::strerror(err));
+    return Status::kRemote;
+  }
+  ps.fd = fd;
+  return Status::kOk;
+}
+
 Status TcpBackend::pollConnect(int dev, PendingConnect& pc, SendComm** out) {
   TcpDevice& d = *slots_[dev].dev;
   const int rails = static_cast<int>(pc.socks.size());
   bool all = true;
   for (int k = 0; k < rails; ++k) {
     PendingConnect::Sock& ps = pc.socks[k];
+    if (ps.fd < 0) {  // no route when last tried (a rail whose interface is down): again, within the timeout
+      if (std::chrono::steady_clock::now() >= ps.retryAt) {
+        if (Status st = startRail(d, pc, static_cast<size_t>(k)); st != Status::kOk) return st;
+      }
+      if (ps.fd < 0) {
+        all = false;
+        continue;
+      }
+    }
     if (ps.helloSent == 0) {
       // Until the connection is up (or failed: POLLERR, and the send below returns the error). Sending on a
       // socket still connecting returns EAGAIN too, but doing that instead made the 1,024-connection check take
@@ -373,6 +399,13 @@ Status TcpBackend::pollConnect(int dev, PendingConnect& pc, SendComm** out) {
       hello.rails = static_cast<uint8_t>(rails);
       ssize_t w = ::send(ps.fd, reinterpret_cast<uint8_t*>(&hello) + ps.helloSent, sizeof(hello) - ps.helloSent,
                          MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (w < 0 && noRoute(errno) && ps.helloSent == 0) {  // the connect itself found no route: again later
+        ::close(ps.fd);
+        ps.fd = -1;
+        ps.retryAt = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+        all = false;
+        continue;
+      }
       if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
         WEFT_WARN("connect to {} on {} failed{}: {} (nothing listening there any more, a firewall/security group, "
                   "or an address this host cannot reach)",

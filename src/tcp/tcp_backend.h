@@ -42,12 +42,14 @@ class TcpBackend final : public Backend {
   };
   struct PendingConnect {
     struct Sock {  // one per rail
-      int fd = -1;
+      int fd = -1;  // -1: not started, or waiting to try again (retryAt)
       size_t helloSent = 0;
       Hello answer{};
       size_t answerGot = 0;
+      std::chrono::steady_clock::time_point retryAt{};
     };
     std::vector<Sock> socks;
+    std::vector<sockaddr_storage> peer;  // the listener's address on each rail
     std::string peerName;
     uint64_t token = 0;
     uint64_t nonce = 0;
@@ -56,6 +58,9 @@ class TcpBackend final : public Backend {
     ~PendingConnect();
   };
   Status pollConnect(int dev, PendingConnect& pc, SendComm** out);
+  // Opens rail k's socket and starts its connect. No route to the peer now (the rail's interface is down:
+  // ENETUNREACH, EHOSTUNREACH) leaves the rail waiting to try again in 100 ms, until the connect's timeout.
+  Status startRail(const TcpDevice& d, PendingConnect& pc, size_t k);
 
   std::vector<std::unique_ptr<TcpDevice>> devices_;
   std::array<Slot, kMaxDevices> slots_;

@@ -468,7 +468,7 @@ void faultsRailFlapSoak(CheckEnv& env) {
       }
     });
   }
-  // Rounds of the soak until at least 10 s and 4 flaps have passed (at most 40 rounds); the sender decides and
+  // Rounds of the soak until at least 10 s and 4 flaps have passed (at most 200 rounds); the sender decides and
   // tells the receiver before each round.
   std::string failure;
   auto t0 = std::chrono::steady_clock::now();
@@ -477,7 +477,7 @@ void faultsRailFlapSoak(CheckEnv& env) {
     for (;;) {
       bool again;
       if (!env.recv()) {
-        again = rounds < 40 && (rounds == 0 || flaps.load() < 4 ||
+        again = rounds < 200 && (rounds == 0 || flaps.load() < 4 ||
                                 std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
         env.oob.send(again ? "again" : "done");
       } else {
