@@ -141,8 +141,10 @@ bool FabricDataComm::railDownWait(int k, ssize_t rc) {
   // Measured from the first refusal (the link may be back already while the route, or the provider's
   // connection, is not): a later post that the provider takes ends the wait (unreachableSinceMs_ cleared).
   if (unreachableSinceMs_[k] == 0) unreachableSinceMs_[k] = now;
-  railDown(k, RailEvent::kLinkDown, fmt::format("a send found no route to the peer ({})",
-                                                fi_strerror(static_cast<int>(-rc))));
+  if (health_[k].isUp()) {  // (NCCL posts again at once: the line is formatted only for the transition)
+    railDown(k, RailEvent::kLinkDown, fmt::format("a send found no route to the peer ({})",
+                                                  fi_strerror(static_cast<int>(-rc))));
+  }
   return now - unreachableSinceMs_[k] <= peerTimeoutMs_;
 }
 
@@ -360,7 +362,7 @@ Status FabricDataComm::progress() {
 // endpoint), and at close.
 void FabricDataComm::recheckRails(int64_t nowMs, bool fresh) {
   for (int k = 0; k < nRails_; ++k) {
-    if (health_[k].up.load(std::memory_order_relaxed) == 0 && health_[k].lastDownEvent() == RailEvent::kLinkDown &&
+    if (!health_[k].isUp() && health_[k].lastDownEvent() == RailEvent::kLinkDown &&
         rails_[k].ep->linkDownForMs(nowMs, fresh) == 0)
       railUp(k, nowMs);
   }
@@ -384,7 +386,7 @@ void FabricDataComm::checkPeer() {
   for (int k = 0; k < nRails_; ++k) {
     int64_t down = rails_[k].ep->linkDownForMs(now);
     if (down == 0) continue;  // (a rail back up was seen above)
-    railDown(k, RailEvent::kLinkDown, fmt::format("its link has been down for {} ms", down));
+    if (health_[k].isUp()) railDown(k, RailEvent::kLinkDown, fmt::format("its link has been down for {} ms", down));
     if (down > peerTimeoutMs_) {
       WEFT_WARN("peer {} unreachable: the link of {} has been down for {} s with {} requests outstanding; they fail "
                 "(WEFT_PEER_TIMEOUT)", peerName_, railName(k), down / 1000, outstanding_);

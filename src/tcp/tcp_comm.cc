@@ -317,7 +317,7 @@ void TcpSendComm::progressRail(int k) {
     }
     add(counters().bytesSent, w);
     RailHealth& h = health_[k];
-    h.bytes.store(h.bytes.load(std::memory_order_relaxed) + static_cast<uint64_t>(w), std::memory_order_relaxed);
+    RailHealth::bump(h.bytes, w);
     uint64_t left = static_cast<uint64_t>(w);
     while (q.head != nullptr && left > 0) {
       TcpRequest* r = q.head;
@@ -329,7 +329,7 @@ void TcpSendComm::progressRail(int k) {
       if (g.sent < total) break;
       q.head = g.next;
       if (q.head == nullptr) q.tail = nullptr;
-      h.msgs.store(h.msgs.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+      RailHealth::bump(h.msgs, 1);
       if (--r->segsLeft == 0) r->complete = true;
     }
     if (static_cast<size_t>(w) < want) return;  // the socket is full

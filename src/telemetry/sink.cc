@@ -351,6 +351,17 @@ void unregisterConn(ConnStats* c) {
   delete c;
 }
 
+namespace {
+// A connection's rails' downs and recoveries, added to per-device totals.
+void addRailTotals(const ConnStats& c, std::map<std::string, std::pair<uint64_t, uint64_t>>* totals) {
+  for (int k = 0; k < c.nRails; ++k) {
+    auto& t = (*totals)[c.rails[k].device];
+    t.first += c.rails[k].downs.load(std::memory_order_relaxed);
+    t.second += c.rails[k].recoveries.load(std::memory_order_relaxed);
+  }
+}
+}  // namespace
+
 void Sink::connRecord(ConnStats* c, bool final) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!final) {
@@ -373,11 +384,7 @@ void Sink::connRecord(ConnStats* c, bool final) {
         h.bytes.load(std::memory_order_relaxed));
   }
   if (!rails.empty()) rails += "]";
-  for (int k = 0; k < c->nRails; ++k) {
-    auto& t = railsClosed_[c->rails[k].device];
-    t.first += c->rails[k].downs.load(std::memory_order_relaxed);
-    t.second += c->rails[k].recoveries.load(std::memory_order_relaxed);
-  }
+  addRailTotals(*c, &railsClosed_);
   writeLineLocked(fmt::format(
       R"({{"v":{},"type":"conn","host":"{}","pid":{},"conn":{},"dir":"{}","peer":"{}","device":"{}","msgs":{},"bytes":{},"lat_p50_us":{:.3f},"lat_p99_us":{:.3f}{},"time_ns":{}}})",
       kRecordSchema, jsonEscape(host_), getpid(), c->id, c->isSend ? "send" : "recv", jsonEscape(c->peer), jsonEscape(c->device),
@@ -460,13 +467,7 @@ void Sink::writePromLocked() {
   if (anyRails) connLat += railUp + railDowns + railRec + railBytes;
   // Per NIC, every connection of this process together, closed ones included: what an alert watches.
   std::map<std::string, std::pair<uint64_t, uint64_t>> railTotals = railsClosed_;
-  for (ConnStats* c : conns_) {
-    for (int k = 0; k < c->nRails; ++k) {
-      auto& t = railTotals[c->rails[k].device];
-      t.first += c->rails[k].downs.load(std::memory_order_relaxed);
-      t.second += c->rails[k].recoveries.load(std::memory_order_relaxed);
-    }
-  }
+  for (ConnStats* c : conns_) addRailTotals(*c, &railTotals);
   if (!railTotals.empty()) {
     connLat += "# HELP weft_rail_down_total Times a connection saw this NIC (rail) go down, every connection of the process.\n"
                "# TYPE weft_rail_down_total counter\n";

@@ -44,21 +44,26 @@ struct RailHealth {
     device[sizeof(device) - 1] = '\0';
   }
   // The writer's updates (one thread: no read-modify-write needed).
-  void countSend(uint64_t n) {
-    msgs.store(msgs.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-    bytes.store(bytes.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+  template <typename T, typename N>
+  static void bump(std::atomic<T>& counter, N n) {
+    counter.store(counter.load(std::memory_order_relaxed) + static_cast<T>(n), std::memory_order_relaxed);
   }
+  void countSend(uint64_t n) {
+    bump(msgs, 1);
+    bump(bytes, n);
+  }
+  bool isUp() const { return up.load(std::memory_order_relaxed) != 0; }
   // True when this changed the state (the first report of a down rail, or of its return).
   bool markDown(RailEvent why) {
-    if (up.load(std::memory_order_relaxed) == 0) return false;
+    if (!isUp()) return false;
     lastDown.store(static_cast<uint8_t>(why), std::memory_order_relaxed);
-    downs.store(downs.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    bump(downs, 1);
     up.store(0, std::memory_order_relaxed);
     return true;
   }
   bool markUp() {
-    if (up.load(std::memory_order_relaxed) != 0) return false;
-    recoveries.store(recoveries.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    if (isUp()) return false;
+    bump(recoveries, 1);
     up.store(1, std::memory_order_relaxed);
     return true;
   }
