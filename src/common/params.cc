@@ -90,6 +90,13 @@ const std::vector<Def> kDefs = {
    "completion data; zero-copy on RDMA NICs); sendrecv = tagged messages only. auto = rdma on hardware providers "
    "(efa, verbs, cxi, opx, psm3) that offer RMA with 8 bytes of completion data, else sendrecv (software "
    "providers move RMA through the same stream; measured no faster). Both ends agree on the protocol at connect."},
+  {"WEFT_DELIVERY_ACK", Kind::kChoice, "off", 0, 0, "off|rails|all",
+   "Delivered-before-done sends (libfabric backend): the receiver acknowledges every message it has taken (weft's "
+   "own acknowledgements on the first rail, batched while one is in flight), and a send completes only once "
+   "acknowledged, so that a send reported done is known to have reached the peer's process (what moving traffic "
+   "off a failed rail needs, docs/failover.md). rails = on connections of several rails, all = on every "
+   "connection, off = never. Both ends must ask for it (the lesser setting wins). Costs a round trip of "
+   "completion latency per message."},
   {"WEFT_EAGER_MAX", Kind::kInt, "-1", -1, 1 << 20, nullptr,
    "With the rdma protocol, messages up to this many bytes are sent at once as tagged messages, without "
    "waiting for the receiver's buffer offer. -1: the built-in default (16384); 0: never."},

@@ -27,8 +27,17 @@ Status CommTable::attach(uint32_t id, DataSink* sink, bool legacy32) {
   return Status::kOk;
 }
 
+void CommTable::runDeferred() {
+  // A comm's afterBatch posts sends and reads no completion: nothing joins the list meanwhile.
+  for (size_t i = 0; i < deferred_.size(); ++i) deferred_[i]->afterBatch();
+  deferred_.clear();
+}
+
 void CommTable::detach(uint32_t id, Clock::time_point now) {
-  if (comms_.erase(id) == 0) return;
+  auto found = comms_.find(id);
+  if (found == comms_.end()) return;
+  std::erase(deferred_, found->second);
+  comms_.erase(found);
   if (closed_.size() >= pruneAt_) {  // amortized: the next prune waits until the record has doubled
     for (auto it = closed_.begin(); it != closed_.end();) {
       it = now - it->second > closedHold_ ? closed_.erase(it) : std::next(it);

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "fabric/op_context.h"
 #include "weft/common/status.h"
@@ -46,6 +47,11 @@ class CommTable {
     return lookup(id, what);
   }
   DataSink* forContext(const OpContext* ctx) { return forId(ctx->comm, "an operation's completion"); }
+  // Comms that asked to be called once the batch of completions being read is over (DataSink::afterBatch): what
+  // they gathered over the batch (delivery acknowledgements) leaves as one message. Run by the endpoint after each
+  // batch; a comm leaving the table leaves the list.
+  void defer(DataSink* s) { deferred_.push_back(s); }
+  void runDeferred();
   DataSink* forRemoteData(uint64_t data) { return forId(remoteDataComm(data), "a remote write"); }
   // The id a remote write's completion data names under this table's forms (0: none).
   uint32_t remoteDataComm(uint64_t data) const;
@@ -67,6 +73,7 @@ class CommTable {
   std::chrono::milliseconds closedHold_;
   std::unordered_map<uint32_t, Clock::time_point> closed_;  // detached id -> when (pruned as it grows)
   size_t pruneAt_ = 64;
+  std::vector<DataSink*> deferred_;
 };
 
 }  // namespace weft::fabric

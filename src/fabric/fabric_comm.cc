@@ -48,6 +48,13 @@ FabricDataComm::FabricDataComm(std::shared_ptr<EndpointGroup> group, std::vector
     c.index = static_cast<uint16_t>(k);
     c.kind = OpKind::kNote;
   }
+  for (int i = 0; i < kAckSlots; ++i) {
+    ackCtx_[i].owner = this;
+    ackCtx_[i].comm = localId_.get();
+    ackCtx_[i].index = static_cast<uint16_t>(i);
+    ackCtx_[i].kind = OpKind::kAck;
+  }
+  if (proto_.acks && recvSide_) ackQ_.reserve(static_cast<size_t>(poolSize_) * kMaxRecvs);
 }
 
 // Requests come kChunk at a time, when the comm first has more in flight than it had: an idle connection holds
@@ -203,14 +210,25 @@ int FabricDataComm::opsInFlight() const {
   int n = 0;
   for (int i = 0; i < allocated_; ++i) n += req(i).ops;
   for (const Rail& r : rails_) n += (r.note & kNoteInFlight) != 0 ? 1 : 0;  // a close ack: its context is ours
-  return n;
+  return n + std::popcount(ackBusy_);
 }
 
-bool FabricDataComm::drained(DataSink* s) { return static_cast<FabricDataComm*>(s)->opsInFlight() == 0; }
+// A parked receive comm first sends the acknowledgements it still owes (the sender's sends wait for them).
+bool FabricDataComm::drained(DataSink* s) {
+  auto* c = static_cast<FabricDataComm*>(s);
+  if (!c->ackQ_.empty()) c->flushAcks();
+  return c->opsInFlight() == 0 && c->ackQ_.empty();
+}
 
 void FabricDataComm::closeComm(bool sendSide) {
   ClosingComms::poll();
   refreshRailHealth();  // what its last log line says
+  if (!ackQ_.empty()) flushAcks();  // owed to the sender (a private endpoint: best effort, it closes now)
+  if (proto_.acks) {
+    WEFT_INFO(NCCL_NET, "comm with {}: delivery acknowledgements {} {} messages in {} acknowledgements{}",
+              peerName_, recvSide_ ? "sent for" : "received for", acksTaken_, acksSent_,
+              strayAcks_ != 0 ? fmt::format(" ({} naming no send in flight)", strayAcks_) : std::string());
+  }
   if (!group_->shared()) {
     // Its own endpoints close with it, canceling whatever is in flight (an abort: NCCL closed it with requests
     // outstanding). A send comm whose sends are all done first makes sure they reached the peer where the
@@ -247,7 +265,7 @@ void FabricDataComm::closeComm(bool sendSide) {
         if (fi_cancel(&rails_[r.rail[b]].ep->ep()->fid, &r.ctx[b].fi) == 0) r.flags[b] |= FabricRecvRequest::kCanceled;
       }
     }
-    if (opsInFlight() == 0) {
+    if (opsInFlight() == 0 && ackQ_.empty()) {
       delete this;  // leaves the table under the lock
     } else {
       WEFT_INFO(NCCL_NET, "comm with {} closed with {} operations in flight: parked until they complete", peerName_,
@@ -290,6 +308,8 @@ FabricRequest* FabricDataComm::acquire() {
   } else {
     FabricSendRequest& q = asSend(r);
     q.nSeg = q.nextSeg = q.segsLeft = 1;
+    q.needAck = proto_.acks;
+    q.sent = q.acked = false;
   }
   return r;
 }
@@ -345,6 +365,7 @@ Status FabricDataComm::progress() {
     fatal_ = offerError_;
   }
   flushOffers();
+  if (!ackQ_.empty()) flushAcks();
   if (notesWaiting_ > 0) postNotes();
   if ((outstanding_ > 0 || waitingOffer_) && probeIntervalMs_ > 0 && (++polls_ & 1023) == 0) checkPeer();
   if (railsDown_ > 0 && (++railPolls_ & 255) == 0) recheckRails(coarseNowMs());
@@ -378,6 +399,7 @@ void FabricDataComm::checkPeer() {
     return;
   }
   if (now - lastActivityMs_ < probeIntervalMs_) return;
+
   // Stalled past the probe interval: a NIC whose link is down (its own cable, or for a veth the peer end) fails
   // the connection once it has stayed down for WEFT_PEER_TIMEOUT. A probe cannot show that over TCP: it is
   // "delivered" into the socket buffer and retransmitted for minutes. (The endpoint reads sysfs at most every
@@ -463,11 +485,101 @@ bool FabricDataComm::lingerStep() {
   return true;
 }
 
+// The messages taken and not yet acknowledged, up to AckMsg::kMaxKeys of them in one acknowledgement, on rail 0
+// (where the sender's offer receives are), while a slot is free: a message taken is acknowledged at once, and those
+// taken while every slot is in flight leave together when one completes.
+void FabricDataComm::flushAcks() {
+  if (ackQ_.empty() || fatal_ != Status::kOk) return;
+  if (dev_.injectSize() >= wire::AckMsg::bytes(1)) {
+    while (!ackQ_.empty()) {
+      if (!postAck()) return;
+    }
+    return;
+  }
+  if (!ackMsg_) {
+    ackMsg_.reset(new (std::nothrow) wire::AckMsg[kAckSlots]);
+    if (!ackMsg_) return;  // tried again at the next progress call
+    if (Status st = dev_.registerInternal(ackMsg_.get(), sizeof(wire::AckMsg) * kAckSlots,
+                                          "acknowledgement buffers", &ackMr_, &ackDesc_);
+        st != Status::kOk) {
+      fatal_ = st;
+      return;
+    }
+  }
+  while (!ackQ_.empty() && ackBusy_ != (1u << kAckSlots) - 1) {
+    if (!postAck()) return;
+  }
+}
+
+bool FabricDataComm::postAck() {
+  const size_t injectMax = dev_.injectSize();
+  const bool inject = injectMax >= wire::AckMsg::bytes(1);
+  wire::AckMsg local;
+  const int slot = inject ? -1 : std::countr_one(ackBusy_);
+  wire::AckMsg& m = inject ? local : ackMsg_[slot];
+  size_t most = wire::AckMsg::kMaxKeys;
+  if (inject) most = std::min(most, (injectMax - offsetof(wire::AckMsg, key)) / sizeof(uint64_t));
+  const int n = static_cast<int>(std::min(ackQ_.size(), most));
+  m.magic = wire::AckMsg::kMagic;
+  m.count = static_cast<uint16_t>(n);
+  m.reserved = 0;
+  m.toComm = peerId_;
+  m.reserved2 = 0;
+  std::copy(ackQ_.begin(), ackQ_.begin() + n, m.key);
+  ssize_t rc = inject ? fi_tinject(ctl().ep(), &m, wire::AckMsg::bytes(n), rails_[0].peer,
+                                   wire::ctrlTag(wire::CtrlKind::kOffer))
+                      : fi_tsend(ctl().ep(), &m, wire::AckMsg::bytes(n), ackDesc_, rails_[0].peer,
+                                 wire::ctrlTag(wire::CtrlKind::kOffer), &ackCtx_[slot].fi);
+  if (rc == -FI_EAGAIN || railDownWait(0, rc)) return false;  // the next progress call (or completion) tries again
+  if (rc != 0) {
+    WEFT_WARN("comm with {}: sending a delivery acknowledgement on {} failed: {}", peerName_, railName(0),
+              fi_strerror(static_cast<int>(-rc)));
+    fatal_ = statusOfFiError(static_cast<int>(-rc));
+    return false;
+  }
+  unreachableSinceMs_[0] = 0;
+  if (!inject) ackBusy_ |= static_cast<uint8_t>(1u << slot);
+  ++acksSent_;
+  acksTaken_ += static_cast<uint64_t>(n);
+  ackQ_.erase(ackQ_.begin(), ackQ_.begin() + n);
+  return true;
+}
+
+// Each key names a send of this comm in flight (the receiver took it); one naming none (its request failed and
+// went back to the pool) is counted and dropped. A malformed acknowledgement is a protocol violation.
+void FabricDataComm::onAck(const wire::AckMsg& m, size_t len) {
+  if (!proto_.acks || m.count > wire::AckMsg::kMaxKeys || len < wire::AckMsg::bytes(m.count)) {
+    WEFT_WARN("peer {} on {} sent a malformed (or unagreed) delivery acknowledgement: connection closed for safety",
+              peerName_, dev_.props().name);
+    if (fatal_ == Status::kOk) fatal_ = Status::kRemote;
+    return;
+  }
+  acksSent_ += 1;
+  acksTaken_ += m.count;
+  for (int j = 0; j < m.count; ++j) {
+    const uint64_t key = m.key[j];
+    bool found = false;
+    for (int i = 0; i < allocated_ && !found; ++i) {
+      FabricSendRequest& r = asSend(&req(i));
+      if (r.magic_ != kRequestMagic || !r.needAck || r.acked || r.ackKey != key) continue;
+      r.acked = true;
+      if (r.sent) r.doneBufs = 1;
+      found = true;
+    }
+    if (!found) ++strayAcks_;
+  }
+}
+
 void FabricDataComm::onComplete(OpContext* ctx, size_t len) noexcept {
   if (ctx->kind == OpKind::kNote) {
     Rail& r = rails_[ctx->index];
     r.note &= static_cast<uint8_t>(~kNoteInFlight);
     if (notesWaiting_ > 0) postNotes();
+    return;
+  }
+  if (ctx->kind == OpKind::kAck) {
+    ackBusy_ &= static_cast<uint8_t>(~(1u << ctx->index));
+    flushAcks();  // the messages taken meanwhile: at once, whether or not NCCL calls this comm again
     return;
   }
   ++completions_;
@@ -481,7 +593,7 @@ void FabricDataComm::onComplete(OpContext* ctx, size_t len) noexcept {
     ++q.doneBufs;
     Endpoint::countFlushRead();
   } else if (!recvSide_) {
-    if (--asSend(r).segsLeft == 0) r->doneBufs = 1;
+    if (--asSend(r).segsLeft == 0) sendDone(&asSend(r));
   } else {
     FabricRecvRequest& q = asRecv(r);
     int i = ctx->index;
@@ -492,6 +604,7 @@ void FabricDataComm::onComplete(OpContext* ctx, size_t len) noexcept {
       q.flags[i] |= FabricRecvRequest::kDone;
       q.sizes[i] = static_cast<int>(len > INT_MAX ? INT_MAX : len);
       ++q.doneBufs;
+      noteTaken(q.tag[i]);
     }
   }
   opDone(r);
@@ -504,6 +617,19 @@ void FabricDataComm::onError(Endpoint* ep, OpContext* ctx, int fiErr, Status st)
     (void)st;
     Rail& r = rails_[ctx->index];
     r.note = static_cast<uint8_t>((r.note & ~kNoteInFlight) | kNoteFailed);
+    return;
+  }
+  if (ctx->kind == OpKind::kAck) {
+    // The sender's sends wait for it: without it they can never complete, so the connection is done for (the
+    // sender sees the same break through its own liveness check).
+    ackBusy_ &= static_cast<uint8_t>(~(1u << ctx->index));
+    ackQ_.clear();
+    if (fatal_ == Status::kOk && !closing_) {
+      WEFT_WARN("comm with {}: a delivery acknowledgement could not be sent ({}): the comm fails", peerName_,
+                fi_strerror(fiErr));
+      fatal_ = st;
+    }
+    (void)ep;
     return;
   }
   ++completions_;
@@ -604,6 +730,7 @@ void FabricDataComm::onRemoteData(uint64_t d, size_t len) noexcept {
   bySeq_[seq] = kSeqFree;  // a second write naming it is a violation from now on
   r->sizes[i] = static_cast<int>(r->rmaBytes[i] > INT_MAX ? INT_MAX : r->rmaBytes[i]);
   ++r->doneBufs;
+  noteTaken(r->tag[i]);
   if ((r->flags[i] & FabricRecvRequest::kNeedPost) != 0) {
     r->flags[i] &= static_cast<uint8_t>(~FabricRecvRequest::kNeedPost);  // never handed over: nothing to cancel
   } else if ((r->flags[i] & FabricRecvRequest::kPosted) != 0) {
@@ -783,6 +910,12 @@ FabricSendComm::FabricSendComm(std::shared_ptr<EndpointGroup> group, std::vector
 
 Status FabricSendComm::start() {
   if (Status st = join(false); st != Status::kOk) return st;
+  // Acknowledgements come to rail 0's pool of offer receives (wire::AckMsg), whatever the protocol.
+  if (proto_.acks) {
+    if (Status st = ctl().ensureOfferPool(group_->shared() ? kSharedOfferRecvs : kOfferRecvs); st != Status::kOk) {
+      return st;
+    }
+  }
   if (!proto_.rdma) return Status::kOk;
   // Only the rdma protocol keeps offers (a sendrecv comm holds no table: 2,048 slots are ~100 KiB).
   table_.reset(new (std::nothrow) OfferTable<OfferEntry>());
@@ -795,6 +928,10 @@ void FabricSendComm::onOffer(const void* msg, size_t len) noexcept {
   ++completions_;
   if (closing_) return;
   const auto& m = *static_cast<const OfferMsg*>(msg);
+  if (len >= offsetof(OfferMsg, entry) && m.magic == wire::AckMsg::kMagic) {
+    onAck(*static_cast<const wire::AckMsg*>(msg), len);
+    return;
+  }
   if (!table_) {  // a sendrecv connection: offers are not part of its protocol
     WEFT_WARN("peer {} on {} sent a buffer offer on a connection without the rdma protocol: connection closed for "
               "safety", peerName_, dev_.props().name);
@@ -830,7 +967,7 @@ Status FabricSendComm::sendTagged(FabricSendRequest* r, void* data, size_t size,
   if (inject_ && host && rail.ep->device().canInject(size)) {
     // Copied out by the provider right away: the request is complete as soon as it is accepted.
     rc = fi_tinject(rail.ep->ep(), data, size, rail.peer, ftag);
-    if (rc == 0) r->doneBufs = 1;
+    if (rc == 0) sendDone(r);
   } else {
     const MemHandle* h = mh ? mh->rail(k) : nullptr;
     rc = fi_tsend(rail.ep->ep(), data, size, h ? h->desc() : nullptr, rail.peer, ftag, &r->ctx[0].fi);
@@ -1065,6 +1202,7 @@ Status FabricSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Re
   FabricSendRequest* r = &asSend(acquired);
   r->n = 1;
   r->size = static_cast<int>(size > INT_MAX ? INT_MAX : size);
+  r->ackKey = wire::ackKey(ftag);
   Status st;
   bool again = false;
   if (offer == nullptr || (offer->flags & kOfferTaggedOnly) != 0) {
@@ -1162,7 +1300,8 @@ Status FabricRecvComm::irecv(int n, void** data, const size_t* sizes, const int*
   // Early completion is safe only where the provider places data without further calls from us (hardware
   // RMA): with manual progress in software (tcp, sockets, shm) the data would land only when NCCL next calls
   // test, which for an early-completed LL receive it never does.
-  r->optional = optional && n == 1 && proto_.rdma && dev_.hardwarePlacement();
+  // With delivery acknowledgements the receiver must see the data land to acknowledge it: no early completion.
+  r->optional = optional && n == 1 && proto_.rdma && dev_.hardwarePlacement() && !proto_.acks;
   OfferMsg* m = proto_.rdma ? &offer(r->poolIndex) : nullptr;
   for (int i = 0; i < n; ++i) {
     uint32_t ahead = 0;  // the same tag twice in one group takes consecutive sequence numbers
@@ -1378,6 +1517,12 @@ Status FabricListenComm::accept(RecvComm** recvComm) {
       if (Status st = group_->rail(k).insert(req.rails.addr[k], req.rails.len[k], &a); st != Status::kOk) return st;
       peers_.push_back(a);
     }
+    // Delivery acknowledgements: the lesser of what the two ends ask for, for a connection of this many rails.
+    const uint32_t ackAsk = req.flags & mine & (ConnectRequest::kFlagAckRails | ConnectRequest::kFlagAckAll);
+    if ((ackAsk & ConnectRequest::kFlagAckAll) != 0 || ((ackAsk & ConnectRequest::kFlagAckRails) != 0 && nRails > 1)) {
+      agreed |= ConnectRequest::kFlagAckRails;
+    }
+    proto_.acks = (agreed & ConnectRequest::kFlagAckRails) != 0;
     if (Status st = ep.sendReply(peer, req.commId, kAccepted, req.token, agreed, &ours, id_.get(), &reply_); st != Status::kOk) {
       return st;
     }
@@ -1394,10 +1539,9 @@ Status FabricListenComm::accept(RecvComm** recvComm) {
   // Hand the comm out only once the reply has left this process: NCCL need not progress the new recv comm
   // before the peer's connect completes, and some providers (sockets) send only while progressed.
   if (!ep.replyDone(reply_)) return Status::kOk;
-  WEFT_INFO(NCCL_NET, "accepted connection from {} on {} ({} protocol, eager up to {} B, {} rail{})", peerName_,
-            dev_.props().name, protocolName(proto_),
-            proto_.eagerMax, group_->rails(),
-            group_->rails() == 1 ? "" : "s");
+  WEFT_INFO(NCCL_NET, "accepted connection from {} on {} ({} protocol, eager up to {} B, {} rail{}{})", peerName_,
+            dev_.props().name, protocolName(proto_), proto_.eagerMax, group_->rails(),
+            group_->rails() == 1 ? "" : "s", proto_.acks ? ", delivery acknowledgements" : "");
   accepted_ = true;
   std::vector<Rail> rails(static_cast<size_t>(group_->rails()));
   for (int k = 0; k < group_->rails(); ++k) {
@@ -1419,9 +1563,13 @@ const char* protocolName(const Protocol& p) {
 }
 
 uint32_t localProtocolFlags(FabricDevice& dev) {
-  if (!dev.rdma()) return 0;
-  if (!dev.compactImm()) return ConnectRequest::kFlagRdma;
-  return ConnectRequest::kFlagRdma | ConnectRequest::kFlagImm4 |
+  const std::string& ack = params::getString("WEFT_DELIVERY_ACK");
+  const uint32_t acks = ack == "all"     ? ConnectRequest::kFlagAckRails | ConnectRequest::kFlagAckAll
+                        : ack == "rails" ? ConnectRequest::kFlagAckRails
+                                         : 0;
+  if (!dev.rdma()) return acks;
+  if (!dev.compactImm()) return acks | ConnectRequest::kFlagRdma;
+  return acks | ConnectRequest::kFlagRdma | ConnectRequest::kFlagImm4 |
          (Endpoint::writeLenReported(dev) ? ConnectRequest::kFlagLenFromCq : 0);
 }
 

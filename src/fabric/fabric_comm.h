@@ -85,6 +85,12 @@ class FabricSendRequest final : public FabricRequest {
   const char* src = nullptr;
   const MemHandle* mh = nullptr;
   OfferEntry offer;
+  // Delivery acknowledgements (Protocol::acks): done once the provider completed it (sent) and the receiver
+  // acknowledged it (acked), in either order; ackKey names it (wire::ackKey of its data tag).
+  bool needAck = false;
+  bool sent = false;
+  bool acked = false;
+  uint64_t ackKey = 0;
 };
 
 class FabricRecvRequest final : public FabricRequest {
@@ -148,6 +154,7 @@ class FabricDataComm : public DataSink {
   void onError(Endpoint* ep, OpContext* ctx, int fiErr, Status st) noexcept override;
   void onRemoteData(uint64_t data, size_t len) noexcept override;
   void onCloseNote(Endpoint* ep, bool ack) noexcept override;
+  bool acks() const { return proto_.acks; }
   void refreshRailHealth() {
     if (railsDown_ > 0 && fatal_ == Status::kOk) recheckRails(coarseNowMs(), true);
   }
@@ -251,6 +258,42 @@ class FabricDataComm : public DataSink {
   std::string railName(int k) const;  // "rail 1 (eth1)"
   static bool drained(DataSink* s);
   bool closing_ = false;          // NCCL closed it: nothing more is posted
+  // Delivery acknowledgements (Protocol::acks, wire::AckMsg). Receive side: the messages taken in one batch of
+  // completions (whichever comm's call read it: on a shared endpoint, maybe another's) are acknowledged together
+  // at its end (afterBatch), injected where the provider takes a message that size (copied at once: nothing to
+  // wait for), else from one of kAckSlots buffers (allocated and registered with the first); with every slot in
+  // flight, or the provider pushing back, they wait in ackQ_ (capacity for every buffer the comm can have
+  // outstanding) and leave when a slot's send completes, or at the next progress call. A receiver whose
+  // requests are all done may never be called again (NCCL's proxy idles): what it took must be handed to the
+  // provider by then. Send side: sendDone/onAck complete a send once both have happened.
+  static constexpr int kAckSlots = 4;
+  std::vector<uint64_t> ackQ_;
+  std::unique_ptr<wire::AckMsg[]> ackMsg_;
+  MrPtr ackMr_;
+  void* ackDesc_ = nullptr;
+  uint8_t ackBusy_ = 0;  // slots in flight (bit per slot)
+  OpContext ackCtx_[kAckSlots];
+  uint64_t acksSent_ = 0, acksTaken_ = 0, strayAcks_ = 0;
+  bool ackDeferred_ = false;  // in the comm table's list for afterBatch
+  void noteTaken(uint64_t dataTag) {
+    if (!proto_.acks) return;
+    ackQ_.push_back(wire::ackKey(dataTag));
+    if (!ackDeferred_) {
+      ackDeferred_ = true;
+      (parkedIn_ != nullptr ? parkedIn_ : group_.get())->table().defer(this);
+    }
+  }
+  void afterBatch() noexcept override {
+    ackDeferred_ = false;
+    flushAcks();
+  }
+  void flushAcks();
+  bool postAck();  // one acknowledgement in the first free slot; false: not sent (pushed back or failed)
+  static void sendDone(FabricSendRequest* r) {
+    r->sent = true;
+    if (!r->needAck || r->acked) r->doneBufs = 1;
+  }
+  void onAck(const wire::AckMsg& m, size_t len);
   // Close notices and acks (Rail::note).
   enum : uint8_t { kNoteWant = 1, kNoteInFlight = 2, kNoteAcked = 4, kNoteFailed = 8 };
   bool lingering_ = false;  // a closed send comm waiting for its acks (notes are notices, not acks)

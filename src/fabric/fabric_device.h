@@ -75,6 +75,7 @@ class FabricDevice final : public Registrar {
   // EFA: what the first endpoint learnt about RDMA writes (logged once; later endpoints of the device agree).
   void noteDeviceWrites(bool device, const std::string& why);
   size_t maxMsgSize() const { return maxMsgSize_; }
+  size_t injectSize() const { return injectSize_; }  // the provider's (whatever its progress model)
   // Where this NIC's link state is read (a network interface's operstate, or an RDMA device's port state).
   const sysfs::LinkSource& linkSource() const { return link_; }
   uint32_t providerHash() const { return providerHash_; }

@@ -328,6 +328,7 @@ Status Endpoint::progress(int* read) {
         handleControl(ctx, true, Status::kOk);
       }
     }
+    if (table_ != nullptr) table_->runDeferred();
     return Status::kOk;
   }
   if (n == -FI_EAGAIN) return Status::kOk;
@@ -415,7 +416,8 @@ void Endpoint::handleControl(OpContext* ctx, bool ok, Status st) {
     case OpKind::kOfferSend:
     case OpKind::kOfferRecv:
     case OpKind::kNote:
-    case OpKind::kFlush: return;
+    case OpKind::kFlush:
+    case OpKind::kAck: return;
   }
 }
 

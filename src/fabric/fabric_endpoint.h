@@ -48,6 +48,8 @@ struct Protocol {
   bool imm4 = false;  // rdma with the 4-byte completion-data form (either end's NIC carries only 4 bytes)
   bool immId = false;  // imm4 with the comm id, the length taken from the receiver's completion (WriteImmId)
   uint32_t eagerMax = 0;
+  // Delivery acknowledgements (wire::AckMsg, WEFT_DELIVERY_ACK): a send completes once the receiver took it.
+  bool acks = false;
 };
 
 Status statusOfFiError(int err);

@@ -13,7 +13,7 @@ namespace weft::fabric {
 
 class Endpoint;
 
-// kData, kOfferSend and kNote (a close notice or ack, wire.h) belong to a comm (delivered to its DataSink); the
+// kData, kOfferSend, kFlush, kAck and kNote (a close notice or ack, wire.h) belong to a comm (delivered to its DataSink); the
 // rest to the endpoint (kOfferRecv: its pool of offer receives, whose messages it hands to the comm they name;
 // kProbeSend: its per-peer liveness; kProbeRecv: probes, and close notices and acks it hands to the comm named).
 enum class OpKind : uint8_t {
@@ -27,6 +27,7 @@ enum class OpKind : uint8_t {
   kProbeSend,
   kNote,
   kFlush,  // a receive comm's read-back flush (FabricRecvComm::iflush)
+  kAck,    // a receive comm's delivery acknowledgement (wire::AckMsg)
 };
 
 struct OpContext {
@@ -38,7 +39,8 @@ struct OpContext {
 };
 
 inline bool isCommOp(OpKind k) {
-  return k == OpKind::kData || k == OpKind::kOfferSend || k == OpKind::kNote || k == OpKind::kFlush;
+  return k == OpKind::kData || k == OpKind::kOfferSend || k == OpKind::kNote || k == OpKind::kFlush ||
+         k == OpKind::kAck;
 }
 
 class DataSink {
@@ -51,11 +53,14 @@ class DataSink {
   // An RMA write with remote completion data landed in one of our buffers.
   // len: the completion entry's length (0 where the provider does not report it).
   virtual void onRemoteData(uint64_t data, size_t len) noexcept = 0;
-  // A buffer offer (wire::OfferMsg, `len` bytes) the peer sent to this comm; valid during the call only.
+  // A buffer offer (wire::OfferMsg, `len` bytes) or delivery acknowledgement (wire::AckMsg: the same tag, pool
+  // and naming) the peer sent to this comm; valid during the call only.
   virtual void onOffer(const void* msg, size_t len) noexcept {
     (void)msg;
     (void)len;
   }
+  // Asked for through CommTable::defer: the batch of completions that asked is over.
+  virtual void afterBatch() noexcept {}
   // A close notice (ack false) or close ack (true) the peer sent this comm on the rail of endpoint `ep`.
   virtual void onCloseNote(Endpoint* ep, bool ack) noexcept {
     (void)ep;

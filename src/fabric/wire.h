@@ -111,6 +111,11 @@ struct ConnectRequest {
   // The listener's provider reports a write's length at the target: the 4-byte form carries the comm id
   // (WriteImmId) instead of the length.
   static constexpr uint32_t kFlagLenFromCq = 4;
+  // Delivery acknowledgements (AckMsg, WEFT_DELIVERY_ACK): the connector asks for them on connections of several
+  // rails (kFlagAckRails) or on every connection (both flags); the reply carries kFlagAckRails where the listener
+  // agreed for this connection. An older peer sets neither: no acknowledgements.
+  static constexpr uint32_t kFlagAckRails = 8;
+  static constexpr uint32_t kFlagAckAll = 16;
   uint32_t magic;
   uint16_t version;
   uint16_t addrLen;
@@ -229,6 +234,29 @@ struct OfferMsg {
   static size_t bytes(int count) { return offsetof(OfferMsg, entry) + sizeof(OfferEntry) * count; }
 };
 
+// ---- delivery acknowledgements: receiver -> sender, tag ctrlTag(kOffer), the send comm's id in the body ----
+//
+// Where both ends agreed (ConnectRequest::kFlagAckRails), the receiver names every message it has taken (a tagged
+// receive completed with it, or an offered buffer's last piece landed) by the low 45 bits of its data tag (NCCL
+// tag and per-tag sequence: unique among the messages a comm can have in flight), in batches: one acknowledgement
+// in flight per comm, the messages taken meanwhile going in the next. The sender completes a send only once its
+// provider completed it and it is acknowledged. An acknowledgement shares the offers' tag and receive pool (its
+// magic tells it apart) and their layout's first 16 bytes, so it fits any offer receive buffer.
+constexpr uint64_t kAckKeyMask = (uint64_t{1} << (kNcclTagBits + kSeqBits)) - 1;
+inline uint64_t ackKey(uint64_t dataTag) { return dataTag & kAckKeyMask; }
+
+struct AckMsg {
+  static constexpr uint32_t kMagic = 0x5746414b;  // "WFAK"
+  static constexpr int kMaxKeys = 64;
+  uint32_t magic;
+  uint16_t count;
+  uint16_t reserved;
+  uint32_t toComm;  // the send comm the acknowledgement is for (where OfferMsg::toComm is)
+  uint32_t reserved2;
+  uint64_t key[kMaxKeys];  // ackKey of each message taken
+  static size_t bytes(int count) { return offsetof(AckMsg, key) + sizeof(uint64_t) * count; }
+};
+
 // ---- remote completion data of RMA writes (rdma protocol) ----
 //
 // Every offered buffer has a sequence number of its comm's choosing (OfferEntry::slot), handed out cyclically
@@ -305,5 +333,8 @@ struct WriteImm32 {
   static uint64_t pieces(uint64_t d) { return ((d >> 20) & 7) + 1; }
   static uint64_t bytes(uint64_t d) { return ((d >> 4) & kMaxM) << (d & 0xf); }
 };
+
+static_assert(offsetof(AckMsg, toComm) == offsetof(OfferMsg, toComm) && sizeof(AckMsg) <= sizeof(OfferMsg),
+              "an acknowledgement arrives in an offer receive buffer, named like an offer");
 
 }  // namespace weft::fabric::wire

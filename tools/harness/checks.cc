@@ -78,6 +78,8 @@ const std::vector<Check>& allChecks() {
        weftDistinctHandles},
       {"weft.send_larger_than_recv", "a send larger than its receive fails the receive with ncclInvalidUsage, "
        "never a silently truncated message", weftSendLargerThanRecv},
+      {"weft.delivery_ack", "under WEFT_DELIVERY_ACK a send is not done before the receiver took it: withheld "
+       "(no receive, no call), none of its small sends completes; released, all do, intact", weftDeliveryAck},
       {"weft.iflush_host", "iflush on host memory (never asked by NCCL): NULL request or one that completes",
        weftIflushHost},
       {"weft.flush", "under WEFT_FLUSH=all a flush of a received buffer returns a request, an empty one none; "

@@ -89,6 +89,7 @@ void weftIflushHost(CheckEnv& env);
 void weftMisuse(CheckEnv& env);
 void weftReplayedHandle(CheckEnv& env);
 void weftSendLargerThanRecv(CheckEnv& env);
+void weftDeliveryAck(CheckEnv& env);
 void weftUnreachablePeer(CheckEnv& env);
 void weftWrongToken(CheckEnv& env);
 
