@@ -639,7 +639,8 @@ WEFT_EXPORT ncclNet_v12_t ncclNetPlugin_v12 = {
 // Returns 0 and sets *value for a known key, -1 otherwise. Keys: "fabric.endpoints_open" (libfabric endpoints
 // open in this process), "fabric.probes_sent" (liveness probes sent so far), "fabric.rail_downs" and
 // "fabric.rail_recoveries" (a comm's rail seen going down / coming back, every comm counted; unknown unless the
-// libfabric backend is in use), "flush_reads" (read-back flush
+// libfabric backend is in use), "fabric.rail_failovers" and "fabric.moved_messages" (WEFT_RAIL_FAILOVER: rails
+// failed over, messages sent or posted again on rail 0; likewise), "flush_reads" (read-back flush
 // reads completed so far, on either backend; "fabric.flush_reads": libfabric's only), "tcp.send_calls",
 // "tcp.recv_calls", "tcp.bytes_sent", "tcp.bytes_received", "tcp.comms_open" (the native TCP backend's data path).
 WEFT_EXPORT int weftNetStat(const char* key, long long* value) {
@@ -654,12 +655,16 @@ WEFT_EXPORT int weftNetStat(const char* key, long long* value) {
   }
   // Known only where the libfabric backend carries the traffic: the others do not watch their rails' links (a
   // tool reading 0 there would take it for "no rail went down").
-  const bool railKey = std::strcmp(key, "fabric.rail_downs") == 0 || std::strcmp(key, "fabric.rail_recoveries") == 0;
-  if (railKey) {
+  static constexpr std::pair<const char*, int64_t (*)()> kRails[] = {
+      {"fabric.rail_downs", &weft::fabric::Endpoint::railDowns},
+      {"fabric.rail_recoveries", &weft::fabric::Endpoint::railRecoveries},
+      {"fabric.rail_failovers", &weft::fabric::Endpoint::railFailovers},
+      {"fabric.moved_messages", &weft::fabric::Endpoint::movedMessages}};
+  for (const auto& [name, get] : kRails) {
+    if (std::strcmp(key, name) != 0) continue;
     weft::Backend* b = weft::Engine::instance().backend();
     if (b == nullptr || std::strcmp(b->name(), "libfabric") != 0) return -1;
-    *value = std::strcmp(key, "fabric.rail_downs") == 0 ? weft::fabric::Endpoint::railDowns()
-                                                         : weft::fabric::Endpoint::railRecoveries();
+    *value = get();
     return 0;
   }
   if (std::strcmp(key, "fabric.flush_reads") == 0) {

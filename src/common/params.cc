@@ -90,6 +90,12 @@ const std::vector<Def> kDefs = {
    "completion data; zero-copy on RDMA NICs); sendrecv = tagged messages only. auto = rdma on hardware providers "
    "(efa, verbs, cxi, opx, psm3) that offer RMA with 8 bytes of completion data, else sendrecv (software "
    "providers move RMA through the same stream; measured no faster). Both ends agree on the protocol at connect."},
+  {"WEFT_RAIL_FAILOVER", Kind::kBool, "0", 0, 1, nullptr,
+   "Rail failover (libfabric backend, sendrecv protocol, experimental): when a rail other than the first of a "
+   "multi-rail connection fails (link down, failed operation, lost probe), its traffic moves to the first rail "
+   "and what it had in flight is sent again there, instead of the connection failing. Needs delivery "
+   "acknowledgements (WEFT_DELIVERY_ACK=rails or all) and both ends asking for it. The first rail's failure still "
+   "fails the connection; a failed rail is not taken back for that connection (docs/failover.md)."},
   {"WEFT_DELIVERY_ACK", Kind::kChoice, "off", 0, 0, "off|rails|all",
    "Delivered-before-done sends (libfabric backend): the receiver acknowledges every message it has taken (weft's "
    "own acknowledgements on the first rail, batched while one is in flight), and a send completes only once "

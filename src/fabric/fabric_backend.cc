@@ -349,6 +349,7 @@ Status FabricBackend::pollConnect(PendingConnect& pc, SendComm** out) {
     proto.immId = proto.imm4 && (reply.flags & ConnectRequest::kFlagLenFromCq) != 0;
     proto.eagerMax = proto.rdma ? static_cast<uint32_t>(ep.device().eagerMax()) : 0;
     proto.acks = (reply.flags & pc.flags & ConnectRequest::kFlagAckRails) != 0;
+    proto.failover = proto.acks && !proto.rdma && (reply.flags & pc.flags & ConnectRequest::kFlagFailover) != 0;
     const int nRails = reply.rails.count;
     std::vector<Rail> rails(nRails);
     rails[0].peer = pc.peer;
@@ -362,9 +363,9 @@ Status FabricBackend::pollConnect(PendingConnect& pc, SendComm** out) {
     pc.slot = -1;
     pc.group->keepRails(nRails);
     for (int k = 0; k < nRails; ++k) rails[k].ep = &pc.group->rail(k);
-    WEFT_INFO(NCCL_NET, "connected to {} on {} via {} ({} protocol, eager up to {} B, {} rail{}{})", pc.peerName,
+    WEFT_INFO(NCCL_NET, "connected to {} on {} via {} ({} protocol, eager up to {} B, {} rail{}{}{})", pc.peerName,
               p.name, p.provider, protocolName(proto), proto.eagerMax, nRails, nRails == 1 ? "" : "s",
-              proto.acks ? ", delivery acknowledgements" : "");
+              proto.acks ? ", delivery acknowledgements" : "", proto.failover ? ", rail failover" : "");
     auto sc = std::make_unique<FabricSendComm>(std::move(pc.group), std::move(rails), pc.peerName, maxRecvs_, proto,
                                                std::move(pc.id), reply.commId);
     if (Status st = sc->start(); st != Status::kOk) return st;

@@ -152,6 +152,8 @@ bool FabricDataComm::railDownWait(int k, ssize_t rc) {
     railDown(k, RailEvent::kLinkDown, fmt::format("a send found no route to the peer ({})",
                                                   fi_strerror(static_cast<int>(-rc))));
   }
+  // Failed over: pushed back, and posted again (by NCCL, or from test()) on rail 0.
+  if (failRail(k, RailEvent::kLinkDown, "a send found no route to the peer")) return true;
   return now - unreachableSinceMs_[k] <= peerTimeoutMs_;
 }
 
@@ -167,8 +169,10 @@ void FabricDataComm::railDown(int k, RailEvent why, const std::string& detail) {
   const std::string line = fmt::format(
       "comm with {}: {} is down ({}: {}); {} requests outstanding{}", peerName_, railName(k), railEventName(why),
       detail, outstanding_,
-      why == RailEvent::kLinkDown ? "; weft does not move traffic off a failed rail yet (docs/failover.md): the "
-                                    "comm fails unless the link comes back within WEFT_PEER_TIMEOUT" : "");
+      proto_.failover && k != 0     ? "; its traffic moves to rail 0 (WEFT_RAIL_FAILOVER)"
+      : why == RailEvent::kLinkDown ? "; weft does not move traffic off a failed rail yet (docs/failover.md): the "
+                                      "comm fails unless the link comes back within WEFT_PEER_TIMEOUT"
+                                    : "");
   if (rails_[k].ep->noteLinkReport(false)) {
     WEFT_WARN("{} (other comms on this NIC: INFO lines)", line);
   } else {
@@ -309,7 +313,7 @@ FabricRequest* FabricDataComm::acquire() {
     FabricSendRequest& q = asSend(r);
     q.nSeg = q.nextSeg = q.segsLeft = 1;
     q.needAck = proto_.acks;
-    q.sent = q.acked = false;
+    q.sent = q.acked = q.resend = q.resent = false;
   }
   return r;
 }
@@ -365,7 +369,9 @@ Status FabricDataComm::progress() {
     fatal_ = offerError_;
   }
   flushOffers();
-  if (!ackQ_.empty()) flushAcks();
+  if (!ackQ_.empty() || fenceOut_ != 0) flushAcks();
+  if (fencing_ != 0) fenceStep();
+  if (railNoteWant_ != 0) postRailNote();
   if (notesWaiting_ > 0) postNotes();
   if ((outstanding_ > 0 || waitingOffer_) && probeIntervalMs_ > 0 && (++polls_ & 1023) == 0) checkPeer();
   if (railsDown_ > 0 && (++railPolls_ & 255) == 0) recheckRails(coarseNowMs());
@@ -406,9 +412,11 @@ void FabricDataComm::checkPeer() {
   // 100 ms, whatever the number of comms.)
   // A rail whose link is seen down is marked down at once (and up again if it returns before the timeout).
   for (int k = 0; k < nRails_; ++k) {
+    if ((failed_ & (1u << k)) != 0) continue;  // failed over: nothing of this comm waits on it
     int64_t down = rails_[k].ep->linkDownForMs(now);
     if (down == 0) continue;  // (a rail back up was seen above)
     if (health_[k].isUp()) railDown(k, RailEvent::kLinkDown, fmt::format("its link has been down for {} ms", down));
+    if (failRail(k, RailEvent::kLinkDown, fmt::format("its link has been down for {} ms", down))) continue;
     if (down > peerTimeoutMs_) {
       WEFT_WARN("peer {} unreachable: the link of {} has been down for {} s with {} requests outstanding; they fail "
                 "(WEFT_PEER_TIMEOUT)", peerName_, railName(k), down / 1000, outstanding_);
@@ -418,12 +426,14 @@ void FabricDataComm::checkPeer() {
   }
   // Every rail is probed: a link down on one NIC of a device stalls the messages that rail carries.
   for (int k = 0; k < nRails_; ++k) {
+    if ((failed_ & (1u << k)) != 0) continue;
     Rail& rail = rails_[k];
     Status why = Status::kOk;
     switch (rail.ep->checkPeer(rail.peer, lastActivityMs_, now, probeIntervalMs_, peerTimeoutMs_, &why)) {
       case Endpoint::PeerVerdict::kOk: break;
       case Endpoint::PeerVerdict::kGone:
         railDown(k, RailEvent::kPeerGone, "a liveness probe failed");
+        if (failRail(k, RailEvent::kPeerGone, "a liveness probe failed")) break;  // rail 0's probe answers for the peer
         WEFT_WARN("peer {} on {} is gone: a liveness probe failed after {} ms without progress (process exited or "
                   "was killed, or the connection broke); its {} outstanding requests fail",
                   peerName_, railName(k), now - lastActivityMs_, outstanding_);
@@ -432,6 +442,7 @@ void FabricDataComm::checkPeer() {
         return;
       case Endpoint::PeerVerdict::kUnreachable:
         railDown(k, RailEvent::kProbeLost, "a liveness probe was not delivered");
+        if (failRail(k, RailEvent::kProbeLost, "a liveness probe was not delivered")) break;
         WEFT_WARN("peer {} on {} unreachable: a liveness probe was not delivered within {} s (host down, link "
                   "down, or traffic filtered); its {} outstanding requests fail (WEFT_PEER_TIMEOUT)",
                   peerName_, railName(k), peerTimeoutMs_ / 1000, outstanding_);
@@ -489,9 +500,9 @@ bool FabricDataComm::lingerStep() {
 // (where the sender's offer receives are), while a slot is free: a message taken is acknowledged at once, and those
 // taken while every slot is in flight leave together when one completes.
 void FabricDataComm::flushAcks() {
-  if (ackQ_.empty() || fatal_ != Status::kOk) return;
+  if ((ackQ_.empty() && fenceOut_ == 0) || fatal_ != Status::kOk) return;
   if (dev_.injectSize() >= wire::AckMsg::bytes(1)) {
-    while (!ackQ_.empty()) {
+    while (!ackQ_.empty() || fenceOut_ != 0) {
       if (!postAck()) return;
     }
     return;
@@ -506,7 +517,7 @@ void FabricDataComm::flushAcks() {
       return;
     }
   }
-  while (!ackQ_.empty() && ackBusy_ != (1u << kAckSlots) - 1) {
+  while ((!ackQ_.empty() || fenceOut_ != 0) && ackBusy_ != (1u << kAckSlots) - 1) {
     if (!postAck()) return;
   }
 }
@@ -522,6 +533,8 @@ bool FabricDataComm::postAck() {
   const int n = static_cast<int>(std::min(ackQ_.size(), most));
   m.magic = wire::AckMsg::kMagic;
   m.count = static_cast<uint16_t>(n);
+  // The fence rides on the acknowledgement that empties the queue: every message taken before it comes with it.
+  m.fenced = static_cast<size_t>(n) == ackQ_.size() ? fenceOut_ : 0;
   m.reserved = 0;
   m.toComm = peerId_;
   m.reserved2 = 0;
@@ -542,6 +555,7 @@ bool FabricDataComm::postAck() {
   ++acksSent_;
   acksTaken_ += static_cast<uint64_t>(n);
   ackQ_.erase(ackQ_.begin(), ackQ_.begin() + n);
+  fenceOut_ &= static_cast<uint8_t>(~m.fenced);
   return true;
 }
 
@@ -568,6 +582,155 @@ void FabricDataComm::onAck(const wire::AckMsg& m, size_t len) {
     }
     if (!found) ++strayAcks_;
   }
+  if ((m.fenced & 1) != 0 || (m.fenced >> nRails_) != 0 || (m.fenced != 0 && !proto_.failover)) {
+    WEFT_WARN("peer {} on {} fenced a rail it cannot (rails {:#x}): connection closed for safety", peerName_,
+              dev_.props().name, m.fenced);
+    if (fatal_ == Status::kOk) fatal_ = Status::kRemote;
+    return;
+  }
+  if (m.fenced != 0) resendFenced(m.fenced);
+}
+
+// ---- rail failover (Protocol::failover, docs/failover.md step 3) ----
+
+bool FabricDataComm::failRail(int k, RailEvent why, const std::string& detail, bool peerSaid) {
+  if (!proto_.failover || k <= 0 || k >= nRails_ || fatal_ != Status::kOk) return false;
+  const auto bit = static_cast<uint8_t>(1u << k);
+  if ((failed_ & bit) != 0) return true;
+  failed_ |= bit;
+  Endpoint::countRailFailover();
+  try {  // (called from completion handlers too: a log line that cannot be formatted changes nothing)
+    if (health_[k].isUp()) railDown(k, why, detail);
+    WEFT_INFO(NCCL_NET, "comm with {}: {} failed over ({}): its messages go to {} from now on", peerName_,
+              railName(k), detail, railName(0));
+  } catch (...) {
+  }
+  if (recvSide_) {
+    fencing_ |= bit;
+    fenceSinceMs_ = coarseNowMs();
+    fenceStep();
+  } else if (!peerSaid) {
+    railNoteWant_ |= bit;
+    postRailNote();
+  }
+  return true;
+}
+
+void FabricDataComm::onRailNote(uint32_t rails) noexcept {
+  ++completions_;
+  if (!proto_.failover || recvSide_ == false || (rails & 1) != 0 || (rails >> nRails_) != 0) {
+    WEFT_WARN("peer {} on {} sent a rail-down note this connection did not agree to (rails {:#x}): ignored",
+              peerName_, dev_.props().name, rails);
+    return;
+  }
+  try {
+    for (int k = 1; k < nRails_; ++k) {
+      if ((rails & (1u << k)) != 0) failRail(k, RailEvent::kLinkDown, "the peer saw it fail", true);
+    }
+  } catch (...) {  // a log line that could not be formatted: the rails are failed over all the same
+  }
+}
+
+// Receive side: every receive still posted on a rail being fenced is canceled (its cancel completion posts it again
+// on rail 0, onError); one the provider will not cancel (being matched) completes, and is acknowledged. Once none is
+// left on the rail, the fence goes out with the next acknowledgement. A receive that never resolves (matched, its
+// data stuck on the dead rail) fails the comm after WEFT_PEER_TIMEOUT.
+void FabricDataComm::fenceStep() {
+  uint8_t left = 0;
+  for (int i = 0; i < allocated_; ++i) {
+    FabricRecvRequest& r = recvReq(i);
+    if (r.magic_ != kRequestMagic || r.flush) continue;
+    bool repost = false;
+    for (int b = 0; b < r.n; ++b) {
+      const int k = r.rail[b];
+      uint8_t& f = r.flags[b];
+      if (k == 0 || (fencing_ & (1u << k)) == 0 || (f & FabricRecvRequest::kDone) != 0) continue;
+      if ((f & FabricRecvRequest::kNeedPost) != 0 && (f & FabricRecvRequest::kPosted) == 0) {
+        r.rail[b] = 0;  // never handed over: posted on rail 0 instead
+        r.desc[b] = r.mh[b] != nullptr ? r.mh[b]->rail(0)->desc() : nullptr;
+        ++movedMsgs_;
+        Endpoint::countMoved();
+        repost = true;
+        continue;
+      }
+      if ((f & FabricRecvRequest::kPosted) == 0) continue;
+      left |= static_cast<uint8_t>(1u << k);
+      if ((f & FabricRecvRequest::kCanceled) != 0) continue;
+      if (fi_cancel(&rails_[k].ep->ep()->fid, &r.ctx[b].fi) == 0) {
+        f |= FabricRecvRequest::kCanceled | FabricRecvRequest::kMoved;
+        r.desc[b] = r.mh[b] != nullptr ? r.mh[b]->rail(0)->desc() : nullptr;
+        ++movedMsgs_;
+        Endpoint::countMoved();
+      }
+    }
+    if (repost) postPending(&r);
+  }
+  const auto fenced = static_cast<uint8_t>(fencing_ & ~left);
+  fencing_ &= left;
+  if (fenced != 0) {
+    fenceOut_ |= fenced;
+    flushAcks();
+  }
+  if (fencing_ != 0 && coarseNowMs() - fenceSinceMs_ > peerTimeoutMs_ && fatal_ == Status::kOk) {
+    WEFT_WARN("comm with {}: a receive on a failed rail could not be taken back within WEFT_PEER_TIMEOUT (its "
+              "message was arriving when the rail failed): the comm fails", peerName_);
+    fatal_ = Status::kRemote;
+  }
+}
+
+// Send side, on the receiver's fence: every send of those rails not acknowledged was not taken (the fence follows
+// the acknowledgement of every message taken there), so it is sent again on rail 0 with the same tag, where the
+// receiver has posted its receive again.
+void FabricDataComm::resendFenced(uint8_t rails) {
+  for (int k = 1; k < nRails_; ++k) {
+    if ((rails & (1u << k)) != 0) failRail(k, RailEvent::kLinkDown, "the peer fenced it", true);
+  }
+  for (int i = 0; i < allocated_; ++i) {
+    FabricSendRequest& r = asSend(&req(i));
+    if (r.magic_ != kRequestMagic || !r.needAck || r.acked || r.resent || r.nSeg != 1 ||
+        (rails & (1u << r.pieceRail[0])) == 0) {
+      continue;
+    }
+    r.resend = true;
+    postResend(&r);
+  }
+}
+
+bool FabricDataComm::postResend(FabricSendRequest* r) {
+  const uint64_t ftag = (static_cast<uint64_t>(peerId_ & wire::kMaxCommId) << (wire::kNcclTagBits + wire::kSeqBits)) |
+                        r->ackKey;
+  const MemHandle* h = r->mh != nullptr ? r->mh->rail(0) : nullptr;
+  ssize_t rc = fi_tsend(rails_[0].ep->ep(), r->src, r->pieceLen[0], h != nullptr ? h->desc() : nullptr,
+                        rails_[0].peer, ftag, &r->ctx[kResendCtx].fi);
+  if (rc == -FI_EAGAIN) return false;  // from test(), or the next fence
+  r->resend = false;
+  if (rc != 0) {
+    WEFT_WARN("comm with {}: sending a message again on {} failed: {}", peerName_, railName(0),
+              fi_strerror(static_cast<int>(-rc)));
+    if (r->error == Status::kOk) r->error = statusOfFiError(static_cast<int>(-rc));
+    if (fatal_ == Status::kOk) fatal_ = r->error;
+    return true;
+  }
+  ++r->ops;
+  r->resent = true;
+  r->pieceRail[0] = 0;
+  rails_[0].health->countSend(r->pieceLen[0]);
+  ++movedMsgs_;
+  Endpoint::countMoved();
+  return true;
+}
+
+// Send side: a rail-down note to the receive comm (on rail 0's probe receives), injected (16 bytes: failover is
+// agreed only where the provider injects that much).
+void FabricDataComm::postRailNote() {
+  const uint64_t body[2] = {wire::kRailDown, (static_cast<uint64_t>(railNoteWant_) << 32) | peerId_};
+  ssize_t rc = fi_tinject(ctl().ep(), body, sizeof(body), rails_[0].peer, wire::ctrlTag(wire::CtrlKind::kProbe));
+  if (rc == -FI_EAGAIN) return;
+  if (rc != 0) {
+    WEFT_WARN("comm with {}: the rail-down note could not be sent on {}: {} (the receiver finds the failure itself)",
+              peerName_, railName(0), fi_strerror(static_cast<int>(-rc)));
+  }
+  railNoteWant_ = 0;
 }
 
 void FabricDataComm::onComplete(OpContext* ctx, size_t len) noexcept {
@@ -593,7 +756,9 @@ void FabricDataComm::onComplete(OpContext* ctx, size_t len) noexcept {
     ++q.doneBufs;
     Endpoint::countFlushRead();
   } else if (!recvSide_) {
-    if (--asSend(r).segsLeft == 0) sendDone(&asSend(r));
+    FabricSendRequest& q = asSend(r);
+    // A send sent again (rail failover) is sent by whichever of its two operations completes first.
+    if (--q.segsLeft == 0 || (q.resent && ctx->index == kResendCtx)) sendDone(&q);
   } else {
     FabricRecvRequest& q = asRecv(r);
     int i = ctx->index;
@@ -644,11 +809,28 @@ void FabricDataComm::onError(Endpoint* ep, OpContext* ctx, int fiErr, Status st)
     rails_[asRecv(r).rail[ctx->index]].ep->dataRecvDone();
     uint8_t& f = asRecv(r).flags[ctx->index];
     if (fiErr == FI_ECANCELED && (f & FabricRecvRequest::kCanceled) != 0) {
-      // Our own cancel: of a receive that RMA filled instead, or of a claim that found no message waiting
-      // (posted again later). Not an error.
-      const bool again = (f & FabricRecvRequest::kClaim) != 0 && (f & FabricRecvRequest::kDone) == 0 && !closing_;
-      f &= static_cast<uint8_t>(~(FabricRecvRequest::kPosted | FabricRecvRequest::kCanceled | FabricRecvRequest::kClaim));
+      // Our own cancel: of a receive that RMA filled instead, of a claim that found no message waiting, or of a
+      // receive on a rail failed over (both posted again later, the latter on rail 0). Not an error.
+      const bool moved = (f & FabricRecvRequest::kMoved) != 0;
+      const bool again = ((f & FabricRecvRequest::kClaim) != 0 || moved) && (f & FabricRecvRequest::kDone) == 0 &&
+                         !closing_;
+      f &= static_cast<uint8_t>(~(FabricRecvRequest::kPosted | FabricRecvRequest::kCanceled |
+                                  FabricRecvRequest::kClaim | FabricRecvRequest::kMoved));
       if (again) f |= FabricRecvRequest::kNeedPost;
+      if (moved) asRecv(r).rail[ctx->index] = 0;
+      opDone(r);
+      return;
+    }
+    // A receive on a rail that failed (over, or now): posted again on rail 0.
+    const int k = railOfEndpoint(ep);
+    if (fiErr != FI_ECANCELED && (f & FabricRecvRequest::kDone) == 0 && !closing_ &&
+        failRail(k, RailEvent::kErrorCompletion, fi_strerror(fiErr))) {
+      f = FabricRecvRequest::kNeedPost;
+      asRecv(r).rail[ctx->index] = 0;
+      const MemHandle* mh = asRecv(r).mh[ctx->index];
+      asRecv(r).desc[ctx->index] = mh != nullptr ? mh->rail(0)->desc() : nullptr;
+      ++movedMsgs_;
+      Endpoint::countMoved();
       opDone(r);
       return;
     }
@@ -663,6 +845,11 @@ void FabricDataComm::onError(Endpoint* ep, OpContext* ctx, int fiErr, Status st)
       offerErrorMs_ = coarseNowMs();
     }
     opDone(r);
+    return;
+  }
+  if (ctx->kind == OpKind::kData && !recvSide_ && asSend(r).needAck && !asSend(r).acked &&
+      failRail(railOfEndpoint(ep), RailEvent::kErrorCompletion, fi_strerror(fiErr))) {
+    opDone(r);  // unacknowledged: sent again on rail 0 once the receiver has fenced the rail
     return;
   }
   if (r->error == Status::kOk) r->error = st;
@@ -802,7 +989,7 @@ Status FabricDataComm::testRequest(FabricRequest* r, bool* done, int* sizesOut) 
   if (r->doneBufs < r->n && r->error == Status::kOk) {
     if (recvSide_) {
       postPending(&asRecv(r));
-    } else if (asSend(r).nextSeg < asSend(r).nSeg) {
+    } else if (asSend(r).nextSeg < asSend(r).nSeg || asSend(r).resend) {
       resumeSend(&asSend(r));
     }
     progress();
@@ -960,6 +1147,10 @@ Status FabricSendComm::sendTagged(FabricSendRequest* r, void* data, size_t size,
                                   bool* again) {
   const int k = railOf(static_cast<uint32_t>(ftag));  // the receiver posted this tag+sequence on the same rail
   Rail& rail = rails_[k];
+  r->src = static_cast<const char*>(data);  // what sending it again (rail failover) needs
+  r->mh = mh;
+  r->pieceLen[0] = size;
+  r->pieceRail[0] = static_cast<uint8_t>(k);
   ssize_t rc;
   // fi_tinject copies with the CPU and takes no descriptor: host memory only (a device pointer would be read by the
   // CPU). NCCL registers every buffer it sends from, so the handle says which memory this is.
@@ -1317,6 +1508,7 @@ Status FabricRecvComm::irecv(int n, void** data, const size_t* sizes, const int*
     const int k = railOf(seq);  // where the sender's tagged message for this sequence travels
     const MemHandle* h = mh ? mh->rail(k) : nullptr;
     r->data[i] = data[i];
+    r->mh[i] = mh;
     r->len[i] = sizes[i];
     r->tag[i] = wire::dataTag(localId_.get(), tags[i], seq);
     r->desc[i] = h ? h->desc() : nullptr;
@@ -1523,6 +1715,10 @@ Status FabricListenComm::accept(RecvComm** recvComm) {
       agreed |= ConnectRequest::kFlagAckRails;
     }
     proto_.acks = (agreed & ConnectRequest::kFlagAckRails) != 0;
+    if (proto_.acks && !proto_.rdma && nRails > 1 && (req.flags & mine & ConnectRequest::kFlagFailover) != 0) {
+      agreed |= ConnectRequest::kFlagFailover;
+    }
+    proto_.failover = (agreed & ConnectRequest::kFlagFailover) != 0;
     if (Status st = ep.sendReply(peer, req.commId, kAccepted, req.token, agreed, &ours, id_.get(), &reply_); st != Status::kOk) {
       return st;
     }
@@ -1539,9 +1735,10 @@ Status FabricListenComm::accept(RecvComm** recvComm) {
   // Hand the comm out only once the reply has left this process: NCCL need not progress the new recv comm
   // before the peer's connect completes, and some providers (sockets) send only while progressed.
   if (!ep.replyDone(reply_)) return Status::kOk;
-  WEFT_INFO(NCCL_NET, "accepted connection from {} on {} ({} protocol, eager up to {} B, {} rail{}{})", peerName_,
+  WEFT_INFO(NCCL_NET, "accepted connection from {} on {} ({} protocol, eager up to {} B, {} rail{}{}{})", peerName_,
             dev_.props().name, protocolName(proto_), proto_.eagerMax, group_->rails(),
-            group_->rails() == 1 ? "" : "s", proto_.acks ? ", delivery acknowledgements" : "");
+            group_->rails() == 1 ? "" : "s", proto_.acks ? ", delivery acknowledgements" : "",
+            proto_.failover ? ", rail failover" : "");
   accepted_ = true;
   std::vector<Rail> rails(static_cast<size_t>(group_->rails()));
   for (int k = 0; k < group_->rails(); ++k) {
@@ -1567,6 +1764,13 @@ uint32_t localProtocolFlags(FabricDevice& dev) {
   const uint32_t acks = ack == "all"     ? ConnectRequest::kFlagAckRails | ConnectRequest::kFlagAckAll
                         : ack == "rails" ? ConnectRequest::kFlagAckRails
                                          : 0;
+  // The send side's rail-down note is injected (16 bytes).
+  const uint32_t failover =
+      params::getBool("WEFT_RAIL_FAILOVER") && dev.injectSize() >= 16 ? ConnectRequest::kFlagFailover : 0;
+  return failover | protocolFlags(dev, acks);
+}
+
+uint32_t protocolFlags(FabricDevice& dev, uint32_t acks) {
   if (!dev.rdma()) return acks;
   if (!dev.compactImm()) return acks | ConnectRequest::kFlagRdma;
   return acks | ConnectRequest::kFlagRdma | ConnectRequest::kFlagImm4 |

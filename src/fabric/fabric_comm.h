@@ -68,6 +68,7 @@ class FabricRequest : public Request {
   OpContext ctx[kMaxRecvs];  // a send's pieces (wire::kMaxPieces), a receive's buffers
 };
 static_assert(wire::kMaxPieces <= kMaxRecvs, "a send's pieces use the request's operation contexts");
+constexpr int kResendCtx = wire::kMaxPieces - 1;  // a tagged send sent again (rail failover): its second operation
 
 class FabricSendRequest final : public FabricRequest {
  public:
@@ -90,6 +91,8 @@ class FabricSendRequest final : public FabricRequest {
   bool needAck = false;
   bool sent = false;
   bool acked = false;
+  bool resend = false;  // rail failover: to be sent again on rail 0 (the provider pushed back)
+  bool resent = false;  // sent again (its second operation uses ctx[kResendCtx])
   uint64_t ackKey = 0;
 };
 
@@ -103,6 +106,7 @@ class FabricRecvRequest final : public FabricRequest {
     kDone = 8,       // data arrived
     kCanceled = 16,  // its tagged receive is being canceled
     kClaim = 32,     // posted over the endpoint's budget and canceled at once: kept only if a message was waiting
+    kMoved = 64,     // rail failover: canceled on a failed rail, to be posted again on rail 0
   };
   bool flush = false;      // a read-back flush (iflush): one read per rail, buffer k on rail k
   const MemHandle* flushMh = nullptr;
@@ -114,6 +118,7 @@ class FabricRecvRequest final : public FabricRequest {
   uint16_t seq[kMaxRecvs] = {};  // rdma: the sequence each offered buffer is named by (wire::WriteImm)
   int sizes[kMaxRecvs] = {};
   void* data[kMaxRecvs] = {};
+  const MemHandle* mh[kMaxRecvs] = {};  // rail failover: a receive posted again on rail 0 takes its descriptor there
   size_t len[kMaxRecvs] = {};
   uint64_t tag[kMaxRecvs] = {};
   void* desc[kMaxRecvs] = {};
@@ -154,6 +159,7 @@ class FabricDataComm : public DataSink {
   void onError(Endpoint* ep, OpContext* ctx, int fiErr, Status st) noexcept override;
   void onRemoteData(uint64_t data, size_t len) noexcept override;
   void onCloseNote(Endpoint* ep, bool ack) noexcept override;
+  void onRailNote(uint32_t rails) noexcept override;
   bool acks() const { return proto_.acks; }
   void refreshRailHealth() {
     if (railsDown_ > 0 && fatal_ == Status::kOk) recheckRails(coarseNowMs(), true);
@@ -176,7 +182,13 @@ class FabricDataComm : public DataSink {
   Status regOnDevice(void* data, size_t size, int type, int fd, uint64_t offset, MemHandle** out);
   Status deregOnDevice(MemHandle* mh);
   Status checkHandle(const MemHandle* mh, const char* op) const;
-  int railOf(uint32_t seq) const { return nRails_ == 1 ? 0 : static_cast<int>(seq % nRails_); }
+  // The rail of a tagged message: seq % rails, both ends alike; a rail failed over (failed_) sends its share to
+  // rail 0 instead (rail failover, below).
+  int railOf(uint32_t seq) const {
+    if (nRails_ == 1) return 0;
+    const int k = static_cast<int>(seq % nRails_);
+    return (failed_ & (1u << k)) != 0 ? 0 : k;
+  }
   Endpoint& ctl() const { return *rails_[0].ep; }  // handshake, offers
   // Enters the group's comm table: from now on completions naming this comm come here. legacy32: remote writes
   // to it carry no comm id (it cannot share the group).
@@ -294,6 +306,25 @@ class FabricDataComm : public DataSink {
     if (!r->needAck || r->acked) r->doneBufs = 1;
   }
   void onAck(const wire::AckMsg& m, size_t len);
+
+  // Rail failover (Protocol::failover, docs/failover.md step 3): a rail other than rail 0 that fails is failed over
+  // for the rest of the comm's life (failed_): its share of the messages goes to rail 0. The receive side cancels
+  // what it had posted there and posts it again on rail 0 (fencing_ until every such receive has been canceled or
+  // completed), then tells the sender in its next acknowledgement (fenceOut_ -> AckMsg::fenced); the send side
+  // tells the receive side when it saw the failure first (a rail-down note, railNoteWant_), and on the fence sends
+  // again on rail 0 every send of that rail still unacknowledged. Rail 0 carries the acknowledgements and notes:
+  // its failure fails the comm, as before.
+  uint8_t failed_ = 0;
+  uint8_t fencing_ = 0, fenceOut_ = 0;  // receive side
+  uint8_t railNoteWant_ = 0;            // send side: rails whose note waits for the provider
+  int64_t fenceSinceMs_ = 0;
+  uint64_t movedMsgs_ = 0;  // sends sent again (send side) or receives posted again (receive side) on rail 0
+  // True when failover took the failure of rail k (the comm goes on); false: not enabled, or rail 0.
+  bool failRail(int k, RailEvent why, const std::string& detail, bool peerSaid = false);
+  void fenceStep();   // receive side: cancels, reposts; the fence once nothing is left on a failed rail
+  void resendFenced(uint8_t rails);  // send side
+  bool postResend(FabricSendRequest* r);
+  void postRailNote();
   // Close notices and acks (Rail::note).
   enum : uint8_t { kNoteWant = 1, kNoteInFlight = 2, kNoteAcked = 4, kNoteFailed = 8 };
   bool lingering_ = false;  // a closed send comm waiting for its acks (notes are notices, not acks)
@@ -340,6 +371,10 @@ class FabricSendComm final : public SendComm, public FabricDataComm {
  private:
   void onOffer(const void* msg, size_t len) noexcept override;
   void resumeSend(FabricSendRequest* r) override {
+    if (r->resend) {
+      postResend(r);
+      return;
+    }
     bool again;
     postSegments(r, &again);
   }
@@ -440,6 +475,7 @@ int planWrite(uint64_t size, int nRails, uint64_t stripeMin, bool imm4, int sing
 
 // What this process offers for a new connection (device capability and WEFT_EAGER_MAX).
 uint32_t localProtocolFlags(FabricDevice& dev);
+uint32_t protocolFlags(FabricDevice& dev, uint32_t acks);  // localProtocolFlags' rdma part, with `acks` added
 const char* protocolName(const Protocol& p);
 
 }  // namespace weft::fabric

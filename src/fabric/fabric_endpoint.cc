@@ -194,8 +194,12 @@ int64_t Endpoint::openCount() { return gOpen.load(std::memory_order_relaxed); }
 int64_t Endpoint::probesSent() { return gProbes.load(std::memory_order_relaxed); }
 
 namespace {
-std::atomic<int64_t> gRailDowns{0}, gRailRecoveries{0};
+std::atomic<int64_t> gRailDowns{0}, gRailRecoveries{0}, gRailFailovers{0}, gMovedMsgs{0};
 }  // namespace
+int64_t Endpoint::railFailovers() { return gRailFailovers.load(std::memory_order_relaxed); }
+int64_t Endpoint::movedMessages() { return gMovedMsgs.load(std::memory_order_relaxed); }
+void Endpoint::countRailFailover() { gRailFailovers.fetch_add(1, std::memory_order_relaxed); }
+void Endpoint::countMoved() { gMovedMsgs.fetch_add(1, std::memory_order_relaxed); }
 int64_t Endpoint::railDowns() { return gRailDowns.load(std::memory_order_relaxed); }
 int64_t Endpoint::railRecoveries() { return gRailRecoveries.load(std::memory_order_relaxed); }
 void Endpoint::countRailDown() { gRailDowns.fetch_add(1, std::memory_order_relaxed); }
@@ -614,6 +618,14 @@ Endpoint::PeerVerdict Endpoint::checkPeer(fi_addr_t to, int64_t stalledSinceMs, 
 void Endpoint::onProbe(size_t len) {
   if (len < sizeof(ctl_->probeIn) || table_ == nullptr) return;
   const uint64_t body = ctl_->probeIn[0];
+  if (body == wire::kRailDown) {  // {kRailDown, comm id | rails << 32}
+    const uint64_t id = ctl_->probeIn[1] & 0xffffffffu;
+    if (id == 0 || id > wire::kMaxCommId) return;
+    if (DataSink* sink = table_->forId(static_cast<uint32_t>(id), "a rail-down note")) {
+      sink->onRailNote(static_cast<uint32_t>(ctl_->probeIn[1] >> 32));
+    }
+    return;
+  }
   const uint64_t id = ctl_->probeIn[1];
   if (id == 0 || id > wire::kMaxCommId) return;
   if (body != wire::kCloseNotice && body != wire::kCloseAck) return;

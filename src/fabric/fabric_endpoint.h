@@ -50,6 +50,8 @@ struct Protocol {
   uint32_t eagerMax = 0;
   // Delivery acknowledgements (wire::AckMsg, WEFT_DELIVERY_ACK): a send completes once the receiver took it.
   bool acks = false;
+  // Rail failover (WEFT_RAIL_FAILOVER): with acks, sendrecv and several rails.
+  bool failover = false;
 };
 
 Status statusOfFiError(int err);
@@ -83,6 +85,12 @@ class Endpoint {
   static int64_t railRecoveries();
   static void countRailDown();
   static void countRailRecovery();
+  // Rail failover (WEFT_RAIL_FAILOVER): rails comms failed over, and messages they moved to rail 0 (sends sent
+  // again, receives posted again), every comm together ("fabric.rail_failovers", "fabric.moved_messages").
+  static int64_t railFailovers();
+  static int64_t movedMessages();
+  static void countRailFailover();
+  static void countMoved();
   static int64_t flushReads();  // read-back flush reads completed in this process
   static void countFlushRead();
 

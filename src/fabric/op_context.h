@@ -59,6 +59,8 @@ class DataSink {
     (void)msg;
     (void)len;
   }
+  // Rail failover: the peer send comm moved the traffic of `rails` (bit per rail) to rail 0.
+  virtual void onRailNote(uint32_t rails) noexcept { (void)rails; }
   // Asked for through CommTable::defer: the batch of completions that asked is over.
   virtual void afterBatch() noexcept {}
   // A close notice (ack false) or close ack (true) the peer sent this comm on the rail of endpoint `ep`.

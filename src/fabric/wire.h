@@ -116,6 +116,9 @@ struct ConnectRequest {
   // agreed for this connection. An older peer sets neither: no acknowledgements.
   static constexpr uint32_t kFlagAckRails = 8;
   static constexpr uint32_t kFlagAckAll = 16;
+  // Rail failover (WEFT_RAIL_FAILOVER, docs/failover.md step 3): asked for by the connector, agreed by the listener
+  // only with acknowledgements, the sendrecv protocol and several rails.
+  static constexpr uint32_t kFlagFailover = 32;
   uint32_t magic;
   uint16_t version;
   uint16_t addrLen;
@@ -208,6 +211,9 @@ constexpr size_t kRequestBufBytes = std::max({sizeof(ConnectRequest), sizeof(Con
 constexpr uint64_t kProbeBody = 0;
 constexpr uint64_t kCloseNotice = 0x6e69665f74666577;  // "weft_fin"
 constexpr uint64_t kCloseAck = 0x6b63615f74666577;     // "weft_ack"
+// Rail failover: a send comm tells the receive comm (body[1]: its id | the rails it saw fail << 32) that it moved
+// those rails' traffic to rail 0; the receiver answers with AckMsg::fenced.
+constexpr uint64_t kRailDown = 0x6e64725f74666577;     // "weft_rdn"
 
 // ---- buffer offers (rdma protocol): receiver -> sender, tag ctrlTag(kOffer), the send comm's id in the body ----
 
@@ -242,6 +248,10 @@ struct OfferMsg {
 // in flight per comm, the messages taken meanwhile going in the next. The sender completes a send only once its
 // provider completed it and it is acknowledged. An acknowledgement shares the offers' tag and receive pool (its
 // magic tells it apart) and their layout's first 16 bytes, so it fits any offer receive buffer.
+// Rail failover: `fenced` names the rails the receiver has stopped receiving on (every receive it had posted
+// there canceled or completed, reposted on rail 0); it rides on the acknowledgement that empties the receiver's
+// queue, so every message taken on those rails has been acknowledged before or with it: the sender sends again,
+// on rail 0, each send of theirs still unacknowledged.
 constexpr uint64_t kAckKeyMask = (uint64_t{1} << (kNcclTagBits + kSeqBits)) - 1;
 inline uint64_t ackKey(uint64_t dataTag) { return dataTag & kAckKeyMask; }
 
@@ -250,7 +260,8 @@ struct AckMsg {
   static constexpr int kMaxKeys = 64;
   uint32_t magic;
   uint16_t count;
-  uint16_t reserved;
+  uint8_t fenced;  // bit per rail (above)
+  uint8_t reserved;
   uint32_t toComm;  // the send comm the acknowledgement is for (where OfferMsg::toComm is)
   uint32_t reserved2;
   uint64_t key[kMaxKeys];  // ackKey of each message taken

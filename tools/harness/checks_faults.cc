@@ -325,6 +325,15 @@ std::string railToTakeDown() {
 // is back, its return. Then a new connection carries data over both rails again.
 void faultsRailDown(CheckEnv& env) {
   const std::string victim = railToTakeDown();
+  // weft with WEFT_RAIL_FAILOVER=1 promises more: the requests complete (moved to the surviving rail), the
+  // connection goes on carrying data while the rail stays down, and it counted the failover.
+  const char* fo = std::getenv("WEFT_RAIL_FAILOVER");
+  const bool failover = env.isWeft && fo != nullptr && std::string(fo) == "1";
+  long long failoversBefore = 0, movedBefore = 0;
+  if (failover && env.plugin != nullptr) {
+    env.plugin->stat("fabric.rail_failovers", &failoversBefore);
+    env.plugin->stat("fabric.moved_messages", &movedBefore);
+  }
   auto setVictim = [&](bool up) {
     std::string cmd = "ip link set dev " + victim + (up ? " up" : " down");
     if (std::system(cmd.c_str()) != 0) fail("'" + cmd + "' failed");
@@ -425,6 +434,22 @@ void faultsRailDown(CheckEnv& env) {
   streamOf(env, c, 16, size);
   double took = 0;
   ncclResult_t r = run4(c, reg, "down", std::chrono::milliseconds(0), &took);
+  if (failover) {
+    if (r != ncclSuccess) {
+      fail(std::string("down: under WEFT_RAIL_FAILOVER=1 the requests failed (") + resultName(r) + ") instead of "
+           "moving to the surviving rail");
+    }
+    // Still down: the connection goes on, on the rail left.
+    env.oob.barrier("still-down", env.timeout);
+    streamOf(env, c, 16, size, 55);
+    long long failovers = 0, moved = 0;
+    if (env.plugin != nullptr && env.plugin->stat("fabric.rail_failovers", &failovers) &&
+        env.plugin->stat("fabric.moved_messages", &moved)) {
+      if (failovers <= failoversBefore) fail("down: the requests completed, but no rail failover was counted");
+      std::printf("INFO\tfailover: %lld rail failovers, %lld messages moved to the surviving rail in this process; "
+                  "down phase took %.0f ms\n", failovers - failoversBefore, moved - movedBefore, took);
+    }
+  }
   long long downsAfter = 0;
   if (counted) env.plugin->stat("fabric.rail_downs", &downsAfter);
   env.oob.barrier("detected", env.timeout);  // both ends looked while the rail was still down
