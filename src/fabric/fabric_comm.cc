@@ -697,8 +697,7 @@ void FabricDataComm::resendFenced(uint8_t rails) {
 }
 
 bool FabricDataComm::postResend(FabricSendRequest* r) {
-  const uint64_t ftag = (static_cast<uint64_t>(peerId_ & wire::kMaxCommId) << (wire::kNcclTagBits + wire::kSeqBits)) |
-                        r->ackKey;
+  const uint64_t ftag = wire::dataTagOfKey(peerId_, r->ackKey);
   const MemHandle* h = r->mh != nullptr ? r->mh->rail(0) : nullptr;
   ssize_t rc = fi_tsend(rails_[0].ep->ep(), r->src, r->pieceLen[0], h != nullptr ? h->desc() : nullptr,
                         rails_[0].peer, ftag, &r->ctx[kResendCtx].fi);

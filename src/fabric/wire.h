@@ -254,6 +254,10 @@ struct OfferMsg {
 // on rail 0, each send of theirs still unacknowledged.
 constexpr uint64_t kAckKeyMask = (uint64_t{1} << (kNcclTagBits + kSeqBits)) - 1;
 inline uint64_t ackKey(uint64_t dataTag) { return dataTag & kAckKeyMask; }
+// The data tag an acknowledged message travels under to comm `commId` (a send sent again: rail failover).
+inline uint64_t dataTagOfKey(uint32_t commId, uint64_t key) {
+  return (static_cast<uint64_t>(commId & kMaxCommId) << (kNcclTagBits + kSeqBits)) | (key & kAckKeyMask);
+}
 
 struct AckMsg {
   static constexpr uint32_t kMagic = 0x5746414b;  // "WFAK"

@@ -31,6 +31,30 @@ TEST_CASE("a data tag carries comm id, NCCL tag and sequence at their limits", "
   CHECK(dataTagComm(t) == 5);
 }
 
+TEST_CASE("an acknowledgement key names a message among its comm's, and gives back its data tag", "[wire]") {
+  for (uint32_t comm : {1u, 0x1234u, kMaxCommId}) {
+    for (int tag : {0, 7, kMaxNcclTag}) {
+      for (uint32_t seq : {0u, 255u, kSeqMask}) {
+        const uint64_t t = dataTag(comm, tag, seq);
+        const uint64_t key = ackKey(t);
+        CHECK(key == ackKey(dataTag(comm == 1 ? 2 : 1, tag, seq)));  // the comm is not part of it
+        CHECK(dataTagOfKey(comm, key) == t);                           // a send sent again keeps its tag
+      }
+    }
+  }
+  CHECK(ackKey(dataTag(3, 1, 0)) != ackKey(dataTag(3, 0, 1)));
+  CHECK(ackKey(dataTag(3, 1, 2)) != ackKey(dataTag(3, 1, 3)));
+  // An acknowledgement lands in an offer receive buffer and names its comm where an offer does.
+  CHECK(sizeof(AckMsg) <= sizeof(OfferMsg));
+  CHECK(offsetof(AckMsg, toComm) == offsetof(OfferMsg, toComm));
+  CHECK(offsetof(AckMsg, magic) == offsetof(OfferMsg, magic));
+  CHECK(AckMsg::bytes(0) == offsetof(AckMsg, key));
+  CHECK(AckMsg::bytes(AckMsg::kMaxKeys) == sizeof(AckMsg));
+  CHECK(kRailDown != kCloseNotice);
+  CHECK(kRailDown != kCloseAck);
+  CHECK(kRailDown != kProbeBody);
+}
+
 TEST_CASE("NCCL tags outside the field are refused, not folded", "[wire]") {
   CHECK(validNcclTag(0));
   CHECK(validNcclTag(kMaxNcclTag));
