@@ -598,6 +598,7 @@ bool FabricDataComm::failRail(int k, RailEvent why, const std::string& detail, b
   const auto bit = static_cast<uint8_t>(1u << k);
   if ((failed_ & bit) != 0) return true;
   failed_ |= bit;
+  RailHealth::bump(health_[k].failovers, 1);
   Endpoint::countRailFailover();
   try {  // (called from completion handlers too: a log line that cannot be formatted changes nothing)
     if (health_[k].isUp()) railDown(k, why, detail);
@@ -648,8 +649,7 @@ void FabricDataComm::fenceStep() {
       if ((f & FabricRecvRequest::kNeedPost) != 0 && (f & FabricRecvRequest::kPosted) == 0) {
         r.rail[b] = 0;  // never handed over: posted on rail 0 instead
         r.desc[b] = r.mh[b] != nullptr ? r.mh[b]->rail(0)->desc() : nullptr;
-        ++movedMsgs_;
-        Endpoint::countMoved();
+        countMoved(k);
         repost = true;
         continue;
       }
@@ -659,8 +659,7 @@ void FabricDataComm::fenceStep() {
       if (fi_cancel(&rails_[k].ep->ep()->fid, &r.ctx[b].fi) == 0) {
         f |= FabricRecvRequest::kCanceled | FabricRecvRequest::kMoved;
         r.desc[b] = r.mh[b] != nullptr ? r.mh[b]->rail(0)->desc() : nullptr;
-        ++movedMsgs_;
-        Endpoint::countMoved();
+        countMoved(k);
       }
     }
     if (repost) postPending(&r);
@@ -712,10 +711,9 @@ bool FabricDataComm::postResend(FabricSendRequest* r) {
   }
   ++r->ops;
   r->resent = true;
+  countMoved(r->pieceRail[0]);
   r->pieceRail[0] = 0;
   rails_[0].health->countSend(r->pieceLen[0]);
-  ++movedMsgs_;
-  Endpoint::countMoved();
   return true;
 }
 
@@ -828,8 +826,7 @@ void FabricDataComm::onError(Endpoint* ep, OpContext* ctx, int fiErr, Status st)
       asRecv(r).rail[ctx->index] = 0;
       const MemHandle* mh = asRecv(r).mh[ctx->index];
       asRecv(r).desc[ctx->index] = mh != nullptr ? mh->rail(0)->desc() : nullptr;
-      ++movedMsgs_;
-      Endpoint::countMoved();
+      countMoved(k);
       opDone(r);
       return;
     }

@@ -318,7 +318,10 @@ class FabricDataComm : public DataSink {
   uint8_t fencing_ = 0, fenceOut_ = 0;  // receive side
   uint8_t railNoteWant_ = 0;            // send side: rails whose note waits for the provider
   int64_t fenceSinceMs_ = 0;
-  uint64_t movedMsgs_ = 0;  // sends sent again (send side) or receives posted again (receive side) on rail 0
+  void countMoved(int fromRail) {  // a send sent again, or a receive posted again, on rail 0
+    RailHealth::bump(health_[fromRail].moved, 1);
+    Endpoint::countMoved();
+  }
   // True when failover took the failure of rail k (the comm goes on); false: not enabled, or rail 0.
   bool failRail(int k, RailEvent why, const std::string& detail, bool peerSaid = false);
   void fenceStep();   // receive side: cancels, reposts; the fence once nothing is left on a failed rail

@@ -47,6 +47,8 @@ LineKind parseRecordLine(const std::string& line, OpRecord* op, std::string* com
           r.lastDown = x.value("last_down", "none");
           r.msgs = x.value("msgs", uint64_t{0});
           r.bytes = x.value("bytes", uint64_t{0});
+          r.failovers = x.value("failovers", uint64_t{0});
+          r.moved = x.value("moved", uint64_t{0});
           c.rails.push_back(std::move(r));
         }
       }

@@ -352,12 +352,13 @@ void unregisterConn(ConnStats* c) {
 }
 
 namespace {
-// A connection's rails' downs and recoveries, added to per-device totals.
-void addRailTotals(const ConnStats& c, std::map<std::string, std::pair<uint64_t, uint64_t>>* totals) {
+// A connection's rails' downs, recoveries and failovers, added to per-device totals.
+void addRailTotals(const ConnStats& c, std::map<std::string, RailTotals>* totals) {
   for (int k = 0; k < c.nRails; ++k) {
-    auto& t = (*totals)[c.rails[k].device];
-    t.first += c.rails[k].downs.load(std::memory_order_relaxed);
-    t.second += c.rails[k].recoveries.load(std::memory_order_relaxed);
+    RailTotals& t = (*totals)[c.rails[k].device];
+    t.downs += c.rails[k].downs.load(std::memory_order_relaxed);
+    t.recoveries += c.rails[k].recoveries.load(std::memory_order_relaxed);
+    t.failovers += c.rails[k].failovers.load(std::memory_order_relaxed);
   }
 }
 }  // namespace
@@ -377,11 +378,12 @@ void Sink::connRecord(ConnStats* c, bool final) {
   for (int k = 0; k < c->nRails; ++k) {
     const RailHealth& h = c->rails[k];
     rails += fmt::format(
-        R"({}{{"rail":{},"device":"{}","up":{},"downs":{},"recoveries":{},"last_down":"{}","msgs":{},"bytes":{}}})",
+        R"({}{{"rail":{},"device":"{}","up":{},"downs":{},"recoveries":{},"last_down":"{}","msgs":{},"bytes":{},"failovers":{},"moved":{}}})",
         k == 0 ? ",\"rails\":[" : ",", k, jsonEscape(h.device), h.up.load(std::memory_order_relaxed) != 0,
         h.downs.load(std::memory_order_relaxed), h.recoveries.load(std::memory_order_relaxed),
         railEventName(h.lastDownEvent()), h.msgs.load(std::memory_order_relaxed),
-        h.bytes.load(std::memory_order_relaxed));
+        h.bytes.load(std::memory_order_relaxed), h.failovers.load(std::memory_order_relaxed),
+        h.moved.load(std::memory_order_relaxed));
   }
   if (!rails.empty()) rails += "]";
   addRailTotals(*c, &railsClosed_);
@@ -445,6 +447,8 @@ void Sink::writePromLocked() {
   std::string railDowns = "# HELP weft_conn_rail_down_total Times a rail of a weft connection went down (why: its connection record, and the log).\n# TYPE weft_conn_rail_down_total counter\n";
   std::string railRec = "# HELP weft_conn_rail_recoveries_total Times a rail of a weft connection came back up.\n# TYPE weft_conn_rail_recoveries_total counter\n";
   std::string railBytes = "# HELP weft_conn_rail_bytes_total Bytes a weft connection sent on each rail.\n# TYPE weft_conn_rail_bytes_total counter\n";
+  std::string railFo = "# HELP weft_conn_rail_failovers_total Times a weft connection moved its traffic off a rail (WEFT_RAIL_FAILOVER).\n# TYPE weft_conn_rail_failovers_total counter\n";
+  std::string railMoved = "# HELP weft_conn_rail_moved_total Messages a weft connection moved off a failed rail (sent again, or posted again, elsewhere).\n# TYPE weft_conn_rail_moved_total counter\n";
   bool anyRails = false;
   for (ConnStats* c : conns_) {
     std::string l = fmt::format("conn=\"{}\",dir=\"{}\",peer=\"{}\",device=\"{}\"", c->id, c->isSend ? "send" : "recv",
@@ -461,20 +465,25 @@ void Sink::writePromLocked() {
       railDowns += fmt::format("weft_conn_rail_down_total{{{}}} {}\n", rl, h.downs.load(std::memory_order_relaxed));
       railRec += fmt::format("weft_conn_rail_recoveries_total{{{}}} {}\n", rl, h.recoveries.load(std::memory_order_relaxed));
       railBytes += fmt::format("weft_conn_rail_bytes_total{{{}}} {}\n", rl, h.bytes.load(std::memory_order_relaxed));
+      railFo += fmt::format("weft_conn_rail_failovers_total{{{}}} {}\n", rl, h.failovers.load(std::memory_order_relaxed));
+      railMoved += fmt::format("weft_conn_rail_moved_total{{{}}} {}\n", rl, h.moved.load(std::memory_order_relaxed));
       anyRails = true;
     }
   }
-  if (anyRails) connLat += railUp + railDowns + railRec + railBytes;
+  if (anyRails) connLat += railUp + railDowns + railRec + railBytes + railFo + railMoved;
   // Per NIC, every connection of this process together, closed ones included: what an alert watches.
-  std::map<std::string, std::pair<uint64_t, uint64_t>> railTotals = railsClosed_;
+  std::map<std::string, RailTotals> railTotals = railsClosed_;
   for (ConnStats* c : conns_) addRailTotals(*c, &railTotals);
   if (!railTotals.empty()) {
     connLat += "# HELP weft_rail_down_total Times a connection saw this NIC (rail) go down, every connection of the process.\n"
                "# TYPE weft_rail_down_total counter\n";
-    for (const auto& [dev, t] : railTotals) connLat += fmt::format("weft_rail_down_total{{device=\"{}\"}} {}\n", promEscape(dev), t.first);
+    for (const auto& [dev, t] : railTotals) connLat += fmt::format("weft_rail_down_total{{device=\"{}\"}} {}\n", promEscape(dev), t.downs);
     connLat += "# HELP weft_rail_recoveries_total Times a connection saw this NIC (rail) come back up.\n"
                "# TYPE weft_rail_recoveries_total counter\n";
-    for (const auto& [dev, t] : railTotals) connLat += fmt::format("weft_rail_recoveries_total{{device=\"{}\"}} {}\n", promEscape(dev), t.second);
+    for (const auto& [dev, t] : railTotals) connLat += fmt::format("weft_rail_recoveries_total{{device=\"{}\"}} {}\n", promEscape(dev), t.recoveries);
+    connLat += "# HELP weft_rail_failovers_total Times a connection moved its traffic off this NIC (rail), every connection of the process.\n"
+               "# TYPE weft_rail_failovers_total counter\n";
+    for (const auto& [dev, t] : railTotals) connLat += fmt::format("weft_rail_failovers_total{{device=\"{}\"}} {}\n", promEscape(dev), t.failovers);
   }
   // What NCCL (or a profiler driver) sent that could not be right: counted, never fatal.
   const Anomalies an = anomalies();

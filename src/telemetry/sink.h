@@ -37,6 +37,11 @@ void unregisterConn(ConnStats* s);  // writes its final record; s is freed
 // before the first initContext.
 void attachWriter() noexcept;
 
+// One NIC's rail events over connections (the Prometheus file's weft_rail_*_total).
+struct RailTotals {
+  uint64_t downs = 0, recoveries = 0, failovers = 0;
+};
+
 class Sink {
  public:
   static Sink& instance();
@@ -89,9 +94,9 @@ class Sink {
   bool started_ = false;
   std::map<Context*, Comm> comms_;
   std::vector<ConnStats*> conns_;
-  // Rails (NICs) of closed connections: times they went down and came back, by device (the Prometheus file's
-  // weft_rail_down_total counts these and the open connections' own).
-  std::map<std::string, std::pair<uint64_t, uint64_t>> railsClosed_;
+  // Rails (NICs) of closed connections: times they went down, came back and were failed over, by device (the
+  // Prometheus file's weft_rail_*_total count these and the open connections' own).
+  std::map<std::string, RailTotals> railsClosed_;
   int fd_ = -1;
   std::string pending_;
   std::string jsonlPath_;

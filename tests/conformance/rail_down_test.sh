@@ -74,5 +74,17 @@ for side in recv send; do
   grep -Eq '^weft_rail_down_total\{device="v[a-z0-9]*0"\} 0$' "$dir/$side.prom" ||
     fail "$side: rail 0 counted down, or no rail line: $(grep weft_rail "$dir/$side.prom" 2>&1)"
 done
+if [ $failover = 1 ]; then
+  # Failed over: the records name the rail the connections moved off, and how many messages they moved; the
+  # Prometheus files count it per NIC on both ends, never for rail 0.
+  echo "$records" | grep -Eq '"rail":1,[^}]*"failovers":1,"moved":[1-9]' ||
+    fail "no connection record shows rail 1 failed over with messages moved"
+  for side in recv send; do
+    grep -Eq '^weft_rail_failovers_total\{device="v[a-z0-9]*1"\} [1-9]' "$dir/$side.prom" ||
+      fail "$side: no failover of rail 1 in the Prometheus file: $(grep weft_rail "$dir/$side.prom" 2>&1)"
+    grep -Eq '^weft_rail_failovers_total\{device="v[a-z0-9]*0"\} 0$' "$dir/$side.prom" ||
+      fail "$side: rail 0 counted failed over: $(grep weft_rail "$dir/$side.prom" 2>&1)"
+  done
+fi
 echo "rail health: $(echo "$records" | wc -l) connection records; Prometheus:"
 grep -H '^weft_rail_' "$dir/recv.prom" "$dir/send.prom"

@@ -38,6 +38,10 @@ struct RailHealth {
   std::atomic<uint32_t> downs{0};        // times it went down
   std::atomic<uint32_t> recoveries{0};   // times it came back
   std::atomic<uint64_t> msgs{0}, bytes{0};  // what the connection sent on it
+  // Rail failover (WEFT_RAIL_FAILOVER): times the connection moved its traffic off this rail, and messages it moved
+  // off it (sends sent again on another rail, receives posted again there).
+  std::atomic<uint32_t> failovers{0};
+  std::atomic<uint64_t> moved{0};
 
   void setDevice(const char* name) {
     std::strncpy(device, name != nullptr ? name : "", sizeof(device) - 1);

@@ -25,6 +25,7 @@ struct RailRecord {
   std::string device, lastDown;
   bool up = true;
   uint64_t downs = 0, recoveries = 0, msgs = 0, bytes = 0;
+  uint64_t failovers = 0, moved = 0;  // rail failover (absent from older records: 0)
 };
 struct ConnRecord {
   std::string host, dir, peer, device;
