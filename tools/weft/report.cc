@@ -129,10 +129,11 @@ bool loadRecords(const std::string& dir, Loaded& L) {
 }
 
 // Per host and NIC of multi-rail connections: what they sent on it, how often they saw it go down and come back
-// (and why), how many closed with it down. Nothing where no connection had several rails.
+// (and why), how many closed with it down, how often they failed it over and how many messages they moved off it
+// (rail failover). Nothing where no connection had several rails.
 void printRails(const Loaded& L) {
   struct Nic {
-    uint64_t conns = 0, bytes = 0, downs = 0, recoveries = 0, closedDown = 0;
+    uint64_t conns = 0, bytes = 0, downs = 0, recoveries = 0, closedDown = 0, failovers = 0, moved = 0;
     std::map<std::string, uint64_t> why;
   };
   std::map<std::pair<std::string, std::string>, Nic> nics;
@@ -144,20 +145,24 @@ void printRails(const Loaded& L) {
       n.downs += r.downs;
       n.recoveries += r.recoveries;
       if (!r.up) ++n.closedDown;
+      n.failovers += r.failovers;
+      n.moved += r.moved;
       if (r.downs > 0) n.why[r.lastDown] += 1;
     }
   }
   if (nics.empty()) return;
   std::printf("\n== rails (the NICs of multi-rail weft connections, per host: every connection's record together)\n");
-  std::printf("  %-20s %-16s %7s %12s %7s %10s %11s  %s\n", "host", "nic", "conns", "sent", "downs", "recoveries",
-              "closed down", "last went down (connections)");
+  std::printf("  %-20s %-16s %7s %12s %7s %10s %11s %9s %7s  %s\n", "host", "nic", "conns", "sent", "downs",
+              "recoveries", "closed down", "failovers", "moved", "last went down (connections)");
   for (const auto& [key, n] : nics) {
     std::string why;
     for (const auto& [w, k] : n.why) why += fmt::format("{}{} ({})", why.empty() ? "" : ", ", w, k);
-    std::printf("  %-20s %-16s %7llu %12s %7llu %10llu %11llu  %s\n", key.first.c_str(), key.second.c_str(),
-                static_cast<unsigned long long>(n.conns), humanBytes(static_cast<double>(n.bytes)).c_str(),
-                static_cast<unsigned long long>(n.downs), static_cast<unsigned long long>(n.recoveries),
-                static_cast<unsigned long long>(n.closedDown), why.empty() ? "-" : why.c_str());
+    std::printf("  %-20s %-16s %7llu %12s %7llu %10llu %11llu %9llu %7llu  %s\n", key.first.c_str(),
+                key.second.c_str(), static_cast<unsigned long long>(n.conns),
+                humanBytes(static_cast<double>(n.bytes)).c_str(), static_cast<unsigned long long>(n.downs),
+                static_cast<unsigned long long>(n.recoveries), static_cast<unsigned long long>(n.closedDown),
+                static_cast<unsigned long long>(n.failovers), static_cast<unsigned long long>(n.moved),
+                why.empty() ? "-" : why.c_str());
   }
 }
 
