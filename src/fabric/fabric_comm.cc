@@ -199,8 +199,12 @@ void FabricDataComm::railUp(int k, int64_t nowMs) {
 // NCCL may close a comm with requests outstanding (communicator abort), and nothing of ours waits for the network
 // here.
 FabricDataComm::~FabricDataComm() {
+  // A receive comm that failed a rail over may have left a copy of a message (sent again on rail 0) unmatched in
+  // that rail's queue, under a tag naming its id: the id is never given out again, so no later comm matches it.
+  const bool retire = recvSide_ && failed_ != 0;
   if (parkedIn_ != nullptr) {  // its endpoints may be closed already (the group is closing): not touched
     parkedIn_->table().detach(localId_.get());
+    if (retire) localId_.retire();
     return;
   }
   logRails();
@@ -208,6 +212,7 @@ FabricDataComm::~FabricDataComm() {
   rails_[0].ep->closeListen(localId_.get());  // a receive comm: the listen it came from refuses replays until now
   for (Rail& r : rails_) r.ep = nullptr;
   group_.reset();
+  if (retire) localId_.retire();
 }
 
 int FabricDataComm::opsInFlight() const {

@@ -61,6 +61,9 @@ class CommId {
     if (id_ != 0 && ids_ != nullptr) ids_->release(id_);
     id_ = 0;
   }
+  // The id is never given out again (it stays taken): traffic for it may wait, unmatched, where no quarantine
+  // ends it (a message on a rail its comm failed over, fabric/fabric_comm.h).
+  void retire() { id_ = 0; }
 
  private:
   CommIds* ids_ = nullptr;
