@@ -168,3 +168,24 @@ TEST_CASE("running out of comm ids is a clean answer, and releasing makes room",
   }
   CHECK(ids.live() == 2);  // the owner released x when it went out of scope
 }
+
+TEST_CASE("a retired comm id is never given out again", "[wire][comm_ids]") {
+  using namespace std::chrono_literals;
+  CommIds ids(2, 0ms);
+  auto t = CommIds::Clock::now();
+  uint32_t kept = 0;
+  {
+    CommId owned(&ids, ids.acquire(t));
+    kept = owned.get();
+    REQUIRE(kept != 0);
+    owned.retire();  // a failed-over receive comm's (fabric_comm.cc): traffic for it may wait where nothing ends it
+    CHECK(owned.get() == 0);
+  }
+  CHECK(ids.quarantined() == 0);
+  for (int i = 0; i < 4; ++i) {
+    uint32_t other = ids.acquire(t);
+    CHECK(other != kept);
+    ids.release(other, t);
+  }
+  CHECK(ids.live() == 1);  // the retired one stays taken
+}
