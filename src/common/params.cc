@@ -98,7 +98,7 @@ const std::vector<Def> kDefs = {
    "fails the connection; a failed rail is not taken back for that connection (docs/failover.md)."},
   {"WEFT_DELIVERY_ACK", Kind::kChoice, "off", 0, 0, "off|rails|all",
    "Delivered-before-done sends (libfabric backend): the receiver acknowledges every message it has taken (weft's "
-   "own acknowledgements on the first rail, batched while one is in flight), and a send completes only once "
+   "own acknowledgements on the first rail, those of one batch of completions together), and a send completes only once "
    "acknowledged, so that a send reported done is known to have reached the peer's process (what moving traffic "
    "off a failed rail needs, docs/failover.md). rails = on connections of several rails, all = on every "
    "connection, off = never. Both ends must ask for it (the lesser setting wins). Costs a round trip of "
