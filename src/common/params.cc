@@ -93,8 +93,8 @@ const std::vector<Def> kDefs = {
   {"WEFT_RAIL_FAILOVER", Kind::kBool, "0", 0, 1, nullptr,
    "Rail failover (libfabric backend, sendrecv protocol, experimental): when a rail other than the first of a "
    "multi-rail connection fails (link down, failed operation, lost probe), its traffic moves to the first rail "
-   "and what it had in flight is sent again there, instead of the connection failing. Needs delivery "
-   "acknowledgements (WEFT_DELIVERY_ACK=rails or all) and both ends asking for it. The first rail's failure still "
+   "and what it had in flight is sent again there, instead of the connection failing. Turns on delivery "
+   "acknowledgements on such connections (as WEFT_DELIVERY_ACK=rails, which it needs); both ends must ask for it. The first rail's failure still "
    "fails the connection; a failed rail is not taken back for that connection (docs/failover.md)."},
   {"WEFT_DELIVERY_ACK", Kind::kChoice, "off", 0, 0, "off|rails|all",
    "Delivered-before-done sends (libfabric backend): the receiver acknowledges every message it has taken (weft's "

@@ -1762,12 +1762,13 @@ const char* protocolName(const Protocol& p) {
 
 uint32_t localProtocolFlags(FabricDevice& dev) {
   const std::string& ack = params::getString("WEFT_DELIVERY_ACK");
-  const uint32_t acks = ack == "all"     ? ConnectRequest::kFlagAckRails | ConnectRequest::kFlagAckAll
-                        : ack == "rails" ? ConnectRequest::kFlagAckRails
-                                         : 0;
+  // Failover needs the acknowledgements: asking for it asks for them on connections of several rails.
+  const bool failoverAsked = params::getBool("WEFT_RAIL_FAILOVER");
+  const uint32_t acks = ack == "all"                       ? ConnectRequest::kFlagAckRails | ConnectRequest::kFlagAckAll
+                        : ack == "rails" || failoverAsked ? ConnectRequest::kFlagAckRails
+                                                          : 0;
   // The send side's rail-down note is injected (16 bytes).
-  const uint32_t failover =
-      params::getBool("WEFT_RAIL_FAILOVER") && dev.injectSize() >= 16 ? ConnectRequest::kFlagFailover : 0;
+  const uint32_t failover = failoverAsked && dev.injectSize() >= 16 ? ConnectRequest::kFlagFailover : 0;
   return failover | protocolFlags(dev, acks);
 }
 
