@@ -652,9 +652,7 @@ void FabricDataComm::fenceStep() {
       uint8_t& f = r.flags[b];
       if (k == 0 || (fencing_ & (1u << k)) == 0 || (f & FabricRecvRequest::kDone) != 0) continue;
       if ((f & FabricRecvRequest::kNeedPost) != 0 && (f & FabricRecvRequest::kPosted) == 0) {
-        r.rail[b] = 0;  // never handed over: posted on rail 0 instead
-        r.desc[b] = r.mh[b] != nullptr ? r.mh[b]->rail(0)->desc() : nullptr;
-        countMoved(k);
+        moveToRail0(r, b);  // never handed over: posted on rail 0 instead
         repost = true;
         continue;
       }
@@ -662,9 +660,7 @@ void FabricDataComm::fenceStep() {
       left |= static_cast<uint8_t>(1u << k);
       if ((f & FabricRecvRequest::kCanceled) != 0) continue;
       if (fi_cancel(&rails_[k].ep->ep()->fid, &r.ctx[b].fi) == 0) {
-        f |= FabricRecvRequest::kCanceled | FabricRecvRequest::kMoved;
-        r.desc[b] = r.mh[b] != nullptr ? r.mh[b]->rail(0)->desc() : nullptr;
-        countMoved(k);
+        f |= FabricRecvRequest::kCanceled | FabricRecvRequest::kMoved;  // moved when its cancel completes
       }
     }
     if (repost) postPending(&r);
@@ -819,7 +815,7 @@ void FabricDataComm::onError(Endpoint* ep, OpContext* ctx, int fiErr, Status st)
       f &= static_cast<uint8_t>(~(FabricRecvRequest::kPosted | FabricRecvRequest::kCanceled |
                                   FabricRecvRequest::kClaim | FabricRecvRequest::kMoved));
       if (again) f |= FabricRecvRequest::kNeedPost;
-      if (moved) asRecv(r).rail[ctx->index] = 0;
+      if (moved) moveToRail0(asRecv(r), ctx->index);
       opDone(r);
       return;
     }
@@ -828,10 +824,7 @@ void FabricDataComm::onError(Endpoint* ep, OpContext* ctx, int fiErr, Status st)
     if (fiErr != FI_ECANCELED && (f & FabricRecvRequest::kDone) == 0 && !closing_ &&
         failRail(k, RailEvent::kErrorCompletion, fi_strerror(fiErr))) {
       f = FabricRecvRequest::kNeedPost;
-      asRecv(r).rail[ctx->index] = 0;
-      const MemHandle* mh = asRecv(r).mh[ctx->index];
-      asRecv(r).desc[ctx->index] = mh != nullptr ? mh->rail(0)->desc() : nullptr;
-      countMoved(k);
+      moveToRail0(asRecv(r), ctx->index);
       opDone(r);
       return;
     }
@@ -1769,13 +1762,9 @@ uint32_t localProtocolFlags(FabricDevice& dev) {
                                                           : 0;
   // The send side's rail-down note is injected (16 bytes).
   const uint32_t failover = failoverAsked && dev.injectSize() >= 16 ? ConnectRequest::kFlagFailover : 0;
-  return failover | protocolFlags(dev, acks);
-}
-
-uint32_t protocolFlags(FabricDevice& dev, uint32_t acks) {
-  if (!dev.rdma()) return acks;
-  if (!dev.compactImm()) return acks | ConnectRequest::kFlagRdma;
-  return acks | ConnectRequest::kFlagRdma | ConnectRequest::kFlagImm4 |
+  if (!dev.rdma()) return failover | acks;
+  if (!dev.compactImm()) return failover | acks | ConnectRequest::kFlagRdma;
+  return failover | acks | ConnectRequest::kFlagRdma | ConnectRequest::kFlagImm4 |
          (Endpoint::writeLenReported(dev) ? ConnectRequest::kFlagLenFromCq : 0);
 }
 

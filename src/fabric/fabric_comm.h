@@ -160,7 +160,6 @@ class FabricDataComm : public DataSink {
   void onRemoteData(uint64_t data, size_t len) noexcept override;
   void onCloseNote(Endpoint* ep, bool ack) noexcept override;
   void onRailNote(uint32_t rails) noexcept override;
-  bool acks() const { return proto_.acks; }
   void refreshRailHealth() {
     if (railsDown_ > 0 && fatal_ == Status::kOk) recheckRails(coarseNowMs(), true);
   }
@@ -322,6 +321,12 @@ class FabricDataComm : public DataSink {
     RailHealth::bump(health_[fromRail].moved, 1);
     Endpoint::countMoved();
   }
+  // Buffer b of r, off its failed rail: to be posted on rail 0, with its registration's descriptor there.
+  void moveToRail0(FabricRecvRequest& r, int b) {
+    countMoved(r.rail[b]);
+    r.rail[b] = 0;
+    r.desc[b] = r.mh[b] != nullptr ? r.mh[b]->rail(0)->desc() : nullptr;
+  }
   // True when failover took the failure of rail k (the comm goes on); false: not enabled, or rail 0.
   bool failRail(int k, RailEvent why, const std::string& detail, bool peerSaid = false);
   void fenceStep();   // receive side: cancels, reposts; the fence once nothing is left on a failed rail
@@ -478,7 +483,6 @@ int planWrite(uint64_t size, int nRails, uint64_t stripeMin, bool imm4, int sing
 
 // What this process offers for a new connection (device capability and WEFT_EAGER_MAX).
 uint32_t localProtocolFlags(FabricDevice& dev);
-uint32_t protocolFlags(FabricDevice& dev, uint32_t acks);  // localProtocolFlags' rdma part, with `acks` added
 const char* protocolName(const Protocol& p);
 
 }  // namespace weft::fabric
