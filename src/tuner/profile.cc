@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -97,7 +98,10 @@ bool getNum(const json& j, const char* key, T* out, std::string* err, const std:
       *err = fmt::format("{}: \"{}\" is negative", where, key);
       return false;
     }
-    if (v != std::floor(v) || std::fabs(v) > 9.0e15) {
+    // Within T's own range (a JSON number converts to T only if T holds it) and within doubles' exact integers.
+    constexpr double lo = std::max(static_cast<double>(std::numeric_limits<T>::lowest()), -9.0e15);
+    constexpr double hi = std::min(static_cast<double>(std::numeric_limits<T>::max()), 9.0e15);
+    if (v != std::floor(v) || v < lo || v > hi) {
       *err = fmt::format("{}: \"{}\" is not an integer in range", where, key);
       return false;
     }

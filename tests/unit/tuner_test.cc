@@ -397,7 +397,17 @@ TEST_CASE("profiles round-trip, and malformed ones are refused with a reason (mu
                           "{\"format\":\"weft-tuner-profile\",\"version\":1,\"signature\":{\"nranks\":4,\"nnodes\":1},"
                           "\"model\":[{\"coll\":\"AllReduce\",\"bytes\":5,\"algo\":\"RING\",\"proto\":\"LL\",\"us\":-1}]}",
                           "{\"format\":\"weft-tuner-profile\",\"version\":1,\"signature\":{\"nranks\":4,\"nnodes\":1},"
-                          "\"model\":[{\"coll\":\"AllReduce\",\"bytes\":5,\"algo\":\"RING\",\"proto\":\"LL\"}]}"}) {
+                          "\"model\":[{\"coll\":\"AllReduce\",\"bytes\":5,\"algo\":\"RING\",\"proto\":\"LL\"}]}",
+                          // An integer beyond the field's type (found by fuzz.short: converting it was undefined).
+                          "{\"format\":\"weft-tuner-profile\",\"version\":1,\"signature\":{\"nranks\":4,\"nnodes\":1},"
+                          "\"measurements\":[{\"coll\":\"AllReduce\",\"bytes\":5,\"algo\":\"RING\",\"proto\":\"LL\","
+                          "\"channels\":12222200000000,\"time_us\":1}]}",
+                          "{\"format\":\"weft-tuner-profile\",\"version\":1,\"signature\":{\"nranks\":4,\"nnodes\":1},"
+                          "\"measurements\":[{\"coll\":\"AllReduce\",\"bytes\":5,\"algo\":\"RING\",\"proto\":\"LL\","
+                          "\"chunk\":-1,\"time_us\":1}]}",
+                          "{\"format\":\"weft-tuner-profile\",\"version\":1,\"signature\":{\"nranks\":4,\"nnodes\":1},"
+                          "\"measurements\":[{\"coll\":\"AllReduce\",\"bytes\":5,\"algo\":\"RING\",\"proto\":\"LL\","
+                          "\"chunk\":4294967296,\"time_us\":1}]}"}) {
     err.clear();
     INFO(bad);
     CHECK_FALSE(parseProfile(bad, &err));
