@@ -640,7 +640,8 @@ WEFT_EXPORT ncclNet_v12_t ncclNetPlugin_v12 = {
 // open in this process), "fabric.probes_sent" (liveness probes sent so far), "fabric.rail_downs" and
 // "fabric.rail_recoveries" (a comm's rail seen going down / coming back, every comm counted; unknown unless the
 // libfabric backend is in use), "fabric.rail_failovers" and "fabric.moved_messages" (WEFT_RAIL_FAILOVER: rails
-// failed over, messages sent or posted again on rail 0; likewise), "flush_reads" (read-back flush
+// failed over, messages sent or posted again on rail 0; likewise), "fabric.rail_readmits" (WEFT_RAIL_READMIT: failed-over
+// rails taken back; likewise), "flush_reads" (read-back flush
 // reads completed so far, on either backend; "fabric.flush_reads": libfabric's only), "tcp.send_calls",
 // "tcp.recv_calls", "tcp.bytes_sent", "tcp.bytes_received", "tcp.comms_open" (the native TCP backend's data path).
 WEFT_EXPORT int weftNetStat(const char* key, long long* value) {
@@ -659,7 +660,8 @@ WEFT_EXPORT int weftNetStat(const char* key, long long* value) {
       {"fabric.rail_downs", &weft::fabric::Endpoint::railDowns},
       {"fabric.rail_recoveries", &weft::fabric::Endpoint::railRecoveries},
       {"fabric.rail_failovers", &weft::fabric::Endpoint::railFailovers},
-      {"fabric.moved_messages", &weft::fabric::Endpoint::movedMessages}};
+      {"fabric.moved_messages", &weft::fabric::Endpoint::movedMessages},
+      {"fabric.rail_readmits", &weft::fabric::Endpoint::railReadmits}};
   for (const auto& [name, get] : kRails) {
     if (std::strcmp(key, name) != 0) continue;
     weft::Backend* b = weft::Engine::instance().backend();

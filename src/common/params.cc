@@ -95,7 +95,12 @@ const std::vector<Def> kDefs = {
    "multi-rail connection fails (link down, failed operation, lost probe), its traffic moves to the first rail "
    "and what it had in flight is sent again there, instead of the connection failing. Turns on delivery "
    "acknowledgements on such connections (as WEFT_DELIVERY_ACK=rails, which it needs); both ends must ask for it. The first rail's failure still "
-   "fails the connection; a failed rail is not taken back for that connection (docs/failover.md)."},
+   "fails the connection. A failed rail is taken back once it works again (WEFT_RAIL_READMIT; docs/failover.md)."},
+  {"WEFT_RAIL_READMIT", Kind::kInt, "1000", 0, 30000, nullptr,
+   "Rail failover: milliseconds after a rail failed over before the connection tries to take it back (its link "
+   "up, a round trip on it answered, then both ends agree from which message on it carries traffic again). The "
+   "wait doubles with each try that fails and each failure within a minute of a re-admission, up to 30 s. 0: a "
+   "failed rail stays failed over for the rest of the connection."},
   {"WEFT_DELIVERY_ACK", Kind::kChoice, "off", 0, 0, "off|rails|all",
    "Delivered-before-done sends (libfabric backend): the receiver acknowledges every message it has taken (weft's "
    "own acknowledgements on the first rail, those of one batch of completions together), and a send completes only once "

@@ -19,6 +19,11 @@ CommIds& commIds() {
 }
 }  // namespace
 
+CommId railAliasId() {
+  CommIds& ids = commIds();
+  return CommId(&ids, ids.acquire());
+}
+
 CommId FabricBackend::newCommId(const char* what, int dev) {
   CommIds& ids = commIds();
   CommId id(&ids, ids.acquire());

@@ -55,6 +55,7 @@ FabricDataComm::FabricDataComm(std::shared_ptr<EndpointGroup> group, std::vector
     ackCtx_[i].kind = OpKind::kAck;
   }
   if (proto_.acks && recvSide_) ackQ_.reserve(static_cast<size_t>(poolSize_) * kMaxRecvs);
+  if (proto_.failover) readmitFirstMs_ = params::getInt("WEFT_RAIL_READMIT");
 }
 
 // Requests come kChunk at a time, when the comm first has more in flight than it had: an idle connection holds
@@ -201,7 +202,9 @@ void FabricDataComm::railUp(int k, int64_t nowMs) {
 FabricDataComm::~FabricDataComm() {
   // A receive comm that failed a rail over may have left a copy of a message (sent again on rail 0) unmatched in
   // that rail's queue, under a tag naming its id: the id is never given out again, so no later comm matches it.
-  const bool retire = recvSide_ && failed_ != 0;
+  // Likewise every alias it gave a re-admitted rail.
+  const bool retire = recvSide_ && everFailed_;
+  for (CommId& a : aliases_) a.retire();
   if (parkedIn_ != nullptr) {  // its endpoints may be closed already (the group is closing): not touched
     parkedIn_->table().detach(localId_.get());
     if (retire) localId_.retire();
@@ -374,9 +377,10 @@ Status FabricDataComm::progress() {
     fatal_ = offerError_;
   }
   flushOffers();
-  if (!ackQ_.empty() || fenceOut_ != 0) flushAcks();
+  if (!ackQ_.empty() || fenceOut_ != 0 || readmitOut_ != 0) flushAcks();
   if (fencing_ != 0) fenceStep();
   if (railNoteWant_ != 0) postRailNote();
+  if ((failed_ & fencedIn_) != 0 && (++readmitPolls_ & 15) == 0) readmitStep(coarseNowMs());
   if (notesWaiting_ > 0) postNotes();
   if ((outstanding_ > 0 || waitingOffer_) && probeIntervalMs_ > 0 && (++polls_ & 1023) == 0) checkPeer();
   if (railsDown_ > 0 && (++railPolls_ & 255) == 0) recheckRails(coarseNowMs());
@@ -505,9 +509,9 @@ bool FabricDataComm::lingerStep() {
 // (where the sender's offer receives are), while a slot is free: a message taken is acknowledged at once, and those
 // taken while every slot is in flight leave together when one completes.
 void FabricDataComm::flushAcks() {
-  if ((ackQ_.empty() && fenceOut_ == 0) || fatal_ != Status::kOk) return;
+  if ((ackQ_.empty() && fenceOut_ == 0 && readmitOut_ == 0) || fatal_ != Status::kOk) return;
   if (dev_.injectSize() >= wire::AckMsg::bytes(1)) {
-    while (!ackQ_.empty() || fenceOut_ != 0) {
+    while (!ackQ_.empty() || fenceOut_ != 0 || readmitOut_ != 0) {
       if (!postAck()) return;
     }
     return;
@@ -522,7 +526,7 @@ void FabricDataComm::flushAcks() {
       return;
     }
   }
-  while ((!ackQ_.empty() || fenceOut_ != 0) && ackBusy_ != (1u << kAckSlots) - 1) {
+  while ((!ackQ_.empty() || fenceOut_ != 0 || readmitOut_ != 0) && ackBusy_ != (1u << kAckSlots) - 1) {
     if (!postAck()) return;
   }
 }
@@ -533,21 +537,25 @@ bool FabricDataComm::postAck() {
   wire::AckMsg local;
   const int slot = inject ? -1 : std::countr_one(ackBusy_);
   wire::AckMsg& m = inject ? local : ackMsg_[slot];
+  const bool readmit = readmitOut_ != 0;
   size_t most = wire::AckMsg::kMaxKeys;
-  if (inject) most = std::min(most, (injectMax - offsetof(wire::AckMsg, key)) / sizeof(uint64_t));
+  if (inject) most = std::min(most, (injectMax - offsetof(wire::AckMsg, key)) / sizeof(uint64_t) - (readmit ? 1 : 0));
   const int n = static_cast<int>(std::min(ackQ_.size(), most));
   m.magic = wire::AckMsg::kMagic;
   m.count = static_cast<uint16_t>(n);
   // The fence rides on the acknowledgement that empties the queue: every message taken before it comes with it.
+  // A re-admission rides on the first one: never after a fence of the same rail (the sender takes the re-admission
+  // first, then the fence).
   m.fenced = static_cast<size_t>(n) == ackQ_.size() ? fenceOut_ : 0;
-  m.reserved = 0;
+  m.readmit = readmitOut_;
   m.toComm = peerId_;
-  m.reserved2 = 0;
+  m.alias = readmit ? railComm_[readmitOut_] : 0;
   std::copy(ackQ_.begin(), ackQ_.begin() + n, m.key);
-  ssize_t rc = inject ? fi_tinject(ctl().ep(), &m, wire::AckMsg::bytes(n), rails_[0].peer,
-                                   wire::ctrlTag(wire::CtrlKind::kOffer))
-                      : fi_tsend(ctl().ep(), &m, wire::AckMsg::bytes(n), ackDesc_, rails_[0].peer,
-                                 wire::ctrlTag(wire::CtrlKind::kOffer), &ackCtx_[slot].fi);
+  if (readmit) m.key[n] = switchAt_[readmitOut_];
+  const size_t bytes = wire::AckMsg::bytes(n, readmit);
+  ssize_t rc = inject ? fi_tinject(ctl().ep(), &m, bytes, rails_[0].peer, wire::ctrlTag(wire::CtrlKind::kOffer))
+                      : fi_tsend(ctl().ep(), &m, bytes, ackDesc_, rails_[0].peer, wire::ctrlTag(wire::CtrlKind::kOffer),
+                                 &ackCtx_[slot].fi);
   if (rc == -FI_EAGAIN || railDownWait(0, rc)) return false;  // the next progress call (or completion) tries again
   if (rc != 0) {
     WEFT_WARN("comm with {}: sending a delivery acknowledgement on {} failed: {}", peerName_, railName(0),
@@ -561,13 +569,14 @@ bool FabricDataComm::postAck() {
   acksTaken_ += static_cast<uint64_t>(n);
   ackQ_.erase(ackQ_.begin(), ackQ_.begin() + n);
   fenceOut_ &= static_cast<uint8_t>(~m.fenced);
+  readmitOut_ = 0;
   return true;
 }
 
 // Each key names a send of this comm in flight (the receiver took it); one naming none (its request failed and
 // went back to the pool) is counted and dropped. A malformed acknowledgement is a protocol violation.
 void FabricDataComm::onAck(const wire::AckMsg& m, size_t len) {
-  if (!proto_.acks || m.count > wire::AckMsg::kMaxKeys || len < wire::AckMsg::bytes(m.count)) {
+  if (!proto_.acks || m.count > wire::AckMsg::kMaxKeys || len < wire::AckMsg::bytes(m.count, m.readmit != 0)) {
     WEFT_WARN("peer {} on {} sent a malformed (or unagreed) delivery acknowledgement: connection closed for safety",
               peerName_, dev_.props().name);
     if (fatal_ == Status::kOk) fatal_ = Status::kRemote;
@@ -587,13 +596,35 @@ void FabricDataComm::onAck(const wire::AckMsg& m, size_t len) {
     }
     if (!found) ++strayAcks_;
   }
+  if (m.readmit != 0) {
+    const int k = m.readmit;
+    const uint64_t at = m.key[m.count];
+    if (!proto_.failover || k >= nRails_ || (failed_ & (1u << k)) == 0 || m.alias == 0 || m.alias > wire::kMaxCommId) {
+      WEFT_WARN("peer {} on {} re-admitted a rail it cannot (rail {}, alias {}): connection closed for safety",
+                peerName_, dev_.props().name, k, m.alias);
+      if (fatal_ == Status::kOk) fatal_ = Status::kRemote;
+      return;
+    }
+    // By construction this end cannot have reached the threshold yet (fabric_comm.h): a message at or beyond it
+    // already sent on rail 0 would wait there for a receive posted on the rail.
+    if (seqs_.maxNext() > at) {
+      WEFT_WARN("comm with {}: the peer re-admitted {} from message {}, but messages up to {} have left on {}: "
+                "connection closed for safety", peerName_, railName(k), at, seqs_.maxNext() - 1, railName(0));
+      if (fatal_ == Status::kOk) fatal_ = Status::kInternal;
+      return;
+    }
+    admitRail(k, m.alias, at, true);
+  }
   if ((m.fenced & 1) != 0 || (m.fenced >> nRails_) != 0 || (m.fenced != 0 && !proto_.failover)) {
     WEFT_WARN("peer {} on {} fenced a rail it cannot (rails {:#x}): connection closed for safety", peerName_,
               dev_.props().name, m.fenced);
     if (fatal_ == Status::kOk) fatal_ = Status::kRemote;
     return;
   }
-  if (m.fenced != 0) resendFenced(m.fenced);
+  if (m.fenced != 0) {
+    resendFenced(m.fenced);
+    fencedIn_ |= m.fenced;
+  }
 }
 
 // ---- rail failover (Protocol::failover, docs/failover.md step 3) ----
@@ -603,6 +634,9 @@ bool FabricDataComm::failRail(int k, RailEvent why, const std::string& detail, b
   const auto bit = static_cast<uint8_t>(1u << k);
   if ((failed_ & bit) != 0) return true;
   failed_ |= bit;
+  everFailed_ = true;
+  fencedIn_ &= static_cast<uint8_t>(~bit);
+  if (!recvSide_) readmitSchedule(k, coarseNowMs());
   RailHealth::bump(health_[k].failovers, 1);
   Endpoint::countRailFailover();
   try {  // (called from completion handlers too: a log line that cannot be formatted changes nothing)
@@ -729,6 +763,146 @@ void FabricDataComm::postRailNote() {
               peerName_, railName(0), fi_strerror(static_cast<int>(-rc)));
   }
   railNoteWant_ = 0;
+}
+
+// ---- re-admission of a failed-over rail (docs/failover.md, "Recovery") ----
+
+// Send side, when rail k fails over: the first try after WEFT_RAIL_READMIT, or after twice the last wait when the rail
+// fails again within a minute of being taken back (a flapping rail is tried less and less often, up to 30 s).
+void FabricDataComm::readmitSchedule(int k, int64_t nowMs) {
+  Readmit& r = readmit_[k];
+  int64_t wait = readmitFirstMs_;
+  if (r.admittedMs != 0 && nowMs - r.admittedMs < 60000) wait = std::min(std::max(r.waitMs * 2, wait), kReadmitMaxMs);
+  r.waitMs = wait;
+  r.state = Readmit::kIdle;
+  r.nextMs = nowMs + wait;
+}
+
+// Injected (16 bytes: failover is agreed only where the provider injects that much): nothing to wait for. The hello
+// and its answer go on the rail itself, the rest on rail 0.
+bool FabricDataComm::sendRailUp(int k, wire::RailUpStep step, uint16_t attempt) {
+  const int on = step == wire::kRailHello || step == wire::kRailHelloAck ? k : 0;
+  const uint64_t body[2] = {wire::kRailUp, wire::railUpWord(peerId_, k, step, attempt)};
+  return fi_tinject(rails_[on].ep->ep(), body, sizeof(body), rails_[on].peer,
+                    wire::ctrlTag(wire::CtrlKind::kProbe)) == 0;
+}
+
+// Send side, from progress while a fenced rail waits: see fabric_comm.h.
+void FabricDataComm::readmitStep(int64_t nowMs) {
+  if (fatal_ != Status::kOk || readmitFirstMs_ <= 0) return;
+  for (int k = 1; k < nRails_; ++k) {
+    const auto bit = static_cast<uint8_t>(1u << k);
+    if ((failed_ & fencedIn_ & bit) == 0) continue;
+    Readmit& r = readmit_[k];
+    auto later = [&] {  // this try failed: the next one waits twice as long
+      r.waitMs = std::min(std::max(r.waitMs * 2, readmitFirstMs_), kReadmitMaxMs);
+      r.nextMs = nowMs + r.waitMs;
+      r.state = Readmit::kIdle;
+      WEFT_INFO(NCCL_NET, "comm with {}: {} not taken back yet; next try in {} ms", peerName_, railName(k), r.waitMs);
+    };
+    switch (r.state) {
+      case Readmit::kIdle:
+        if (nowMs < r.nextMs) break;
+        if (rails_[k].ep->linkDownForMs(nowMs) > 0) {  // its link is still down: looked at again shortly
+          r.nextMs = nowMs + 100;
+          break;
+        }
+        ++r.attempt;
+        if (sendRailUp(k, wire::kRailHello, r.attempt)) {
+          r.state = Readmit::kHello;
+          r.sentMs = nowMs;
+        } else {
+          later();
+        }
+        break;
+      case Readmit::kHello:  // no answer on the rail within a probe interval (at least 1 s)
+        if (nowMs - r.sentMs > std::max<int64_t>(probeIntervalMs_, 1000)) later();
+        break;
+      case Readmit::kHelloAcked:
+        if (sendRailUp(k, wire::kRailReady, r.attempt)) {
+          r.state = Readmit::kReady;
+          r.sentMs = nowMs;
+        }
+        break;
+      case Readmit::kReady:  // the receiver did not take it (it may not: no id free); its answer, if late, holds
+        if (nowMs - r.sentMs > peerTimeoutMs_) later();
+        break;
+    }
+  }
+}
+
+// Both ends: from now on rail k carries the messages of count `at` and beyond (the tags under `alias`).
+void FabricDataComm::admitRail(int k, uint32_t alias, uint64_t at, bool sendSide) {
+  const int64_t now = coarseNowMs();
+  const auto bit = static_cast<uint8_t>(1u << k);
+  failed_ &= static_cast<uint8_t>(~bit);
+  fencedIn_ &= static_cast<uint8_t>(~bit);
+  switchAt_[k] = at;
+  railComm_[k] = alias;
+  unreachableSinceMs_[k] = 0;
+  Readmit& r = readmit_[k];
+  r.state = Readmit::kIdle;
+  r.admittedMs = now;
+  RailHealth::bump(health_[k].readmits, 1);
+  health_[k].msgsAtReadmit.store(health_[k].msgs.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  Endpoint::countRailReadmit();
+  if (!health_[k].isUp()) railUp(k, now);
+  try {
+    WEFT_INFO(NCCL_NET, "comm with {}: {} taken back ({}): messages from number {} of each tag travel on it again",
+              peerName_, railName(k), sendSide ? "the receiver agreed" : "the sender asked", at);
+  } catch (...) {
+  }
+}
+
+void FabricDataComm::onRailUp(Endpoint* ep, uint64_t word) noexcept {
+  ++completions_;
+  const int k = wire::railUpRail(word);
+  const uint8_t step = wire::railUpStep(word);
+  const uint16_t attempt = wire::railUpAttempt(word);
+  const bool onRail = k > 0 && k < nRails_ && ep == rails_[k].ep;
+  const bool onCtl = ep == rails_[0].ep;
+  if (!proto_.failover || k <= 0 || k >= nRails_) {
+    WEFT_WARN("peer {} on {} sent a rail re-admission note this connection did not agree to (rail {}): ignored",
+              peerName_, dev_.props().name, k);
+    return;
+  }
+  const auto bit = static_cast<uint8_t>(1u << k);
+  if (recvSide_) {
+    // Only a rail this end failed over and fenced, and not while it still announces a re-admission.
+    const bool ready = readmitFirstMs_ > 0 && (failed_ & bit) != 0 && (fencing_ & bit) == 0 && fatal_ == Status::kOk;
+    if (step == wire::kRailHello && onRail) {
+      if (ready) (void)sendRailUp(k, wire::kRailHelloAck, attempt);  // not sent: the sender tries again later
+    } else if (step == wire::kRailReady && onCtl) {
+      if (!ready || readmitOut_ != 0) return;
+      if (aliases_.size() >= 64) {  // a rail that keeps failing stays failed over (each try retires an id)
+        WEFT_INFO(NCCL_NET, "comm with {}: {} re-admitted {} times: it stays failed over", peerName_, railName(k),
+                  aliases_.size());
+        return;
+      }
+      CommId alias;
+      try {
+        alias = railAliasId();
+        aliases_.reserve(aliases_.size() + 1);
+      } catch (...) {
+        return;
+      }
+      if (!alias) return;  // no id free: the sender tries again later
+      const uint64_t at = seqs_.maxNext() + kMostSends;
+      admitRail(k, alias.get(), at, false);
+      aliases_.push_back(std::move(alias));
+      readmitOut_ = static_cast<uint8_t>(k);
+      flushAcks();
+    }
+    return;
+  }
+  Readmit& r = readmit_[k];
+  if (step == wire::kRailHelloAck && onRail && r.state == Readmit::kHello && attempt == r.attempt) {
+    r.state = Readmit::kHelloAcked;
+    if (sendRailUp(k, wire::kRailReady, r.attempt)) {  // else from progress
+      r.state = Readmit::kReady;
+      r.sentMs = coarseNowMs();
+    }
+  }
 }
 
 void FabricDataComm::onComplete(OpContext* ctx, size_t len) noexcept {
@@ -1138,8 +1312,7 @@ void FabricSendComm::onOffer(const void* msg, size_t len) noexcept {
 }
 
 Status FabricSendComm::sendTagged(FabricSendRequest* r, void* data, size_t size, MemHandle* mh, uint64_t ftag,
-                                  bool* again) {
-  const int k = railOf(static_cast<uint32_t>(ftag));  // the receiver posted this tag+sequence on the same rail
+                                  int k, bool* again) {
   Rail& rail = rails_[k];
   r->src = static_cast<const char*>(data);  // what sending it again (rail failover) needs
   r->mh = mh;
@@ -1355,12 +1528,14 @@ Status FabricSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Re
               dev_.maxMsgSize());
     return Status::kInvalidUsage;
   }
-  uint32_t seq;
-  if (!seqs_.peek(tag, 0, &seq)) {
+  uint64_t count;
+  if (!seqs_.peek(tag, 0, &count)) {
     WEFT_WARN("isend: more than {} distinct tags on one connection", TagSequence::kCapacity);
     return Status::kInternal;
   }
-  const uint64_t ftag = wire::dataTag(peerId_, tag, seq);
+  const auto seq = static_cast<uint32_t>(count);
+  const int rail = railOf(count);  // the receiver posts this tag and sequence on the same rail
+  const uint64_t ftag = wire::dataTag(tagComm(rail, peerId_), tag, seq);
   const bool eager = !proto_.rdma || (proto_.eagerMax > 0 && size <= proto_.eagerMax);
   const OfferEntry* offer = nullptr;
   if (proto_.rdma) {
@@ -1391,7 +1566,7 @@ Status FabricSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Re
   Status st;
   bool again = false;
   if (offer == nullptr || (offer->flags & kOfferTaggedOnly) != 0) {
-    st = sendTagged(r, data, size, mh, ftag, &again);
+    st = sendTagged(r, data, size, mh, ftag, rail, &again);
   } else {
     st = write(r, data, size, mh, *offer, seq, &again);
     again = again && r->nextSeg == 0;  // pushed back before any segment left: not taken
@@ -1491,20 +1666,20 @@ Status FabricRecvComm::irecv(int n, void** data, const size_t* sizes, const int*
   for (int i = 0; i < n; ++i) {
     uint32_t ahead = 0;  // the same tag twice in one group takes consecutive sequence numbers
     for (int j = 0; j < i; ++j) ahead += tags[j] == tags[i] ? 1 : 0;
-    uint32_t seq;
-    if (!seqs_.peek(tags[i], ahead, &seq)) {
+    uint64_t count;
+    if (!seqs_.peek(tags[i], ahead, &count)) {
       r->reported = true;
       release(r);
       WEFT_WARN("irecv: more than {} distinct tags on one connection", TagSequence::kCapacity);
       return Status::kInternal;
     }
     MemHandle* mh = mhs ? mhs[i] : nullptr;
-    const int k = railOf(seq);  // where the sender's tagged message for this sequence travels
+    const int k = railOf(count);  // where the sender's tagged message for this sequence travels
     const MemHandle* h = mh ? mh->rail(k) : nullptr;
     r->data[i] = data[i];
     r->mh[i] = mh;
     r->len[i] = sizes[i];
-    r->tag[i] = wire::dataTag(localId_.get(), tags[i], seq);
+    r->tag[i] = wire::dataTag(tagComm(k, localId_.get()), tags[i], static_cast<uint32_t>(count));
     r->desc[i] = h ? h->desc() : nullptr;
     r->rail[i] = static_cast<uint8_t>(k);
     r->sizes[i] = 0;

@@ -181,13 +181,17 @@ class FabricDataComm : public DataSink {
   Status regOnDevice(void* data, size_t size, int type, int fd, uint64_t offset, MemHandle** out);
   Status deregOnDevice(MemHandle* mh);
   Status checkHandle(const MemHandle* mh, const char* op) const;
-  // The rail of a tagged message: seq % rails, both ends alike; a rail failed over (failed_) sends its share to
-  // rail 0 instead (rail failover, below).
-  int railOf(uint32_t seq) const {
+  // The rail of a tagged message: count % rails (its count among the messages of its tag), both ends alike; a rail
+  // failed over (failed_) sends its share to rail 0 instead, and so does one re-admitted for the messages below
+  // the count both ends agreed it takes over from (switchAt_; rail failover, below).
+  int railOf(uint64_t count) const {
     if (nRails_ == 1) return 0;
-    const int k = static_cast<int>(seq % nRails_);
-    return (failed_ & (1u << k)) != 0 ? 0 : k;
+    const int k = static_cast<int>(count % static_cast<uint64_t>(nRails_));
+    return (failed_ & (1u << k)) != 0 || count < switchAt_[k] ? 0 : k;
   }
+  // The comm id the data tags of messages on rail k carry: the receive comm's own, or the alias it gave the rail
+  // when it re-admitted it. base: this end's view of the receive comm's id.
+  uint32_t tagComm(int k, uint32_t base) const { return railComm_[k] != 0 ? railComm_[k] : base; }
   Endpoint& ctl() const { return *rails_[0].ep; }  // handshake, offers
   // Enters the group's comm table: from now on completions naming this comm come here. legacy32: remote writes
   // to it carry no comm id (it cannot share the group).
@@ -321,11 +325,13 @@ class FabricDataComm : public DataSink {
     RailHealth::bump(health_[fromRail].moved, 1);
     Endpoint::countMoved();
   }
-  // Buffer b of r, off its failed rail: to be posted on rail 0, with its registration's descriptor there.
+  // Buffer b of r, off its failed rail: to be posted on rail 0, with its registration's descriptor there, under
+  // the comm's own id (the sender sends it again on rail 0 under that id, whatever alias the rail had).
   void moveToRail0(FabricRecvRequest& r, int b) {
     countMoved(r.rail[b]);
     r.rail[b] = 0;
     r.desc[b] = r.mh[b] != nullptr ? r.mh[b]->rail(0)->desc() : nullptr;
+    r.tag[b] = wire::dataTagOfKey(localId_.get(), wire::ackKey(r.tag[b]));
   }
   // True when failover took the failure of rail k (the comm goes on); false: not enabled, or rail 0.
   bool failRail(int k, RailEvent why, const std::string& detail, bool peerSaid = false);
@@ -333,6 +339,41 @@ class FabricDataComm : public DataSink {
   void resendFenced(uint8_t rails);  // send side
   bool postResend(FabricSendRequest* r);
   void postRailNote();
+  // Re-admission of a failed-over rail (docs/failover.md, "Recovery"; WEFT_RAIL_READMIT). The send comm drives it,
+  // once the receiver fenced the rail (fencedIn_) and its link is up, after a wait that doubles with each try that
+  // fails and each failure soon after a re-admission (1 s to 30 s by default): a hello on the rail and its answer
+  // on the same rail (both ways work), then "ready" on rail 0. The receive comm then picks the count from which
+  // the rail carries messages again (switchAt_) and a new comm id for the rail's messages (railComm_, an alias:
+  // copies of earlier messages left on the rail can never match), and tells the sender in its next
+  // acknowledgement (AckMsg::readmit), which the sender reads before any acknowledgement sent after it.
+  // The count: every tag's next receive (maxNext) plus the most sends a send comm can have outstanding
+  // (kMostSends). Every send completes only once acknowledged, and every message acknowledged before the re-admission
+  // had been received, so was below maxNext: what the sender has sent at or beyond maxNext when it reads the
+  // re-admission is outstanding, at most kMostSends messages. So no message of that count or beyond has left on
+  // rail 0, where the receiver would no longer look for it (the sender checks, and fails the comm if not).
+  uint64_t switchAt_[kMaxRails] = {};
+  uint32_t railComm_[kMaxRails] = {};
+  bool everFailed_ = false;  // a rail was failed over once (the receive comm's id is retired at close)
+  int64_t readmitFirstMs_ = 0;   // WEFT_RAIL_READMIT (0: never)
+  static constexpr int64_t kReadmitMaxMs = 30000;
+  static constexpr uint64_t kMostSends = static_cast<uint64_t>(kMaxRequests) * kMaxRecvs;  // a send comm's pool
+  // Receive side.
+  std::vector<CommId> aliases_;  // every alias it gave out (retired at close)
+  uint8_t readmitOut_ = 0;  // the rail whose re-admission the next acknowledgement carries (0: none)
+  // Send side.
+  uint8_t fencedIn_ = 0;  // rails the receiver fenced
+  struct Readmit {
+    enum : uint8_t { kIdle, kHello, kHelloAcked, kReady } state = kIdle;
+    uint16_t attempt = 0;
+    int64_t nextMs = 0, sentMs = 0, waitMs = 0, admittedMs = 0;
+  };
+  Readmit readmit_[kMaxRails];
+  uint32_t readmitPolls_ = 0;
+  void readmitSchedule(int k, int64_t nowMs);  // after a failover (send side)
+  void readmitStep(int64_t nowMs);
+  bool sendRailUp(int k, wire::RailUpStep step, uint16_t attempt);  // injected; false: not sent
+  void admitRail(int k, uint32_t alias, uint64_t at, bool sendSide);
+  void onRailUp(Endpoint* ep, uint64_t word) noexcept override;
   // Close notices and acks (Rail::note).
   enum : uint8_t { kNoteWant = 1, kNoteInFlight = 2, kNoteAcked = 4, kNoteFailed = 8 };
   bool lingering_ = false;  // a closed send comm waiting for its acks (notes are notices, not acks)
@@ -387,7 +428,8 @@ class FabricSendComm final : public SendComm, public FabricDataComm {
     postSegments(r, &again);
   }
   // *again: the provider pushed back; nothing was posted.
-  Status sendTagged(FabricSendRequest* r, void* data, size_t size, MemHandle* mh, uint64_t ftag, bool* again);
+  Status sendTagged(FabricSendRequest* r, void* data, size_t size, MemHandle* mh, uint64_t ftag, int rail,
+                    bool* again);
   Status write(FabricSendRequest* r, void* data, size_t size, MemHandle* mh, const OfferEntry& o, uint32_t seq,
                bool* again);
   Status postSegments(FabricSendRequest* r, bool* again);  // the pieces from r->nextSeg on
@@ -480,6 +522,10 @@ class ClosingComms {
 // Fills off/len/field/rail (kMaxRecvs entries) and returns the piece count, or -1 past WriteImm32::kMaxPieces.
 int planWrite(uint64_t size, int nRails, uint64_t stripeMin, bool imm4, int singleRail, uint64_t* off, uint64_t* len,
               uint32_t* field, uint8_t* rail);
+
+// A comm id for the messages of a re-admitted rail (fabric_backend.cc: from the ids comms get); empty when none is
+// free.
+CommId railAliasId();
 
 // What this process offers for a new connection (device capability and WEFT_EAGER_MAX).
 uint32_t localProtocolFlags(FabricDevice& dev);

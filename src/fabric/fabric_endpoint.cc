@@ -194,12 +194,14 @@ int64_t Endpoint::openCount() { return gOpen.load(std::memory_order_relaxed); }
 int64_t Endpoint::probesSent() { return gProbes.load(std::memory_order_relaxed); }
 
 namespace {
-std::atomic<int64_t> gRailDowns{0}, gRailRecoveries{0}, gRailFailovers{0}, gMovedMsgs{0};
+std::atomic<int64_t> gRailDowns{0}, gRailRecoveries{0}, gRailFailovers{0}, gMovedMsgs{0}, gRailReadmits{0};
 }  // namespace
 int64_t Endpoint::railFailovers() { return gRailFailovers.load(std::memory_order_relaxed); }
 int64_t Endpoint::movedMessages() { return gMovedMsgs.load(std::memory_order_relaxed); }
 void Endpoint::countRailFailover() { gRailFailovers.fetch_add(1, std::memory_order_relaxed); }
 void Endpoint::countMoved() { gMovedMsgs.fetch_add(1, std::memory_order_relaxed); }
+int64_t Endpoint::railReadmits() { return gRailReadmits.load(std::memory_order_relaxed); }
+void Endpoint::countRailReadmit() { gRailReadmits.fetch_add(1, std::memory_order_relaxed); }
 int64_t Endpoint::railDowns() { return gRailDowns.load(std::memory_order_relaxed); }
 int64_t Endpoint::railRecoveries() { return gRailRecoveries.load(std::memory_order_relaxed); }
 void Endpoint::countRailDown() { gRailDowns.fetch_add(1, std::memory_order_relaxed); }
@@ -624,6 +626,13 @@ void Endpoint::onProbe(size_t len) {
     if (DataSink* sink = table_->forId(static_cast<uint32_t>(id), "a rail-down note")) {
       sink->onRailNote(static_cast<uint32_t>(ctl_->probeIn[1] >> 32));
     }
+    return;
+  }
+  if (body == wire::kRailUp) {
+    const uint64_t w = ctl_->probeIn[1];
+    const uint32_t id = wire::railUpComm(w);
+    if (id == 0 || id > wire::kMaxCommId) return;
+    if (DataSink* sink = table_->forId(id, "a rail re-admission note")) sink->onRailUp(this, w);
     return;
   }
   const uint64_t id = ctl_->probeIn[1];

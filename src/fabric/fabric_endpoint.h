@@ -91,6 +91,9 @@ class Endpoint {
   static int64_t movedMessages();
   static void countRailFailover();
   static void countMoved();
+  // Rails comms took back after a failover (WEFT_RAIL_READMIT), every comm together ("fabric.rail_readmits").
+  static int64_t railReadmits();
+  static void countRailReadmit();
   static int64_t flushReads();  // read-back flush reads completed in this process
   static void countFlushRead();
 

@@ -61,6 +61,11 @@ class DataSink {
   }
   // Rail failover: the peer send comm moved the traffic of `rails` (bit per rail) to rail 0.
   virtual void onRailNote(uint32_t rails) noexcept { (void)rails; }
+  // Rail re-admission: a wire::kRailUp note (its second word) the peer sent this comm on the rail of endpoint `ep`.
+  virtual void onRailUp(Endpoint* ep, uint64_t word) noexcept {
+    (void)ep;
+    (void)word;
+  }
   // Asked for through CommTable::defer: the batch of completions that asked is over.
   virtual void afterBatch() noexcept {}
   // A close notice (ack false) or close ack (true) the peer sent this comm on the rail of endpoint `ep`.

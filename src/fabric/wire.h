@@ -214,6 +214,21 @@ constexpr uint64_t kCloseAck = 0x6b63615f74666577;     // "weft_ack"
 // Rail failover: a send comm tells the receive comm (body[1]: its id | the rails it saw fail << 32) that it moved
 // those rails' traffic to rail 0; the receiver answers with AckMsg::fenced.
 constexpr uint64_t kRailDown = 0x6e64725f74666577;     // "weft_rdn"
+// Re-admitting a failed-over rail (docs/failover.md, "Recovery"): body {kRailUp, comm id | rail << 24 | step << 32 |
+// attempt << 40}, the comm id being the receiving end's. The send comm drives it once the receiver fenced the rail
+// and its link is up: kRailHello on the rail itself; the receive comm answers kRailHelloAck on the same rail (the
+// rail carries both ways); kRailReady on rail 0 asks the receiver to re-admit it, which it answers with
+// AckMsg::readmit.
+constexpr uint64_t kRailUp = 0x7075725f74666577;  // "weft_rup"
+enum RailUpStep : uint8_t { kRailHello = 1, kRailHelloAck = 2, kRailReady = 3 };
+inline uint64_t railUpWord(uint32_t commId, int rail, RailUpStep step, uint16_t attempt) {
+  return (commId & 0xffffffu) | (static_cast<uint64_t>(rail & 0xff) << 24) | (static_cast<uint64_t>(step) << 32) |
+         (static_cast<uint64_t>(attempt) << 40);
+}
+inline uint32_t railUpComm(uint64_t w) { return static_cast<uint32_t>(w & 0xffffffu); }
+inline int railUpRail(uint64_t w) { return static_cast<int>((w >> 24) & 0xff); }
+inline uint8_t railUpStep(uint64_t w) { return static_cast<uint8_t>((w >> 32) & 0xff); }
+inline uint16_t railUpAttempt(uint64_t w) { return static_cast<uint16_t>((w >> 40) & 0xffff); }
 
 // ---- buffer offers (rdma protocol): receiver -> sender, tag ctrlTag(kOffer), the send comm's id in the body ----
 
@@ -252,6 +267,10 @@ struct OfferMsg {
 // there canceled or completed, reposted on rail 0); it rides on the acknowledgement that empties the receiver's
 // queue, so every message taken on those rails has been acknowledged before or with it: the sender sends again,
 // on rail 0, each send of theirs still unacknowledged.
+// Re-admission (kRailReady answered): `readmit` names the rail (0: none), `alias` the comm id messages on that rail
+// carry from now on (a new one each time: a copy of an earlier message left on the rail never matches), and the
+// word after the keys the threshold: a message whose count (among those of its tag) is at least that travels on
+// the rail again, one below it on rail 0.
 constexpr uint64_t kAckKeyMask = (uint64_t{1} << (kNcclTagBits + kSeqBits)) - 1;
 inline uint64_t ackKey(uint64_t dataTag) { return dataTag & kAckKeyMask; }
 // The data tag an acknowledged message travels under to comm `commId` (a send sent again: rail failover).
@@ -265,11 +284,13 @@ struct AckMsg {
   uint32_t magic;
   uint16_t count;
   uint8_t fenced;  // bit per rail (above)
-  uint8_t reserved;
+  uint8_t readmit;  // a rail re-admitted (above), 0: none
   uint32_t toComm;  // the send comm the acknowledgement is for (where OfferMsg::toComm is)
-  uint32_t reserved2;
-  uint64_t key[kMaxKeys];  // ackKey of each message taken
-  static size_t bytes(int count) { return offsetof(AckMsg, key) + sizeof(uint64_t) * count; }
+  uint32_t alias;   // with readmit: the comm id of the messages on that rail
+  uint64_t key[kMaxKeys + 1];  // ackKey of each message taken; with readmit, then the threshold
+  static size_t bytes(int count, bool readmit = false) {
+    return offsetof(AckMsg, key) + sizeof(uint64_t) * (count + (readmit ? 1 : 0));
+  }
 };
 
 // ---- remote completion data of RMA writes (rdma protocol) ----

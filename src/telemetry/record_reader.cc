@@ -49,6 +49,8 @@ LineKind parseRecordLine(const std::string& line, OpRecord* op, std::string* com
           r.bytes = x.value("bytes", uint64_t{0});
           r.failovers = x.value("failovers", uint64_t{0});
           r.moved = x.value("moved", uint64_t{0});
+          r.readmits = x.value("readmits", uint64_t{0});
+          r.msgsSinceReadmit = x.value("msgs_since_readmit", uint64_t{0});
           c.rails.push_back(std::move(r));
         }
       }

@@ -359,6 +359,7 @@ void addRailTotals(const ConnStats& c, std::map<std::string, RailTotals>* totals
     t.downs += c.rails[k].downs.load(std::memory_order_relaxed);
     t.recoveries += c.rails[k].recoveries.load(std::memory_order_relaxed);
     t.failovers += c.rails[k].failovers.load(std::memory_order_relaxed);
+    t.readmits += c.rails[k].readmits.load(std::memory_order_relaxed);
   }
 }
 }  // namespace
@@ -378,12 +379,12 @@ void Sink::connRecord(ConnStats* c, bool final) {
   for (int k = 0; k < c->nRails; ++k) {
     const RailHealth& h = c->rails[k];
     rails += fmt::format(
-        R"({}{{"rail":{},"device":"{}","up":{},"downs":{},"recoveries":{},"last_down":"{}","msgs":{},"bytes":{},"failovers":{},"moved":{}}})",
+        R"({}{{"rail":{},"device":"{}","up":{},"downs":{},"recoveries":{},"last_down":"{}","msgs":{},"bytes":{},"failovers":{},"moved":{},"readmits":{},"msgs_since_readmit":{}}})",
         k == 0 ? ",\"rails\":[" : ",", k, jsonEscape(h.device), h.up.load(std::memory_order_relaxed) != 0,
         h.downs.load(std::memory_order_relaxed), h.recoveries.load(std::memory_order_relaxed),
         railEventName(h.lastDownEvent()), h.msgs.load(std::memory_order_relaxed),
         h.bytes.load(std::memory_order_relaxed), h.failovers.load(std::memory_order_relaxed),
-        h.moved.load(std::memory_order_relaxed));
+        h.moved.load(std::memory_order_relaxed), h.readmits.load(std::memory_order_relaxed), h.msgsSinceReadmit());
   }
   if (!rails.empty()) rails += "]";
   addRailTotals(*c, &railsClosed_);
@@ -449,6 +450,7 @@ void Sink::writePromLocked() {
   std::string railBytes = "# HELP weft_conn_rail_bytes_total Bytes a weft connection sent on each rail.\n# TYPE weft_conn_rail_bytes_total counter\n";
   std::string railFo = "# HELP weft_conn_rail_failovers_total Times a weft connection moved its traffic off a rail (WEFT_RAIL_FAILOVER).\n# TYPE weft_conn_rail_failovers_total counter\n";
   std::string railMoved = "# HELP weft_conn_rail_moved_total Messages a weft connection moved off a failed rail (sent again, or posted again, elsewhere).\n# TYPE weft_conn_rail_moved_total counter\n";
+  std::string railRe = "# HELP weft_conn_rail_readmits_total Times a weft connection took a failed-over rail back (WEFT_RAIL_READMIT).\n# TYPE weft_conn_rail_readmits_total counter\n";
   bool anyRails = false;
   for (ConnStats* c : conns_) {
     std::string l = fmt::format("conn=\"{}\",dir=\"{}\",peer=\"{}\",device=\"{}\"", c->id, c->isSend ? "send" : "recv",
@@ -467,10 +469,11 @@ void Sink::writePromLocked() {
       railBytes += fmt::format("weft_conn_rail_bytes_total{{{}}} {}\n", rl, h.bytes.load(std::memory_order_relaxed));
       railFo += fmt::format("weft_conn_rail_failovers_total{{{}}} {}\n", rl, h.failovers.load(std::memory_order_relaxed));
       railMoved += fmt::format("weft_conn_rail_moved_total{{{}}} {}\n", rl, h.moved.load(std::memory_order_relaxed));
+      railRe += fmt::format("weft_conn_rail_readmits_total{{{}}} {}\n", rl, h.readmits.load(std::memory_order_relaxed));
       anyRails = true;
     }
   }
-  if (anyRails) connLat += railUp + railDowns + railRec + railBytes + railFo + railMoved;
+  if (anyRails) connLat += railUp + railDowns + railRec + railBytes + railFo + railMoved + railRe;
   // Per NIC, every connection of this process together, closed ones included: what an alert watches.
   std::map<std::string, RailTotals> railTotals = railsClosed_;
   for (ConnStats* c : conns_) addRailTotals(*c, &railTotals);
@@ -484,6 +487,9 @@ void Sink::writePromLocked() {
     connLat += "# HELP weft_rail_failovers_total Times a connection moved its traffic off this NIC (rail), every connection of the process.\n"
                "# TYPE weft_rail_failovers_total counter\n";
     for (const auto& [dev, t] : railTotals) connLat += fmt::format("weft_rail_failovers_total{{device=\"{}\"}} {}\n", promEscape(dev), t.failovers);
+    connLat += "# HELP weft_rail_readmits_total Times a connection took this NIC (rail) back after a failover, every connection of the process.\n"
+               "# TYPE weft_rail_readmits_total counter\n";
+    for (const auto& [dev, t] : railTotals) connLat += fmt::format("weft_rail_readmits_total{{device=\"{}\"}} {}\n", promEscape(dev), t.readmits);
   }
   // What NCCL (or a profiler driver) sent that could not be right: counted, never fatal.
   const Anomalies an = anomalies();

@@ -39,7 +39,7 @@ void attachWriter() noexcept;
 
 // One NIC's rail events over connections (the Prometheus file's weft_rail_*_total).
 struct RailTotals {
-  uint64_t downs = 0, recoveries = 0, failovers = 0;
+  uint64_t downs = 0, recoveries = 0, failovers = 0, readmits = 0;
 };
 
 class Sink {

@@ -31,3 +31,19 @@ TEST_CASE("the table refuses more distinct tags than it holds, and keeps the one
   REQUIRE(s.peek(7919, 0, &seq));
   CHECK(seq == 1);
 }
+
+TEST_CASE("counts never wrap, and the highest next count bounds every tag's", "[tags]") {
+  TagSequence s;
+  CHECK(s.maxNext() == 0);
+  uint64_t count = 99;
+  REQUIRE(s.peek(3, 0, &count));
+  CHECK(count == 0);
+  for (int i = 0; i < 5; ++i) s.consume(3);
+  s.consume(4);
+  REQUIRE(s.peek(3, 2, &count));
+  CHECK(count == 7);
+  CHECK(s.maxNext() == 5);  // tag 3 next takes 5, tag 4 takes 1
+  uint32_t seq = 0;
+  REQUIRE(s.peek(4, 0, &seq));
+  CHECK(seq == 1);
+}

@@ -98,7 +98,8 @@ TEST_CASE("connection records are read back with their rails, and skipped by rea
       R"({"v":1,"type":"conn","host":"h","pid":7,"conn":1,"dir":"send","peer":"p","device":"e0+e1","msgs":3,)"
       R"("bytes":300,"lat_p50_us":1.0,"lat_p99_us":2.0,"rails":[{"rail":0,"device":"e0","up":true,"downs":0,)"
       R"("recoveries":0,"last_down":"none","msgs":2,"bytes":200},{"rail":1,"device":"e1","up":false,"downs":2,)"
-      R"("recoveries":1,"last_down":"link_down","msgs":1,"bytes":100,"failovers":1,"moved":3}],"time_ns":5})";
+      R"("recoveries":1,"last_down":"link_down","msgs":1,"bytes":100,"failovers":1,"moved":3,"readmits":1,)"
+      R"("msgs_since_readmit":7}],"time_ns":5})";
   OpRecord op;
   std::string comm, name, err;
   ConnRecord c;
@@ -115,6 +116,9 @@ TEST_CASE("connection records are read back with their rails, and skipped by rea
   CHECK(c.rails[1].failovers == 1);  // rail failover; absent (older records, rail 0 here): 0
   CHECK(c.rails[1].moved == 3);
   CHECK(c.rails[0].failovers == 0);
+  CHECK(c.rails[1].readmits == 1);
+  CHECK(c.rails[1].msgsSinceReadmit == 7);
+  CHECK(c.rails[0].readmits == 0);
   CHECK(parseRecordLine(line, &op, &comm, &name, &err) == LineKind::kOther);
   // A single-rail connection has no rails; a malformed rail is a malformed line.
   CHECK(parseRecordLine(R"({"v":1,"type":"conn","host":"h","msgs":1})", &op, &comm, &name, &err, &c) ==

@@ -49,10 +49,31 @@ TEST_CASE("an acknowledgement key names a message among its comm's, and gives ba
   CHECK(offsetof(AckMsg, toComm) == offsetof(OfferMsg, toComm));
   CHECK(offsetof(AckMsg, magic) == offsetof(OfferMsg, magic));
   CHECK(AckMsg::bytes(0) == offsetof(AckMsg, key));
-  CHECK(AckMsg::bytes(AckMsg::kMaxKeys) == sizeof(AckMsg));
-  CHECK(kRailDown != kCloseNotice);
-  CHECK(kRailDown != kCloseAck);
-  CHECK(kRailDown != kProbeBody);
+  CHECK(AckMsg::bytes(AckMsg::kMaxKeys, true) == sizeof(AckMsg));  // a re-admission's threshold after the keys
+  CHECK(AckMsg::bytes(1, true) == AckMsg::bytes(2));
+  for (uint64_t body : {kRailDown, kRailUp}) {
+    CHECK(body != kCloseNotice);
+    CHECK(body != kCloseAck);
+    CHECK(body != kProbeBody);
+  }
+  CHECK(kRailDown != kRailUp);
+}
+
+TEST_CASE("a rail re-admission note names the comm, the rail, the step and the try", "[wire]") {
+  for (uint32_t comm : {1u, 0x1234u, kMaxCommId}) {
+    for (int rail : {1, 3}) {
+      for (RailUpStep step : {kRailHello, kRailHelloAck, kRailReady}) {
+        for (uint16_t attempt : {uint16_t{0}, uint16_t{1}, uint16_t{0xffff}}) {
+          const uint64_t w = railUpWord(comm, rail, step, attempt);
+          CHECK(railUpComm(w) == comm);
+          CHECK(railUpRail(w) == rail);
+          CHECK(railUpStep(w) == step);
+          CHECK(railUpAttempt(w) == attempt);
+        }
+      }
+    }
+  }
+  static_assert(kMaxCommId <= 0xffffff, "a comm id fits the note's 24 bits");
 }
 
 TEST_CASE("NCCL tags outside the field are refused, not folded", "[wire]") {

@@ -455,6 +455,54 @@ void faultsRailDown(CheckEnv& env) {
   env.oob.barrier("detected", env.timeout);  // both ends looked while the rail was still down
   if (!env.recv()) setVictim(true);
   env.oob.barrier("up", env.timeout);
+  // Back up, under failover with re-admission (WEFT_RAIL_READMIT, on unless 0): the same connection takes the rail
+  // back while it carries data (both ends count it), and goes on carrying data, its later messages on that rail
+  // again (rail_down_test.sh finds them in the connection records). The sender decides each round.
+  auto readmitRounds = [&](const char* phase) {
+    long long before = 0, now = 0;
+    env.plugin->stat("fabric.rail_readmits", &before);
+    const auto t0 = std::chrono::steady_clock::now();
+    double tookMs = -1;
+    int rounds = 0, at = -1;
+    for (;;) {
+      bool again;
+      if (!env.recv()) {
+        if (at < 0 && env.plugin->stat("fabric.rail_readmits", &now) && now > before) {
+          at = rounds;
+          tookMs = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        }
+        again = at < 0 ? std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30) : rounds - at < 24;
+        env.oob.send(again ? "again" : "done");
+      } else {
+        again = env.oob.recvString(env.timeout) == "again";
+      }
+      if (!again) break;
+      streamOf(env, c, 64, 64 << 10, 200 + static_cast<uint64_t>(rounds));
+      ++rounds;
+    }
+    env.plugin->stat("fabric.rail_readmits", &now);
+    if (now <= before)
+      fail(std::string(phase) + ": under WEFT_RAIL_FAILOVER=1 the connection did not take the rail back within 30 s "
+           "of carrying data (weftNetStat fabric.rail_readmits)");
+    if (!env.recv())
+      std::printf("INFO\t%s: the rail was taken back %.0f ms after it came up (%d rounds of 64 messages), then "
+                  "%d more rounds\n", phase, tookMs, at, rounds - at);
+  };
+  const char* ra = std::getenv("WEFT_RAIL_READMIT");
+  if (failover && r == ncclSuccess && env.plugin != nullptr && !(ra != nullptr && std::string(ra) == "0")) {
+    readmitRounds("back up");
+    // The rail taken back fails again under load: what it had in flight now travels under the comm id the
+    // receiver gave the rail when taking it back, and must move to rail 0 all the same; then it is taken back
+    // once more (after twice the wait: it failed soon after the last time).
+    double took2 = 0;
+    if (ncclResult_t r2 = run4(c, reg, "down again", std::chrono::milliseconds(0), &took2); r2 != ncclSuccess)
+      fail(std::string("down again: the requests failed (") + resultName(r2) + ") instead of moving to rail 0");
+    streamOf(env, c, 16, size, 57);
+    env.oob.barrier("detected again", env.timeout);
+    if (!env.recv()) setVictim(true);
+    env.oob.barrier("up again", env.timeout);
+    readmitRounds("back up again");
+  }
   // Completed (the plugin moved the traffic, or a send it completes once buffered) or failed: either is an answer
   // within the bound. A failure must have been put down to the rail.
   if (counted && r != ncclSuccess && downsAfter <= downsBefore)
@@ -533,6 +581,10 @@ void faultsRailFlapSoak(CheckEnv& env) {
     std::printf("INFO\t%s flapped %d times (down 0.8 s each) during %d rounds of the soak (%.1f s)\n", victim.c_str(),
                 flaps.load(), rounds, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   if (counted) std::printf("INFO\trails seen down %lld times, back up %lld times\n", downs - downs0, rec - rec0);
+  long long fo = 0, re = 0;
+  if (counted && env.plugin->stat("fabric.rail_failovers", &fo) && env.plugin->stat("fabric.rail_readmits", &re) &&
+      fo > 0)
+    std::printf("INFO\trails failed over %lld times, taken back %lld times (this process)\n", fo, re);
 }
 
 // A flush on a comm whose peer died (NCCL's proxy flushes the receive it just completed, and the sender may be

@@ -130,10 +130,10 @@ bool loadRecords(const std::string& dir, Loaded& L) {
 
 // Per host and NIC of multi-rail connections: what they sent on it, how often they saw it go down and come back
 // (and why), how many closed with it down, how often they failed it over and how many messages they moved off it
-// (rail failover). Nothing where no connection had several rails.
+// (rail failover) and took it back (re-admission). Nothing where no connection had several rails.
 void printRails(const Loaded& L) {
   struct Nic {
-    uint64_t conns = 0, bytes = 0, downs = 0, recoveries = 0, closedDown = 0, failovers = 0, moved = 0;
+    uint64_t conns = 0, bytes = 0, downs = 0, recoveries = 0, closedDown = 0, failovers = 0, moved = 0, readmits = 0;
     std::map<std::string, uint64_t> why;
   };
   std::map<std::pair<std::string, std::string>, Nic> nics;
@@ -147,22 +147,23 @@ void printRails(const Loaded& L) {
       if (!r.up) ++n.closedDown;
       n.failovers += r.failovers;
       n.moved += r.moved;
+      n.readmits += r.readmits;
       if (r.downs > 0) n.why[r.lastDown] += 1;
     }
   }
   if (nics.empty()) return;
   std::printf("\n== rails (the NICs of multi-rail weft connections, per host: every connection's record together)\n");
-  std::printf("  %-20s %-16s %7s %12s %7s %10s %11s %9s %7s  %s\n", "host", "nic", "conns", "sent", "downs",
-              "recoveries", "closed down", "failovers", "moved", "last went down (connections)");
+  std::printf("  %-20s %-16s %7s %12s %7s %10s %11s %9s %7s %8s  %s\n", "host", "nic", "conns", "sent", "downs",
+              "recoveries", "closed down", "failovers", "moved", "readmits", "last went down (connections)");
   for (const auto& [key, n] : nics) {
     std::string why;
     for (const auto& [w, k] : n.why) why += fmt::format("{}{} ({})", why.empty() ? "" : ", ", w, k);
-    std::printf("  %-20s %-16s %7llu %12s %7llu %10llu %11llu %9llu %7llu  %s\n", key.first.c_str(),
+    std::printf("  %-20s %-16s %7llu %12s %7llu %10llu %11llu %9llu %7llu %8llu  %s\n", key.first.c_str(),
                 key.second.c_str(), static_cast<unsigned long long>(n.conns),
                 humanBytes(static_cast<double>(n.bytes)).c_str(), static_cast<unsigned long long>(n.downs),
                 static_cast<unsigned long long>(n.recoveries), static_cast<unsigned long long>(n.closedDown),
                 static_cast<unsigned long long>(n.failovers), static_cast<unsigned long long>(n.moved),
-                why.empty() ? "-" : why.c_str());
+                static_cast<unsigned long long>(n.readmits), why.empty() ? "-" : why.c_str());
   }
 }
 

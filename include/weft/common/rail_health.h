@@ -42,6 +42,14 @@ struct RailHealth {
   // off it (sends sent again on another rail, receives posted again there).
   std::atomic<uint32_t> failovers{0};
   std::atomic<uint64_t> moved{0};
+  // Times the connection took the rail back after a failover (WEFT_RAIL_READMIT), and `msgs` when it last did.
+  std::atomic<uint32_t> readmits{0};
+  std::atomic<uint64_t> msgsAtReadmit{0};
+  uint64_t msgsSinceReadmit() const {
+    return readmits.load(std::memory_order_relaxed) == 0
+               ? 0
+               : msgs.load(std::memory_order_relaxed) - msgsAtReadmit.load(std::memory_order_relaxed);
+  }
 
   void setDevice(const char* name) {
     std::strncpy(device, name != nullptr ? name : "", sizeof(device) - 1);

@@ -26,6 +26,7 @@ struct RailRecord {
   bool up = true;
   uint64_t downs = 0, recoveries = 0, msgs = 0, bytes = 0;
   uint64_t failovers = 0, moved = 0;  // rail failover (absent from older records: 0)
+  uint64_t readmits = 0, msgsSinceReadmit = 0;  // re-admission after a failover (likewise)
 };
 struct ConnRecord {
   std::string host, dir, peer, device;

@@ -17,8 +17,21 @@ class TagSequence {
   bool peek(int tag, uint32_t ahead, uint32_t* seq) {
     Slot* s = slot(tag);
     if (s == nullptr) return false;
-    *seq = s->next + ahead;
+    *seq = static_cast<uint32_t>(s->next + ahead);
     return true;
+  }
+  // The same as a count that never wraps (how many messages of the tag came before this one).
+  bool peek(int tag, uint32_t ahead, uint64_t* count) {
+    Slot* s = slot(tag);
+    if (s == nullptr) return false;
+    *count = s->next + ahead;
+    return true;
+  }
+  // The highest next count over every tag seen (0 when none): a count no tag has reached yet is at least this.
+  uint64_t maxNext() const {
+    uint64_t m = 0;
+    for (const Slot& s : slots_) m = s.used && s.next > m ? s.next : m;
+    return m;
   }
   void consume(int tag) {
     Slot* s = slot(tag);
@@ -28,7 +41,7 @@ class TagSequence {
  private:
   struct Slot {
     int32_t tag;
-    uint32_t next;
+    uint64_t next;
     bool used;
   };
   Slot* slot(int tag) {
