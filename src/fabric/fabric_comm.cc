@@ -54,8 +54,14 @@ FabricDataComm::FabricDataComm(std::shared_ptr<EndpointGroup> group, std::vector
     ackCtx_[i].index = static_cast<uint16_t>(i);
     ackCtx_[i].kind = OpKind::kAck;
   }
-  if (proto_.acks && recvSide_) ackQ_.reserve(static_cast<size_t>(poolSize_) * kMaxRecvs);
-  if (proto_.failover) readmitFirstMs_ = params::getInt("WEFT_RAIL_READMIT");
+  if (proto_.failover) {
+    readmitFirstMs_ = params::getInt("WEFT_RAIL_READMIT");
+    ctlMoves_ = dev_.injectSize() >= wire::AckMsg::bytes(1, true);
+    if (ctlMoves_ && recvSide_) takenRing_.reset(new uint64_t[kMostSends]());
+  }
+  if (proto_.acks && recvSide_) {
+    ackQ_.reserve(static_cast<size_t>(poolSize_) * kMaxRecvs + (takenRing_ ? kMostSends : 0));
+  }
 }
 
 // Requests come kChunk at a time, when the comm first has more in flight than it had: an idle connection holds
@@ -170,7 +176,7 @@ void FabricDataComm::railDown(int k, RailEvent why, const std::string& detail) {
   const std::string line = fmt::format(
       "comm with {}: {} is down ({}: {}); {} requests outstanding{}", peerName_, railName(k), railEventName(why),
       detail, outstanding_,
-      proto_.failover && k != 0     ? "; its traffic moves to rail 0 (WEFT_RAIL_FAILOVER)"
+      proto_.failover               ? "; its traffic moves to another rail while one is left (WEFT_RAIL_FAILOVER)"
       : why == RailEvent::kLinkDown ? "; weft does not move traffic off a failed rail yet (docs/failover.md): the "
                                       "comm fails unless the link comes back within WEFT_PEER_TIMEOUT"
                                     : "");
@@ -321,7 +327,8 @@ FabricRequest* FabricDataComm::acquire() {
     FabricSendRequest& q = asSend(r);
     q.nSeg = q.nextSeg = q.segsLeft = 1;
     q.needAck = proto_.acks;
-    q.sent = q.acked = q.resend = q.resent = false;
+    q.sent = q.acked = q.resend = false;
+    q.resends = 0;
   }
   return r;
 }
@@ -538,6 +545,7 @@ bool FabricDataComm::postAck() {
   const int slot = inject ? -1 : std::countr_one(ackBusy_);
   wire::AckMsg& m = inject ? local : ackMsg_[slot];
   const bool readmit = readmitOut_ != 0;
+  const int rk = readmit ? std::countr_zero(readmitOut_) : 0;  // the rail re-admitted
   size_t most = wire::AckMsg::kMaxKeys;
   if (inject) most = std::min(most, (injectMax - offsetof(wire::AckMsg, key)) / sizeof(uint64_t) - (readmit ? 1 : 0));
   const int n = static_cast<int>(std::min(ackQ_.size(), most));
@@ -547,29 +555,31 @@ bool FabricDataComm::postAck() {
   // A re-admission rides on the first one: never after a fence of the same rail (the sender takes the re-admission
   // first, then the fence).
   m.fenced = static_cast<size_t>(n) == ackQ_.size() ? fenceOut_ : 0;
-  m.readmit = readmitOut_;
+  m.epoch = ctlEpoch_;
+  m.readmit = static_cast<uint8_t>(readmit ? rk + 1 : 0);
   m.toComm = peerId_;
-  m.alias = readmit ? railComm_[readmitOut_] : 0;
+  m.alias = readmit ? railComm_[rk] : 0;
   std::copy(ackQ_.begin(), ackQ_.begin() + n, m.key);
-  if (readmit) m.key[n] = switchAt_[readmitOut_];
+  if (readmit) m.key[n] = switchAt_[rk];
   const size_t bytes = wire::AckMsg::bytes(n, readmit);
-  ssize_t rc = inject ? fi_tinject(ctl().ep(), &m, bytes, rails_[0].peer, wire::ctrlTag(wire::CtrlKind::kOffer))
-                      : fi_tsend(ctl().ep(), &m, bytes, ackDesc_, rails_[0].peer, wire::ctrlTag(wire::CtrlKind::kOffer),
+  const int on = ctlRail_;
+  ssize_t rc = inject ? fi_tinject(ctl().ep(), &m, bytes, ctlPeer(), wire::ctrlTag(wire::CtrlKind::kOffer))
+                      : fi_tsend(ctl().ep(), &m, bytes, ackDesc_, ctlPeer(), wire::ctrlTag(wire::CtrlKind::kOffer),
                                  &ackCtx_[slot].fi);
-  if (rc == -FI_EAGAIN || railDownWait(0, rc)) return false;  // the next progress call (or completion) tries again
+  if (rc == -FI_EAGAIN || railDownWait(on, rc)) return false;  // the next progress call (or completion) tries again
   if (rc != 0) {
-    WEFT_WARN("comm with {}: sending a delivery acknowledgement on {} failed: {}", peerName_, railName(0),
+    WEFT_WARN("comm with {}: sending a delivery acknowledgement on {} failed: {}", peerName_, railName(on),
               fi_strerror(static_cast<int>(-rc)));
     fatal_ = statusOfFiError(static_cast<int>(-rc));
     return false;
   }
-  unreachableSinceMs_[0] = 0;
+  unreachableSinceMs_[on] = 0;
   if (!inject) ackBusy_ |= static_cast<uint8_t>(1u << slot);
   ++acksSent_;
   acksTaken_ += static_cast<uint64_t>(n);
   ackQ_.erase(ackQ_.begin(), ackQ_.begin() + n);
   fenceOut_ &= static_cast<uint8_t>(~m.fenced);
-  readmitOut_ = 0;
+  if (readmit) readmitOut_ &= static_cast<uint8_t>(~(1u << rk));
   return true;
 }
 
@@ -581,6 +591,14 @@ void FabricDataComm::onAck(const wire::AckMsg& m, size_t len) {
               peerName_, dev_.props().name);
     if (fatal_ == Status::kOk) fatal_ = Status::kRemote;
     return;
+  }
+  if (proto_.failover) {  // one sent before the receiver's control rail moved, arriving late: had again since
+    const auto ahead = static_cast<uint8_t>(m.epoch - ctlEpoch_);
+    if (ahead >= 128) {
+      ++strayAcks_;
+      return;
+    }
+    ctlEpoch_ = m.epoch;
   }
   acksSent_ += 1;
   acksTaken_ += m.count;
@@ -597,25 +615,27 @@ void FabricDataComm::onAck(const wire::AckMsg& m, size_t len) {
     if (!found) ++strayAcks_;
   }
   if (m.readmit != 0) {
-    const int k = m.readmit;
+    const int k = m.readmit - 1;
     const uint64_t at = m.key[m.count];
-    if (!proto_.failover || k >= nRails_ || (failed_ & (1u << k)) == 0 || m.alias == 0 || m.alias > wire::kMaxCommId) {
+    const bool again = k < nRails_ && (failed_ & (1u << k)) == 0 && railComm_[k] == m.alias && switchAt_[k] == at;
+    if (!proto_.failover || k >= nRails_ || ((failed_ & (1u << k)) == 0 && !again) || m.alias == 0 ||
+        m.alias > wire::kMaxCommId) {
       WEFT_WARN("peer {} on {} re-admitted a rail it cannot (rail {}, alias {}): connection closed for safety",
                 peerName_, dev_.props().name, k, m.alias);
       if (fatal_ == Status::kOk) fatal_ = Status::kRemote;
       return;
     }
     // By construction this end cannot have reached the threshold yet (fabric_comm.h): a message at or beyond it
-    // already sent on rail 0 would wait there for a receive posted on the rail.
-    if (seqs_.maxNext() > at) {
+    // already sent on the control rail would wait there for a receive posted on the rail.
+    if (!again && seqs_.maxNext() > at) {
       WEFT_WARN("comm with {}: the peer re-admitted {} from message {}, but messages up to {} have left on {}: "
-                "connection closed for safety", peerName_, railName(k), at, seqs_.maxNext() - 1, railName(0));
+                "connection closed for safety", peerName_, railName(k), at, seqs_.maxNext() - 1, railName(ctlRail_));
       if (fatal_ == Status::kOk) fatal_ = Status::kInternal;
       return;
     }
-    admitRail(k, m.alias, at, true);
+    if (!again) admitRail(k, m.alias, at, true);  // (again: said once more after the control rail moved)
   }
-  if ((m.fenced & 1) != 0 || (m.fenced >> nRails_) != 0 || (m.fenced != 0 && !proto_.failover)) {
+  if ((m.fenced >> nRails_) != 0 || (m.fenced != 0 && !proto_.failover)) {
     WEFT_WARN("peer {} on {} fenced a rail it cannot (rails {:#x}): connection closed for safety", peerName_,
               dev_.props().name, m.fenced);
     if (fatal_ == Status::kOk) fatal_ = Status::kRemote;
@@ -630,24 +650,30 @@ void FabricDataComm::onAck(const wire::AckMsg& m, size_t len) {
 // ---- rail failover (Protocol::failover, docs/failover.md step 3) ----
 
 bool FabricDataComm::failRail(int k, RailEvent why, const std::string& detail, bool peerSaid) {
-  if (!proto_.failover || k <= 0 || k >= nRails_ || fatal_ != Status::kOk) return false;
+  if (!proto_.failover || k < 0 || k >= nRails_ || fatal_ != Status::kOk) return false;
   const auto bit = static_cast<uint8_t>(1u << k);
   if ((failed_ & bit) != 0) return true;
+  const auto all = static_cast<uint8_t>((1u << nRails_) - 1);
+  if ((all & ~(failed_ | bit)) == 0) return false;  // no rail left: the comm fails
+  if (k == ctlRail_ && !ctlMoves_) return false;    // the control rail, where it cannot move
   failed_ |= bit;
   everFailed_ = true;
   fencedIn_ &= static_cast<uint8_t>(~bit);
   if (!recvSide_) readmitSchedule(k, coarseNowMs());
   RailHealth::bump(health_[k].failovers, 1);
   Endpoint::countRailFailover();
-  try {  // (called from completion handlers too: a log line that cannot be formatted changes nothing)
-    if (health_[k].isUp()) railDown(k, why, detail);
-    WEFT_INFO(NCCL_NET, "comm with {}: {} failed over ({}): its messages go to {} from now on", peerName_,
-              railName(k), detail, railName(0));
-  } catch (...) {
-  }
   if (recvSide_) {
     fencing_ |= bit;
     fenceSinceMs_ = coarseNowMs();
+  }
+  if (k == ctlRail_) moveCtl();
+  try {  // (called from completion handlers too: a log line that cannot be formatted changes nothing)
+    if (health_[k].isUp()) railDown(k, why, detail);
+    WEFT_INFO(NCCL_NET, "comm with {}: {} failed over ({}): its messages go to {} from now on", peerName_,
+              railName(k), detail, railName(ctlRail_));
+  } catch (...) {
+  }
+  if (recvSide_) {
     fenceStep();
   } else if (!peerSaid) {
     railNoteWant_ |= bit;
@@ -656,15 +682,30 @@ bool FabricDataComm::failRail(int k, RailEvent why, const std::string& detail, b
   return true;
 }
 
+// The control rail failed: the lowest rail left takes over (failRail made sure there is one). The receive side says
+// again, on it, what the old one may have lost (fabric_comm.h).
+void FabricDataComm::moveCtl() {
+  const auto all = static_cast<uint8_t>((1u << nRails_) - 1);
+  ctlRail_ = std::countr_zero(static_cast<uint8_t>(all & ~failed_));
+  if (!recvSide_) return;
+  ++ctlEpoch_;
+  const uint64_t n = std::min<uint64_t>(takenCount_, kMostSends);
+  for (uint64_t i = 0; i < n; ++i) ackQ_.push_back(takenRing_[(takenCount_ - n + i) % kMostSends]);
+  for (int j = 0; j < nRails_; ++j) {
+    if ((failed_ & (1u << j)) == 0 && railComm_[j] != 0) readmitOut_ |= static_cast<uint8_t>(1u << j);
+  }
+  fenceOut_ |= static_cast<uint8_t>(failed_ & ~fencing_);  // rails fenced before: their fence again
+}
+
 void FabricDataComm::onRailNote(uint32_t rails) noexcept {
   ++completions_;
-  if (!proto_.failover || recvSide_ == false || (rails & 1) != 0 || (rails >> nRails_) != 0) {
+  if (!proto_.failover || recvSide_ == false || (rails >> nRails_) != 0) {
     WEFT_WARN("peer {} on {} sent a rail-down note this connection did not agree to (rails {:#x}): ignored",
               peerName_, dev_.props().name, rails);
     return;
   }
   try {
-    for (int k = 1; k < nRails_; ++k) {
+    for (int k = 0; k < nRails_; ++k) {
       if ((rails & (1u << k)) != 0) failRail(k, RailEvent::kLinkDown, "the peer saw it fail", true);
     }
   } catch (...) {  // a log line that could not be formatted: the rails are failed over all the same
@@ -684,9 +725,9 @@ void FabricDataComm::fenceStep() {
     for (int b = 0; b < r.n; ++b) {
       const int k = r.rail[b];
       uint8_t& f = r.flags[b];
-      if (k == 0 || (fencing_ & (1u << k)) == 0 || (f & FabricRecvRequest::kDone) != 0) continue;
+      if ((fencing_ & (1u << k)) == 0 || (f & FabricRecvRequest::kDone) != 0) continue;
       if ((f & FabricRecvRequest::kNeedPost) != 0 && (f & FabricRecvRequest::kPosted) == 0) {
-        moveToRail0(r, b);  // never handed over: posted on rail 0 instead
+        moveToCtl(r, b);  // never handed over: posted on the control rail instead
         repost = true;
         continue;
       }
@@ -716,13 +757,20 @@ void FabricDataComm::fenceStep() {
 // the acknowledgement of every message taken there), so it is sent again on rail 0 with the same tag, where the
 // receiver has posted its receive again.
 void FabricDataComm::resendFenced(uint8_t rails) {
-  for (int k = 1; k < nRails_; ++k) {
+  for (int k = 0; k < nRails_; ++k) {
     if ((rails & (1u << k)) != 0) failRail(k, RailEvent::kLinkDown, "the peer fenced it", true);
   }
   for (int i = 0; i < allocated_; ++i) {
     FabricSendRequest& r = asSend(&req(i));
-    if (r.magic_ != kRequestMagic || !r.needAck || r.acked || r.resent || r.nSeg != 1 ||
+    if (r.magic_ != kRequestMagic || !r.needAck || r.acked || r.resend || r.nSeg != 1 ||
         (rails & (1u << r.pieceRail[0])) == 0) {
+      continue;
+    }
+    if (r.resends >= kMaxResends) {  // moved off one failed rail after another: its operations are all taken
+      WEFT_WARN("comm with {}: a message was sent again {} times, each time onto a rail that then failed: the comm "
+                "fails", peerName_, r.resends);
+      if (r.error == Status::kOk) r.error = Status::kRemote;
+      if (fatal_ == Status::kOk) fatal_ = Status::kRemote;
       continue;
     }
     r.resend = true;
@@ -730,37 +778,39 @@ void FabricDataComm::resendFenced(uint8_t rails) {
   }
 }
 
+// On the control rail (where the receiver posted it again), under the receive comm's own id.
 bool FabricDataComm::postResend(FabricSendRequest* r) {
+  const int on = ctlRail_;
   const uint64_t ftag = wire::dataTagOfKey(peerId_, r->ackKey);
-  const MemHandle* h = r->mh != nullptr ? r->mh->rail(0) : nullptr;
-  ssize_t rc = fi_tsend(rails_[0].ep->ep(), r->src, r->pieceLen[0], h != nullptr ? h->desc() : nullptr,
-                        rails_[0].peer, ftag, &r->ctx[kResendCtx].fi);
+  const MemHandle* h = r->mh != nullptr ? r->mh->rail(on) : nullptr;
+  ssize_t rc = fi_tsend(rails_[on].ep->ep(), r->src, r->pieceLen[0], h != nullptr ? h->desc() : nullptr,
+                        rails_[on].peer, ftag, &r->ctx[kResendCtx - r->resends].fi);
   if (rc == -FI_EAGAIN) return false;  // from test(), or the next fence
   r->resend = false;
   if (rc != 0) {
-    WEFT_WARN("comm with {}: sending a message again on {} failed: {}", peerName_, railName(0),
+    WEFT_WARN("comm with {}: sending a message again on {} failed: {}", peerName_, railName(on),
               fi_strerror(static_cast<int>(-rc)));
     if (r->error == Status::kOk) r->error = statusOfFiError(static_cast<int>(-rc));
     if (fatal_ == Status::kOk) fatal_ = r->error;
     return true;
   }
   ++r->ops;
-  r->resent = true;
+  ++r->resends;
   countMoved(r->pieceRail[0]);
-  r->pieceRail[0] = 0;
-  rails_[0].health->countSend(r->pieceLen[0]);
+  r->pieceRail[0] = static_cast<uint8_t>(on);
+  rails_[on].health->countSend(r->pieceLen[0]);
   return true;
 }
 
-// Send side: a rail-down note to the receive comm (on rail 0's probe receives), injected (16 bytes: failover is
-// agreed only where the provider injects that much).
+// Send side: a rail-down note to the receive comm (on the control rail's probe receives), injected (16 bytes:
+// failover is agreed only where the provider injects that much).
 void FabricDataComm::postRailNote() {
   const uint64_t body[2] = {wire::kRailDown, (static_cast<uint64_t>(railNoteWant_) << 32) | peerId_};
-  ssize_t rc = fi_tinject(ctl().ep(), body, sizeof(body), rails_[0].peer, wire::ctrlTag(wire::CtrlKind::kProbe));
+  ssize_t rc = fi_tinject(ctl().ep(), body, sizeof(body), ctlPeer(), wire::ctrlTag(wire::CtrlKind::kProbe));
   if (rc == -FI_EAGAIN) return;
   if (rc != 0) {
     WEFT_WARN("comm with {}: the rail-down note could not be sent on {}: {} (the receiver finds the failure itself)",
-              peerName_, railName(0), fi_strerror(static_cast<int>(-rc)));
+              peerName_, railName(ctlRail_), fi_strerror(static_cast<int>(-rc)));
   }
   railNoteWant_ = 0;
 }
@@ -779,9 +829,9 @@ void FabricDataComm::readmitSchedule(int k, int64_t nowMs) {
 }
 
 // Injected (16 bytes: failover is agreed only where the provider injects that much): nothing to wait for. The hello
-// and its answer go on the rail itself, the rest on rail 0.
+// and its answer go on the rail itself, the rest on the control rail.
 bool FabricDataComm::sendRailUp(int k, wire::RailUpStep step, uint16_t attempt) {
-  const int on = step == wire::kRailHello || step == wire::kRailHelloAck ? k : 0;
+  const int on = step == wire::kRailHello || step == wire::kRailHelloAck ? k : ctlRail_;
   const uint64_t body[2] = {wire::kRailUp, wire::railUpWord(peerId_, k, step, attempt)};
   return fi_tinject(rails_[on].ep->ep(), body, sizeof(body), rails_[on].peer,
                     wire::ctrlTag(wire::CtrlKind::kProbe)) == 0;
@@ -790,7 +840,7 @@ bool FabricDataComm::sendRailUp(int k, wire::RailUpStep step, uint16_t attempt) 
 // Send side, from progress while a fenced rail waits: see fabric_comm.h.
 void FabricDataComm::readmitStep(int64_t nowMs) {
   if (fatal_ != Status::kOk || readmitFirstMs_ <= 0) return;
-  for (int k = 1; k < nRails_; ++k) {
+  for (int k = 0; k < nRails_; ++k) {
     const auto bit = static_cast<uint8_t>(1u << k);
     if ((failed_ & fencedIn_ & bit) == 0) continue;
     Readmit& r = readmit_[k];
@@ -859,9 +909,9 @@ void FabricDataComm::onRailUp(Endpoint* ep, uint64_t word) noexcept {
   const int k = wire::railUpRail(word);
   const uint8_t step = wire::railUpStep(word);
   const uint16_t attempt = wire::railUpAttempt(word);
-  const bool onRail = k > 0 && k < nRails_ && ep == rails_[k].ep;
-  const bool onCtl = ep == rails_[0].ep;
-  if (!proto_.failover || k <= 0 || k >= nRails_) {
+  const bool onRail = k >= 0 && k < nRails_ && ep == rails_[k].ep;
+  const bool onCtl = (failed_ & (1u << railOfEndpoint(ep))) == 0 && !onRail;  // a rail both ends still use
+  if (!proto_.failover || k < 0 || k >= nRails_) {
     WEFT_WARN("peer {} on {} sent a rail re-admission note this connection did not agree to (rail {}): ignored",
               peerName_, dev_.props().name, k);
     return;
@@ -890,7 +940,7 @@ void FabricDataComm::onRailUp(Endpoint* ep, uint64_t word) noexcept {
       const uint64_t at = seqs_.maxNext() + kMostSends;
       admitRail(k, alias.get(), at, false);
       aliases_.push_back(std::move(alias));
-      readmitOut_ = static_cast<uint8_t>(k);
+      readmitOut_ |= bit;
       flushAcks();
     }
     return;
@@ -929,8 +979,8 @@ void FabricDataComm::onComplete(OpContext* ctx, size_t len) noexcept {
     Endpoint::countFlushRead();
   } else if (!recvSide_) {
     FabricSendRequest& q = asSend(r);
-    // A send sent again (rail failover) is sent by whichever of its two operations completes first.
-    if (--q.segsLeft == 0 || (q.resent && ctx->index == kResendCtx)) sendDone(&q);
+    // A send sent again (rail failover) is sent by whichever of its operations completes first.
+    if (--q.segsLeft == 0 || (q.resends > 0 && ctx->index > 0 && q.nSeg == 1)) sendDone(&q);
   } else {
     FabricRecvRequest& q = asRecv(r);
     int i = ctx->index;
@@ -989,16 +1039,18 @@ void FabricDataComm::onError(Endpoint* ep, OpContext* ctx, int fiErr, Status st)
       f &= static_cast<uint8_t>(~(FabricRecvRequest::kPosted | FabricRecvRequest::kCanceled |
                                   FabricRecvRequest::kClaim | FabricRecvRequest::kMoved));
       if (again) f |= FabricRecvRequest::kNeedPost;
-      if (moved) moveToRail0(asRecv(r), ctx->index);
+      if (moved) moveToCtl(asRecv(r), ctx->index);
       opDone(r);
       return;
     }
-    // A receive on a rail that failed (over, or now): posted again on rail 0.
+    // A receive on a rail that failed (over, or now: a connection error, not one of the message like a
+    // truncation): posted again on the control rail.
     const int k = railOfEndpoint(ep);
     if (fiErr != FI_ECANCELED && (f & FabricRecvRequest::kDone) == 0 && !closing_ &&
+        (st == Status::kRemote || (failed_ & (1u << k)) != 0) &&
         failRail(k, RailEvent::kErrorCompletion, fi_strerror(fiErr))) {
       f = FabricRecvRequest::kNeedPost;
-      moveToRail0(asRecv(r), ctx->index);
+      moveToCtl(asRecv(r), ctx->index);
       opDone(r);
       return;
     }
@@ -1016,6 +1068,7 @@ void FabricDataComm::onError(Endpoint* ep, OpContext* ctx, int fiErr, Status st)
     return;
   }
   if (ctx->kind == OpKind::kData && !recvSide_ && asSend(r).needAck && !asSend(r).acked &&
+      (st == Status::kRemote || (failed_ & (1u << railOfEndpoint(ep))) != 0) &&
       failRail(railOfEndpoint(ep), RailEvent::kErrorCompletion, fi_strerror(fiErr))) {
     opDone(r);  // unacknowledged: sent again on rail 0 once the receiver has fenced the rail
     return;
@@ -1025,7 +1078,7 @@ void FabricDataComm::onError(Endpoint* ep, OpContext* ctx, int fiErr, Status st)
   if (fatal_ == Status::kOk) {
     const int k = railOfEndpoint(ep);
     try {
-      railDown(k, RailEvent::kErrorCompletion, fi_strerror(fiErr));
+      if (st == Status::kRemote) railDown(k, RailEvent::kErrorCompletion, fi_strerror(fiErr));  // (a truncation: not)
       WEFT_WARN("comm with {}: an operation on {} failed ({}); the comm fails", peerName_, railName(k),
                 fi_strerror(fiErr));
     } catch (...) {  // a log line that cannot be formatted changes nothing
@@ -1265,10 +1318,14 @@ FabricSendComm::FabricSendComm(std::shared_ptr<EndpointGroup> group, std::vector
 
 Status FabricSendComm::start() {
   if (Status st = join(false); st != Status::kOk) return st;
-  // Acknowledgements come to rail 0's pool of offer receives (wire::AckMsg), whatever the protocol.
+  // Acknowledgements come to rail 0's pool of offer receives (wire::AckMsg), whatever the protocol; under rail
+  // failover to every rail's (the control rail moves when it fails).
   if (proto_.acks) {
-    if (Status st = ctl().ensureOfferPool(group_->shared() ? kSharedOfferRecvs : kOfferRecvs); st != Status::kOk) {
-      return st;
+    for (int k = 0; k < (ctlMoves_ ? nRails_ : 1); ++k) {
+      if (Status st = rails_[k].ep->ensureOfferPool(group_->shared() ? kSharedOfferRecvs : kOfferRecvs);
+          st != Status::kOk) {
+        return st;
+      }
     }
   }
   if (!proto_.rdma) return Status::kOk;

@@ -68,7 +68,9 @@ class FabricRequest : public Request {
   OpContext ctx[kMaxRecvs];  // a send's pieces (wire::kMaxPieces), a receive's buffers
 };
 static_assert(wire::kMaxPieces <= kMaxRecvs, "a send's pieces use the request's operation contexts");
-constexpr int kResendCtx = wire::kMaxPieces - 1;  // a tagged send sent again (rail failover): its second operation
+// A tagged send sent again (rail failover): its j-th time sent again uses ctx[kResendCtx + 1 - j], down to ctx[1].
+constexpr int kResendCtx = wire::kMaxPieces - 1;
+constexpr int kMaxResends = kResendCtx;
 
 class FabricSendRequest final : public FabricRequest {
  public:
@@ -91,8 +93,8 @@ class FabricSendRequest final : public FabricRequest {
   bool needAck = false;
   bool sent = false;
   bool acked = false;
-  bool resend = false;  // rail failover: to be sent again on rail 0 (the provider pushed back)
-  bool resent = false;  // sent again (its second operation uses ctx[kResendCtx])
+  bool resend = false;  // rail failover: to be sent again on the control rail (the provider pushed back)
+  uint8_t resends = 0;  // times sent again (the j-th time with ctx[kResendCtx + 1 - j])
   uint64_t ackKey = 0;
 };
 
@@ -182,17 +184,21 @@ class FabricDataComm : public DataSink {
   Status deregOnDevice(MemHandle* mh);
   Status checkHandle(const MemHandle* mh, const char* op) const;
   // The rail of a tagged message: count % rails (its count among the messages of its tag), both ends alike; a rail
-  // failed over (failed_) sends its share to rail 0 instead, and so does one re-admitted for the messages below
-  // the count both ends agreed it takes over from (switchAt_; rail failover, below).
+  // failed over (failed_) sends its share to the control rail instead, and so does one re-admitted for the messages
+  // below the count both ends agreed it takes over from (switchAt_; rail failover, below).
   int railOf(uint64_t count) const {
     if (nRails_ == 1) return 0;
     const int k = static_cast<int>(count % static_cast<uint64_t>(nRails_));
-    return (failed_ & (1u << k)) != 0 || count < switchAt_[k] ? 0 : k;
+    return (failed_ & (1u << k)) != 0 || count < switchAt_[k] ? ctlRail_ : k;
   }
   // The comm id the data tags of messages on rail k carry: the receive comm's own, or the alias it gave the rail
   // when it re-admitted it. base: this end's view of the receive comm's id.
   uint32_t tagComm(int k, uint32_t base) const { return railComm_[k] != 0 ? railComm_[k] : base; }
-  Endpoint& ctl() const { return *rails_[0].ep; }  // handshake, offers
+  // The control rail (handshake, offers, acknowledgements, notes): rail 0, until it fails over (the lowest rail not
+  // failed then).
+  Endpoint& ctl() const { return *rails_[ctlRail_].ep; }
+  fi_addr_t ctlPeer() const { return rails_[ctlRail_].peer; }
+  int ctlRail_ = 0;
   // Enters the group's comm table: from now on completions naming this comm come here. legacy32: remote writes
   // to it carry no comm id (it cannot share the group).
   Status join(bool legacy32);
@@ -293,6 +299,7 @@ class FabricDataComm : public DataSink {
   void noteTaken(uint64_t dataTag) {
     if (!proto_.acks) return;
     ackQ_.push_back(wire::ackKey(dataTag));
+    if (takenRing_) takenRing_[takenCount_++ % kMostSends] = ackQ_.back();
     if (!ackDeferred_) {
       ackDeferred_ = true;
       (parkedIn_ != nullptr ? parkedIn_ : group_.get())->table().defer(this);
@@ -325,14 +332,26 @@ class FabricDataComm : public DataSink {
     RailHealth::bump(health_[fromRail].moved, 1);
     Endpoint::countMoved();
   }
-  // Buffer b of r, off its failed rail: to be posted on rail 0, with its registration's descriptor there, under
-  // the comm's own id (the sender sends it again on rail 0 under that id, whatever alias the rail had).
-  void moveToRail0(FabricRecvRequest& r, int b) {
+  // Buffer b of r, off its failed rail: to be posted on the control rail, with its registration's descriptor
+  // there, under the comm's own id (the sender sends it again there under that id, whatever alias the rail had).
+  void moveToCtl(FabricRecvRequest& r, int b) {
     countMoved(r.rail[b]);
-    r.rail[b] = 0;
-    r.desc[b] = r.mh[b] != nullptr ? r.mh[b]->rail(0)->desc() : nullptr;
+    r.rail[b] = static_cast<uint8_t>(ctlRail_);
+    r.desc[b] = r.mh[b] != nullptr ? r.mh[b]->rail(ctlRail_)->desc() : nullptr;
     r.tag[b] = wire::dataTagOfKey(localId_.get(), wire::ackKey(r.tag[b]));
   }
+  // The control rail fails over too (Protocol::failover where acknowledgements are injected: nothing of the
+  // control traffic waits in a slot on a dead rail): acknowledgements, notes and the messages of failed rails move
+  // to the lowest rail not failed. Receive side: its acknowledgements carry the number of times it moved (ctlEpoch_;
+  // the sender drops those from before the last move, still arriving late on the old rail), and the keys of the
+  // last messages it took (takenRing_: kMostSends of them, as many as a sender can still wait for) go again on the
+  // new one, with every re-admission it announced: whatever was lost with the old rail comes again. Send side:
+  // ctlEpoch_ is the receiver's last seen.
+  bool ctlMoves_ = false;
+  uint8_t ctlEpoch_ = 0;
+  std::unique_ptr<uint64_t[]> takenRing_;
+  uint64_t takenCount_ = 0;
+  void moveCtl();
   // True when failover took the failure of rail k (the comm goes on); false: not enabled, or rail 0.
   bool failRail(int k, RailEvent why, const std::string& detail, bool peerSaid = false);
   void fenceStep();   // receive side: cancels, reposts; the fence once nothing is left on a failed rail
@@ -359,7 +378,7 @@ class FabricDataComm : public DataSink {
   static constexpr uint64_t kMostSends = static_cast<uint64_t>(kMaxRequests) * kMaxRecvs;  // a send comm's pool
   // Receive side.
   std::vector<CommId> aliases_;  // every alias it gave out (retired at close)
-  uint8_t readmitOut_ = 0;  // the rail whose re-admission the next acknowledgement carries (0: none)
+  uint8_t readmitOut_ = 0;  // rails whose re-admission the next acknowledgements carry (one each, lowest first)
   // Send side.
   uint8_t fencedIn_ = 0;  // rails the receiver fenced
   struct Readmit {

@@ -701,7 +701,8 @@ int64_t Endpoint::linkDownForMs(int64_t nowMs, bool fresh) {
 // Control sends wait here until the provider takes them: rxm answers -FI_EAGAIN until its connection to the
 // peer is up, which needs the peer to make progress too, so they are retried on every later progress call.
 void Endpoint::flushControl() {
-  bool still = false;
+  if (controlRetryMs_ != 0 && coarseNowMs() < controlRetryMs_) return;  // (still queued)
+  bool still = false, unreachable = false;
   // Hands one queued control message to the provider: in flight, still queued (EAGAIN), or failed (returned as
   // a status, the slot freed, a warning naming `what` when given).
   auto trySend = [&](SlotState& state, const void* buf, size_t len, fi_addr_t to, uint64_t tag, OpContext& ctx,
@@ -714,6 +715,14 @@ void Endpoint::flushControl() {
     }
     if (rc == -FI_EAGAIN) {
       still = true;
+      return Status::kOk;
+    }
+    if (rc == -FI_ENETUNREACH || rc == -FI_EHOSTUNREACH) {  // the link is down (for now): tried again shortly
+      if (controlRetryMs_ == 0 && !unreachable) {
+        WEFT_INFO(NCCL_NET, "sending {} on {}: {}; trying again every 100 ms",
+                  what != nullptr ? what : "a control message", dev_.props().name, fi_strerror(static_cast<int>(-rc)));
+      }
+      unreachable = still = true;
       return Status::kOk;
     }
     if (what != nullptr) {
@@ -738,6 +747,7 @@ void Endpoint::flushControl() {
     if (before == SlotState::kQueued && replySlot_[i] == SlotState::kFree) ++replyGen_[i];  // failed: it is over
   }
   controlQueued_ = still;
+  controlRetryMs_ = unreachable ? coarseNowMs() + 100 : 0;
 }
 
 Status Endpoint::ensureOfferPool(int n) {

@@ -291,6 +291,9 @@ class Endpoint {
   OpContext replyAnyCtx_;
   bool replyAnyPosted_ = false;
   bool controlQueued_ = false;  // a control send is waiting for the provider to accept it
+  // A control send refused for no route (the NIC's link is down: a flap) waits, tried again every 100 ms from
+  // then, within the connect's own deadline (WEFT_CONNECT_TIMEOUT), instead of failing the connect at once.
+  int64_t controlRetryMs_ = 0;
   OpContext probeRecvCtx_;
   std::unordered_map<fi_addr_t, std::unique_ptr<Liveness>> liveness_;  // by peer address, kept with the AV
   int64_t linkCheckMs_ = 0, linkDownSinceMs_ = 0;

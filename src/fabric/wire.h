@@ -266,11 +266,15 @@ struct OfferMsg {
 // Rail failover: `fenced` names the rails the receiver has stopped receiving on (every receive it had posted
 // there canceled or completed, reposted on rail 0); it rides on the acknowledgement that empties the receiver's
 // queue, so every message taken on those rails has been acknowledged before or with it: the sender sends again,
-// on rail 0, each send of theirs still unacknowledged.
-// Re-admission (kRailReady answered): `readmit` names the rail (0: none), `alias` the comm id messages on that rail
-// carry from now on (a new one each time: a copy of an earlier message left on the rail never matches), and the
-// word after the keys the threshold: a message whose count (among those of its tag) is at least that travels on
-// the rail again, one below it on rail 0.
+// on the control rail, each send of theirs still unacknowledged.
+// Control rail failover: a receiver whose control rail failed sends its acknowledgements on the lowest rail left,
+// with `epoch` one more (mod 256); the sender drops any of an older epoch (sent before the move, arriving late on the
+// old rail), having had their content again: the new control rail first carries the keys of the last messages
+// taken, the fences and the re-admissions in force.
+// Re-admission (kRailReady answered): `readmit` names the rail plus one (0: none), `alias` the comm id messages on
+// that rail carry from now on (a new one each time: a copy of an earlier message left on the rail never matches),
+// and the word after the keys the threshold: a message whose count (among those of its tag) is at least that
+// travels on the rail again, one below it on the control rail.
 constexpr uint64_t kAckKeyMask = (uint64_t{1} << (kNcclTagBits + kSeqBits)) - 1;
 inline uint64_t ackKey(uint64_t dataTag) { return dataTag & kAckKeyMask; }
 // The data tag an acknowledged message travels under to comm `commId` (a send sent again: rail failover).
@@ -282,9 +286,10 @@ struct AckMsg {
   static constexpr uint32_t kMagic = 0x5746414b;  // "WFAK"
   static constexpr int kMaxKeys = 64;
   uint32_t magic;
-  uint16_t count;
+  uint8_t count;
+  uint8_t epoch;   // rail failover: times the receiver's control rail moved (0 for an older peer: count was 16 bits)
   uint8_t fenced;  // bit per rail (above)
-  uint8_t readmit;  // a rail re-admitted (above), 0: none
+  uint8_t readmit;  // a rail re-admitted, plus one (above); 0: none
   uint32_t toComm;  // the send comm the acknowledgement is for (where OfferMsg::toComm is)
   uint32_t alias;   // with readmit: the comm id of the messages on that rail
   uint64_t key[kMaxKeys + 1];  // ackKey of each message taken; with readmit, then the threshold

@@ -10,6 +10,7 @@
 #   WEFT_RAIL_READMIT=0 is among them too, the connection that failed over takes the rail back once it is up, loses
 #   it again, and takes it back again: each end counts the rail down 3 times, back 3 times, failed over 3 times (the
 #   flap's connection once) and re-admitted twice, and the sender's record shows messages sent on the rail since.
+#   With --env CONFORMANCE_RAIL_VICTIM=first the rail taken down is rail 0, the control rail, instead of rail 1.
 #   --tcp: weft's native TCP backend, the two interfaces fused through makeVDevice (--rails fuse). It does not watch
 #   links: a flap is TCP's to retransmit, unseen; the rail that stays down fails with TCP_USER_TIMEOUT (probe_lost)
 #   or, once the neighbour entry is gone, "no route to host" (link_down).
@@ -26,6 +27,9 @@ case " $* " in *" WEFT_RAIL_FAILOVER=1 "*) failover=1 ;; esac
 readmits=0
 [ $failover = 1 ] && readmits=2
 case " $* " in *" WEFT_RAIL_READMIT=0 "*) readmits=0 ;; esac
+# The rail taken down: rail 1, or rail 0 (the control rail) with CONFORMANCE_RAIL_VICTIM=first among the arguments.
+v=1 o=0
+case " $* " in *" CONFORMANCE_RAIL_VICTIM=first "*) v=0 o=1 ;; esac
 downs=$((2 + readmits / 2))  # rail 1 down, per end: the flap, the down phase, and the second down after re-admission
 mode=(--rails explicit)
 [ $tcp = 1 ] && mode=(--rails fuse)
@@ -58,52 +62,55 @@ fi
 # Every multi-rail record names both rails.
 n=$(echo "$records" | grep -c '"rails":\[{"rail":0,.*{"rail":1,')
 [ "$n" -ge 4 ] || fail "$n connection records list two rails, wanted every one (4 or more)"
-# weft report sums them per NIC: rail 1 down on both ends (2 per end), back once, closed down once, never rail 0
+# weft report sums them per NIC: the rail taken down (rail 1 here) down on both ends (2 per end), back once, closed
+# down once, never the other
 # (failed over: back twice, none closed down, failed over by both comms with messages moved).
 "$weft" report "$dir" > "$dir/report.txt" 2>&1 || fail "weft report: $(cat "$dir/report.txt")"
 if [ $failover = 0 ]; then
-  grep -Eq ' v[a-z0-9]*a1 +[0-9]+ +[0-9.]+ [kMG]?B +2 +1 +1 +0 +0 +0  link_down \(2\)' "$dir/report.txt" ||
+  grep -Eq " v[a-z0-9]*a$v +[0-9]+ +[0-9.]+ [kMG]?B +2 +1 +1 +0 +0 +0  link_down \(2\)" "$dir/report.txt" ||
     fail "weft report's rails section: $(cat "$dir/report.txt")"
 else
   for end in a b; do
-    want=" v[a-z0-9]*${end}1 +[0-9]+ +[0-9.]+ [kMG]?B +$downs +$downs +0 +$downs +[1-9][0-9]* +$readmits  link_down \(2\)"
+    want=" v[a-z0-9]*${end}$v +[0-9]+ +[0-9.]+ [kMG]?B +$downs +$downs +0 +$downs +[1-9][0-9]* +$readmits"
+    want+="  link_down \(2\)"
     grep -Eq "$want" "$dir/report.txt" ||
-      fail "weft report's rails section (failover: down and back $downs times, none closed down, $readmits taken back):" \
+      fail "weft report's rails section (failover: down and back $downs times, none closed down," \
+        "$readmits taken back):" \
         "$(cat "$dir/report.txt")"
   done
 fi
-grep -Eq ' v[a-z0-9]*a0 +[0-9]+ +[0-9.]+ [kMG]?B +0 +0 +0 +0 +0 +0  -' "$dir/report.txt" ||
-  fail "weft report's rails section, rail 0: $(cat "$dir/report.txt")"
+grep -Eq " v[a-z0-9]*a$o +[0-9]+ +[0-9.]+ [kMG]?B +0 +0 +0 +0 +0 +0  -" "$dir/report.txt" ||
+  fail "weft report's rails section, rail $o: $(cat "$dir/report.txt")"
 # The Prometheus file each process left (written last at exit, every connection closed). The receiver waits for
 # data in both phases, so it sees both: rail 1 down twice and back once; the sender only where its sends stalled
 # (an RMA write the provider completes once buffered does not). Rail 0 is never down on either.
 prom=$dir/recv.prom
 [ $failover = 1 ] || downs=2
-grep -Eq "^weft_rail_down_total\{device=\"v[a-z0-9]*1\"\} $downs\$" "$prom" 2>/dev/null ||
-  fail "recv: the Prometheus file has no weft_rail_down_total of $downs for rail 1: $(grep weft_rail "$prom" 2>&1)"
-grep -Eq '^weft_rail_recoveries_total\{device="v[a-z0-9]*1"\} [1-9]' "$prom" ||
-  fail "recv: no recovery of rail 1 counted: $(grep weft_rail "$prom" 2>&1)"
+grep -Eq "^weft_rail_down_total\{device=\"v[a-z0-9]*$v\"\} $downs\$" "$prom" 2>/dev/null ||
+  fail "recv: the Prometheus file has no weft_rail_down_total of $downs for rail $v: $(grep weft_rail "$prom" 2>&1)"
+grep -Eq "^weft_rail_recoveries_total\{device=\"v[a-z0-9]*$v\"\} [1-9]" "$prom" ||
+  fail "recv: no recovery of rail $v counted: $(grep weft_rail "$prom" 2>&1)"
 for side in recv send; do
-  grep -Eq '^weft_rail_down_total\{device="v[a-z0-9]*0"\} 0$' "$dir/$side.prom" ||
-    fail "$side: rail 0 counted down, or no rail line: $(grep weft_rail "$dir/$side.prom" 2>&1)"
+  grep -Eq "^weft_rail_down_total\{device=\"v[a-z0-9]*$o\"\} 0\$" "$dir/$side.prom" ||
+    fail "$side: rail $o counted down, or no rail line: $(grep weft_rail "$dir/$side.prom" 2>&1)"
 done
 if [ $failover = 1 ]; then
   # Failed over: the records name the rail the connections moved off, and how many messages they moved; the
   # Prometheus files count it per NIC on both ends, never for rail 0.
-  echo "$records" | grep -Eq '"rail":1,[^}]*"failovers":[1-9],"moved":[1-9]' ||
-    fail "no connection record shows rail 1 failed over with messages moved"
+  echo "$records" | grep -Eq "\"rail\":$v,[^}]*\"failovers\":[1-9],\"moved\":[1-9]" ||
+    fail "no connection record shows rail $v failed over with messages moved"
   for side in recv send; do
-    grep -Eq '^weft_rail_failovers_total\{device="v[a-z0-9]*1"\} [1-9]' "$dir/$side.prom" ||
-      fail "$side: no failover of rail 1 in the Prometheus file: $(grep weft_rail "$dir/$side.prom" 2>&1)"
-    grep -Eq '^weft_rail_failovers_total\{device="v[a-z0-9]*0"\} 0$' "$dir/$side.prom" ||
-      fail "$side: rail 0 counted failed over: $(grep weft_rail "$dir/$side.prom" 2>&1)"
-    grep -Eq "^weft_rail_readmits_total\{device=\"v[a-z0-9]*1\"\} $readmits\$" "$dir/$side.prom" ||
-      fail "$side: rail 1 not taken back $readmits time(s) in the Prometheus file: $(grep weft_rail "$dir/$side.prom")"
+    grep -Eq "^weft_rail_failovers_total\{device=\"v[a-z0-9]*$v\"\} [1-9]" "$dir/$side.prom" ||
+      fail "$side: no failover of rail $v in the Prometheus file: $(grep weft_rail "$dir/$side.prom" 2>&1)"
+    grep -Eq "^weft_rail_failovers_total\{device=\"v[a-z0-9]*$o\"\} 0\$" "$dir/$side.prom" ||
+      fail "$side: rail $o counted failed over: $(grep weft_rail "$dir/$side.prom" 2>&1)"
+    grep -Eq "^weft_rail_readmits_total\{device=\"v[a-z0-9]*$v\"\} $readmits\$" "$dir/$side.prom" ||
+      fail "$side: rail $v not taken back $readmits time(s) in the Prometheus file: $(grep weft_rail "$dir/$side.prom")"
   done
   # Taken back: the send comm's later messages used the rail again.
   if [ $readmits != 0 ]; then
-    echo "$records" | grep '"dir":"send"' | grep -Eq '"rail":1,[^}]*"readmits":2,"msgs_since_readmit":[1-9]' ||
-      fail "no send connection record shows rail 1 taken back and carrying messages since"
+    echo "$records" | grep '"dir":"send"' | grep -Eq "\"rail\":$v,[^}]*\"readmits\":2,\"msgs_since_readmit\":[1-9]" ||
+      fail "no send connection record shows rail $v taken back and carrying messages since"
   fi
 fi
 echo "rail health: $(echo "$records" | wc -l) connection records; Prometheus:"

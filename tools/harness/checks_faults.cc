@@ -299,7 +299,8 @@ void faultsLinkDown(CheckEnv& env) {
 }
 
 // The interface a rail check takes down: the last by name of this namespace's (rail 1 under
-// netns_conformance.sh --rails explicit). Skips unless links may be taken down here and there are two rails.
+// netns_conformance.sh --rails explicit), or the first (rail 0, which carries the handshake and a plugin's control
+// traffic) with CONFORMANCE_RAIL_VICTIM=first. Skips unless links may be taken down here and there are two rails.
 std::string railToTakeDown() {
   if (std::getenv("CONFORMANCE_LINK_DOWN_OK") == nullptr)
     throw CheckSkip("takes a link down: only under netns_conformance.sh --rails explicit --link-down");
@@ -314,7 +315,8 @@ std::string railToTakeDown() {
   }
   std::sort(links.begin(), links.end());
   if (links.size() < 2) throw CheckSkip("needs two interfaces (rails) in the namespace: --rails explicit");
-  return links.back();
+  const char* v = std::getenv("CONFORMANCE_RAIL_VICTIM");
+  return v != nullptr && std::string(v) == "first" ? links.front() : links.back();
 }
 
 // One rail of a multi-rail device goes down mid-stream (the sender takes down the last of its interfaces by
