@@ -68,6 +68,9 @@ const std::vector<Check>& allChecks() {
        "netns_conformance.sh --rails explicit --link-down)", faultsRailDown},
       {"faults.rail_flap_soak", "soak.random while one of two rails flaps (down 0.8 s every 2 s): every byte checked, "
        "every request ends (alone, under netns_conformance.sh --rails explicit --link-down)", faultsRailFlapSoak},
+      {"faults.rails_all_down", "every rail of a multi-rail device goes down with requests pending: they end within a "
+       "bound (fail, where the plugin moves traffic between rails); back up, a new connection works (alone, under "
+       "netns_conformance.sh --rails explicit --link-down)", faultsRailsAllDown},
       {"soak.random", "16 connections, grouped receives of random sizes and tags in shuffled send order, every byte "
        "checked (--soak N messages)", soakRandom, true},
       {"diff.stream", "8 interleaved connections of seeded groups (4 with --quick): sizes reported and bytes up to 64 "

@@ -301,7 +301,7 @@ void faultsLinkDown(CheckEnv& env) {
 // The interface a rail check takes down: the last by name of this namespace's (rail 1 under
 // netns_conformance.sh --rails explicit), or the first (rail 0, which carries the handshake and a plugin's control
 // traffic) with CONFORMANCE_RAIL_VICTIM=first. Skips unless links may be taken down here and there are two rails.
-std::string railToTakeDown() {
+std::vector<std::string> railLinks() {
   if (std::getenv("CONFORMANCE_LINK_DOWN_OK") == nullptr)
     throw CheckSkip("takes a link down: only under netns_conformance.sh --rails explicit --link-down");
   if (!privateNetns()) throw CheckSkip("refusing to take links down outside a private network namespace");
@@ -315,8 +315,22 @@ std::string railToTakeDown() {
   }
   std::sort(links.begin(), links.end());
   if (links.size() < 2) throw CheckSkip("needs two interfaces (rails) in the namespace: --rails explicit");
+  return links;
+}
+
+std::string railToTakeDown() {
+  const std::vector<std::string> links = railLinks();
   const char* v = std::getenv("CONFORMANCE_RAIL_VICTIM");
   return v != nullptr && std::string(v) == "first" ? links.front() : links.back();
+}
+
+// Bandwidth of one phase of a rail check: 64 messages of `size` on c, timed on the receiving side (INFO line).
+void timedStream(CheckEnv& env, Conn& c, size_t size, uint64_t seed, const char* phase) {
+  const auto t0 = std::chrono::steady_clock::now();
+  streamOf(env, c, 64, size, seed);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (env.recv())
+    std::printf("INFO\tbandwidth %s: %.0f MB/s (64 messages of %zu KiB)\n", phase, 64.0 * size / s / 1e6, size >> 10);
 }
 
 // One rail of a multi-rail device goes down mid-stream (the sender takes down the last of its interfaces by
@@ -433,7 +447,8 @@ void faultsRailDown(CheckEnv& env) {
   }
   Conn c = establish(env, "rail");
   Registration reg(env.net, c.comm(), buf.data(), buf.size());
-  streamOf(env, c, 16, size);
+  streamOf(env, c, 16, size);  // (the connection's first messages set up the provider's own connections)
+  timedStream(env, c, size, 1, "before, both rails up");
   double took = 0;
   ncclResult_t r = run4(c, reg, "down", std::chrono::milliseconds(0), &took);
   if (failover) {
@@ -443,7 +458,7 @@ void faultsRailDown(CheckEnv& env) {
     }
     // Still down: the connection goes on, on the rail left.
     env.oob.barrier("still-down", env.timeout);
-    streamOf(env, c, 16, size, 55);
+    timedStream(env, c, size, 55, "during, one rail down");
     long long failovers = 0, moved = 0;
     if (env.plugin != nullptr && env.plugin->stat("fabric.rail_failovers", &failovers) &&
         env.plugin->stat("fabric.moved_messages", &moved)) {
@@ -493,6 +508,7 @@ void faultsRailDown(CheckEnv& env) {
   const char* ra = std::getenv("WEFT_RAIL_READMIT");
   if (failover && r == ncclSuccess && env.plugin != nullptr && !(ra != nullptr && std::string(ra) == "0")) {
     readmitRounds("back up");
+    timedStream(env, c, size, 56, "after, the rail taken back");
     // The rail taken back fails again under load: what it had in flight now travels under the comm id the
     // receiver gave the rail when taking it back, and must move to rail 0 all the same; then it is taken back
     // once more (after twice the wait: it failed soon after the last time).
@@ -513,6 +529,82 @@ void faultsRailDown(CheckEnv& env) {
   reg.release();
   closeThenReconnect(env, c, size, 78);
   if (counted) std::printf("INFO\trails seen down by this process: %lld\n", downsAfter - downsBefore);
+}
+
+// Every rail of a multi-rail device goes down (the sender takes down all of its interfaces) with requests pending:
+// they must end within the bound, and where the plugin moves traffic between rails (weft with WEFT_RAIL_FAILOVER=1)
+// they must fail, there being nowhere left to move it, and each rail must have been counted down. Back up, a new
+// connection carries data.
+void faultsRailsAllDown(CheckEnv& env) {
+  const std::vector<std::string> links = railLinks();
+  const char* fo = std::getenv("WEFT_RAIL_FAILOVER");
+  const bool failover = env.isWeft && fo != nullptr && std::string(fo) == "1";
+  auto setAll = [&](bool up) {
+    for (const std::string& l : links) {
+      std::string cmd = "ip link set dev " + l + (up ? " up" : " down");
+      if (std::system(cmd.c_str()) != 0) fail("'" + cmd + "' failed");
+    }
+  };
+  long long downsBefore = 0;
+  const bool counted = env.plugin != nullptr && env.plugin->stat("fabric.rail_downs", &downsBefore);
+  const size_t size = 1 << 20;
+  Buffer buf(size * 4);
+  Conn c = establish(env, "all");
+  Registration reg(env.net, c.comm(), buf.data(), buf.size());
+  streamOf(env, c, 8, size);
+  std::vector<void*> reqs;
+  if (env.recv()) reqs = postReceives(env, c, buf, reg, size, 4);
+  env.oob.barrier("posted", env.timeout);
+  if (!env.recv()) setAll(false);
+  env.oob.barrier("down", env.timeout);
+  const auto t0 = std::chrono::steady_clock::now();
+  ncclResult_t r = ncclSuccess;
+  size_t done = 0, posted = env.recv() ? 4 : 0;
+  std::vector<bool> over(4, false);
+  Deadline d(env.timeout);
+  try {
+    while (r == ncclSuccess && done < 4 && !d.expired()) {
+      if (posted < 4) {
+        void* req = nullptr;
+        r = env.net.isend(c.sendComm, buf.data() + posted * size, size, 0, reg.mh(), &req);
+        if (req) {
+          reqs.push_back(req);
+          ++posted;
+        }
+        continue;
+      }
+      for (size_t k = 0; k < reqs.size() && r == ncclSuccess; ++k) {
+        if (over[k]) continue;
+        int fin = 0, sizes[NCCL_PROXY_MAX_SUBS];
+        r = env.net.test(reqs[k], &fin, sizes);
+        if (fin) {
+          over[k] = true;
+          ++done;
+        }
+      }
+    }
+  } catch (...) {
+    if (!env.recv()) setAll(true);
+    throw;
+  }
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  long long downs = 0;
+  if (counted) env.plugin->stat("fabric.rail_downs", &downs);
+  env.oob.barrier("ended", env.timeout);
+  if (!env.recv()) setAll(true);
+  if (r == ncclSuccess && done < 4)
+    fail("with every rail down, pending requests neither failed nor completed within " +
+         std::to_string(env.timeout.count()) + " s");
+  if (failover && r == ncclSuccess)
+    fail("with every rail down, requests completed under WEFT_RAIL_FAILOVER=1: they cannot have been delivered");
+  if (r != ncclSuccess && counted && downs < downsBefore + static_cast<long long>(links.size()))
+    fail("the requests failed, but the plugin counted " + std::to_string(downs - downsBefore) + " of the " +
+         std::to_string(links.size()) + " rails going down (weftNetStat fabric.rail_downs)");
+  std::printf("INFO\tevery rail down: pending requests %s after %.0f ms\n",
+              r == ncclSuccess ? "completed" : (std::string("failed (") + resultName(r) + ")").c_str(), ms);
+  env.oob.barrier("up", env.timeout);
+  reg.release();
+  closeThenReconnect(env, c, size, 81);
 }
 
 // The soak (soak.random: connections, grouped receives of random sizes and tags, every byte checked) while the

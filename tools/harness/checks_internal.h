@@ -68,6 +68,7 @@ void faultsKilledMany(CheckEnv& env);
 void faultsLinkDown(CheckEnv& env);
 void faultsRailDown(CheckEnv& env);
 void faultsRailFlapSoak(CheckEnv& env);
+void faultsRailsAllDown(CheckEnv& env);
 void faultsReceiverKilled(CheckEnv& env);
 void faultsSenderKilled(CheckEnv& env);
 void hygieneConnectCycles(CheckEnv& env);
