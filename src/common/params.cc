@@ -91,11 +91,12 @@ const std::vector<Def> kDefs = {
    "(efa, verbs, cxi, opx, psm3) that offer RMA with 8 bytes of completion data, else sendrecv (software "
    "providers move RMA through the same stream; measured no faster). Both ends agree on the protocol at connect."},
   {"WEFT_RAIL_FAILOVER", Kind::kBool, "0", 0, 1, nullptr,
-   "Rail failover (libfabric backend, sendrecv protocol, experimental): when a rail other than the first of a "
-   "multi-rail connection fails (link down, failed operation, lost probe), its traffic moves to the first rail "
-   "and what it had in flight is sent again there, instead of the connection failing. Turns on delivery "
-   "acknowledgements on such connections (as WEFT_DELIVERY_ACK=rails, which it needs); both ends must ask for it. The first rail's failure still "
-   "fails the connection. A failed rail is taken back once it works again (WEFT_RAIL_READMIT; docs/failover.md)."},
+   "Rail failover (libfabric backend, sendrecv protocol, experimental): when a rail of a multi-rail connection "
+   "fails (link down, failed operation, lost probe), its traffic moves to the lowest rail left and what it had in "
+   "flight is sent again there, instead of the connection failing (the first rail's control traffic moves too). "
+   "Turns on delivery acknowledgements on such connections (as WEFT_DELIVERY_ACK=rails, which it needs); both ends "
+   "must ask for it. With no rail left the connection fails, as without it. A failed rail is taken back once it "
+   "works again (WEFT_RAIL_READMIT; docs/failover.md)."},
   {"WEFT_RAIL_READMIT", Kind::kInt, "1000", 0, 30000, nullptr,
    "Rail failover: milliseconds after a rail failed over before the connection tries to take it back (its link "
    "up, a round trip on it answered, then both ends agree from which message on it carries traffic again). The "
