@@ -301,6 +301,36 @@ void faultsLinkDown(CheckEnv& env) {
 // The interface a rail check takes down: the last by name of this namespace's (rail 1 under
 // netns_conformance.sh --rails explicit), or the first (rail 0, which carries the handshake and a plugin's control
 // traffic) with CONFORMANCE_RAIL_VICTIM=first. Skips unless links may be taken down here and there are two rails.
+// 4 messages of `size` from consecutive slots of buf, pending across a fault: each step the sender posts its next
+// send (a NULL request is posted again), or every request not over yet is tested once. The receiver's come posted
+// (postReceives). Returns the first error; `done` counts the requests over.
+struct Pending4 {
+  std::vector<void*> reqs;
+  size_t posted = 0, done = 0;
+  std::vector<bool> over = std::vector<bool>(4, false);
+  ncclResult_t step(CheckEnv& env, Conn& c, Buffer& buf, Registration& reg, size_t size) {
+    if (!env.recv() && posted < 4) {
+      void* req = nullptr;
+      ncclResult_t r = env.net.isend(c.sendComm, buf.data() + posted * size, size, 0, reg.mh(), &req);
+      if (req) {
+        reqs.push_back(req);
+        ++posted;
+      }
+      return r;
+    }
+    for (size_t k = 0; k < reqs.size(); ++k) {
+      if (over[k]) continue;
+      int fin = 0, sizes[NCCL_PROXY_MAX_SUBS];
+      if (ncclResult_t r = env.net.test(reqs[k], &fin, sizes); r != ncclSuccess) return r;
+      if (fin) {
+        over[k] = true;
+        ++done;
+      }
+    }
+    return ncclSuccess;
+  }
+};
+
 std::vector<std::string> railLinks() {
   if (std::getenv("CONFORMANCE_LINK_DOWN_OK") == nullptr)
     throw CheckSkip("takes a link down: only under netns_conformance.sh --rails explicit --link-down");
@@ -364,9 +394,9 @@ void faultsRailDown(CheckEnv& env) {
   // that long, testing meanwhile (0: it stays down). Returns the first error (ncclSuccess: all 4 completed).
   auto run4 = [&](Conn& c, Registration& reg, const char* phase, std::chrono::milliseconds whileDown,
                   double* tookMs) {
-    std::vector<void*> reqs;
+    Pending4 p;
     if (env.recv()) {
-      reqs = postReceives(env, c, buf, reg, size, 4);
+      p.reqs = postReceives(env, c, buf, reg, size, 4);
     } else {
       for (int i = 0; i < 4; ++i) buf.fill(static_cast<size_t>(i) * size, size, 90 + i);
     }
@@ -376,34 +406,18 @@ void faultsRailDown(CheckEnv& env) {
     auto t0 = std::chrono::steady_clock::now();
     bool restored = whileDown.count() == 0 || env.recv();  // the sender brings it back
     ncclResult_t r = ncclSuccess;
-    size_t done = 0, posted = 0;
     auto doneAt = t0;
     Deadline d(env.timeout);
-    std::vector<bool> over(4, false);
-    while (r == ncclSuccess && (done < 4 || !restored) && !d.expired()) {
+    while (r == ncclSuccess && (p.done < 4 || !restored) && !d.expired()) {
       if (!env.recv() && !restored && std::chrono::steady_clock::now() - t0 >= whileDown) {
         setVictim(true);
         restored = true;
       }
-      if (!env.recv() && posted < 4) {
-        void* req = nullptr;
-        r = env.net.isend(c.sendComm, buf.data() + posted * size, size, 0, reg.mh(), &req);
-        if (req) {
-          reqs.push_back(req);
-          ++posted;
-        }
-        continue;
-      }
-      for (size_t k = 0; k < reqs.size() && r == ncclSuccess; ++k) {
-        if (over[k]) continue;
-        int fin = 0, sizes[NCCL_PROXY_MAX_SUBS];
-        r = env.net.test(reqs[k], &fin, sizes);
-        if (fin) {
-          over[k] = true;
-          if (++done == 4) doneAt = std::chrono::steady_clock::now();
-        }
-      }
+      const size_t before = p.done;
+      r = p.step(env, c, buf, reg, size);
+      if (before < 4 && p.done == 4) doneAt = std::chrono::steady_clock::now();
     }
+    const size_t done = p.done;
     if (!env.recv() && !restored) setVictim(true);
     if (done < 4) doneAt = std::chrono::steady_clock::now();
     double ms = std::chrono::duration<double, std::milli>(doneAt - t0).count();  // until the requests ended
@@ -552,37 +566,16 @@ void faultsRailsAllDown(CheckEnv& env) {
   Conn c = establish(env, "all");
   Registration reg(env.net, c.comm(), buf.data(), buf.size());
   streamOf(env, c, 8, size);
-  std::vector<void*> reqs;
-  if (env.recv()) reqs = postReceives(env, c, buf, reg, size, 4);
+  Pending4 p;
+  if (env.recv()) p.reqs = postReceives(env, c, buf, reg, size, 4);
   env.oob.barrier("posted", env.timeout);
   if (!env.recv()) setAll(false);
   env.oob.barrier("down", env.timeout);
   const auto t0 = std::chrono::steady_clock::now();
   ncclResult_t r = ncclSuccess;
-  size_t done = 0, posted = env.recv() ? 4 : 0;
-  std::vector<bool> over(4, false);
   Deadline d(env.timeout);
   try {
-    while (r == ncclSuccess && done < 4 && !d.expired()) {
-      if (posted < 4) {
-        void* req = nullptr;
-        r = env.net.isend(c.sendComm, buf.data() + posted * size, size, 0, reg.mh(), &req);
-        if (req) {
-          reqs.push_back(req);
-          ++posted;
-        }
-        continue;
-      }
-      for (size_t k = 0; k < reqs.size() && r == ncclSuccess; ++k) {
-        if (over[k]) continue;
-        int fin = 0, sizes[NCCL_PROXY_MAX_SUBS];
-        r = env.net.test(reqs[k], &fin, sizes);
-        if (fin) {
-          over[k] = true;
-          ++done;
-        }
-      }
-    }
+    while (r == ncclSuccess && p.done < 4 && !d.expired()) r = p.step(env, c, buf, reg, size);
   } catch (...) {
     if (!env.recv()) setAll(true);
     throw;
@@ -592,7 +585,7 @@ void faultsRailsAllDown(CheckEnv& env) {
   if (counted) env.plugin->stat("fabric.rail_downs", &downs);
   env.oob.barrier("ended", env.timeout);
   if (!env.recv()) setAll(true);
-  if (r == ncclSuccess && done < 4)
+  if (r == ncclSuccess && p.done < 4)
     fail("with every rail down, pending requests neither failed nor completed within " +
          std::to_string(env.timeout.count()) + " s");
   if (failover && r == ncclSuccess)
