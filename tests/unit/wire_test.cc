@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstddef>
+#include <cstring>
 #include <set>
 
 #include "fabric/wire.h"
@@ -57,6 +58,22 @@ TEST_CASE("an acknowledgement key names a message among its comm's, and gives ba
     CHECK(body != kProbeBody);
   }
   CHECK(kRailDown != kRailUp);
+}
+
+TEST_CASE("an acknowledgement from a peer before rail failover reads as epoch 0, re-admitting nothing", "[wire]") {
+  // That peer wrote a 16-bit count and two zero bytes where the epoch and the re-admission are now.
+  unsigned char bytes[sizeof(AckMsg)] = {};
+  const uint32_t magic = AckMsg::kMagic;
+  const uint16_t count = 64;
+  std::memcpy(bytes, &magic, 4);
+  std::memcpy(bytes + 4, &count, 2);
+  AckMsg m;
+  std::memcpy(static_cast<void*>(&m), bytes, sizeof(m));
+  CHECK(m.count == 64);
+  CHECK(m.epoch == 0);
+  CHECK(m.fenced == 0);
+  CHECK(m.readmit == 0);
+  CHECK(offsetof(AckMsg, toComm) == 8);
 }
 
 TEST_CASE("a rail re-admission note names the comm, the rail, the step and the try", "[wire]") {
