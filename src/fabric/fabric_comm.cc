@@ -159,7 +159,7 @@ bool FabricDataComm::railDownWait(int k, ssize_t rc) {
     railDown(k, RailEvent::kLinkDown, fmt::format("a send found no route to the peer ({})",
                                                   fi_strerror(static_cast<int>(-rc))));
   }
-  // Failed over: pushed back, and posted again (by NCCL, or from test()) on rail 0.
+  // Failed over: pushed back, and posted again (by NCCL, or from test()) on the control rail.
   if (failRail(k, RailEvent::kLinkDown, "a send found no route to the peer")) return true;
   return now - unreachableSinceMs_[k] <= peerTimeoutMs_;
 }
@@ -206,10 +206,11 @@ void FabricDataComm::railUp(int k, int64_t nowMs) {
 // NCCL may close a comm with requests outstanding (communicator abort), and nothing of ours waits for the network
 // here.
 FabricDataComm::~FabricDataComm() {
-  // A receive comm that failed a rail over may have left a copy of a message (sent again on rail 0) unmatched in
+  // A receive comm that failed a rail over may have left a copy of a message (sent again elsewhere) unmatched in
   // that rail's queue, under a tag naming its id: the id is never given out again, so no later comm matches it.
   // Likewise every alias it gave a re-admitted rail.
-  const bool retire = recvSide_ && everFailed_;
+  bool retire = false;
+  for (int k = 0; recvSide_ && k < nRails_; ++k) retire |= health_[k].failovers.load(std::memory_order_relaxed) != 0;
   for (CommId& a : aliases_) a.retire();
   if (parkedIn_ != nullptr) {  // its endpoints may be closed already (the group is closing): not touched
     parkedIn_->table().detach(localId_.get());
@@ -449,7 +450,7 @@ void FabricDataComm::checkPeer() {
       case Endpoint::PeerVerdict::kOk: break;
       case Endpoint::PeerVerdict::kGone:
         railDown(k, RailEvent::kPeerGone, "a liveness probe failed");
-        if (failRail(k, RailEvent::kPeerGone, "a liveness probe failed")) break;  // rail 0's probe answers for the peer
+        if (failRail(k, RailEvent::kPeerGone, "a liveness probe failed")) break;  // the last rail's answers for the peer
         WEFT_WARN("peer {} on {} is gone: a liveness probe failed after {} ms without progress (process exited or "
                   "was killed, or the connection broke); its {} outstanding requests fail",
                   peerName_, railName(k), now - lastActivityMs_, outstanding_);
@@ -512,9 +513,9 @@ bool FabricDataComm::lingerStep() {
   return true;
 }
 
-// The messages taken and not yet acknowledged, up to AckMsg::kMaxKeys of them in one acknowledgement, on rail 0
-// (where the sender's offer receives are), while a slot is free: a message taken is acknowledged at once, and those
-// taken while every slot is in flight leave together when one completes.
+// The messages taken and not yet acknowledged, up to AckMsg::kMaxKeys of them in one acknowledgement, on the control
+// rail (where the sender's offer receives are), while a slot is free: a message taken is acknowledged at once, and
+// those taken while every slot is in flight leave together when one completes.
 void FabricDataComm::flushAcks() {
   if ((ackQ_.empty() && fenceOut_ == 0 && readmitOut_ == 0) || fatal_ != Status::kOk) return;
   if (dev_.injectSize() >= wire::AckMsg::bytes(1)) {
@@ -550,7 +551,7 @@ bool FabricDataComm::postAck() {
   if (inject) most = std::min(most, (injectMax - offsetof(wire::AckMsg, key)) / sizeof(uint64_t) - (readmit ? 1 : 0));
   const int n = static_cast<int>(std::min(ackQ_.size(), most));
   m.magic = wire::AckMsg::kMagic;
-  m.count = static_cast<uint16_t>(n);
+  m.count = static_cast<uint8_t>(n);
   // The fence rides on the acknowledgement that empties the queue: every message taken before it comes with it.
   // A re-admission rides on the first one: never after a fence of the same rail (the sender takes the re-admission
   // first, then the fence).
@@ -653,18 +654,17 @@ bool FabricDataComm::failRail(int k, RailEvent why, const std::string& detail, b
   if (!proto_.failover || k < 0 || k >= nRails_ || fatal_ != Status::kOk) return false;
   const auto bit = static_cast<uint8_t>(1u << k);
   if ((failed_ & bit) != 0) return true;
-  const auto all = static_cast<uint8_t>((1u << nRails_) - 1);
-  if ((all & ~(failed_ | bit)) == 0) return false;  // no rail left: the comm fails
-  if (k == ctlRail_ && !ctlMoves_) return false;    // the control rail, where it cannot move
+  if ((railMask() & ~(failed_ | bit)) == 0) return false;  // no rail left: the comm fails
+  if (k == ctlRail_ && !ctlMoves_) return false;          // the control rail, where it cannot move
+  const int64_t now = coarseNowMs();
   failed_ |= bit;
-  everFailed_ = true;
   fencedIn_ &= static_cast<uint8_t>(~bit);
-  if (!recvSide_) readmitSchedule(k, coarseNowMs());
+  if (!recvSide_) readmitSchedule(k, now);
   RailHealth::bump(health_[k].failovers, 1);
   Endpoint::countRailFailover();
   if (recvSide_) {
     fencing_ |= bit;
-    fenceSinceMs_ = coarseNowMs();
+    fenceSinceMs_ = now;
   }
   if (k == ctlRail_) moveCtl();
   try {  // (called from completion handlers too: a log line that cannot be formatted changes nothing)
@@ -685,8 +685,7 @@ bool FabricDataComm::failRail(int k, RailEvent why, const std::string& detail, b
 // The control rail failed: the lowest rail left takes over (failRail made sure there is one). The receive side says
 // again, on it, what the old one may have lost (fabric_comm.h).
 void FabricDataComm::moveCtl() {
-  const auto all = static_cast<uint8_t>((1u << nRails_) - 1);
-  ctlRail_ = std::countr_zero(static_cast<uint8_t>(all & ~failed_));
+  ctlRail_ = std::countr_zero(static_cast<uint8_t>(railMask() & ~failed_));
   if (!recvSide_) return;
   ++ctlEpoch_;
   const uint64_t n = std::min<uint64_t>(takenCount_, kMostSends);
@@ -713,7 +712,7 @@ void FabricDataComm::onRailNote(uint32_t rails) noexcept {
 }
 
 // Receive side: every receive still posted on a rail being fenced is canceled (its cancel completion posts it again
-// on rail 0, onError); one the provider will not cancel (being matched) completes, and is acknowledged. Once none is
+// on the control rail, onError); one the provider will not cancel (being matched) completes, and is acknowledged. Once none is
 // left on the rail, the fence goes out with the next acknowledgement. A receive that never resolves (matched, its
 // data stuck on the dead rail) fails the comm after WEFT_PEER_TIMEOUT.
 void FabricDataComm::fenceStep() {
@@ -754,8 +753,8 @@ void FabricDataComm::fenceStep() {
 }
 
 // Send side, on the receiver's fence: every send of those rails not acknowledged was not taken (the fence follows
-// the acknowledgement of every message taken there), so it is sent again on rail 0 with the same tag, where the
-// receiver has posted its receive again.
+// the acknowledgement of every message taken there), so it is sent again on the control rail with the same tag,
+// where the receiver has posted its receive again.
 void FabricDataComm::resendFenced(uint8_t rails) {
   for (int k = 0; k < nRails_; ++k) {
     if ((rails & (1u << k)) != 0) failRail(k, RailEvent::kLinkDown, "the peer fenced it", true);
@@ -802,11 +801,14 @@ bool FabricDataComm::postResend(FabricSendRequest* r) {
   return true;
 }
 
-// Send side: a rail-down note to the receive comm (on the control rail's probe receives), injected (16 bytes:
-// failover is agreed only where the provider injects that much).
+ssize_t FabricDataComm::injectNote(int on, uint64_t kind, uint64_t word) {
+  const uint64_t body[2] = {kind, word};
+  return fi_tinject(rails_[on].ep->ep(), body, sizeof(body), rails_[on].peer, wire::ctrlTag(wire::CtrlKind::kProbe));
+}
+
+// Send side: a rail-down note to the receive comm, on the control rail.
 void FabricDataComm::postRailNote() {
-  const uint64_t body[2] = {wire::kRailDown, (static_cast<uint64_t>(railNoteWant_) << 32) | peerId_};
-  ssize_t rc = fi_tinject(ctl().ep(), body, sizeof(body), ctlPeer(), wire::ctrlTag(wire::CtrlKind::kProbe));
+  ssize_t rc = injectNote(ctlRail_, wire::kRailDown, (static_cast<uint64_t>(railNoteWant_) << 32) | peerId_);
   if (rc == -FI_EAGAIN) return;
   if (rc != 0) {
     WEFT_WARN("comm with {}: the rail-down note could not be sent on {}: {} (the receiver finds the failure itself)",
@@ -828,13 +830,10 @@ void FabricDataComm::readmitSchedule(int k, int64_t nowMs) {
   r.nextMs = nowMs + wait;
 }
 
-// Injected (16 bytes: failover is agreed only where the provider injects that much): nothing to wait for. The hello
-// and its answer go on the rail itself, the rest on the control rail.
+// The hello and its answer go on the rail itself, the rest on the control rail.
 bool FabricDataComm::sendRailUp(int k, wire::RailUpStep step, uint16_t attempt) {
   const int on = step == wire::kRailHello || step == wire::kRailHelloAck ? k : ctlRail_;
-  const uint64_t body[2] = {wire::kRailUp, wire::railUpWord(peerId_, k, step, attempt)};
-  return fi_tinject(rails_[on].ep->ep(), body, sizeof(body), rails_[on].peer,
-                    wire::ctrlTag(wire::CtrlKind::kProbe)) == 0;
+  return injectNote(on, wire::kRailUp, wire::railUpWord(peerId_, k, step, attempt)) == 0;
 }
 
 // Send side, from progress while a fenced rail waits: see fabric_comm.h.
@@ -909,13 +908,13 @@ void FabricDataComm::onRailUp(Endpoint* ep, uint64_t word) noexcept {
   const int k = wire::railUpRail(word);
   const uint8_t step = wire::railUpStep(word);
   const uint16_t attempt = wire::railUpAttempt(word);
-  const bool onRail = k >= 0 && k < nRails_ && ep == rails_[k].ep;
-  const bool onCtl = (failed_ & (1u << railOfEndpoint(ep))) == 0 && !onRail;  // a rail both ends still use
   if (!proto_.failover || k < 0 || k >= nRails_) {
     WEFT_WARN("peer {} on {} sent a rail re-admission note this connection did not agree to (rail {}): ignored",
               peerName_, dev_.props().name, k);
     return;
   }
+  const bool onRail = ep == rails_[k].ep;
+  const bool onCtl = (failed_ & (1u << railOfEndpoint(ep))) == 0 && !onRail;  // a rail both ends still use
   const auto bit = static_cast<uint8_t>(1u << k);
   if (recvSide_) {
     // Only a rail this end failed over and fenced, and not while it still announces a re-admission.
@@ -1032,7 +1031,7 @@ void FabricDataComm::onError(Endpoint* ep, OpContext* ctx, int fiErr, Status st)
     uint8_t& f = asRecv(r).flags[ctx->index];
     if (fiErr == FI_ECANCELED && (f & FabricRecvRequest::kCanceled) != 0) {
       // Our own cancel: of a receive that RMA filled instead, of a claim that found no message waiting, or of a
-      // receive on a rail failed over (both posted again later, the latter on rail 0). Not an error.
+      // receive on a rail failed over (both posted again later, the latter on the control rail). Not an error.
       const bool moved = (f & FabricRecvRequest::kMoved) != 0;
       const bool again = ((f & FabricRecvRequest::kClaim) != 0 || moved) && (f & FabricRecvRequest::kDone) == 0 &&
                          !closing_;
@@ -1043,12 +1042,8 @@ void FabricDataComm::onError(Endpoint* ep, OpContext* ctx, int fiErr, Status st)
       opDone(r);
       return;
     }
-    // A receive on a rail that failed (over, or now: a connection error, not one of the message like a
-    // truncation): posted again on the control rail.
-    const int k = railOfEndpoint(ep);
-    if (fiErr != FI_ECANCELED && (f & FabricRecvRequest::kDone) == 0 && !closing_ &&
-        (st == Status::kRemote || (failed_ & (1u << k)) != 0) &&
-        failRail(k, RailEvent::kErrorCompletion, fi_strerror(fiErr))) {
+    // A receive on a rail that failed (over, or now): posted again on the control rail.
+    if (fiErr != FI_ECANCELED && (f & FabricRecvRequest::kDone) == 0 && !closing_ && failRailOnError(ep, fiErr, st)) {
       f = FabricRecvRequest::kNeedPost;
       moveToCtl(asRecv(r), ctx->index);
       opDone(r);
@@ -1068,9 +1063,8 @@ void FabricDataComm::onError(Endpoint* ep, OpContext* ctx, int fiErr, Status st)
     return;
   }
   if (ctx->kind == OpKind::kData && !recvSide_ && asSend(r).needAck && !asSend(r).acked &&
-      (st == Status::kRemote || (failed_ & (1u << railOfEndpoint(ep))) != 0) &&
-      failRail(railOfEndpoint(ep), RailEvent::kErrorCompletion, fi_strerror(fiErr))) {
-    opDone(r);  // unacknowledged: sent again on rail 0 once the receiver has fenced the rail
+      failRailOnError(ep, fiErr, st)) {
+    opDone(r);  // unacknowledged: sent again on the control rail once the receiver has fenced the rail
     return;
   }
   if (r->error == Status::kOk) r->error = st;

@@ -108,7 +108,7 @@ class FabricRecvRequest final : public FabricRequest {
     kDone = 8,       // data arrived
     kCanceled = 16,  // its tagged receive is being canceled
     kClaim = 32,     // posted over the endpoint's budget and canceled at once: kept only if a message was waiting
-    kMoved = 64,     // rail failover: canceled on a failed rail, to be posted again on rail 0
+    kMoved = 64,     // rail failover: canceled on a failed rail, to be posted again on the control rail
   };
   bool flush = false;      // a read-back flush (iflush): one read per rail, buffer k on rail k
   const MemHandle* flushMh = nullptr;
@@ -120,7 +120,7 @@ class FabricRecvRequest final : public FabricRequest {
   uint16_t seq[kMaxRecvs] = {};  // rdma: the sequence each offered buffer is named by (wire::WriteImm)
   int sizes[kMaxRecvs] = {};
   void* data[kMaxRecvs] = {};
-  const MemHandle* mh[kMaxRecvs] = {};  // rail failover: a receive posted again on rail 0 takes its descriptor there
+  const MemHandle* mh[kMaxRecvs] = {};  // rail failover: a receive posted again elsewhere takes its descriptor there
   size_t len[kMaxRecvs] = {};
   uint64_t tag[kMaxRecvs] = {};
   void* desc[kMaxRecvs] = {};
@@ -317,18 +317,19 @@ class FabricDataComm : public DataSink {
   }
   void onAck(const wire::AckMsg& m, size_t len);
 
-  // Rail failover (Protocol::failover, docs/failover.md step 3): a rail other than rail 0 that fails is failed over
-  // for the rest of the comm's life (failed_): its share of the messages goes to rail 0. The receive side cancels
-  // what it had posted there and posts it again on rail 0 (fencing_ until every such receive has been canceled or
-  // completed), then tells the sender in its next acknowledgement (fenceOut_ -> AckMsg::fenced); the send side
-  // tells the receive side when it saw the failure first (a rail-down note, railNoteWant_), and on the fence sends
-  // again on rail 0 every send of that rail still unacknowledged. Rail 0 carries the acknowledgements and notes:
-  // its failure fails the comm, as before.
+  // Rail failover (Protocol::failover, docs/failover.md step 3): a rail that fails is failed over (failed_) until it
+  // is taken back (re-admission, below): its share of the messages goes to the control rail. The receive side
+  // cancels what it had posted there and posts it again on the control rail (fencing_ until every such receive has
+  // been canceled or completed), then tells the sender in its next acknowledgement (fenceOut_ -> AckMsg::fenced);
+  // the send side tells the receive side when it saw the failure first (a rail-down note, railNoteWant_), and on the
+  // fence sends again on the control rail every send of that rail still unacknowledged. With no rail left the comm
+  // fails, as without failover.
   uint8_t failed_ = 0;
+  uint8_t railMask() const { return static_cast<uint8_t>((1u << nRails_) - 1); }
   uint8_t fencing_ = 0, fenceOut_ = 0;  // receive side
   uint8_t railNoteWant_ = 0;            // send side: rails whose note waits for the provider
   int64_t fenceSinceMs_ = 0;
-  void countMoved(int fromRail) {  // a send sent again, or a receive posted again, on rail 0
+  void countMoved(int fromRail) {  // a send sent again, or a receive posted again, on the control rail
     RailHealth::bump(health_[fromRail].moved, 1);
     Endpoint::countMoved();
   }
@@ -352,16 +353,27 @@ class FabricDataComm : public DataSink {
   std::unique_ptr<uint64_t[]> takenRing_;
   uint64_t takenCount_ = 0;
   void moveCtl();
-  // True when failover took the failure of rail k (the comm goes on); false: not enabled, or rail 0.
+  // True when failover took the failure of rail k (the comm goes on); false: not enabled, no rail left, or the
+  // control rail where it cannot move.
   bool failRail(int k, RailEvent why, const std::string& detail, bool peerSaid = false);
+  // An operation on endpoint ep's rail completed with an error: the rail fails over if the error says the connection
+  // broke (ncclRemoteError), not the message (a truncation), or if it had already. True: failover took it.
+  bool failRailOnError(Endpoint* ep, int fiErr, Status st) {
+    const int k = railOfEndpoint(ep);
+    return (st == Status::kRemote || (failed_ & (1u << k)) != 0) &&
+           failRail(k, RailEvent::kErrorCompletion, fi_strerror(fiErr));
+  }
   void fenceStep();   // receive side: cancels, reposts; the fence once nothing is left on a failed rail
   void resendFenced(uint8_t rails);  // send side
   bool postResend(FabricSendRequest* r);
   void postRailNote();
+  // A 16-byte note {kind, word} on rail `on`'s probe channel, injected (failover is agreed only where the provider
+  // injects that much): nothing to wait for. Returns fi_tinject's answer.
+  ssize_t injectNote(int on, uint64_t kind, uint64_t word);
   // Re-admission of a failed-over rail (docs/failover.md, "Recovery"; WEFT_RAIL_READMIT). The send comm drives it,
   // once the receiver fenced the rail (fencedIn_) and its link is up, after a wait that doubles with each try that
   // fails and each failure soon after a re-admission (1 s to 30 s by default): a hello on the rail and its answer
-  // on the same rail (both ways work), then "ready" on rail 0. The receive comm then picks the count from which
+  // on the same rail (both ways work), then "ready" on the control rail. The receive comm then picks the count from which
   // the rail carries messages again (switchAt_) and a new comm id for the rail's messages (railComm_, an alias:
   // copies of earlier messages left on the rail can never match), and tells the sender in its next
   // acknowledgement (AckMsg::readmit), which the sender reads before any acknowledgement sent after it.
@@ -369,10 +381,9 @@ class FabricDataComm : public DataSink {
   // (kMostSends). Every send completes only once acknowledged, and every message acknowledged before the re-admission
   // had been received, so was below maxNext: what the sender has sent at or beyond maxNext when it reads the
   // re-admission is outstanding, at most kMostSends messages. So no message of that count or beyond has left on
-  // rail 0, where the receiver would no longer look for it (the sender checks, and fails the comm if not).
+  // the control rail, where the receiver would no longer look for it (the sender checks, and fails the comm if not).
   uint64_t switchAt_[kMaxRails] = {};
   uint32_t railComm_[kMaxRails] = {};
-  bool everFailed_ = false;  // a rail was failed over once (the receive comm's id is retired at close)
   int64_t readmitFirstMs_ = 0;   // WEFT_RAIL_READMIT (0: never)
   static constexpr int64_t kReadmitMaxMs = 30000;
   static constexpr uint64_t kMostSends = static_cast<uint64_t>(kMaxRequests) * kMaxRecvs;  // a send comm's pool

@@ -478,18 +478,27 @@ void Sink::writePromLocked() {
   std::map<std::string, RailTotals> railTotals = railsClosed_;
   for (ConnStats* c : conns_) addRailTotals(*c, &railTotals);
   if (!railTotals.empty()) {
-    connLat += "# HELP weft_rail_down_total Times a connection saw this NIC (rail) go down, every connection of the process.\n"
-               "# TYPE weft_rail_down_total counter\n";
-    for (const auto& [dev, t] : railTotals) connLat += fmt::format("weft_rail_down_total{{device=\"{}\"}} {}\n", promEscape(dev), t.downs);
-    connLat += "# HELP weft_rail_recoveries_total Times a connection saw this NIC (rail) come back up.\n"
-               "# TYPE weft_rail_recoveries_total counter\n";
-    for (const auto& [dev, t] : railTotals) connLat += fmt::format("weft_rail_recoveries_total{{device=\"{}\"}} {}\n", promEscape(dev), t.recoveries);
-    connLat += "# HELP weft_rail_failovers_total Times a connection moved its traffic off this NIC (rail), every connection of the process.\n"
-               "# TYPE weft_rail_failovers_total counter\n";
-    for (const auto& [dev, t] : railTotals) connLat += fmt::format("weft_rail_failovers_total{{device=\"{}\"}} {}\n", promEscape(dev), t.failovers);
-    connLat += "# HELP weft_rail_readmits_total Times a connection took this NIC (rail) back after a failover, every connection of the process.\n"
-               "# TYPE weft_rail_readmits_total counter\n";
-    for (const auto& [dev, t] : railTotals) connLat += fmt::format("weft_rail_readmits_total{{device=\"{}\"}} {}\n", promEscape(dev), t.readmits);
+    static constexpr struct {
+      const char* name;
+      const char* help;
+      uint64_t RailTotals::*field;
+    } kTotals[] = {
+        {"weft_rail_down_total", "Times a connection saw this NIC (rail) go down, every connection of the process.",
+         &RailTotals::downs},
+        {"weft_rail_recoveries_total", "Times a connection saw this NIC (rail) come back up.", &RailTotals::recoveries},
+        {"weft_rail_failovers_total",
+         "Times a connection moved its traffic off this NIC (rail), every connection of the process.",
+         &RailTotals::failovers},
+        {"weft_rail_readmits_total",
+         "Times a connection took this NIC (rail) back after a failover, every connection of the process.",
+         &RailTotals::readmits},
+    };
+    for (const auto& m : kTotals) {
+      connLat += fmt::format("# HELP {} {}\n# TYPE {} counter\n", m.name, m.help, m.name);
+      for (const auto& [dev, t] : railTotals) {
+        connLat += fmt::format("{}{{device=\"{}\"}} {}\n", m.name, promEscape(dev), t.*m.field);
+      }
+    }
   }
   // What NCCL (or a profiler driver) sent that could not be right: counted, never fatal.
   const Anomalies an = anomalies();

@@ -1,5 +1,6 @@
 // Faults: killed peers, links down, a flush after the peer died (each runs alone: it ends one worker).
 #include <algorithm>
+#include <functional>
 
 #include "checks_internal.h"
 
@@ -331,6 +332,14 @@ struct Pending4 {
   }
 };
 
+// Rounds the sender decides: it asks `decide` (on its side only) whether to run another, and tells the receiver.
+bool anotherRound(CheckEnv& env, const std::function<bool()>& decide) {
+  if (env.recv()) return env.oob.recvString(env.timeout) == "again";
+  const bool again = decide();
+  env.oob.send(again ? "again" : "done");
+  return again;
+}
+
 std::vector<std::string> railLinks() {
   if (std::getenv("CONFORMANCE_LINK_DOWN_OK") == nullptr)
     throw CheckSkip("takes a link down: only under netns_conformance.sh --rails explicit --link-down");
@@ -495,19 +504,13 @@ void faultsRailDown(CheckEnv& env) {
     const auto t0 = std::chrono::steady_clock::now();
     double tookMs = -1;
     int rounds = 0, at = -1;
-    for (;;) {
-      bool again;
-      if (!env.recv()) {
-        if (at < 0 && env.plugin->stat("fabric.rail_readmits", &now) && now > before) {
-          at = rounds;
-          tookMs = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-        }
-        again = at < 0 ? std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30) : rounds - at < 24;
-        env.oob.send(again ? "again" : "done");
-      } else {
-        again = env.oob.recvString(env.timeout) == "again";
+    while (anotherRound(env, [&] {
+      if (at < 0 && env.plugin->stat("fabric.rail_readmits", &now) && now > before) {
+        at = rounds;
+        tookMs = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       }
-      if (!again) break;
+      return at < 0 ? std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30) : rounds - at < 24;
+    })) {
       streamOf(env, c, 64, 64 << 10, 200 + static_cast<uint64_t>(rounds));
       ++rounds;
     }
@@ -634,16 +637,10 @@ void faultsRailFlapSoak(CheckEnv& env) {
   auto t0 = std::chrono::steady_clock::now();
   int rounds = 0;
   try {
-    for (;;) {
-      bool again;
-      if (!env.recv()) {
-        again = rounds < 200 && (rounds == 0 || flaps.load() < 4 ||
-                                std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
-        env.oob.send(again ? "again" : "done");
-      } else {
-        again = env.oob.recvString(env.timeout) == "again";
-      }
-      if (!again) break;
+    while (anotherRound(env, [&] {
+      return rounds < 200 &&
+             (rounds == 0 || flaps.load() < 4 || std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
+    })) {
       soakRandom(env);
       ++rounds;
     }
