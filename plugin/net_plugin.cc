@@ -641,7 +641,8 @@ WEFT_EXPORT ncclNet_v12_t ncclNetPlugin_v12 = {
 // "fabric.rail_recoveries" (a comm's rail seen going down / coming back, every comm counted; unknown unless the
 // libfabric backend is in use), "fabric.rail_failovers" and "fabric.moved_messages" (WEFT_RAIL_FAILOVER: rails
 // failed over, messages sent or posted again on rail 0; likewise), "fabric.rail_readmits" (WEFT_RAIL_READMIT: failed-over
-// rails taken back; likewise), "flush_reads" (read-back flush
+// rails taken back; likewise), "fabric.peer_resets" (rail failover with the rdma protocol: a failed rail's
+// connection to a peer closed so that nothing it held lands later; likewise), "flush_reads" (read-back flush
 // reads completed so far, on either backend; "fabric.flush_reads": libfabric's only), "tcp.send_calls",
 // "tcp.recv_calls", "tcp.bytes_sent", "tcp.bytes_received", "tcp.comms_open" (the native TCP backend's data path).
 WEFT_EXPORT int weftNetStat(const char* key, long long* value) {
@@ -661,7 +662,8 @@ WEFT_EXPORT int weftNetStat(const char* key, long long* value) {
       {"fabric.rail_recoveries", &weft::fabric::Endpoint::railRecoveries},
       {"fabric.rail_failovers", &weft::fabric::Endpoint::railFailovers},
       {"fabric.moved_messages", &weft::fabric::Endpoint::movedMessages},
-      {"fabric.rail_readmits", &weft::fabric::Endpoint::railReadmits}};
+      {"fabric.rail_readmits", &weft::fabric::Endpoint::railReadmits},
+      {"fabric.peer_resets", &weft::fabric::Endpoint::peerResets}};
   for (const auto& [name, get] : kRails) {
     if (std::strcmp(key, name) != 0) continue;
     weft::Backend* b = weft::Engine::instance().backend();

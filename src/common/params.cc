@@ -91,12 +91,19 @@ const std::vector<Def> kDefs = {
    "(efa, verbs, cxi, opx, psm3) that offer RMA with 8 bytes of completion data, else sendrecv (software "
    "providers move RMA through the same stream; measured no faster). Both ends agree on the protocol at connect."},
   {"WEFT_RAIL_FAILOVER", Kind::kBool, "0", 0, 1, nullptr,
-   "Rail failover (libfabric backend, sendrecv protocol, experimental): when a rail of a multi-rail connection "
+   "Rail failover (libfabric backend, experimental; the rdma protocol: WEFT_RAIL_FAILOVER_RMA): when a rail of a multi-rail connection "
    "fails (link down, failed operation, lost probe), its traffic moves to the lowest rail left and what it had in "
    "flight is sent again there, instead of the connection failing (the first rail's control traffic moves too). "
    "Turns on delivery acknowledgements on such connections (as WEFT_DELIVERY_ACK=rails, which it needs); both ends "
    "must ask for it. With no rail left the connection fails, as without it. A failed rail is taken back once it "
    "works again (WEFT_RAIL_READMIT; docs/failover.md)."},
+  {"WEFT_RAIL_FAILOVER_RMA", Kind::kChoice, "auto", 0, 0, "auto|on|off",
+   "Rail failover with the rdma protocol (WEFT_RAIL_FAILOVER=1): the receiving end closes a failed rail's "
+   "connection to the sender, so that no RMA write it held can land later in a buffer NCCL reused, offers its "
+   "waiting buffers again and the sender writes them again. auto = where closing is safe: rxm over verbs "
+   "(verbs;ofi_rxm); on = rxm over tcp too, for tests (libfabric 1.17's rxm crashes when it closes a connection "
+   "with an RMA write half received); off = never. Where it does not apply, WEFT_PROTOCOL=auto takes sendrecv for "
+   "connections of several rails under WEFT_RAIL_FAILOVER=1, and an explicit rdma keeps rdma without failover."},
   {"WEFT_RAIL_READMIT", Kind::kInt, "1000", 0, 30000, nullptr,
    "Rail failover: milliseconds after a rail failed over before the connection tries to take it back (its link "
    "up, a round trip on it answered, then both ends agree from which message on it carries traffic again). The "
@@ -196,6 +203,9 @@ const std::vector<ForeignDefault> kForeignDefaults = {
    "rdma-core: fork() (PyTorch DataLoader workers) must not corrupt registered memory by copy-on-write; NCCL's "
    "own IB transport does the same with ibv_fork_init"},
   {"FI_EFA_FORK_SAFE", "1", "efa: the same fork safety for the EFA provider"},
+  {"FI_AV_REMOVE_CLEANUP", "1",
+   "rxm: removing a peer's address closes its connection (weft removes none otherwise): rail failover with the "
+   "rdma protocol resets a failed rail's connection this way, so that nothing it held can land later"},
 };
 // clang-format on
 

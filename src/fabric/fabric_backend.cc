@@ -284,7 +284,7 @@ Status FabricBackend::connect(int dev, const CommConfig& config, void* handle, S
     if (Status st = ep.insert(h.addr.data(), h.addrLen, &fresh->peer); st != Status::kOk) return st;
     fresh->token = h.token;
     fresh->listenId = h.listenId;
-    fresh->flags = localProtocolFlags(ep.device());
+    fresh->flags = localProtocolFlags(ep.device(), fresh->group->rails());
     fresh->eagerMax = static_cast<uint32_t>(device(dev).eagerMax());
     lock = {};  // pollConnect takes it again
     pc = pending_.add(handle, std::move(fresh));
@@ -349,12 +349,13 @@ Status FabricBackend::pollConnect(PendingConnect& pc, SendComm** out) {
       return Status::kRemote;
     }
     Protocol proto;
-    proto.rdma = (reply.flags & localProtocolFlags(ep.device()) & ConnectRequest::kFlagRdma) != 0;
+    proto.rdma = (reply.flags & pc.flags & ConnectRequest::kFlagRdma) != 0;
     proto.imm4 = proto.rdma && (reply.flags & ConnectRequest::kFlagImm4) != 0;
     proto.immId = proto.imm4 && (reply.flags & ConnectRequest::kFlagLenFromCq) != 0;
     proto.eagerMax = proto.rdma ? static_cast<uint32_t>(ep.device().eagerMax()) : 0;
     proto.acks = (reply.flags & pc.flags & ConnectRequest::kFlagAckRails) != 0;
-    proto.failover = proto.acks && !proto.rdma && (reply.flags & pc.flags & ConnectRequest::kFlagFailover) != 0;
+    proto.failover = proto.acks && (reply.flags & pc.flags & ConnectRequest::kFlagFailover) != 0 &&
+                     (!proto.rdma || (reply.flags & pc.flags & ConnectRequest::kFlagFailoverRma) != 0);
     const int nRails = reply.rails.count;
     std::vector<Rail> rails(nRails);
     rails[0].peer = pc.peer;

@@ -318,7 +318,7 @@ FabricRequest* FabricDataComm::acquire() {
   if (recvSide_) {
     FabricRecvRequest& q = asRecv(r);
     q.optional = false;
-    q.offerSent = false;
+    q.offerSent = q.offerPosted = q.offerBusy = false;
     if (q.flush) {
       for (OpContext& c : q.ctx) c.kind = OpKind::kData;
       q.flush = false;
@@ -330,12 +330,18 @@ FabricRequest* FabricDataComm::acquire() {
     q.needAck = proto_.acks;
     q.sent = q.acked = q.resend = false;
     q.resends = 0;
+    q.rma = q.rewrite = false;
+    q.rewrites = q.busyCtx = q.liveCtx = 0;
   }
   return r;
 }
 
 void FabricDataComm::release(FabricRequest* r) {
   if (recvSide_ && bySeq_) releaseSeqs(&asRecv(r));
+  if (recvSide_ && asRecv(r).reoffer != FabricRecvRequest::kReofferNone) {
+    asRecv(r).reoffer = FabricRecvRequest::kReofferNone;
+    --reoffers_;
+  }
   r->magic_ = 0;
   --outstanding_;
   free_.push_back(r->poolIndex);
@@ -387,6 +393,8 @@ Status FabricDataComm::progress() {
   flushOffers();
   if (!ackQ_.empty() || fenceOut_ != 0 || readmitOut_ != 0) flushAcks();
   if (fencing_ != 0) fenceStep();
+  if ((rmaFence_ & senderStopped_) != 0) rmaFenceStep();
+  if (reoffers_ > 0) flushReoffers();
   if (railNoteWant_ != 0) postRailNote();
   if ((failed_ & fencedIn_) != 0 && (++readmitPolls_ & 15) == 0) readmitStep(coarseNowMs());
   if (notesWaiting_ > 0) postNotes();
@@ -665,6 +673,7 @@ bool FabricDataComm::failRail(int k, RailEvent why, const std::string& detail, b
   if (recvSide_) {
     fencing_ |= bit;
     fenceSinceMs_ = now;
+    if (proto_.rdma) rmaFence_ |= bit;
   }
   if (k == ctlRail_) moveCtl();
   try {  // (called from completion handlers too: a log line that cannot be formatted changes nothing)
@@ -675,10 +684,11 @@ bool FabricDataComm::failRail(int k, RailEvent why, const std::string& detail, b
   }
   if (recvSide_) {
     fenceStep();
-  } else if (!peerSaid) {
+  } else if (!peerSaid || proto_.rdma) {  // rdma: the receive side waits for it to reset the rail (rmaFenceStep)
     railNoteWant_ |= bit;
     postRailNote();
   }
+
   return true;
 }
 
@@ -708,6 +718,10 @@ void FabricDataComm::onRailNote(uint32_t rails) noexcept {
       if ((rails & (1u << k)) != 0) failRail(k, RailEvent::kLinkDown, "the peer saw it fail", true);
     }
   } catch (...) {  // a log line that could not be formatted: the rails are failed over all the same
+  }
+  if (proto_.rdma && (rails & failed_) != 0) {  // the sender writes there no more: the rail's reset may go
+    senderStopped_ |= static_cast<uint8_t>(rails & failed_);
+    deferToBatchEnd();
   }
 }
 
@@ -761,7 +775,7 @@ void FabricDataComm::resendFenced(uint8_t rails) {
   }
   for (int i = 0; i < allocated_; ++i) {
     FabricSendRequest& r = asSend(&req(i));
-    if (r.magic_ != kRequestMagic || !r.needAck || r.acked || r.resend || r.nSeg != 1 ||
+    if (r.magic_ != kRequestMagic || !r.needAck || r.acked || r.resend || r.rma || r.nSeg != 1 ||
         (rails & (1u << r.pieceRail[0])) == 0) {
       continue;
     }
@@ -817,6 +831,118 @@ void FabricDataComm::postRailNote() {
   railNoteWant_ = 0;
 }
 
+// ---- rail failover with the rdma protocol (docs/failover.md, "RMA failover") ----
+
+void FabricDataComm::fillOfferEntry(const FabricRecvRequest& r, int b, bool keyed, OfferEntry* e) const {
+  e->tagSeq = r.tag[b];
+  e->len = r.len[b];
+  e->slot = r.seq[b];
+  e->flags = keyed ? 0 : kOfferTaggedOnly;
+  for (int q = 0; q < kMaxRails; ++q) {
+    const MemHandle* hq = keyed && q < nRails_ ? r.mh[b]->rail(q) : nullptr;
+    e->addr[q] = hq ? rails_[q].ep->device().remoteAddr(reinterpret_cast<uintptr_t>(r.data[b]), hq->entry->base) : 0;
+    e->key[q] = hq ? hq->entry->key : 0;
+  }
+  e->reserved = 0;
+}
+
+// Receive side: the sender said it no longer writes on these failed rails. Their connections to it are closed
+// (whatever they still held is dropped: nothing of an earlier write can land once its buffer is written again),
+// then every buffer still waiting for data is offered again.
+void FabricDataComm::rmaFenceStep() {
+  const auto rails = static_cast<uint8_t>(rmaFence_ & senderStopped_);
+  rmaFence_ &= static_cast<uint8_t>(~rails);
+  senderStopped_ &= static_cast<uint8_t>(~rails);
+  if (fatal_ != Status::kOk || closing_) return;
+  for (int k = 0; k < nRails_; ++k) {
+    if ((rails & (1u << k)) == 0) continue;
+    if (Status st = rails_[k].ep->resetPeer(rails_[k].peer); st != Status::kOk) {
+      WEFT_WARN("comm with {}: {} failed, and its connection could not be closed (a write it held could land in a "
+                "buffer NCCL reused): the comm fails", peerName_, railName(k));
+      fatal_ = Status::kRemote;
+      return;
+    }
+  }
+  int n = 0;
+  for (int i = 0; i < allocated_; ++i) {
+    FabricRecvRequest& r = recvReq(i);
+    if (r.magic_ != kRequestMagic || r.flush || !r.offerPosted || r.reoffer != FabricRecvRequest::kReofferNone) {
+      continue;  // (an offer not posted yet goes as it is: nothing was written under it)
+    }
+    bool waits = false;
+    for (int b = 0; b < r.n; ++b) {
+      waits = waits || (r.flags[b] & (FabricRecvRequest::kOffered | FabricRecvRequest::kDone)) ==
+                           FabricRecvRequest::kOffered;
+    }
+    if (!waits) continue;
+    r.reoffer = FabricRecvRequest::kReofferWant;
+    ++reoffers_;
+    ++n;
+  }
+  try {
+    WEFT_INFO(NCCL_NET, "comm with {}: closed the connection of failed rail(s) {:#x} to the sender; {} receives "
+              "offered again", peerName_, rails, n);
+  } catch (...) {
+  }
+  flushReoffers();
+}
+
+void FabricDataComm::flushReoffers() {
+  for (int i = 0; i < allocated_ && reoffers_ > 0; ++i) {
+    FabricRecvRequest& r = recvReq(i);
+    if (r.magic_ != kRequestMagic || r.reoffer == FabricRecvRequest::kReofferNone || !reofferRequest(&r)) continue;
+    r.reoffer = FabricRecvRequest::kReofferNone;
+    --reoffers_;
+  }
+}
+
+// The request's buffers still waiting for data, offered again in its own offer message (once its earlier offer
+// has left the provider's hands) under new sequences; the old ones are parked, so a late piece of the earlier write
+// (on a rail that works, ahead of the new write on the same connection) is ignored.
+bool FabricDataComm::reofferRequest(FabricRecvRequest* r) {
+  if (r->offerBusy) return false;
+  OfferMsg& m = offer(r->poolIndex);
+  if (r->reoffer == FabricRecvRequest::kReofferWant) {
+    int c = 0;
+    for (int b = 0; b < r->n; ++b) {
+      if ((r->flags[b] & (FabricRecvRequest::kOffered | FabricRecvRequest::kDone)) != FabricRecvRequest::kOffered) {
+        continue;
+      }
+      const auto slot = static_cast<uint16_t>(r->poolIndex * kMaxRecvs + b);
+      if (bySeq_[r->seq[b]] == slot + 1) bySeq_[r->seq[b]] = kSeqParked;
+      uint16_t sq = 0;
+      if (!allocSeq(slot, &sq)) {  // (parked sequences are reused: only with every one held by a live buffer)
+        WEFT_WARN("comm with {}: no receive sequence free to offer a buffer again: the comm fails", peerName_);
+        if (fatal_ == Status::kOk) fatal_ = Status::kInternal;
+        return true;
+      }
+      r->seq[b] = sq;
+      r->rmaBytes[b] = 0;
+      r->rmaSegs[b] = 0;
+      fillOfferEntry(*r, b, true, &m.entry[c]);
+      m.entry[c].flags |= wire::kOfferAgain;
+      ++c;
+    }
+    if (c == 0) return true;
+    m.count = static_cast<uint16_t>(c);
+    r->reoffer = FabricRecvRequest::kReofferReady;
+  }
+  m.epoch = ctlEpoch_;
+  ssize_t rc = fi_tsend(ctl().ep(), &m, OfferMsg::bytes(m.count), offerDesc(r->poolIndex), ctlPeer(),
+                        wire::ctrlTag(wire::CtrlKind::kOffer), &r->offerCtx.fi);
+  if (rc == -FI_EAGAIN) return false;
+  if (rc != 0) {
+    WEFT_WARN("comm with {}: offering a buffer again on {} failed: {}", peerName_, railName(ctlRail_),
+              fi_strerror(static_cast<int>(-rc)));
+    if (r->error == Status::kOk) r->error = statusOfFiError(static_cast<int>(-rc));
+    if (fatal_ == Status::kOk) fatal_ = r->error;
+    return true;
+  }
+  ++r->ops;
+  r->offerBusy = true;
+  return true;
+}
+
 // ---- re-admission of a failed-over rail (docs/failover.md, "Recovery") ----
 
 // Send side, when rail k fails over: the first try after WEFT_RAIL_READMIT, or after twice the last wait when the rail
@@ -856,12 +982,21 @@ void FabricDataComm::readmitStep(int64_t nowMs) {
           r.nextMs = nowMs + 100;
           break;
         }
-        ++r.attempt;
-        if (sendRailUp(k, wire::kRailHello, r.attempt)) {
-          r.state = Readmit::kHello;
-          r.sentMs = nowMs;
-        } else {
-          later();
+        {
+          const ssize_t rc = injectNote(k, wire::kRailUp, wire::railUpWord(peerId_, k, wire::kRailHello, r.attempt + 1));
+          if (rc == 0) {
+            ++r.attempt;
+            r.state = Readmit::kHello;
+            r.sentMs = nowMs;
+            r.againSinceMs = 0;
+          } else if (rc == -FI_EAGAIN && (r.againSinceMs == 0 || nowMs - r.againSinceMs < probeIntervalMs_)) {
+            // The provider is opening a new connection on the rail (its old one was closed): shortly again.
+            if (r.againSinceMs == 0) r.againSinceMs = nowMs;
+            r.nextMs = nowMs + 10;
+          } else {
+            r.againSinceMs = 0;
+            later();
+          }
         }
         break;
       case Readmit::kHello:  // no answer on the rail within a probe interval (at least 1 s)
@@ -886,6 +1021,8 @@ void FabricDataComm::admitRail(int k, uint32_t alias, uint64_t at, bool sendSide
   const auto bit = static_cast<uint8_t>(1u << k);
   failed_ &= static_cast<uint8_t>(~bit);
   fencedIn_ &= static_cast<uint8_t>(~bit);
+  rmaFence_ &= static_cast<uint8_t>(~bit);
+  senderStopped_ &= static_cast<uint8_t>(~bit);
   switchAt_[k] = at;
   railComm_[k] = alias;
   unreachableSinceMs_[k] = 0;
@@ -918,7 +1055,9 @@ void FabricDataComm::onRailUp(Endpoint* ep, uint64_t word) noexcept {
   const auto bit = static_cast<uint8_t>(1u << k);
   if (recvSide_) {
     // Only a rail this end failed over and fenced, and not while it still announces a re-admission.
-    const bool ready = readmitFirstMs_ > 0 && (failed_ & bit) != 0 && (fencing_ & bit) == 0 && fatal_ == Status::kOk;
+    // rdma: and not before its connection was reset (rmaFenceStep).
+    const bool ready = readmitFirstMs_ > 0 && (failed_ & bit) != 0 && (fencing_ & bit) == 0 &&
+                       (rmaFence_ & bit) == 0 && fatal_ == Status::kOk;
     if (step == wire::kRailHello && onRail) {
       if (ready) (void)sendRailUp(k, wire::kRailHelloAck, attempt);  // not sent: the sender tries again later
     } else if (step == wire::kRailReady && onCtl) {
@@ -971,6 +1110,7 @@ void FabricDataComm::onComplete(OpContext* ctx, size_t len) noexcept {
   auto* r = static_cast<FabricRequest*>(ctx->owner);
   if (ctx->kind == OpKind::kOfferSend) {
     asRecv(r).offerSent = true;
+    asRecv(r).offerBusy = false;
   } else if (ctx->kind == OpKind::kFlush) {
     FabricRecvRequest& q = asRecv(r);
     q.flags[ctx->index] = FabricRecvRequest::kDone;
@@ -978,8 +1118,16 @@ void FabricDataComm::onComplete(OpContext* ctx, size_t len) noexcept {
     Endpoint::countFlushRead();
   } else if (!recvSide_) {
     FabricSendRequest& q = asSend(r);
-    // A send sent again (rail failover) is sent by whichever of its operations completes first.
-    if (--q.segsLeft == 0 || (q.resends > 0 && ctx->index > 0 && q.nSeg == 1)) sendDone(&q);
+    if (q.rma) {  // a piece of the current write counts; one of a write done again since does not
+      const auto bit = static_cast<uint8_t>(1u << ctx->index);
+      q.busyCtx &= static_cast<uint8_t>(~bit);
+      if ((q.liveCtx & bit) != 0) {
+        q.liveCtx &= static_cast<uint8_t>(~bit);
+        if (--q.segsLeft == 0) sendDone(&q);
+      }
+    } else if (--q.segsLeft == 0 || (q.resends > 0 && ctx->index > 0 && q.nSeg == 1)) {
+      sendDone(&q);  // a send sent again (rail failover) is sent by whichever of its operations completes first
+    }
   } else {
     FabricRecvRequest& q = asRecv(r);
     int i = ctx->index;
@@ -1050,6 +1198,11 @@ void FabricDataComm::onError(Endpoint* ep, OpContext* ctx, int fiErr, Status st)
       return;
     }
   }
+  if (ctx->kind == OpKind::kOfferSend) asRecv(r).offerBusy = false;
+  if (ctx->kind == OpKind::kOfferSend && proto_.rdma && failRailOnError(ep, fiErr, st)) {
+    opDone(r);  // lost with a failed rail: its buffers are offered again once the rail is reset (rmaFenceStep)
+    return;
+  }
   if (ctx->kind == OpKind::kOfferSend && fiErr != FI_ECANCELED) {
     // The offer did not reach the sender: typically its process closed the connection right after its last sends
     // completed (NCCL's teardown does), and a message of eager size needs no offer: what the sender sent before
@@ -1062,9 +1215,27 @@ void FabricDataComm::onError(Endpoint* ep, OpContext* ctx, int fiErr, Status st)
     opDone(r);
     return;
   }
+  if (ctx->kind == OpKind::kData && !recvSide_) {
+    FabricSendRequest& q = asSend(r);
+    // Rail failover: an operation of a message acknowledged since (its copy sent again, or written again, got
+    // there), or of a write done again since, failing with the connection it was stuck in: nothing is lost.
+    bool stale = proto_.failover && q.acked;
+    if (q.rma) {
+      const auto bit = static_cast<uint8_t>(1u << ctx->index);
+      stale = stale || (proto_.failover && (q.liveCtx & bit) == 0);
+      q.busyCtx &= static_cast<uint8_t>(~bit);
+      q.liveCtx &= static_cast<uint8_t>(~bit);
+    }
+    if (stale) {
+      opDone(r);
+      return;
+    }
+  }
   if (ctx->kind == OpKind::kData && !recvSide_ && asSend(r).needAck && !asSend(r).acked &&
       failRailOnError(ep, fiErr, st)) {
-    opDone(r);  // unacknowledged: sent again on the control rail once the receiver has fenced the rail
+    // Unacknowledged: a tagged send is sent again on the control rail once the receiver has fenced the rail; an RMA
+    // write is written again once the receiver offers its buffer again.
+    opDone(r);
     return;
   }
   if (r->error == Status::kOk) r->error = st;
@@ -1204,7 +1375,7 @@ Status FabricDataComm::testRequest(FabricRequest* r, bool* done, int* sizesOut) 
   if (r->doneBufs < r->n && r->error == Status::kOk) {
     if (recvSide_) {
       postPending(&asRecv(r));
-    } else if (asSend(r).nextSeg < asSend(r).nSeg || asSend(r).resend) {
+    } else if (asSend(r).nextSeg < asSend(r).nSeg || asSend(r).resend || asSend(r).rewrite) {
       resumeSend(&asSend(r));
     }
     progress();
@@ -1338,6 +1509,12 @@ void FabricSendComm::onOffer(const void* msg, size_t len) noexcept {
     onAck(*static_cast<const wire::AckMsg*>(msg), len);
     return;
   }
+  if (proto_.failover && len >= offsetof(OfferMsg, entry) && m.magic == OfferMsg::kMagic) {
+    // Sent before the receiver's control rail moved, arriving late: every buffer still waiting was offered again.
+    const auto ahead = static_cast<uint8_t>(m.epoch - ctlEpoch_);
+    if (ahead >= 128) return;
+    ctlEpoch_ = m.epoch;
+  }
   if (!table_) {  // a sendrecv connection: offers are not part of its protocol
     WEFT_WARN("peer {} on {} sent a buffer offer on a connection without the rdma protocol: connection closed for "
               "safety", peerName_, dev_.props().name);
@@ -1352,14 +1529,96 @@ void FabricSendComm::onOffer(const void* msg, size_t len) noexcept {
     return;
   }
   for (int i = 0; i < m.count; ++i) {
+    if ((m.entry[i].flags & wire::kOfferAgain) != 0) {
+      if (!proto_.failover) {
+        WEFT_WARN("peer {} on {} offered a buffer again on a connection without rail failover: connection closed for "
+                  "safety", peerName_, dev_.props().name);
+        if (fatal_ == Status::kOk) fatal_ = Status::kRemote;
+        return;
+      }
+      onOfferAgain(m.entry[i]);
+      continue;
+    }
     bool dropped = false;
-    if (!table_->addOffer(m.entry[i].tagSeq, m.entry[i], &dropped)) {
+    // Keyed by NCCL tag and sequence (wire::ackKey): the comm id part may be a rail's alias (rail failover).
+    if (!table_->addOffer(wire::ackKey(m.entry[i].tagSeq), m.entry[i], &dropped)) {
       WEFT_WARN("peer {} on {} offered a buffer twice or more than NCCL can have outstanding: connection closed",
                 peerName_, dev_.props().name);
       if (fatal_ == Status::kOk) fatal_ = Status::kRemote;
       return;
     }
   }
+}
+
+// A buffer offered again (kOfferAgain). A send of that message in flight is written again under the new slot (a
+// tagged one, sent eagerly, is the tagged failover's); one not posted yet takes the new offer, replacing the earlier
+// one (or standing for one lost with the control rail); one acknowledged already needs nothing.
+void FabricSendComm::onOfferAgain(const OfferEntry& e) {
+  const uint64_t key = wire::ackKey(e.tagSeq);
+  for (int i = 0; i < allocated_; ++i) {
+    FabricSendRequest& r = asSend(&req(i));
+    if (r.magic_ != kRequestMagic || r.ackKey != key || !r.needAck || r.acked) continue;
+    if (!r.rma) return;
+    if (e.len != r.offer.len || (e.flags & kOfferTaggedOnly) != 0) {
+      WEFT_WARN("peer {} on {} offered a buffer again that is not the one it offered first: connection closed for "
+                "safety", peerName_, dev_.props().name);
+      if (fatal_ == Status::kOk) fatal_ = Status::kRemote;
+      return;
+    }
+    if (r.rewrites >= kMaxResends) {
+      WEFT_WARN("comm with {}: a message was written {} times, each time onto a rail that then failed: the comm "
+                "fails", peerName_, r.rewrites + 1);
+      if (r.error == Status::kOk) r.error = Status::kRemote;
+      if (fatal_ == Status::kOk) fatal_ = Status::kRemote;
+      return;
+    }
+    r.offer = e;
+    rewriteSend(&r);
+    return;
+  }
+  uint64_t next = 0;
+  if (!seqs_.peek(wire::dataTagNccl(key), 0, &next)) return;  // (a tag never sent: only when the table is full)
+  const uint32_t behind = (static_cast<uint32_t>(next) - wire::dataTagSeq(key)) & wire::kSeqMask;
+  if (behind != 0 && behind <= wire::kSeqMask / 2) {  // sent already, and acknowledged
+    table_->dropEagerMark(key);  // (its first offer, lost with a rail, would have found it)
+    return;
+  }
+  if (OfferEntry* o = table_->findOffer(key); o != nullptr) {
+    *o = e;
+    return;
+  }
+  bool dropped = false;
+  if (!table_->addOffer(key, e, &dropped)) {
+    WEFT_WARN("peer {} on {} offered more buffers than NCCL can have outstanding: connection closed", peerName_,
+              dev_.props().name);
+    if (fatal_ == Status::kOk) fatal_ = Status::kRemote;
+  }
+}
+
+bool FabricSendComm::rewriteSend(FabricSendRequest* r) {
+  auto freeCtx = static_cast<uint8_t>(~r->busyCtx);
+  if (std::popcount(freeCtx) < r->nSeg) {
+    r->rewrite = true;
+    return false;
+  }
+  r->rewrite = false;
+  ++r->rewrites;
+  for (int i = 0; i < r->nSeg; ++i) {
+    r->ctxOf[i] = static_cast<uint8_t>(std::countr_zero(freeCtx));
+    freeCtx &= static_cast<uint8_t>(freeCtx - 1);
+    if ((failed_ & (1u << r->pieceRail[i])) != 0) {
+      countMoved(r->pieceRail[i]);
+      r->pieceRail[i] = static_cast<uint8_t>(ctlRail_);
+    }
+  }
+  r->liveCtx = 0;
+  r->segsLeft = r->nSeg;
+  r->nextSeg = 0;
+  r->sent = false;
+  r->doneBufs = 0;
+  bool again = false;
+  (void)postSegments(r, &again);  // pushed back: the rest from test(); a failure fails the comm there
+  return true;
 }
 
 Status FabricSendComm::sendTagged(FabricSendRequest* r, void* data, size_t size, MemHandle* mh, uint64_t ftag,
@@ -1422,6 +1681,11 @@ Status FabricSendComm::write(FabricSendRequest* r, void* data, size_t size, MemH
   r->segsLeft = r->nSeg;
   r->nextSeg = 0;
   r->immFlags = static_cast<uint8_t>(flags);
+  r->rma = true;
+  for (int i = 0; i < n; ++i) {
+    r->ctxOf[i] = static_cast<uint8_t>(i);
+    if ((failed_ & (1u << r->pieceRail[i])) != 0) r->pieceRail[i] = static_cast<uint8_t>(ctlRail_);  // failed over
+  }
   return postSegments(r, again);
 }
 
@@ -1544,8 +1808,9 @@ Status FabricSendComm::postSegments(FabricSendRequest* r, bool* again) {
     const uint64_t imm = !proto_.imm4   ? WriteImm::encode(peerId_, r->offer.slot, r->immFlags, r->nSeg, len)
                          : proto_.immId ? WriteImmId::encode(peerId_, r->offer.slot, r->immFlags, r->nSeg)
                                         : WriteImm32::encode(r->offer.slot, r->immFlags, r->nSeg, r->pieceField[i]);
+    const int c = r->ctxOf[i];
     ssize_t rc = fi_writedata(rail.ep->ep(), r->src + off, len, h ? h->desc() : nullptr, imm, rail.peer,
-                              r->offer.addr[k] + off, r->offer.key[k], &r->ctx[i].fi);
+                              r->offer.addr[k] + off, r->offer.key[k], &r->ctx[c].fi);
     if (rc == -FI_EAGAIN || railDownWait(k, rc)) {
       *again = true;
       return Status::kOk;
@@ -1560,6 +1825,8 @@ Status FabricSendComm::postSegments(FabricSendRequest* r, bool* again) {
     }
     ++r->ops;
     ++r->nextSeg;
+    r->busyCtx |= static_cast<uint8_t>(1u << c);
+    r->liveCtx |= static_cast<uint8_t>(1u << c);
     rail.health->countSend(len);
     unreachableSinceMs_[k] = 0;
   }
@@ -1587,6 +1854,7 @@ Status FabricSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Re
   const auto seq = static_cast<uint32_t>(count);
   const int rail = railOf(count);  // the receiver posts this tag and sequence on the same rail
   const uint64_t ftag = wire::dataTag(tagComm(rail, peerId_), tag, seq);
+  const uint64_t key = wire::ackKey(ftag);
   const bool eager = !proto_.rdma || (proto_.eagerMax > 0 && size <= proto_.eagerMax);
   const OfferEntry* offer = nullptr;
   if (proto_.rdma) {
@@ -1596,10 +1864,10 @@ Status FabricSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Re
         return Status::kOk;
       }
     } else {
-      offer = table_->findOffer(ftag);
+      offer = table_->findOffer(key);
       if (offer == nullptr) {
         progress();
-        offer = table_->findOffer(ftag);
+        offer = table_->findOffer(key);
         // The receiver has not offered this buffer yet: NCCL retries. Waiting on the peer counts for liveness
         // like an outstanding request does (a dead receiver never offers).
         waitingOffer_ = offer == nullptr;
@@ -1613,7 +1881,7 @@ Status FabricSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Re
   FabricSendRequest* r = &asSend(acquired);
   r->n = 1;
   r->size = static_cast<int>(size > INT_MAX ? INT_MAX : size);
-  r->ackKey = wire::ackKey(ftag);
+  r->ackKey = key;
   Status st;
   bool again = false;
   if (offer == nullptr || (offer->flags & kOfferTaggedOnly) != 0) {
@@ -1634,9 +1902,9 @@ Status FabricSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Re
   }
   if (proto_.rdma) {
     if (offer != nullptr) {
-      table_->eraseOffer(ftag);
+      table_->eraseOffer(key);
     } else {
-      table_->markEager(ftag);
+      table_->markEager(key);
     }
   }
   seqs_.consume(tag);
@@ -1665,11 +1933,13 @@ Status FabricRecvComm::start() {
 }
 
 bool FabricRecvComm::sendOffer(FabricRecvRequest* r) {
-  const OfferMsg& m = offer(r->poolIndex);
-  ssize_t rc = fi_tsend(ctl().ep(), &m, OfferMsg::bytes(m.count), offerDesc(r->poolIndex), rails_[0].peer,
+  OfferMsg& m = offer(r->poolIndex);
+  m.epoch = ctlEpoch_;
+  ssize_t rc = fi_tsend(ctl().ep(), &m, OfferMsg::bytes(m.count), offerDesc(r->poolIndex), ctlPeer(),
                         wire::ctrlTag(wire::CtrlKind::kOffer), &r->offerCtx.fi);
   if (rc == 0) {
     ++r->ops;
+    r->offerPosted = r->offerBusy = true;
     return true;
   }
   if (rc != -FI_EAGAIN) {
@@ -1741,10 +2011,7 @@ Status FabricRecvComm::irecv(int n, void** data, const size_t* sizes, const int*
       r->flags[i] = FabricRecvRequest::kNeedPost;
       continue;
     }
-    OfferEntry& e = m->entry[i];
     const bool keyed = mh != nullptr && mh->entry != nullptr && mh->entry->backendMr != nullptr;
-    e.tagSeq = r->tag[i];
-    e.len = sizes[i];
     uint16_t sq = 0;
     if (keyed && !allocSeq(static_cast<uint16_t>(r->poolIndex * kMaxRecvs + i), &sq)) {
       r->n = static_cast<uint8_t>(i);  // the buffers before this one hold sequences: given back with the request
@@ -1754,14 +2021,7 @@ Status FabricRecvComm::irecv(int n, void** data, const size_t* sizes, const int*
       return Status::kOk;  // every sequence is in use: NCCL retries
     }
     r->seq[i] = sq;
-    e.slot = sq;
-    e.flags = keyed ? 0 : kOfferTaggedOnly;
-    for (int q = 0; q < kMaxRails; ++q) {
-      const MemHandle* hq = keyed && q < nRails_ ? mh->rail(q) : nullptr;
-      e.addr[q] = hq ? rails_[q].ep->device().remoteAddr(reinterpret_cast<uintptr_t>(data[i]), hq->entry->base) : 0;
-      e.key[q] = hq ? hq->entry->key : 0;
-    }
-    e.reserved = 0;
+    fillOfferEntry(*r, i, keyed, &m->entry[i]);
     r->flags[i] = keyed ? FabricRecvRequest::kOffered : 0;
     if (!keyed || proto_.eagerMax > 0) r->flags[i] |= FabricRecvRequest::kNeedPost;
   }
@@ -1893,7 +2153,7 @@ Status FabricListenComm::accept(RecvComm** recvComm) {
       return Status::kInvalidUsage;
     }
     // rdma only if both ends offer it; the compact completion data if either end needs it.
-    const uint32_t mine = localProtocolFlags(dev_);
+    const uint32_t mine = localProtocolFlags(dev_, group_->rails());
     uint32_t agreed = req.flags & mine & ConnectRequest::kFlagRdma;
     if (agreed != 0) agreed |= (req.flags | mine) & ConnectRequest::kFlagImm4;
     // This end receives the writes: its provider decides whether their length comes with the completion (measured
@@ -1935,8 +2195,11 @@ Status FabricListenComm::accept(RecvComm** recvComm) {
       agreed |= ConnectRequest::kFlagAckRails;
     }
     proto_.acks = (agreed & ConnectRequest::kFlagAckRails) != 0;
-    if (proto_.acks && !proto_.rdma && nRails > 1 && (req.flags & mine & ConnectRequest::kFlagFailover) != 0) {
-      agreed |= ConnectRequest::kFlagFailover;
+    // Rail failover: with the rdma protocol only where both ends can (this one resets the rails it receives on).
+    const uint32_t failAsk = req.flags & mine & (ConnectRequest::kFlagFailover | ConnectRequest::kFlagFailoverRma);
+    if (proto_.acks && nRails > 1 && (failAsk & ConnectRequest::kFlagFailover) != 0 &&
+        (!proto_.rdma || (failAsk & ConnectRequest::kFlagFailoverRma) != 0)) {
+      agreed |= failAsk;
     }
     proto_.failover = (agreed & ConnectRequest::kFlagFailover) != 0;
     if (Status st = ep.sendReply(peer, req.commId, kAccepted, req.token, agreed, &ours, id_.get(), &reply_); st != Status::kOk) {
@@ -1979,16 +2242,24 @@ const char* protocolName(const Protocol& p) {
                  : "rdma (4-byte completion data carrying lengths)";
 }
 
-uint32_t localProtocolFlags(FabricDevice& dev) {
+uint32_t localProtocolFlags(FabricDevice& dev, int rails) {
   const std::string& ack = params::getString("WEFT_DELIVERY_ACK");
   // Failover needs the acknowledgements: asking for it asks for them on connections of several rails.
   const bool failoverAsked = params::getBool("WEFT_RAIL_FAILOVER");
   const uint32_t acks = ack == "all"                       ? ConnectRequest::kFlagAckRails | ConnectRequest::kFlagAckAll
                         : ack == "rails" || failoverAsked ? ConnectRequest::kFlagAckRails
                                                           : 0;
-  // The send side's rail-down note is injected (16 bytes).
-  const uint32_t failover = failoverAsked && dev.injectSize() >= 16 ? ConnectRequest::kFlagFailover : 0;
-  if (!dev.rdma()) return failover | acks;
+  // The send side's rail-down note is injected (16 bytes). With the rdma protocol the receive side resets a failed
+  // rail's connection (FabricDevice::resetsPeers).
+  const bool rmaFailover = dev.resetsPeers();
+  const uint32_t failover =
+      failoverAsked && dev.injectSize() >= 16
+          ? ConnectRequest::kFlagFailover | (rmaFailover ? ConnectRequest::kFlagFailoverRma : 0)
+          : 0;
+  // Failover asked for on several rails where the rdma protocol cannot fail over: auto means sendrecv there.
+  if (!dev.rdma() || (failover != 0 && rails > 1 && !rmaFailover && params::getString("WEFT_PROTOCOL") == "auto")) {
+    return failover | acks;
+  }
   if (!dev.compactImm()) return failover | acks | ConnectRequest::kFlagRdma;
   return failover | acks | ConnectRequest::kFlagRdma | ConnectRequest::kFlagImm4 |
          (Endpoint::writeLenReported(dev) ? ConnectRequest::kFlagLenFromCq : 0);

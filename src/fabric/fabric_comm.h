@@ -96,6 +96,15 @@ class FabricSendRequest final : public FabricRequest {
   bool resend = false;  // rail failover: to be sent again on the control rail (the provider pushed back)
   uint8_t resends = 0;  // times sent again (the j-th time with ctx[kResendCtx + 1 - j])
   uint64_t ackKey = 0;
+  // An RMA write (the rdma protocol; a tagged send otherwise). Piece i goes with ctx[ctxOf[i]]: under rail failover
+  // the receiver may offer the buffer again (kOfferAgain) and the whole message is written again, while pieces of
+  // the earlier write may still be in the provider's hands (busyCtx: contexts it holds; liveCtx: those of the
+  // current write's pieces, whose completions count; an earlier write's change nothing).
+  bool rma = false;
+  bool rewrite = false;  // to be written again: too few contexts free yet (from test())
+  uint8_t rewrites = 0;
+  uint8_t busyCtx = 0, liveCtx = 0;
+  uint8_t ctxOf[wire::kMaxPieces] = {};
 };
 
 class FabricRecvRequest final : public FabricRequest {
@@ -114,6 +123,11 @@ class FabricRecvRequest final : public FabricRequest {
   const MemHandle* flushMh = nullptr;
   bool optional = false;   // NCCL_NET_OPTIONAL_RECV_COMPLETION: done once the offer has left
   bool offerSent = false;  // the offer's send completed
+  bool offerPosted = false;  // the offer was handed to the provider (not waiting in FabricRecvComm::offerQueue_)
+  bool offerBusy = false;    // the offer's send (or an offer again) is in the provider's hands
+  // Rail failover (rdma): its buffers still waiting for data are to be offered again (kReofferWant), or were, and
+  // the offer waits for the provider (kReofferReady).
+  enum : uint8_t { kReofferNone, kReofferWant, kReofferReady } reoffer = kReofferNone;
   uint8_t flags[kMaxRecvs] = {};
   uint8_t rmaSegs[kMaxRecvs] = {};  // pieces landed
   uint8_t rail[kMaxRecvs] = {};  // the rail each tagged receive is posted on
@@ -300,14 +314,17 @@ class FabricDataComm : public DataSink {
     if (!proto_.acks) return;
     ackQ_.push_back(wire::ackKey(dataTag));
     if (takenRing_) takenRing_[takenCount_++ % kMostSends] = ackQ_.back();
-    if (!ackDeferred_) {
-      ackDeferred_ = true;
-      (parkedIn_ != nullptr ? parkedIn_ : group_.get())->table().defer(this);
-    }
+    deferToBatchEnd();
   }
   void afterBatch() noexcept override {
     ackDeferred_ = false;
     flushAcks();
+    if ((rmaFence_ & senderStopped_) != 0) rmaFenceStep();
+  }
+  void deferToBatchEnd() {
+    if (ackDeferred_) return;
+    ackDeferred_ = true;
+    (parkedIn_ != nullptr ? parkedIn_ : group_.get())->table().defer(this);
   }
   void flushAcks();
   bool postAck();  // one acknowledgement in the first free slot; false: not sent (pushed back or failed)
@@ -360,13 +377,29 @@ class FabricDataComm : public DataSink {
   // broke (ncclRemoteError), not the message (a truncation), or if it had already. True: failover took it.
   bool failRailOnError(Endpoint* ep, int fiErr, Status st) {
     const int k = railOfEndpoint(ep);
-    return (st == Status::kRemote || (failed_ & (1u << k)) != 0) &&
+    // (FI_ECANCELED: an operation the provider flushed when the connection was closed, Endpoint::resetPeer; weft never
+    // cancels a send.)
+    return (st == Status::kRemote || fiErr == FI_ECANCELED || (failed_ & (1u << k)) != 0) &&
            failRail(k, RailEvent::kErrorCompletion, fi_strerror(fiErr));
   }
   void fenceStep();   // receive side: cancels, reposts; the fence once nothing is left on a failed rail
   void resendFenced(uint8_t rails);  // send side
   bool postResend(FabricSendRequest* r);
   void postRailNote();
+  // Rail failover with the rdma protocol (Protocol::failoverRma, docs/failover.md "RMA failover"). A write on a
+  // failed rail may still land once the rail is back (TCP retransmits what it held) into a buffer NCCL has reused.
+  // So the receive side, once the sender said it stopped writing there (its rail-down note: senderStopped_), closes
+  // its connection to the sender on that rail (Endpoint::resetPeer: what it held is dropped, never delivered), and
+  // only then offers again, under new sequences, every buffer still waiting for data (the old sequences parked:
+  // late pieces naming them are ignored); the sender writes each such message again, whole (rewriteSend). Rails
+  // whose reset waits: rmaFence_. A rail is not taken back while its reset waits.
+  uint8_t rmaFence_ = 0, senderStopped_ = 0;  // receive side
+  int reoffers_ = 0;  // receive side: requests with reoffer set
+  void rmaFenceStep();
+  void flushReoffers();
+  bool reofferRequest(FabricRecvRequest* r);  // false: wait (the provider pushed back, or the offer is in flight)
+  // Offer entry of buffer b of r (keyed: registered for RMA; else an entry that asks for a tagged send).
+  void fillOfferEntry(const FabricRecvRequest& r, int b, bool keyed, OfferEntry* e) const;
   // A 16-byte note {kind, word} on rail `on`'s probe channel, injected (failover is agreed only where the provider
   // injects that much): nothing to wait for. Returns fi_tinject's answer.
   ssize_t injectNote(int on, uint64_t kind, uint64_t word);
@@ -396,6 +429,7 @@ class FabricDataComm : public DataSink {
     enum : uint8_t { kIdle, kHello, kHelloAcked, kReady } state = kIdle;
     uint16_t attempt = 0;
     int64_t nextMs = 0, sentMs = 0, waitMs = 0, admittedMs = 0;
+    int64_t againSinceMs = 0;  // the hello was pushed back (a connection opening) since then
   };
   Readmit readmit_[kMaxRails];
   uint32_t readmitPolls_ = 0;
@@ -449,9 +483,19 @@ class FabricSendComm final : public SendComm, public FabricDataComm {
 
  private:
   void onOffer(const void* msg, size_t len) noexcept override;
+  void onOfferAgain(const OfferEntry& e);
+  // Writes r's message again, whole, under its new offer (r->offer): the same pieces, every surviving rail that
+  // carried a piece of the earlier write carrying its piece again after it (same connection, in order: nothing of
+  // the earlier write lands after this one completes the buffer), a failed rail's piece on the control rail.
+  // False: too few operation contexts free yet (pieces stuck on the failed rail hold theirs): from test().
+  bool rewriteSend(FabricSendRequest* r);
   void resumeSend(FabricSendRequest* r) override {
     if (r->resend) {
       postResend(r);
+      return;
+    }
+    if (r->rewrite) {
+      rewriteSend(r);
       return;
     }
     bool again;
@@ -558,7 +602,9 @@ int planWrite(uint64_t size, int nRails, uint64_t stripeMin, bool imm4, int sing
 CommId railAliasId();
 
 // What this process offers for a new connection (device capability and WEFT_EAGER_MAX).
-uint32_t localProtocolFlags(FabricDevice& dev);
+// rails: the device's (under WEFT_RAIL_FAILOVER, WEFT_PROTOCOL=auto offers rdma on several rails only where the rdma
+// protocol can fail over).
+uint32_t localProtocolFlags(FabricDevice& dev, int rails);
 const char* protocolName(const Protocol& p);
 
 }  // namespace weft::fabric

@@ -47,6 +47,11 @@ class FabricDevice final : public Registrar {
     return p.rfind("tcp", 0) == 0 || p.rfind("sockets", 0) == 0;
   }
 
+  // Whether Endpoint::resetPeer can close this provider's connection to a peer, so that nothing it still holds lands
+  // later: rxm (tcp;ofi_rxm, verbs;ofi_rxm) with FI_AV_REMOVE_CLEANUP on (weft's default). Rail failover with the
+  // rdma protocol needs it (docs/failover.md, "RMA failover").
+  bool resetsPeers() const;
+
   // Opens fabric + domain once; safe to call from several threads.
   Status open();
   fid_domain* domain() const { return domain_.get(); }

@@ -194,7 +194,7 @@ int64_t Endpoint::openCount() { return gOpen.load(std::memory_order_relaxed); }
 int64_t Endpoint::probesSent() { return gProbes.load(std::memory_order_relaxed); }
 
 namespace {
-std::atomic<int64_t> gRailDowns{0}, gRailRecoveries{0}, gRailFailovers{0}, gMovedMsgs{0}, gRailReadmits{0};
+std::atomic<int64_t> gRailDowns{0}, gRailRecoveries{0}, gRailFailovers{0}, gMovedMsgs{0}, gRailReadmits{0}, gPeerResets{0};
 }  // namespace
 int64_t Endpoint::railFailovers() { return gRailFailovers.load(std::memory_order_relaxed); }
 int64_t Endpoint::movedMessages() { return gMovedMsgs.load(std::memory_order_relaxed); }
@@ -293,6 +293,49 @@ Status Endpoint::insert(const void* addr, size_t len, fi_addr_t* out) {
   *out = a;
   return Status::kOk;
 }
+
+Status Endpoint::resetPeer(fi_addr_t to) {
+  if (!dev_.resetsPeers()) return Status::kInternal;
+  const std::string* addr = nullptr;
+  for (const auto& [a, f] : peers_) {
+    if (f == to) addr = &a;
+  }
+  if (addr == nullptr) {
+    WEFT_WARN("resetting the connection to address {} on {}: not a peer of this endpoint", to, dev_.props().name);
+    return Status::kInternal;
+  }
+  // rxm 1.17 closes the peer's connection without looking at its state (prov/rxm/src/rxm_conn.c:
+  // rxm_av_remove_handler -> rxm_close_conn), and one whose last connect failed at once (no route: the link is down)
+  // has no endpoint left: closing it crashes. A probe (the peer's endpoint drops it) tells the states apart, posted as
+  // nothing else can change the connection meanwhile (the caller holds the group): handed over (connected) or
+  // pushed back (connecting), there is a connection to close; refused, there is none, and nothing can land through
+  // one (a connection the peer opens from now on carries only what it sends from now on).
+  const uint64_t probe[2] = {wire::kProbeBody, 0};
+  const ssize_t tried = fi_tinject(ep_.get(), probe, sizeof(probe), to, wire::ctrlTag(wire::CtrlKind::kProbe));
+  if (tried != 0 && tried != -FI_EAGAIN) {
+    WEFT_INFO(NCCL_NET, "connection to {} on {}: none open ({}): nothing to close", addrString(addr->data(),
+              addr->size()), dev_.props().name, fi_strerror(static_cast<int>(-tried)));
+    return Status::kOk;
+  }
+  fi_addr_t again = FI_ADDR_UNSPEC;
+  int rc = fi_av_insert(av_.get(), addr->data(), 1, &again, 0, nullptr);
+  if (rc != 1 || again != to) {
+    WEFT_WARN("resetting the connection to {} on {}: inserting its address again gave {} ({})", addrString(addr->data(),
+              addr->size()), dev_.props().name, again, rc < 0 ? fi_strerror(-rc) : "not the same entry");
+    if (rc == 1 && again != to) (void)fi_av_remove(av_.get(), &again, 1, 0);
+    return Status::kSystem;
+  }
+  rc = fi_av_remove(av_.get(), &again, 1, 0);  // closes the connection; the first insertion stays
+  if (rc != 0) {
+    WEFT_WARN("resetting the connection to {} on {}: fi_av_remove: {}", addrString(addr->data(), addr->size()),
+              dev_.props().name, fi_strerror(-rc));
+    return Status::kSystem;
+  }
+  gPeerResets.fetch_add(1, std::memory_order_relaxed);
+  return Status::kOk;
+}
+
+int64_t Endpoint::peerResets() { return gPeerResets.load(std::memory_order_relaxed); }
 
 std::string Endpoint::addrString(const void* addr, size_t len) const {
   (void)len;

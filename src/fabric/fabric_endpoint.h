@@ -50,7 +50,8 @@ struct Protocol {
   uint32_t eagerMax = 0;
   // Delivery acknowledgements (wire::AckMsg, WEFT_DELIVERY_ACK): a send completes once the receiver took it.
   bool acks = false;
-  // Rail failover (WEFT_RAIL_FAILOVER): with acks, sendrecv and several rails.
+  // Rail failover (WEFT_RAIL_FAILOVER): with acks and several rails; with the rdma protocol only where the receiver
+  // can reset a rail's connection (ConnectRequest::kFlagFailoverRma).
   bool failover = false;
 };
 
@@ -101,6 +102,13 @@ class Endpoint {
   FabricDevice& device() const { return dev_; }
   const std::vector<uint8_t>& name() const { return name_; }
   Status insert(const void* addr, size_t len, fi_addr_t* out);
+  // Closes this endpoint's connection to the peer at `to` (an address insert() returned), keeping the address valid:
+  // whatever the connection still held is dropped, never delivered later, and the next operation to or from the
+  // peer opens a new one. Every comm to that peer process on this endpoint loses what was in flight on it. Only
+  // where FabricDevice::resetsPeers (rxm: the address is inserted a second time, then removed once, which closes
+  // the connection and leaves the first insertion). Rail failover with the rdma protocol (FabricDataComm).
+  Status resetPeer(fi_addr_t to);
+  static int64_t peerResets();  // every endpoint together ("fabric.peer_resets")
   // A read-back flush: an RMA read of one byte at `remoteAddr` (key `key`, a registration of this endpoint's own
   // domain) from this endpoint to itself, into its control memory. *again: the provider pushed back, nothing was
   // posted. Needs FabricDevice::flushes() (the endpoint's own address is in its AV then).

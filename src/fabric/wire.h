@@ -119,6 +119,9 @@ struct ConnectRequest {
   // Rail failover (WEFT_RAIL_FAILOVER, docs/failover.md step 3): asked for by the connector, agreed by the listener
   // only with acknowledgements, the sendrecv protocol and several rails.
   static constexpr uint32_t kFlagFailover = 32;
+  // Rail failover with the rdma protocol too (with kFlagFailover): the receiver can reset a failed rail's
+  // connection (FabricDevice::resetsPeers) and re-offers buffers (kOfferAgain); the sender writes them again.
+  static constexpr uint32_t kFlagFailoverRma = 64;
   uint32_t magic;
   uint16_t version;
   uint16_t addrLen;
@@ -239,16 +242,22 @@ struct OfferEntry {
   uint64_t len;     // buffer size
   uint64_t tagSeq;  // dataTag(the receive comm's id, NCCL tag, sequence)
   uint16_t slot;    // the buffer's sequence, returned in the completion data (WriteImm)
-  uint16_t flags;   // kOfferTaggedOnly: no key (unregistered buffer): send tagged whatever the size
+  uint16_t flags;   // kOfferTaggedOnly: no key (unregistered buffer): send tagged whatever the size; kOfferAgain
   uint32_t reserved;
 };
 constexpr uint16_t kOfferTaggedOnly = 1;
+// Rail failover (kFlagFailoverRma): the buffer offered again under a new slot, after a rail failed while its data
+// may have been on the way. It replaces the earlier offer of the same message (same tagSeq): a send not written yet
+// takes the new slot; one written (or being written) is written again, whole, under it. Writes under the old slot
+// are ignored from then on.
+constexpr uint16_t kOfferAgain = 2;
 
 struct OfferMsg {
   static constexpr uint32_t kMagic = 0x57464f46;  // "WFOF"
   uint32_t magic;
   uint16_t count;
-  uint16_t reserved;
+  uint8_t epoch;  // rail failover: the receiver's control-rail moves (as AckMsg::epoch; 0 before any)
+  uint8_t reserved;
   uint32_t toComm;  // the send comm the offer is for
   uint32_t reserved2;
   OfferEntry entry[kMaxRecvs];

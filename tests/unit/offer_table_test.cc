@@ -39,6 +39,24 @@ TEST_CASE("an eager send before its offer leaves a marker that drops the offer",
   CHECK(t.size() == 0);
 }
 
+TEST_CASE("an offer made again replaces the first; a marker whose offer can no longer come is dropped", "[offers]") {
+  OfferTable<int, 64> t;
+  bool dropped = false;
+  REQUIRE(t.addOffer(9, 90, &dropped));
+  *t.findOffer(9) = 91;  // rail failover: the buffer offered again under a new slot
+  CHECK(*t.findOffer(9) == 91);
+  CHECK_FALSE(t.dropEagerMark(9));  // an offer, not a marker: left alone
+  CHECK(t.findOffer(9) != nullptr);
+  REQUIRE(t.markEager(4));
+  CHECK(t.eagerMarks() == 1);
+  CHECK(t.dropEagerMark(4));
+  CHECK(t.eagerMarks() == 0);
+  CHECK_FALSE(t.dropEagerMark(4));
+  REQUIRE(t.addOffer(4, 40, &dropped));  // a later offer of the key is an offer again
+  CHECK_FALSE(dropped);
+  CHECK(t.size() == 2);
+}
+
 TEST_CASE("eager markers are bounded to half the table", "[offers]") {
   OfferTable<int, 16> t;
   for (uint64_t k = 0; k < 8; ++k) REQUIRE(t.markEager(k));

@@ -70,6 +70,16 @@ class OfferTable {
   // True when markEager would have room (the sender back-pressures otherwise).
   bool eagerRoom() const { return eagerMarks_ < kCapacity / 2 && used_ < kCapacity - 1; }  // grows to make room
 
+  // Drops the marker of a message that left eagerly, if there is one (its offer can no longer come: rail
+  // failover offered the buffer again instead). True if there was one.
+  bool dropEagerMark(uint64_t key) {
+    Slot* s = find(key);
+    if (s == nullptr || s->kind != Kind::kEagerSent) return false;
+    erase(s);
+    --eagerMarks_;
+    return true;
+  }
+
   void eraseOffer(uint64_t key) {
     if (Slot* s = find(key); s != nullptr && s->kind == Kind::kOffer) erase(s);
   }
