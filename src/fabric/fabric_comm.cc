@@ -57,6 +57,7 @@ FabricDataComm::FabricDataComm(std::shared_ptr<EndpointGroup> group, std::vector
   if (proto_.failover) {
     readmitFirstMs_ = params::getInt("WEFT_RAIL_READMIT");
     ctlMoves_ = dev_.injectSize() >= wire::AckMsg::bytes(1, true);
+    resetRails_ = dev_.resetsPeers();
     if (ctlMoves_ && recvSide_) takenRing_.reset(new uint64_t[kMostSends]());
   }
   if (proto_.acks && recvSide_) {
@@ -393,7 +394,7 @@ Status FabricDataComm::progress() {
   flushOffers();
   if (!ackQ_.empty() || fenceOut_ != 0 || readmitOut_ != 0) flushAcks();
   if (fencing_ != 0) fenceStep();
-  if ((rmaFence_ & senderStopped_) != 0) rmaFenceStep();
+  if ((resetWant_ & senderStopped_) != 0) resetStep();
   if (reoffers_ > 0) flushReoffers();
   if (railNoteWant_ != 0) postRailNote();
   if ((failed_ & fencedIn_) != 0 && (++readmitPolls_ & 15) == 0) readmitStep(coarseNowMs());
@@ -667,13 +668,16 @@ bool FabricDataComm::failRail(int k, RailEvent why, const std::string& detail, b
   const int64_t now = coarseNowMs();
   failed_ |= bit;
   fencedIn_ &= static_cast<uint8_t>(~bit);
-  if (!recvSide_) readmitSchedule(k, now);
+  if (!recvSide_) {
+    readmitSchedule(k, now);
+    readmit_[k].resetGen = rails_[k].ep->resetGen(rails_[k].peer);
+  }
   RailHealth::bump(health_[k].failovers, 1);
   Endpoint::countRailFailover();
   if (recvSide_) {
     fencing_ |= bit;
     fenceSinceMs_ = now;
-    if (proto_.rdma) rmaFence_ |= bit;
+    if (resetRails_) resetWant_ |= bit;
   }
   if (k == ctlRail_) moveCtl();
   try {  // (called from completion handlers too: a log line that cannot be formatted changes nothing)
@@ -684,7 +688,7 @@ bool FabricDataComm::failRail(int k, RailEvent why, const std::string& detail, b
   }
   if (recvSide_) {
     fenceStep();
-  } else if (!peerSaid || proto_.rdma) {  // rdma: the receive side waits for it to reset the rail (rmaFenceStep)
+  } else if (!peerSaid || resetRails_) {  // the receive side waits for it to reset the rail (resetStep)
     railNoteWant_ |= bit;
     postRailNote();
   }
@@ -719,7 +723,7 @@ void FabricDataComm::onRailNote(uint32_t rails) noexcept {
     }
   } catch (...) {  // a log line that could not be formatted: the rails are failed over all the same
   }
-  if (proto_.rdma && (rails & failed_) != 0) {  // the sender writes there no more: the rail's reset may go
+  if (resetRails_ && (rails & failed_) != 0) {  // the sender sends there no more: the rail's reset may go
     senderStopped_ |= static_cast<uint8_t>(rails & failed_);
     deferToBatchEnd();
   }
@@ -849,9 +853,9 @@ void FabricDataComm::fillOfferEntry(const FabricRecvRequest& r, int b, bool keye
 // Receive side: the sender said it no longer writes on these failed rails. Their connections to it are closed
 // (whatever they still held is dropped: nothing of an earlier write can land once its buffer is written again),
 // then every buffer still waiting for data is offered again.
-void FabricDataComm::rmaFenceStep() {
-  const auto rails = static_cast<uint8_t>(rmaFence_ & senderStopped_);
-  rmaFence_ &= static_cast<uint8_t>(~rails);
+void FabricDataComm::resetStep() {
+  const auto rails = static_cast<uint8_t>(resetWant_ & senderStopped_);
+  resetWant_ &= static_cast<uint8_t>(~rails);
   senderStopped_ &= static_cast<uint8_t>(~rails);
   if (fatal_ != Status::kOk || closing_) return;
   for (int k = 0; k < nRails_; ++k) {
@@ -863,6 +867,7 @@ void FabricDataComm::rmaFenceStep() {
       return;
     }
   }
+  if (!proto_.rdma) return;
   int n = 0;
   for (int i = 0; i < allocated_; ++i) {
     FabricRecvRequest& r = recvReq(i);
@@ -983,17 +988,30 @@ void FabricDataComm::readmitStep(int64_t nowMs) {
           break;
         }
         {
+          // The rail's connection as the failure left it may be dead for good (a QP in the error state, which rxm
+          // keeps): closed first, unless another comm to the peer closed it since (that one's new connection is
+          // fresh, and other comms may be using it).
+          Endpoint& ep = *rails_[k].ep;
+          if (resetRails_ && r.againSinceMs == 0 && ep.resetGen(rails_[k].peer) == r.resetGen) {
+            if (Status st = ep.resetPeer(rails_[k].peer); st != Status::kOk) {
+              later();
+              break;
+            }
+          }
+          r.resetGen = ep.resetGen(rails_[k].peer);
           const ssize_t rc = injectNote(k, wire::kRailUp, wire::railUpWord(peerId_, k, wire::kRailHello, r.attempt + 1));
           if (rc == 0) {
             ++r.attempt;
             r.state = Readmit::kHello;
             r.sentMs = nowMs;
             r.againSinceMs = 0;
-          } else if (rc == -FI_EAGAIN && (r.againSinceMs == 0 || nowMs - r.againSinceMs < probeIntervalMs_)) {
+          } else if (rc == -FI_EAGAIN && (r.againSinceMs == 0 || nowMs - r.againSinceMs < peerTimeoutMs_)) {
             // The provider is opening a new connection on the rail (its old one was closed): shortly again.
             if (r.againSinceMs == 0) r.againSinceMs = nowMs;
             r.nextMs = nowMs + 10;
           } else {
+            WEFT_INFO(NCCL_NET, "comm with {}: the health check of {} could not be sent: {}", peerName_, railName(k),
+                      fi_strerror(static_cast<int>(-rc)));
             r.againSinceMs = 0;
             later();
           }
@@ -1021,7 +1039,7 @@ void FabricDataComm::admitRail(int k, uint32_t alias, uint64_t at, bool sendSide
   const auto bit = static_cast<uint8_t>(1u << k);
   failed_ &= static_cast<uint8_t>(~bit);
   fencedIn_ &= static_cast<uint8_t>(~bit);
-  rmaFence_ &= static_cast<uint8_t>(~bit);
+  resetWant_ &= static_cast<uint8_t>(~bit);
   senderStopped_ &= static_cast<uint8_t>(~bit);
   switchAt_[k] = at;
   railComm_[k] = alias;
@@ -1055,11 +1073,16 @@ void FabricDataComm::onRailUp(Endpoint* ep, uint64_t word) noexcept {
   const auto bit = static_cast<uint8_t>(1u << k);
   if (recvSide_) {
     // Only a rail this end failed over and fenced, and not while it still announces a re-admission.
-    // rdma: and not before its connection was reset (rmaFenceStep).
+    // rdma: and not before its connection was reset (resetStep).
     const bool ready = readmitFirstMs_ > 0 && (failed_ & bit) != 0 && (fencing_ & bit) == 0 &&
-                       (rmaFence_ & bit) == 0 && fatal_ == Status::kOk;
+                       (resetWant_ & bit) == 0 && fatal_ == Status::kOk;
     if (step == wire::kRailHello && onRail) {
-      if (ready) (void)sendRailUp(k, wire::kRailHelloAck, attempt);  // not sent: the sender tries again later
+      const ssize_t rc =
+          ready ? injectNote(k, wire::kRailUp, wire::railUpWord(peerId_, k, wire::kRailHelloAck, attempt)) : 1;
+      if (rc != 0) {  // the sender tries again later
+        WEFT_INFO(NCCL_NET, "comm with {}: health check {} of {} not answered ({})", peerName_, attempt, railName(k),
+                  ready ? fi_strerror(static_cast<int>(-rc)) : "not ready to take the rail back yet");
+      }
     } else if (step == wire::kRailReady && onCtl) {
       if (!ready || readmitOut_ != 0) return;
       if (aliases_.size() >= 64) {  // a rail that keeps failing stays failed over (each try retires an id)
@@ -1200,7 +1223,7 @@ void FabricDataComm::onError(Endpoint* ep, OpContext* ctx, int fiErr, Status st)
   }
   if (ctx->kind == OpKind::kOfferSend) asRecv(r).offerBusy = false;
   if (ctx->kind == OpKind::kOfferSend && proto_.rdma && failRailOnError(ep, fiErr, st)) {
-    opDone(r);  // lost with a failed rail: its buffers are offered again once the rail is reset (rmaFenceStep)
+    opDone(r);  // lost with a failed rail: its buffers are offered again once the rail is reset (resetStep)
     return;
   }
   if (ctx->kind == OpKind::kOfferSend && fiErr != FI_ECANCELED) {

@@ -319,7 +319,7 @@ class FabricDataComm : public DataSink {
   void afterBatch() noexcept override {
     ackDeferred_ = false;
     flushAcks();
-    if ((rmaFence_ & senderStopped_) != 0) rmaFenceStep();
+    if ((resetWant_ & senderStopped_) != 0) resetStep();
   }
   void deferToBatchEnd() {
     if (ackDeferred_) return;
@@ -386,16 +386,20 @@ class FabricDataComm : public DataSink {
   void resendFenced(uint8_t rails);  // send side
   bool postResend(FabricSendRequest* r);
   void postRailNote();
-  // Rail failover with the rdma protocol (Protocol::failoverRma, docs/failover.md "RMA failover"). A write on a
-  // failed rail may still land once the rail is back (TCP retransmits what it held) into a buffer NCCL has reused.
-  // So the receive side, once the sender said it stopped writing there (its rail-down note: senderStopped_), closes
-  // its connection to the sender on that rail (Endpoint::resetPeer: what it held is dropped, never delivered), and
-  // only then offers again, under new sequences, every buffer still waiting for data (the old sequences parked:
-  // late pieces naming them are ignored); the sender writes each such message again, whole (rewriteSend). Rails
-  // whose reset waits: rmaFence_. A rail is not taken back while its reset waits.
-  uint8_t rmaFence_ = 0, senderStopped_ = 0;  // receive side
+  // Resetting a failed rail's connection (resetRails_: failover where the provider can, FabricDevice::resetsPeers).
+  // A write on a failed rail may still land once the rail is back (TCP retransmits what it held; an RC QP retries)
+  // into a buffer NCCL has reused, and a connection the failure broke (a QP in the error state) never carries
+  // anything again, though rxm keeps it. So the receive side, once the sender said it stopped sending there (its
+  // rail-down note: senderStopped_), closes its connection to the sender on that rail (Endpoint::resetPeer: what it
+  // held is dropped, never delivered; rails whose reset waits: resetWant_; a rail is not taken back meanwhile),
+  // and with the rdma protocol only then offers again, under new sequences, every buffer still waiting for data
+  // (the old sequences parked: late pieces naming them are ignored); the sender writes each such message again,
+  // whole (rewriteSend). The send side closes its own before it tries to take the rail back (Readmit::resetGen).
+  // The rdma protocol fails over only with it (Protocol::failover on an rdma connection).
+  bool resetRails_ = false;
+  uint8_t resetWant_ = 0, senderStopped_ = 0;  // receive side
   int reoffers_ = 0;  // receive side: requests with reoffer set
-  void rmaFenceStep();
+  void resetStep();
   void flushReoffers();
   bool reofferRequest(FabricRecvRequest* r);  // false: wait (the provider pushed back, or the offer is in flight)
   // Offer entry of buffer b of r (keyed: registered for RMA; else an entry that asks for a tagged send).
@@ -430,6 +434,7 @@ class FabricDataComm : public DataSink {
     uint16_t attempt = 0;
     int64_t nextMs = 0, sentMs = 0, waitMs = 0, admittedMs = 0;
     int64_t againSinceMs = 0;  // the hello was pushed back (a connection opening) since then
+    uint64_t resetGen = 0;     // the rail endpoint's resets of the peer when it failed, or this comm last reset it
   };
   Readmit readmit_[kMaxRails];
   uint32_t readmitPolls_ = 0;

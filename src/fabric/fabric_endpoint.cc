@@ -312,6 +312,7 @@ Status Endpoint::resetPeer(fi_addr_t to) {
   // one (a connection the peer opens from now on carries only what it sends from now on).
   const uint64_t probe[2] = {wire::kProbeBody, 0};
   const ssize_t tried = fi_tinject(ep_.get(), probe, sizeof(probe), to, wire::ctrlTag(wire::CtrlKind::kProbe));
+  ++resetGens_[to];
   if (tried != 0 && tried != -FI_EAGAIN) {
     WEFT_INFO(NCCL_NET, "connection to {} on {}: none open ({}): nothing to close", addrString(addr->data(),
               addr->size()), dev_.props().name, fi_strerror(static_cast<int>(-tried)));
@@ -332,6 +333,8 @@ Status Endpoint::resetPeer(fi_addr_t to) {
     return Status::kSystem;
   }
   gPeerResets.fetch_add(1, std::memory_order_relaxed);
+  WEFT_INFO(NCCL_NET, "closed the connection to {} on {} (a rail failed over; the next message opens a new one)",
+            addrString(addr->data(), addr->size()), dev_.props().name);
   return Status::kOk;
 }
 

@@ -108,6 +108,13 @@ class Endpoint {
   // where FabricDevice::resetsPeers (rxm: the address is inserted a second time, then removed once, which closes
   // the connection and leaves the first insertion). Rail failover with the rdma protocol (FabricDataComm).
   Status resetPeer(fi_addr_t to);
+  // Times resetPeer closed (or found closed) this endpoint's connection to `to`: a comm that saw a rail fail skips
+  // its own reset where another comm's came after the failure (the stale connection is gone already; another
+  // reset would cut the new one other comms use).
+  uint64_t resetGen(fi_addr_t to) const {
+    auto it = resetGens_.find(to);
+    return it == resetGens_.end() ? 0 : it->second;
+  }
   static int64_t peerResets();  // every endpoint together ("fabric.peer_resets")
   // A read-back flush: an RMA read of one byte at `remoteAddr` (key `key`, a registration of this endpoint's own
   // domain) from this endpoint to itself, into its control memory. *again: the provider pushed back, nothing was
@@ -261,6 +268,7 @@ class Endpoint {
   void* ctlDesc_ = nullptr;
   std::vector<uint8_t> name_;
   std::unordered_map<std::string, fi_addr_t> peers_;  // addresses inserted into av_
+  std::unordered_map<fi_addr_t, uint64_t> resetGens_;  // resetPeer, per peer address
   fi_addr_t self_ = FI_ADDR_UNSPEC;                    // this endpoint in its own AV (read-back flushes)
   std::unique_ptr<wire::OfferMsg[]> offerPool_;
   std::unique_ptr<OpContext[]> offerPoolCtx_;

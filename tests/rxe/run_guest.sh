@@ -81,6 +81,11 @@ mount -t tmpfs shm $H/dev/shm; mount -t tmpfs tmp $H/tmp; mount -t tmpfs run $H/
 [ -n "$KEEP" ] && mkdir -p "$H$KEEP" && mount --bind /mnt/keep "$H$KEEP"
 mkdir -p "$H$OUT" 2>/dev/null; mount --bind /mnt/out "$H$OUT"
 chroot $H rdma link add rxe0 type rxe netdev eth0 || echo "WEFT_GUEST_NO_RXE"
+# RXE_NICS=2: a second NIC and soft-RoCE device (rxe1 on eth1, 10.0.3.15): two rails, each looping back to itself
+if [ "$(arg weft_nics)" = 2 ]; then
+  ip link set eth1 up; ip addr add 10.0.3.15/24 dev eth1
+  chroot $H rdma link add rxe1 type rxe netdev eth1 || echo "WEFT_GUEST_NO_RXE1"
+fi
 echo "WEFT_GUEST_BOOTED uptime=$(cut -d' ' -f1 /proc/uptime)"
 chroot $H /bin/sh -c "cd '$OUT' && ./guest-entry.sh" > /mnt/out/guest-output.txt 2>&1
 echo $? > /mnt/out/exit-code
@@ -107,12 +112,19 @@ chmod +x "$out/guest-entry.sh"
 keep=""
 case "$script" in /tmp/?*) keep=/tmp/$(echo "${script#/tmp/}" | cut -d/ -f1) ;; esac
 
+nic2=()
+nics=""
+if [ "${RXE_NICS:-1}" = 2 ]; then
+  nic2=(-netdev user,id=n1,net=10.0.3.0/24 -device virtio-net-pci,netdev=n1)
+  nics=" weft_nics=2"
+fi
+
 start=$(date +%s.%N)
 timeout "$limit" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -M q35 -m "${RXE_GUEST_MEM:-4096}" -smp 2 \
   -kernel "$vmlinuz" -initrd "$work.gz" \
-  -append "console=ttyS0 rdinit=/init quiet loglevel=3 panic=-1 mitigations=off weft_out=$out${keep:+ weft_keep=$keep}" \
+  -append "console=ttyS0 rdinit=/init quiet loglevel=3 panic=-1 mitigations=off weft_out=$out${keep:+ weft_keep=$keep}$nics" \
   -nographic -no-reboot -nodefaults -serial stdio -monitor none \
-  -netdev user,id=n0 -device virtio-net-pci,netdev=n0 \
+  -netdev user,id=n0 -device virtio-net-pci,netdev=n0 ${nic2[@]+"${nic2[@]}"} \
   -virtfs local,path="$out",mount_tag=out,security_model=none,id=out \
   -virtfs local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap,id=host \
   < /dev/null > "$out/console.log" 2>&1 || true
