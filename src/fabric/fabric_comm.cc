@@ -795,6 +795,12 @@ void FabricDataComm::resendFenced(uint8_t rails) {
   }
 }
 
+void FabricDataComm::postFailed(FabricRequest* r, ssize_t rc, const char* what, int k) {
+  WEFT_WARN("comm with {}: {} on {} failed: {}", peerName_, what, railName(k), fi_strerror(static_cast<int>(-rc)));
+  if (r->error == Status::kOk) r->error = statusOfFiError(static_cast<int>(-rc));
+  if (fatal_ == Status::kOk) fatal_ = r->error;
+}
+
 // On the control rail (where the receiver posted it again), under the receive comm's own id.
 bool FabricDataComm::postResend(FabricSendRequest* r) {
   const int on = ctlRail_;
@@ -805,10 +811,7 @@ bool FabricDataComm::postResend(FabricSendRequest* r) {
   if (rc == -FI_EAGAIN) return false;  // from test(), or the next fence
   r->resend = false;
   if (rc != 0) {
-    WEFT_WARN("comm with {}: sending a message again on {} failed: {}", peerName_, railName(on),
-              fi_strerror(static_cast<int>(-rc)));
-    if (r->error == Status::kOk) r->error = statusOfFiError(static_cast<int>(-rc));
-    if (fatal_ == Status::kOk) fatal_ = r->error;
+    postFailed(r, rc, "sending a message again", on);
     return true;
   }
   ++r->ops;
@@ -937,10 +940,7 @@ bool FabricDataComm::reofferRequest(FabricRecvRequest* r) {
                         wire::ctrlTag(wire::CtrlKind::kOffer), &r->offerCtx.fi);
   if (rc == -FI_EAGAIN) return false;
   if (rc != 0) {
-    WEFT_WARN("comm with {}: offering a buffer again on {} failed: {}", peerName_, railName(ctlRail_),
-              fi_strerror(static_cast<int>(-rc)));
-    if (r->error == Status::kOk) r->error = statusOfFiError(static_cast<int>(-rc));
-    if (fatal_ == Status::kOk) fatal_ = r->error;
+    postFailed(r, rc, "offering a buffer again", ctlRail_);
     return true;
   }
   ++r->ops;

@@ -385,6 +385,8 @@ class FabricDataComm : public DataSink {
   void fenceStep();   // receive side: cancels, reposts; the fence once nothing is left on a failed rail
   void resendFenced(uint8_t rails);  // send side
   bool postResend(FabricSendRequest* r);
+  // A post the provider refused (not a pushback): r and the comm fail with it, with a warning naming `what` and rail k.
+  void postFailed(FabricRequest* r, ssize_t rc, const char* what, int k);
   void postRailNote();
   // Resetting a failed rail's connection (resetRails_: failover where the provider can, FabricDevice::resetsPeers).
   // A write on a failed rail may still land once the rail is back (TCP retransmits what it held; an RC QP retries)

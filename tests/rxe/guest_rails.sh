@@ -6,17 +6,9 @@
 # alone (docs/failover.md). Re-admission is off (WEFT_RAIL_READMIT=0): over rxm on emulated verbs a rail that failed
 # with operations in flight never carries a message again in the same process (the health check is refused,
 # FI_EAGAIN, for WEFT_PEER_TIMEOUT after each reset), an open question there. Exit status: failed steps.
-fails=0
-step() {  # step NAME TIMEOUT COMMAND...
-  name=$1; limit=$2; shift 2
-  ip link set eth0 up; ip link set eth1 up  # (a check that failed halfway may have left one down)
-  t0=$(date +%s)
-  timeout "$limit" "$@" > "step-$name.log" 2>&1
-  rc=$?
-  t1=$(date +%s)
-  grep -E "^\[(PASS|FAIL|SKIP)\]|^conformance:|^(recv|send)\s+(down|flap|failover)" "step-$name.log" | sed "s/^/  /"
-  if [ $rc -eq 0 ]; then echo "STEP $name: ok ($((t1 - t0)) s)"; else echo "STEP $name: FAILED rc=$rc ($((t1 - t0)) s), see step-$name.log"; tail -15 "step-$name.log"; fails=$((fails + 1)); fi
-}
+. "$(dirname "$0")/guest_lib.sh"
+links_up() { ip link set eth0 up; ip link set eth1 up; }  # (a check that failed halfway may have left one down)
+STEP_BEFORE=links_up
 ibv_devices | sed 's/^/  /'
 C="$RXE_BIN conformance --plugin $RXE_SO --timeout 120 --table 11 --only faults.rail_down"
 E="--env WEFT_BACKEND=fabric --env WEFT_PROVIDER=verbs;ofi_rxm --env FI_UNIVERSE_SIZE=16 --env WEFT_RAILS=rxe0+rxe1

@@ -1,16 +1,7 @@
 #!/bin/sh
 # Runs inside the soft-RoCE guest (tests/rxe/run_guest.sh): weft's conformance harness over real ibverbs on rxe0,
 # two processes on the one device. Exit status: the number of failed steps.
-fails=0
-step() {  # step NAME TIMEOUT COMMAND...
-  name=$1; limit=$2; shift 2
-  t0=$(date +%s)
-  timeout "$limit" "$@" > "step-$name.log" 2>&1
-  rc=$?
-  t1=$(date +%s)
-  grep -E "^\[(PASS|FAIL|SKIP)\]|^conformance:|detected after|kept working|failed after|^netem " "step-$name.log" | sed "s/^/  /"
-  if [ $rc -eq 0 ]; then echo "STEP $name: ok ($((t1 - t0)) s)"; else echo "STEP $name: FAILED rc=$rc ($((t1 - t0)) s), see step-$name.log"; tail -15 "step-$name.log"; fails=$((fails + 1)); fi
-}
+. "$(dirname "$0")/guest_lib.sh"
 ibv_devices | sed 's/^/  /'
 # comms.scale holds 64 connections here (default 256 with --quick, 1,024 without): native verbs keeps an RC QP per
 # connection, as NCCL's IB transport does, and QP creation in emulation is slow.

@@ -1,0 +1,14 @@
+# Sourced by the scripts the soft-RoCE guest runs (tests/rxe/run_guest.sh): one test step and its verdict.
+fails=0
+# step NAME TIMEOUT COMMAND...: runs COMMAND (its output in step-NAME.log), prints its verdict lines and the outcome;
+# a failure counts in $fails. STEP_BEFORE, when set, runs first (a command of the script's).
+step() {
+  name=$1; limit=$2; shift 2
+  [ -n "${STEP_BEFORE:-}" ] && $STEP_BEFORE
+  t0=$(date +%s)
+  timeout "$limit" "$@" > "step-$name.log" 2>&1
+  rc=$?
+  t1=$(date +%s)
+  grep -E "^\[(PASS|FAIL|SKIP)\]|^conformance:|detected after|kept working|failed after|^netem |^(recv|send)\s+(down|flap|failover)" "step-$name.log" | sed "s/^/  /"
+  if [ $rc -eq 0 ]; then echo "STEP $name: ok ($((t1 - t0)) s)"; else echo "STEP $name: FAILED rc=$rc ($((t1 - t0)) s), see step-$name.log"; tail -15 "step-$name.log"; fails=$((fails + 1)); fi
+}
