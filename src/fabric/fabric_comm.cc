@@ -1692,9 +1692,22 @@ Status FabricSendComm::write(FabricSendRequest* r, void* data, size_t size, MemH
     flags = WriteImm::kTruncated;
     size = 0;
   }
-  const int n = planWrite(size, flags == 0 ? nRails_ : 1, stripeMin_, proto_.imm4 && !proto_.immId, railOf(seq),
-                          r->pieceOff,
-                          r->pieceLen, r->pieceField, r->pieceRail);
+  // With rails failed over, a striped write is cut over the rails left (one segment each), and a failed rail's
+  // share of the smaller ones goes round them, not all piled on the control rail: 3 rails of 4 carry a third more
+  // each, not rail 0 twice its share. (The writer alone picks an RMA write's rails: the receiver takes any.)
+  uint8_t live[kMaxRails];
+  int stripes = nRails_;
+  int single = railOf(seq);
+  if (failed_ != 0) {
+    stripes = 0;
+    for (int k = 0; k < nRails_; ++k) {
+      if ((failed_ & (1u << k)) == 0) live[stripes++] = static_cast<uint8_t>(k);
+    }
+    if ((failed_ & (1u << (seq % static_cast<uint32_t>(nRails_)))) != 0)
+      single = live[(seq / static_cast<uint32_t>(nRails_)) % static_cast<uint32_t>(stripes)];
+  }
+  const int n = planWrite(size, flags == 0 ? stripes : 1, stripeMin_, proto_.imm4 && !proto_.immId, single,
+                          r->pieceOff, r->pieceLen, r->pieceField, r->pieceRail, failed_ != 0 ? live : nullptr);
   if (n < 0) {
     WEFT_WARN("isend of {} B to {}: more than the completion data of {} can describe in {} writes", size,
               peerName_, dev_.props().provider, wire::kMaxPieces);
@@ -1705,10 +1718,7 @@ Status FabricSendComm::write(FabricSendRequest* r, void* data, size_t size, MemH
   r->nextSeg = 0;
   r->immFlags = static_cast<uint8_t>(flags);
   r->rma = true;
-  for (int i = 0; i < n; ++i) {
-    r->ctxOf[i] = static_cast<uint8_t>(i);
-    if ((failed_ & (1u << r->pieceRail[i])) != 0) r->pieceRail[i] = static_cast<uint8_t>(ctlRail_);  // failed over
-  }
+  for (int i = 0; i < n; ++i) r->ctxOf[i] = static_cast<uint8_t>(i);  // (no piece on a failed rail: above)
   return postSegments(r, again);
 }
 
@@ -1787,7 +1797,7 @@ void ClosingComms::drain(int64_t budgetMs) {
 }
 
 int planWrite(uint64_t size, int nRails, uint64_t stripeMin, bool imm4, int singleRail, uint64_t* off,
-              uint64_t* len, uint32_t* field, uint8_t* rail) {
+              uint64_t* len, uint32_t* field, uint8_t* rail, const uint8_t* railIds) {
   int stripes = 1;
   uint64_t segLen = size;
   if (nRails > 1 && size >= stripeMin) {
@@ -1811,7 +1821,7 @@ int planWrite(uint64_t size, int nRails, uint64_t stripeMin, bool imm4, int sing
       off[n] = at;
       len[n] = piece;
       field[n] = f;
-      rail[n] = static_cast<uint8_t>(stripes > 1 ? s : singleRail);
+      rail[n] = static_cast<uint8_t>(stripes == 1 ? singleRail : railIds != nullptr ? railIds[s] : s);
       ++n;
       at += piece;
       left -= piece;

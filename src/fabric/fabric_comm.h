@@ -600,9 +600,11 @@ class ClosingComms {
 
 // How an RMA write of `size` bytes goes out: from `stripeMin` bytes one segment per rail (4 KiB aligned), else
 // all on `singleRail`; with the compact completion data (imm4) each segment as pieces of the form m * 2^e.
-// Fills off/len/field/rail (kMaxRecvs entries) and returns the piece count, or -1 past WriteImm32::kMaxPieces.
+// railIds (nRails entries, nullptr: 0..nRails-1): the rail segment s goes on (a comm with failed rails stripes over
+// the rails left). Fills off/len/field/rail (kMaxRecvs entries) and returns the piece count, or -1 past
+// WriteImm32::kMaxPieces.
 int planWrite(uint64_t size, int nRails, uint64_t stripeMin, bool imm4, int singleRail, uint64_t* off, uint64_t* len,
-              uint32_t* field, uint8_t* rail);
+              uint32_t* field, uint8_t* rail, const uint8_t* railIds = nullptr);
 
 // A comm id for the messages of a re-admitted rail (fabric_backend.cc: from the ids comms get); empty when none is
 // free.

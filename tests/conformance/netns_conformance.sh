@@ -13,11 +13,15 @@
 #   conformance checks verify every byte, so data must arrive intact whatever the link does.
 #   --bench runs `weft bench` instead of `weft conformance`.
 #   --link-down lets the checks take the veths down and up (faults.link_down; only ever inside these namespaces).
+#   --pairs N (2 to 4, with --rails explicit): N veth pairs, so N rails (default 2).
+#   --rate RATE: every veth sends at most RATE (tc tbf, e.g. 1gbit), so bandwidth follows the links, not the CPU.
 set -u
-rails="" cmd=conformance netem="" linkdown=0
+rails="" cmd=conformance netem="" linkdown=0 pairs=2 rate=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --rails) rails=$2; shift 2 ;;
+    --pairs) pairs=$2; shift 2 ;;
+    --rate) rate=$2; shift 2 ;;
     --bench) cmd=bench; shift ;;
     --netem) netem=$2; shift 2 ;;
     --link-down) linkdown=1; shift ;;
@@ -42,8 +46,9 @@ if ! ip netns add "$a" 2>/dev/null || ! ip netns add "$b"; then
   echo "SKIP: cannot create network namespaces here"
   exit 77
 fi
+case "$pairs" in 2|3|4) ;; *) echo "--pairs takes 2 to 4, not '$pairs'"; exit 2 ;; esac
 npairs=1
-[ -n "$rails" ] && npairs=2
+[ -n "$rails" ] && npairs=$pairs
 for i in $(seq 0 $((npairs - 1))); do
   ia="v${tag}a$i" ib="v${tag}b$i"
   ip link add "$ia" type veth peer name "$ib" || { echo "SKIP: no veth support"; exit 77; }
@@ -58,6 +63,13 @@ for i in $(seq 0 $((npairs - 1))); do
     ip netns exec "$a" tc qdisc add dev "$ia" root netem $netem &&
       ip netns exec "$b" tc qdisc add dev "$ib" root netem $netem || { echo "SKIP: tc netem unavailable"; exit 77; }
   fi
+  if [ -n "$rate" ]; then
+    for end in "$a $ia" "$b $ib"; do
+      read -r ns dev <<< "$end"
+      ip netns exec "$ns" tc qdisc add dev "$dev" root tbf rate "$rate" burst 256kb latency 50ms ||
+        { echo "SKIP: tc tbf unavailable"; exit 77; }
+    done
+  fi
 done
 for ns in "$a" "$b"; do
   ip -n "$ns" link set lo up
@@ -67,8 +79,13 @@ extra=()
 [ $linkdown = 1 ] && extra+=(--env CONFORMANCE_LINK_DOWN_OK=1)
 case "$rails" in
   "") ;;
-  explicit) extra+=(--recv-env "WEFT_RAILS=v${tag}a0+v${tag}a1" --send-env "WEFT_RAILS=v${tag}b0+v${tag}b1") ;;
-  fuse) extra+=(--env WEFT_RAILS=off --fuse 0,1) ;;
+  explicit)
+    ra="v${tag}a0" rb="v${tag}b0"
+    for i in $(seq 1 $((npairs - 1))); do ra="$ra+v${tag}a$i" rb="$rb+v${tag}b$i"; done
+    extra+=(--recv-env "WEFT_RAILS=$ra" --send-env "WEFT_RAILS=$rb") ;;
+  fuse)
+    [ "$npairs" = 2 ] || { echo "--rails fuse takes two pairs"; exit 2; }
+    extra+=(--env WEFT_RAILS=off --fuse 0,1) ;;
   *) echo "unknown --rails mode '$rails'"; exit 2 ;;
 esac
 

@@ -11,13 +11,22 @@
 #   it again, and takes it back again: each end counts the rail down 3 times, back 3 times, failed over 3 times (the
 #   flap's connection once) and re-admitted twice, and the sender's record shows messages sent on the rail since.
 #   With --env CONFORMANCE_RAIL_VICTIM=first the rail taken down is rail 0, the control rail, instead of rail 1.
+#   --pairs N: N rails (veth pairs, 2 to 4), the last taken down; under failover with the rdma protocol, each rail
+#   left must then carry an even share of the striped writes while the rail is down (read from the sender's
+#   interface counters: no rail left carries less than 4/5 of what another does).
 #   --tcp: weft's native TCP backend, the two interfaces fused through makeVDevice (--rails fuse). It does not watch
 #   links: a flap is TCP's to retransmit, unseen; the rail that stays down fails with TCP_USER_TIMEOUT (probe_lost)
 #   or, once the neighbour entry is gone, "no route to host" (link_down).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
-tcp=0
-[ "${1:-}" = --tcp ] && { tcp=1; shift; }
+tcp=0 pairs=2
+while :; do
+  case "${1:-}" in
+    --tcp) tcp=1; shift ;;
+    --pairs) pairs=$2; shift 2 ;;
+    *) break ;;
+  esac
+done
 weft=$1 plugin=$2
 shift 2
 dir=$(mktemp -d /tmp/weft-rail-down-XXXXXX)
@@ -28,17 +37,34 @@ readmits=0
 [ $failover = 1 ] && readmits=2
 case " $* " in *" WEFT_RAIL_READMIT=0 "*) readmits=0 ;; esac
 # The rail taken down: rail 1, or rail 0 (the control rail) with CONFORMANCE_RAIL_VICTIM=first among the arguments.
-v=1 o=0
+v=$((pairs - 1)) o=0
 case " $* " in *" CONFORMANCE_RAIL_VICTIM=first "*) v=0 o=1 ;; esac
+rdma=0
+case " $* " in *" WEFT_PROTOCOL=rdma "*) rdma=1 ;; esac
 downs=$((2 + readmits / 2))  # rail 1 down, per end: the flap, the down phase, and the second down after re-admission
-mode=(--rails explicit)
+mode=(--rails explicit --pairs "$pairs")
 [ $tcp = 1 ] && mode=(--rails fuse)
 "$here/netns_conformance.sh" "${mode[@]}" --link-down "$weft" "$plugin" --table 11 --only faults.rail_down \
   --timeout 30 --env WEFT_PEER_TIMEOUT=6 --env WEFT_PROBE_INTERVAL=500 --env WEFT_TELEMETRY_DIR="$dir" \
-  --recv-env WEFT_PROM_FILE="$dir/recv.prom" --send-env WEFT_PROM_FILE="$dir/send.prom" --env WEFT_PROM_INTERVAL=1 "$@"
-rc=$?
+  --recv-env WEFT_PROM_FILE="$dir/recv.prom" --send-env WEFT_PROM_FILE="$dir/send.prom" --env WEFT_PROM_INTERVAL=1 \
+  "$@" 2>&1 | tee "$dir/out.txt"
+rc=${PIPESTATUS[0]}
 [ $rc = 0 ] || exit $rc
 fail() { echo "FAIL: $*"; exit 1; }
+if [ $failover = 1 ] && [ $rdma = 1 ] && [ "$pairs" -gt 2 ]; then
+  # The failed rail's share spread over the rails left: "during, one rail down: bytes sent per rail: IF=N ...".
+  line=$(grep -m1 'bytes sent per rail:' "$dir/out.txt") || fail "no per-rail byte counts for the phase with a rail down"
+  lo=-1 hi=0
+  for kv in ${line#*per rail: }; do
+    case "$kv" in *[ab]$v=*) continue ;; esac  # the rail that is down
+    n=${kv#*=}
+    [ "$lo" -lt 0 ] || [ "$n" -lt "$lo" ] && lo=$n
+    [ "$n" -gt "$hi" ] && hi=$n
+  done
+  [ "$lo" -gt 0 ] && [ $((lo * 5)) -ge $((hi * 4)) ] ||
+    fail "with rail $v down the rails left did not share the striped writes evenly: $line"
+  echo "spread: the rails left carried $lo to $hi bytes each while rail $v was down"
+fi
 records=$(cat "$dir"/*.jsonl 2>/dev/null | grep '"type":"conn"')
 [ -n "$records" ] || fail "no connection records in $dir"
 if [ $tcp = 1 ]; then

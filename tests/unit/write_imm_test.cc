@@ -2,6 +2,7 @@
 // any length up to NCCL's 1 GiB limit into at most two pieces that add up exactly.
 #include <catch2/catch.hpp>
 
+#include <bit>
 #include <random>
 
 #include "fabric/fabric_comm.h"
@@ -127,6 +128,40 @@ TEST_CASE("planWrite covers every byte once, never uses more rails than there ar
     }
     REQUIRE(at == size);
     if (striped && size >= uint64_t{1} << 20) REQUIRE(rail[n - 1] == nRails - 1);  // large writes use every rail
+  }
+}
+
+TEST_CASE("planWrite with rails failed over stripes over the rails left, one segment each", "[imm]") {
+  std::mt19937_64 rng(12);
+  uint64_t off[8], len[8];
+  uint32_t field[8];
+  uint8_t rail[8];
+  for (int i = 0; i < 100000; ++i) {
+    const int nRails = 2 + static_cast<int>(rng() % (kMaxRails - 1));
+    const auto failed = static_cast<unsigned>(1 + rng() % ((1u << nRails) - 2));  // some, never all
+    uint8_t live[kMaxRails];
+    int nLive = 0;
+    for (int k = 0; k < nRails; ++k) {
+      if ((failed & (1u << k)) == 0) live[nLive++] = static_cast<uint8_t>(k);
+    }
+    const bool imm4 = (rng() & 1) != 0;
+    const uint64_t size = rng() % ((uint64_t{1} << 30) + 1);
+    const int single = live[rng() % nLive];
+    const int n = planWrite(size, nLive, 4096, imm4, single, off, len, field, rail, live);
+    INFO("size " << size << " rails " << nRails << " failed " << failed << " imm4 " << imm4);
+    REQUIRE(n >= 1);
+    unsigned used = 0;
+    uint64_t at = 0;
+    for (int p = 0; p < n; ++p) {
+      REQUIRE(off[p] == at);
+      REQUIRE((failed & (1u << rail[p])) == 0);  // never a failed rail
+      REQUIRE(rail[p] < nRails);
+      used |= 1u << rail[p];
+      at += len[p];
+    }
+    REQUIRE(at == size);
+    if (nLive == 1) REQUIRE(used == (1u << single));
+    if (size >= uint64_t{1} << 20) REQUIRE(std::popcount(used) == nLive);  // every rail left carries a segment
   }
 }
 

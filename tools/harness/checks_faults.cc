@@ -1,5 +1,7 @@
 // Faults: killed peers, links down, a flush after the peer died (each runs alone: it ends one worker).
 #include <algorithm>
+#include <cinttypes>
+#include <cstdio>
 #include <fstream>
 #include <functional>
 
@@ -365,6 +367,20 @@ std::vector<std::string> railLinks() {
   return links;
 }
 
+// Bytes each of `links` sent so far (its own counter; 0 where unreadable).
+std::vector<uint64_t> linkTxBytes(const std::vector<std::string>& links) {
+  std::vector<uint64_t> out;
+  for (const std::string& l : links) {
+    uint64_t v = 0;
+    if (FILE* f = std::fopen(("/sys/class/net/" + l + "/statistics/tx_bytes").c_str(), "r")) {
+      if (std::fscanf(f, "%" SCNu64, &v) != 1) v = 0;
+      std::fclose(f);
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
 std::string railToTakeDown() {
   const std::vector<std::string> links = railLinks();
   const char* v = std::getenv("CONFORMANCE_RAIL_VICTIM");
@@ -489,7 +505,18 @@ void faultsRailDown(CheckEnv& env) {
     }
     // Still down: the connection goes on, on the rail left.
     env.oob.barrier("still-down", env.timeout);
+    // What each rail carried meanwhile, from the sender's interfaces' own counters (INFO line: how a plugin spreads
+    // the failed rail's share over the rails left; rail_down_test.sh judges weft's).
+    const std::vector<std::string> links = railLinks();
+    const std::vector<uint64_t> sent0 = linkTxBytes(links);
     timedStream(env, c, size, 55, "during, one rail down");
+    if (!env.recv()) {
+      const std::vector<uint64_t> sent1 = linkTxBytes(links);
+      std::string shares;
+      for (size_t i = 0; i < links.size(); ++i)
+        shares += (i ? " " : "") + links[i] + "=" + std::to_string(sent1[i] - sent0[i]);
+      std::printf("INFO	during, one rail down: bytes sent per rail: %s\n", shares.c_str());
+    }
     long long failovers = 0, moved = 0;
     if (env.plugin != nullptr && env.plugin->stat("fabric.rail_failovers", &failovers) &&
         env.plugin->stat("fabric.moved_messages", &moved)) {
