@@ -185,7 +185,26 @@ Status Endpoint::open(FabricDevice& dev, std::unique_ptr<Endpoint>* out, bool sh
 // The endpoint closes first, while every buffer, registration and context it may still touch exists: the offer
 // pool, the liveness contexts and the control buffers are members declared after it (destroyed before it), and a
 // message arriving while rxm closes was copied into the freed offer pool (found by the hostile-message test).
+//
+// rxm over verbs (libfabric up to 2.6 at least) closes a connection's verbs endpoint before it reads what that
+// endpoint left in the shared queue: a flow-control credit the peer sent meanwhile is then handed the freed endpoint
+// (rxm_close_conn -> rxm_flush_msg_cq -> rxm_handle_credit; an assertion in a debug build, a crash or silent
+// corruption otherwise: seen in the soft-RoCE guest under load at the close of a comm's endpoint; fixed on
+// libfabric's main branch in August 2026, 697688386, "fix the msg_ep use-after-free at connection teardown"). So
+// there the queue is read for a while first (rxm handles the credits while their endpoints exist; anything of ours
+// is dropped: no comm is left on the endpoint), which leaves only credits sent within the last moment to the race.
 Endpoint::~Endpoint() {
+  if (cq_ && ep_ && dev_.props().provider.rfind("verbs", 0) == 0 &&
+      dev_.props().provider.find("ofi_rxm") != std::string::npos) {
+    const int64_t until = coarseNowMs() + kCloseDrainMs;
+    fi_cq_tagged_entry entries[16];
+    do {
+      if (fi_cq_read(cq_.get(), entries, 16) == -FI_EAVAIL) {
+        fi_cq_err_entry err{};
+        (void)fi_cq_readerr(cq_.get(), &err, 0);
+      }
+    } while (coarseNowMs() < until);
+  }
   ep_.reset();
   if (counted_) gOpen.fetch_sub(1, std::memory_order_relaxed);
 }
@@ -326,6 +345,10 @@ Status Endpoint::resetPeer(fi_addr_t to) {
     if (rc == 1 && again != to) (void)fi_av_remove(av_.get(), &again, 1, 0);
     return Status::kSystem;
   }
+  // Whatever the connection left in rxm's own queue is read first (progress only: a read of no entries leaves every
+  // completion of ours queued), so that rxm over verbs does not hand a credit it finds after closing the connection
+  // its freed endpoint (see ~Endpoint).
+  for (int i = 0; i < 16; ++i) (void)fi_cq_read(cq_.get(), nullptr, 0);
   rc = fi_av_remove(av_.get(), &again, 1, 0);  // closes the connection; the first insertion stays
   if (rc != 0) {
     WEFT_WARN("resetting the connection to {} on {}: fi_av_remove: {}", addrString(addr->data(), addr->size()),

@@ -59,6 +59,7 @@ Status statusOfFiError(int err);
 
 class Endpoint {
  public:
+  static constexpr int64_t kCloseDrainMs = 5;  // rxm over verbs: the queue read this long before closing (~Endpoint)
   static constexpr int kSharedOfferRecvs = 512;  // offer receives of a shared endpoint (see FabricSendComm)
   // shared: the endpoint of a shared group (its completion queue sized for every comm of a context, below).
   static Status open(FabricDevice& dev, std::unique_ptr<Endpoint>* out, bool shared = false);
