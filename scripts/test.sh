@@ -4,4 +4,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh
-ctest --preset default "$@"
+rc=0
+ctest --preset default "$@" || rc=$?
+if [ "$rc" -ne 0 ] && [ -f build/Testing/Temporary/LastTestsFailed.log ]; then
+  # A failing test's own output comes inline, where a long one (plugin warnings) can push its verdicts out of a
+  # shortened log: say again, last, what failed and why.
+  echo "=== failed tests, their failing checks and last lines (build/Testing/Temporary/LastTest.log has all) ==="
+  while IFS=: read -r _ name; do
+    echo "--- $name"
+    out=$(awk -v t="$name" '$0 ~ "^[0-9]+/[0-9]+ Test: " t "$" {on = 1; next} /^<end of output>$/ {on = 0} on {print}' \
+            build/Testing/Temporary/LastTest.log | grep -v '^\[plugin \(WARN\|INFO\)\]' || true)
+    grep -E '^\[FAIL\]|exceeded the overall time' <<< "$out" || true
+    echo "    (its last lines:)"
+    tail -n 15 <<< "$out"
+  done < build/Testing/Temporary/LastTestsFailed.log
+fi
+exit "$rc"

@@ -55,6 +55,17 @@ InfoPtr makeHints(const std::string& provider, bool directed, bool manualProgres
 }
 
 
+// Whether the sockets provider's data sockets get fixed buffers of a size that no partly consumed loopback skb can
+// fill (FI_SOCKETS_MAX_BUF_SZ, weft's default 4 MiB; it sets SO_RCVBUF on the listening socket, which every socket
+// a peer's data arrives on is accepted from). Below 1 MiB, or 0 (autotuning), the stall warned about can happen.
+bool socketsBuffersFixed() {
+  const char* v = params::foreign("FI_SOCKETS_MAX_BUF_SZ");
+  if (v == nullptr) return false;
+  char* end = nullptr;
+  long long n = std::strtoll(v, &end, 10);
+  return end != v && *end == '\0' && n >= (1 << 20);
+}
+
 std::string pciPathOf(const fi_info* info) {
   if (info->nic != nullptr && info->nic->bus_attr != nullptr && info->nic->bus_attr->bus_type == FI_BUS_PCI) {
     const auto& pci = info->nic->bus_attr->attr.pci;
@@ -306,14 +317,16 @@ Status FabricDevice::open() {
                     "closed ones)"
                   : "");
   }
-  if (props_.provider == "sockets") {
-    // Seen here about once in 100 runs of 256 messages in flight on one connection (Linux 6.18, loopback): the
+  if (props_.provider == "sockets" && !socketsBuffersFixed()) {
+    // Seen here about once in 70-200 runs of 256 messages in flight on one connection (Linux 6.18, loopback): the
     // receiver's socket holds 2-14 bytes of a header in a buffer whose memory is full, the window stays shut,
     // both sides wait for good. weft's liveness probe then fails the peer as unreachable (WEFT_PEER_TIMEOUT).
-    WEFT_WARN("device {}: provider sockets (deprecated upstream) can stall a connection for good under load: it "
-              "peeks each message header, and a partly arrived header can hold a full TCP receive buffer with the "
-              "window shut; the peer then fails as unreachable after WEFT_PEER_TIMEOUT. Prefer tcp;ofi_rxm",
-              index_);
+    // weft's default FI_SOCKETS_MAX_BUF_SZ (params.cc) prevents it; only a user's smaller value brings it back.
+    WEFT_WARN("device {}: provider sockets (deprecated upstream) with FI_SOCKETS_MAX_BUF_SZ={} can stall a "
+              "connection for good under load: it peeks each message header, and a partly arrived header can hold "
+              "an autotuned TCP receive buffer full with the window shut; the peer then fails as unreachable after "
+              "WEFT_PEER_TIMEOUT. Leave FI_SOCKETS_MAX_BUF_SZ to weft (4 MiB), or prefer tcp;ofi_rxm",
+              index_, params::foreign("FI_SOCKETS_MAX_BUF_SZ") ? params::foreign("FI_SOCKETS_MAX_BUF_SZ") : "");
   }
   WEFT_INFO(NCCL_INIT | NCCL_NET,
             "device {} ({}): domain {} open, protocol {}, eager up to {} B, mr_mode {:#x}, inject {} B{}, max msg {} "
