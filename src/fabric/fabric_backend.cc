@@ -300,6 +300,19 @@ Status FabricBackend::pollConnect(PendingConnect& pc, SendComm** out) {
   auto lock = keep->lockIfShared();
   Endpoint& ep = pc.group->rail(0);
   const DeviceProps& p = ep.device().props();
+  if (!pc.toldSlow && std::chrono::steady_clock::now() - pc.started > std::chrono::seconds(10)) {
+    // Waiting on the peer (it has not accepted yet) is normal; waiting on this end (no connect slot, the request
+    // not handed to the provider) is not, and says why the peer never hears of this connect.
+    pc.toldSlow = true;
+    const std::string state = ep.handshakeState();
+    if (pc.slot < 0 || state.find("[comm " + std::to_string(pc.id.get()) + " request queued") != std::string::npos) {
+      WEFT_WARN("connect to {} on {}: not handed to {} after 10 s ({}); trying until WEFT_CONNECT_TIMEOUT",
+                pc.peerName, p.name, p.provider, state);
+    } else {
+      WEFT_INFO(NCCL_NET, "connect to {} on {}: no answer after 10 s (the peer has not accepted yet?) ({})",
+                pc.peerName, p.name, state);
+    }
+  }
   if (pc.slot < 0) {  // every connect slot of the endpoint was busy: try again
     if (Status st = ep.startConnect(pc.id.get(), pc.peer, pc.token, pc.listenId, pc.flags, pc.eagerMax,
                                     pc.group->railAddrs(), &pc.slot);

@@ -62,6 +62,7 @@ class FabricBackend final : public Backend {
     uint64_t token = 0;
     uint8_t handleBytes[kHandleSize];
     std::chrono::steady_clock::time_point started;
+    bool toldSlow = false;  // the one line about a connect waiting long was logged
   };
   Status pollConnect(PendingConnect& pc, SendComm** out);
   Status groupFor(int dev, const CommConfig& config, std::shared_ptr<EndpointGroup>* out);

@@ -2164,6 +2164,19 @@ Status FabricListenComm::accept(RecvComm** recvComm) {
   auto lock = keep->lockIfShared();
   Endpoint& ep = group_->rail(0);
   if (Status st = ep.progress(); st != Status::kOk) return st;
+  // Waiting for a peer to connect is normal; waiting on this end (every reply slot busy, or the accepting reply not
+  // gone yet) for long is not: said once, with the handshake's state.
+  const bool stuck = replying_ ? !ep.replyDone(reply_) : !ep.replySlotFree();
+  if (!stuck) {
+    stuckSinceMs_ = 0;
+  } else if (stuckSinceMs_ == 0) {
+    stuckSinceMs_ = coarseNowMs();
+  } else if (!toldStuck_ && coarseNowMs() - stuckSinceMs_ > 10000) {
+    toldStuck_ = true;
+    WEFT_WARN("accept on {}: {} for 10 s ({})", dev_.props().name,
+              replying_ ? "the accepting reply to " + peerName_ + " has not left" : "no reply slot free",
+              ep.handshakeState());
+  }
   if (!replying_) {
     if (!ep.replySlotFree()) return Status::kOk;  // the reply must not be dropped: NCCL calls accept again
     ConnectRequest req;

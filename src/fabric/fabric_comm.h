@@ -567,6 +567,8 @@ class FabricListenComm final : public ListenComm {
   int maxRecvs_;
   bool accepted_ = false;
   bool replying_ = false;  // accepted; waiting for the reply to leave before handing out the recv comm
+  int64_t stuckSinceMs_ = 0;  // since when accept has waited on this end (no reply slot, or its reply not gone)
+  bool toldStuck_ = false;
   Endpoint::ReplyTicket reply_;
   std::string peerName_;
   Protocol proto_;

@@ -960,6 +960,25 @@ void Endpoint::endConnect(int slot) {
   tryFreeConnect(slot);
 }
 
+std::string Endpoint::handshakeState() const {
+  auto name = [](SlotState st) { return st == SlotState::kFree ? "free" : st == SlotState::kQueued ? "queued" : "sent"; };
+  std::string out = "connect slots:";
+  for (const ConnectSlot& c : connects_) {
+    if (c.commId == 0) {
+      out += " free";
+      continue;
+    }
+    out += fmt::format(" [comm {} request {}{}{}{}{}{}]", c.commId, name(c.request), c.replyPosted ? ", reply posted" : "",
+                       c.replyPending ? ", reply in" : "", c.cancelling ? ", cancelling" : "", c.ended ? ", ended" : "",
+                       c.error != Status::kOk ? ", failed" : "");
+  }
+  out += "; reply slots:";
+  for (SlotState st : replySlot_) out += std::string(" ") + name(st);
+  out += fmt::format("; control sends waiting: {}{}", controlQueued_ ? "yes" : "no",
+                     controlRetryMs_ != 0 ? " (retried after a link error)" : "");
+  return out;
+}
+
 void Endpoint::tryFreeConnect(int slot) {
   ConnectSlot& c = connects_[slot];
   if (!c.ended || c.request != SlotState::kFree || c.replyPosted) return;

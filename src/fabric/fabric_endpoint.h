@@ -218,6 +218,9 @@ class Endpoint {
   Status connectError(int slot) const { return connects_[static_cast<size_t>(slot)].error; }
   // The connect is over (connected, failed or abandoned): the slot is reused once nothing of it is in flight.
   void endConnect(int slot);
+  // The handshake's state in one line (connect slots, reply slots, control sends waiting), for a warning when a
+  // connect or accept has waited long.
+  std::string handshakeState() const;
 
  private:
   explicit Endpoint(FabricDevice& dev) : dev_(dev) {}
