@@ -12,7 +12,8 @@ if [ "$rc" -ne 0 ] && [ -f build/Testing/Temporary/LastTestsFailed.log ]; then
   echo "=== failed tests, their failing checks and last lines (build/Testing/Temporary/LastTest.log has all) ==="
   while IFS=: read -r _ name; do
     echo "--- $name"
-    out=$(awk -v t="$name" '$0 ~ "^[0-9]+/[0-9]+ Test: " t "$" {on = 1; next} /^<end of output>$/ {on = 0} on {print}' \
+    out=$(awk -v t="$name" '{p = index($0, " Test: ")} p > 0 && substr($0, p + 7) == t {on = 1; next}
+                            /^<end of output>$/ {on = 0} on {print}' \
             build/Testing/Temporary/LastTest.log | grep -v '^\[plugin \(WARN\|INFO\)\]' || true)
     grep -E '^\[FAIL\]|exceeded the overall time' <<< "$out" || true
     echo "    (its last lines:)"
