@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
 # Shared endpoints off and on, side by side: `weft bench` (conns pattern at 1, 16 and 64 connections, 1 MiB
 # messages) with WEFT_FABRIC_SHARED_EP=0 and =1, alternating ROUNDS times, each run with its raw libfabric
 # reference (raw links are whole endpoints each, so the reference stops at 16 connections). Then comms.scale at

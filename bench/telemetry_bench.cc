@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The cost of weft's timing on NCCL's threads: what one profiler call costs, measured through the same
 // version-independent entry points every exported table calls (the table adapters add a descriptor copy).
 //   BM_CollectiveLifecycle: one collective as NCCL 2.27+ reports it with WEFT_TIMING=coll: Coll start/stop and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The cost of weft's tuner on NCCL's enqueue path: one getCollInfo call through the exported v6 table of
 // libnccl-tuner-weft.so, as NCCL's enqueue.cc makes it (a float[7][3] cost table copied fresh for each call,
 // nChannels starting at 0), for a 16-rank, 2-node communicator, message sizes around 1 MiB.

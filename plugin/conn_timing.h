@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Timing of weft's own connections, wrapped around the transport calls by the plugin layer (net_plugin.cc): with
 // WEFT_TIMING on, every comm gets a per-connection record (bytes, messages, post-to-completion latency); with
 // WEFT_TIMING=net each message is also reported to NCCL's profiler as a net-plugin event (v10+ tables hand us the

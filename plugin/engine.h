@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Process-wide plugin state: the backend and its devices, set up once however many times NCCL calls init
 // (per communicator on v11+, once per load before, again after a reload; see docs/nccl-semantics.md §loading).
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The exported ncclNetPlugin_v7 ... _v12 tables: thin noexcept adapters over one implementation.
 // Each adapter converts its version's argument types, calls into the backend through guarded(), and maps the
 // result to ncclResult_t in one place. Nothing here allocates on the data path.

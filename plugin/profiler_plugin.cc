@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The exported ncclProfiler_v1 ... _v6 tables: each converts its version's descriptor and state arguments into
 // the version-independent form of src/telemetry/profiler_core.h. Linked into libnccl-net-weft.so (NCCL 2.28.3+
 // finds the profiler there by itself) and into libnccl-profiler-weft.so (NCCL_PROFILER_PLUGIN, for 2.23-2.27).

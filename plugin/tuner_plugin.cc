@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The exported ncclTunerPlugin_v2 ... _v6 tables (in libnccl-net-weft.so, where NCCL 2.21+ finds them when
 // NCCL_TUNER_PLUGIN is unset, and alone in libnccl-tuner-weft.so). Every entry returns ncclSuccess: an error from
 // init fails communicator creation and one from getCollInfo fails the collective (docs/nccl-semantics.md §tuner), so

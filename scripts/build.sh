@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Configures and builds weft into build/ (libnccl-net-weft.so in build/lib, the weft tool in build/bin).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The main job: build weft, then move data between two processes through libnccl-net-weft.so's C table, the
 # way NCCL's proxy threads do, over libfabric and over weft's own TCP sockets on loopback, and say what happened.
 set -euo pipefail

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Installs the Debian packages weft needs to build and test (a fresh Debian 12 machine has none of them).
 # Does nothing when everything is present; needs root (or sudo) otherwise.
 set -euo pipefail

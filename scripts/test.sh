@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Everything CI runs: install what is missing, build, and run every test (unit, ABI layout, conformance of the
 # plugin over tcp;ofi_rxm, shm, sockets and between two network namespaces, for every table version).
 set -euo pipefail

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # One bounded pass of the GPU checks on a lent machine that has PyTorch and CUDA but cannot build weft (no
 # package registry): weft's stripped libraries, the weft command and the shared libraries they need come
 # prepared in a folder (default .e2e/: lib/ and bin/, made by `scripts/e2e/gpu-lease.sh --pack` here).

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # nccl-tests through weft on a GPU machine: several ranks on one GPU, each made to look like a node of its own
 # (NCCL_HOSTID per rank), so that NCCL moves everything between them through the network plugin. Each test runs
 # with NCCL_NET_PLUGIN=weft (NCCL_NET=weft: no silent fallback) and again on NCCL's internal Socket transport;

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Reads nccl-tests output: verification, bus bandwidth per size, and weft-vs-baseline comparison.
 
     nccl_tests_report.py check LOG            exit 1 unless the run verified (no #wrong, "Out of bounds ... OK")

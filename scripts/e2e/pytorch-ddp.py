@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """An unchanged PyTorch DDP job through weft: only environment variables differ between the runs.
 
 Launcher (run it directly):

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Per-rank environment for running several ranks on one GPU as if each were a node of its own: NCCL then sends
 # everything between them through the network plugin. Wraps the rank's command (mpirun, torchrun --no-python).
 rank=${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-${PMIX_RANK:-${SLURM_PROCID:-${RANK:-}}}}}

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """all_reduce bus bandwidth per message size through torch.distributed (NCCL), every result verified.
 
 Launcher (run it directly):

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The native TCP backend (WEFT_BACKEND=tcp): one NCCL device per network interface WEFT_IFACE selects (by default
 // every interface that is up except loopback and container bridges; loopback when nothing else is), one
 // non-blocking socket per connection, everything progressed inline from NCCL's calls (tcp_comm.h). Host memory

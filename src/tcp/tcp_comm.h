@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Listen, send and receive comms of the native TCP backend (WEFT_BACKEND=tcp): one non-blocking TCP_NODELAY
 // socket per comm, progressed inline from isend, irecv and test (no helper thread, no poll, no wake-up fds, no
 // lock on the data path: NCCL calls a comm's data path from one thread, docs/nccl-semantics.md §threads).

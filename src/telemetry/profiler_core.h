@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The profiler behind every exported ncclProfiler_vN table. Each table version converts NCCL's descriptor into
 // an EventDesc and calls in here; everything below is version-independent.
 //

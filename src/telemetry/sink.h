@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The writer side of weft's timing: a background thread (asleep between rounds, never spinning) that collects
 // finished operations from the profiler's slots, appends them as JSON lines under WEFT_TELEMETRY_DIR, keeps
 // per-communicator aggregates, rewrites the Prometheus textfile (WEFT_PROM_FILE) every WEFT_PROM_INTERVAL

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "weft/transport/comm_ids.h"
 
 #include <iterator>

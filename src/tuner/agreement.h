@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The tuner's decision state as the transports' handshake carries it (weft/transport/agreement.h): a digest of
 // everything that changes what the tuner decides and is not the same on every rank by construction.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // NCCL_ALGO and NCCL_PROTO, read the way NCCL reads them, and what they keep the tuner from doing. NCCL turns an
 // algorithm or protocol they disable into IGNORE in the cost table it hands the tuner, so a tuner choice there
 // cannot take effect, and users are not told (NVIDIA/nccl#1661). The tuner says so at init instead.

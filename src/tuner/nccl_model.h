@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A reference implementation of NCCL's cost model (src/graph/tuning.cc of NCCL 2.28.9 as tuner/README.md describes
 // it; our own code): for a topology description it produces the cost table
 // NCCL hands the tuner (µs per (algorithm, protocol), -1 where not available) and NCCL's own pick, channels and

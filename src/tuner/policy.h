@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The tuner's decisions: a table precomputed from a profile (per collective and quarter-octave size bucket, the
 // measured candidates sorted by interpolated time), and a decision function that is a pure function of what
 // every rank has in common: collective, nBytes, numPipeOps, NCCL's cost table, the per-key call counter and the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A simulated "true" performance world for evaluating the tuner without GPUs: NCCL's own model (nccl_model.h)
 // with what NCCL's model gets wrong on real machines (tuning-research §5) planted in it: a per-candidate error that
 // drifts with size, points where NCCL's own pick is much slower than modelled, channel saturation with a

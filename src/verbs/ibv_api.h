@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libibverbs, opened at run time: the plugin must load (and use libfabric) on machines without rdma-core, so no
 // ibv_* symbol is linked. Only set-up calls go through this table; the data path (ibv_post_send, ibv_post_recv,
 // ibv_poll_cq) are rdma-core's inline functions that call through the device context's own ops.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The native ibverbs backend (WEFT_BACKEND=verbs, or auto where an InfiniBand/RoCE port is active): one NCCL
 // device per active HCA port, reliable-connected QPs per connection, the rdma protocol of verbs_comm.h.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Listen, send and receive comms of the verbs backend.
 //
 // Connection: the handle names a TCP address of the listening device's interface and a random token. connect()

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "verbs/verbs_device.h"
 
 #include "weft/nccl/net.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One NCCL device of the verbs backend: an active port of an HCA (InfiniBand, or Ethernet = RoCE), with its own
 // device context, protection domain and registration cache.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Pure pieces of the verbs backend, unit-tested without an RDMA device: NCCL_IB_HCA-style port selection, port
 // speed, GID choice for RoCE, and the immediate data of the RDMA writes.
 #pragma once

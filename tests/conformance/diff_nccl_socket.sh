@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # One seeded stream of NCCL-like operations (diff.stream: interleaved connections, grouped receives no larger than
 # both offer, random sizes and tags in shuffled send order, receives larger than their sends) through weft and
 # through NCCL's own Socket transport: the receivers must observe the same sizes and the same bytes up to 64 past

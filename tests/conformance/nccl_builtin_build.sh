@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Builds NCCL's own transport TABLE (ncclNetSocket or ncclNetIb, inside the CUDA toolkit's libnccl.so.2) as a net
 # plugin file, OUT/libnccl-net-TABLE.so, from tests/conformance/nccl_builtin/shim.cc (the table's offset and
 # cudaGetDevice's found with nm). Exit 77, saying why, where an unstripped libnccl.so.2, nm or a C++ compiler is

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # NCCL's own Socket transport (the ncclNetSocket table inside the CUDA toolkit's libnccl.so.2, exported as a plugin
 # file by tests/conformance/nccl_builtin_build.sh) driven by the harness over loopback. NCCL's transport is right by
 # definition: every check that is not weft.* must pass, and a failure is a harness bug (or, where NCCL's transport

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Conformance (or a benchmark) between two network namespaces joined by veth pairs: the receiving worker in one
 # namespace, the sending worker in the other, traffic only over the veths (10.211.N.1 <-> 10.211.N.2, addresses
 # that exist only inside these namespaces). Creates and removes everything itself. Exit 77 (skipped) without

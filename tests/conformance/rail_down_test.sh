@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # One rail of a two-rail device goes down (faults.rail_down, two network namespaces joined by two veth pairs fused
 # with WEFT_RAILS): a flap shorter than WEFT_PEER_TIMEOUT is survived and counted, a rail that stays down fails
 # the comm within the timeout, each counted. Then the per-rail health must be in the connection records and the

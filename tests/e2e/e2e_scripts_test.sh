@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The end-to-end scripts where no GPU is: argument handling, the "what is missing" answer, the commands they would
 # run, and every check they make, on recorded nccl-tests logs (tests/fixtures/nccl-tests/e2e-*) and loss files.
 # usage: e2e_scripts_test.sh REPO

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer: NCCL's example tuner CSV as weft imports it.
 #include <string>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer: the decision function on arbitrary cost tables (NaN, negative, zero, huge entries; any collective,
 // size, call counter) under exploration and a small profile: the pick NCCL makes afterwards is always an entry
 // that was valid (>= 0) on input, and no IGNORE or NaN entry is ever written.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer: the NCCL handle decoder (what a peer, or garbage, puts in the 128-byte handle NCCL carries).
 // Any input: a clean refusal with a reason, or a handle that re-encodes to the same bytes.
 #include <cstring>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer: the strict parsers behind every WEFT_* variable.
 #include <string>
 

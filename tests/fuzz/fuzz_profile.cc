@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer: tuner profiles (JSON) — parse, and when accepted, build a policy and decide on a table: never a
 // crash, never an IGNORE entry made selectable.
 #include <string>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer: WEFT_RAILS and WEFT_NIC_RAILS values (a refusal always says why; an accepted rail and plane are in
 // range).
 #include <map>

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Builds weft's libFuzzer targets with clang (ASan + UBSan) into build-fuzz/ and runs each for a bounded time from
 # its corpus in tests/fuzz/corpus/<target>/ (a scratch copy: the repository's corpus changes only with --update).
 #   tests/fuzz/run.sh [--seconds N (per target, default 15)] [--update] [target ...]

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # weft report end to end: jobs recorded through weft's profiler by `weft replay` (one process per rank, as NCCL
 # would drive it), with and without a planted straggler, and a record directory with damaged lines.
 # usage: report_e2e.sh WEFT

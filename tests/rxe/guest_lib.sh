@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Sourced by the scripts the soft-RoCE guest runs (tests/rxe/run_guest.sh): one test step and its verdict.
 fails=0
 # step NAME TIMEOUT COMMAND...: runs COMMAND (its output in step-NAME.log), prints its verdict lines and the outcome;

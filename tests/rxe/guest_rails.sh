@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Runs inside the soft-RoCE guest booted with two NICs (RXE_NICS=2 tests/rxe/run_guest.sh): rxe0 on eth0 and rxe1 on
 # eth1, fused into one two-rail device (WEFT_RAILS=rxe0+rxe1) of libfabric's verbs;ofi_rxm. Both processes run in
 # the guest, each rail looping back through its own device. faults.rail_down takes eth1 down (the guest is a machine

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Quick look inside the guest: the rxe device, then one conformance run over verbs (for debugging the runner).
 ibv_devices
 ibv_devinfo -d rxe0 | head -20

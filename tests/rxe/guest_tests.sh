@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Runs inside the soft-RoCE guest (tests/rxe/run_guest.sh): weft's conformance harness over real ibverbs on rxe0,
 # two processes on the one device. Exit status: the number of failed steps.
 . "$(dirname "$0")/guest_lib.sh"

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Real ibverbs without an RDMA NIC: boots Debian's kernel under QEMU (TCG emulation; KVM cannot run it on these
 # hosts) with soft-RoCE (rdma_rxe) on a virtio NIC, and runs a test script inside the guest, chrooted into this
 # host's / (shared read-only over 9p), so host-built binaries and plugin files run unchanged. Two processes on

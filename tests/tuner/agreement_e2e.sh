@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # No silent split between ranks (issue 16), end to end through the plugin files:
 # - the combined library (libnccl-net-weft.so, driven by the harness in two processes): ranks given the same
 #   profile connect; given another profile, a damaged one or none, accept fails with ncclInvalidUsage and a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The tuner tables of a plugin file, called exactly as NCCL's enqueue.cc calls them: a contiguous float[7][3]
 // cost table passed as float** with IGNORE (-1) entries, nChannels 0 in, NCCL's argmin afterwards (algorithms
 // then protocols, first minimum), init per communicator, finalize at the end. WEFT_TUNER_TEST_MODE (set by ctest)

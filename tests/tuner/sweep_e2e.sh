@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Profiles end to end: weft tune sweep drives an NCCL stand-in (weft tune nccl-sim, which calls the real tuner
 # plugin file as enqueue.cc does, in the tuner's own force and record modes, and prints nccl-tests output) once per
 # candidate; the profile is scored in the same simulated world, reloaded by the plugin, shown as a table and a

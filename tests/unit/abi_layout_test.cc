@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Proves that our own declarations of NCCL's plugin ABI have exactly the field offsets and sizes that NCCL's
 // headers have (layouts.tsv, measured from NCCL itself), for every struct we declare, and that we declare no
 // field NCCL does not have.

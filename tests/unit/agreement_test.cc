@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The tuner's decision state in the connection handshake: ranks that would tune differently (another profile,
 // one that is damaged or missing, other WEFT_TUNER* settings) cannot connect, and NCCL's init fails naming both
 // digests instead of hanging on mismatched algorithms. The two-process cases start this binary again as the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The comm table of an endpoint group (src/fabric/comm_table.h): every completion reaches the comm it names and
 // no other; one naming a comm that is not (or no longer) there is counted and dropped; the 4-byte completion
 // form that carries no comm id is allowed only for a comm alone in its group.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the unit tests of the libfabric backend share: the backend over tcp;ofi_rxm on loopback with the settings a
 // test names (restored when it ends), and a connection made by polling connect and accept in one thread.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The connection handle is plain bytes that survive a trip to another process, and anything else is refused.
 #include <catch2/catch.hpp>
 

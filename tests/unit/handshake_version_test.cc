@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A peer of another handshake version (an older weft on some node) gets a clean refusal naming both versions, and
 // the listen goes on waiting for its legitimate peer; a peer whose tuner would decide differently is refused
 // naming both digests. The other peer is played by a raw libfabric endpoint sending its request over tcp;ofi_rxm on

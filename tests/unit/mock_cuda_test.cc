@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The mock CUDA driver (tools/mock_cuda) the GPU-memory conformance runs stand on: device memory the CPU cannot
 // touch, copies that can, pointer attributes, registration windows, dma-buf export where the kernel has udmabuf;
 // and weft's own CUDA shim answering through it (it opens "libcuda.so.1", which the loader resolves to the mock

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The registration cache: one registration serves every handle on a covered range, each regMr gets its own
 // handle, and the registration goes when its last handle does.
 #include <catch2/catch.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The sender's table of buffer offers (rdma protocol): offers, eager markers, deletion under collisions, limits.
 #include <catch2/catch.hpp>
 

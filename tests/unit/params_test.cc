@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The WEFT_* table parses strictly: garbage is reported, never read as 0, and the default stays in effect.
 #include <catch2/catch.hpp>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The shared library as NCCL sees it: loadable with RTLD_NOW|RTLD_LOCAL, exporting exactly the plugin tables,
 // named statically, and declining (not failing) init when it has nothing to offer.
 #include <catch2/catch.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Which NICs make one device: WEFT_RAILS parsing and the PCI-locality rule, on made-up machines.
 #include <catch2/catch.hpp>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The smallest raw libfabric peer for unit tests that play another process (an older weft, a hostile sender):
 // one RDM endpoint over tcp;ofi_rxm bound to loopback, with its queue and address vector, closed in reverse order.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Shared endpoint groups (WEFT_FABRIC_SHARED_EP=1), over tcp;ofi_rxm on loopback with connections to this process
 // itself: liveness probes are per peer address (many stalled comms to one peer process send one probe per
 // WEFT_PROBE_INTERVAL between them, not one each), finalizing a context releases its groups, and a hostile

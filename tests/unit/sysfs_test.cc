@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The link-state source of a NIC, read from a sysfs tree made here: a network interface, an EFA domain (its name
 // is the RDMA device's with "-rdm"), a verbs device with two ports (the one whose GID table holds the endpoint's
 // address), a name sysfs does not know.

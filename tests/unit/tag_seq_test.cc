@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Per-tag sequence numbers reproduce NCCL's matching: in posting order, tags choosing within a group.
 #include <catch2/catch.hpp>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The arithmetic every exporter and `weft report` share: size buckets, nccl-tests bandwidth factors, names,
 // the latency histogram's quantiles; a rail's health and connection records read back.
 #include <catch2/catch.hpp>

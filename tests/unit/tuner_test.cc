@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The tuner's logic in-process: NCCL's reference cost model against the worked example, profile parsing (and a
 // mutation fuzz of it), the decision rules (IGNORE, margin, interpolation, extrapolation limit, rules, force,
 // exploration), and the simulated worlds' targets.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The verbs backend's pure parts: WEFT_IB_HCA selection (NCCL_IB_HCA syntax), port speeds, RoCE GID choice,
 // immediate data and message striping. The rest of the backend needs a device: tests/rxe runs it on soft-RoCE.
 #include <catch2/catch.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The libfabric wire format (src/fabric/wire.h): every field of a tag round-trips at its limits, data and control
 // tags never collide, and the handshake keeps the fields a peer of another version reads; comm ids come back
 // only after their quarantine, and running out of them is a clean answer.

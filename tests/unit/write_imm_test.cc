@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The remote completion data of the rdma protocol: both forms round-trip, and the compact (4-byte) form splits
 // any length up to NCCL's 1 GiB limit into at most two pieces that add up exactly.
 #include <catch2/catch.hpp>

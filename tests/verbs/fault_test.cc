@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // QP errors mid-stream over real verbs (run inside the soft-RoCE guest by tests/rxe/guest_tests.sh): two processes
 // connected through weft's verbs backend exchange data, then one side's QPs are moved to the error state with
 // requests pending on both sides. Every pending request must fail within a bound, the broken comms must close

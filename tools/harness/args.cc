@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "args.h"
 
 #include <sstream>
@@ -54,6 +55,7 @@ bool parsePairOption(Args& a, PairOptions& pair) {
   else if (f == "--send-env") pair.sendEnv.push_back(keyValue());
   else if (f == "--recv-netns") pair.recvNetns = a.value();
   else if (f == "--send-netns") pair.sendNetns = a.value();
+  else if (f == "--dump-dir") pair.dumpDir = a.value();
   else return false;
   return true;
 }

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Strict command-line parsing for the weft tool and its worker processes: a missing value or a number out of
 // range is a clear error (exit 2), never a silent default.
 #pragma once

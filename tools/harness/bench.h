@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `weft bench`: moves data through any NCCL net plugin file from two processes, as NCCL's proxy would, and
 // reports ping-pong latency (half round trip, median and p99), streaming bandwidth with NCCL_STEPS (8)
 // messages in flight, N parallel connections, and NCCL's bidirectional step pattern. In the same run, the same

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the checks share: buffers with verifiable contents, deadlines, connection set-up the way NCCL's proxy
 // polls it, and NCCL-shaped message streams (NCCL_STEPS slots in flight, oldest request tested first).
 #pragma once

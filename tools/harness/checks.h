@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The conformance checks: each semantic point NCCL relies on (docs/nccl-semantics.md) as its own named check.
 // Every check runs in both worker processes at once, one as the receiving rank and one as the sending rank, talking through the
 // plugin and through the out-of-band channel (NCCL's bootstrap).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Concurrency and teardown; resource hygiene and scale.
 #include "checks_internal.h"
 

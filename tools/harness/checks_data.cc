@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Data: sizes, NCCL step patterns, grouped receives, outstanding requests; registration and flush.
 #include "checks_internal.h"
 

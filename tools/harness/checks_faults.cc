@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Faults: killed peers, links down, a flush after the peer died (each runs alone: it ends one worker).
 #include <algorithm>
 #include <cstdlib>

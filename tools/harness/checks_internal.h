@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the files of the conformance checks share (checks_*.cc, one per area; the registry is checks.cc).
 #pragma once
 

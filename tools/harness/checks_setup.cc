@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Set-up: init, devices, listen/connect/accept (non-blocking, to self), listens closed unaccepted.
 #include "checks_internal.h"
 

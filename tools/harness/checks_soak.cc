@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The soak, the differential stream, and the net plugin's profiler events.
 #include "checks_internal.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // weft's own guarantees, beyond NCCL's contract (its handle format known).
 #include "checks_internal.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Device-typed buffers for the checks (weft conformance --mem cuda): memory from the CUDA driver that whatever
 // libcuda.so.1 the loader finds hands out, a real GPU's or the mock's (tools/mock_cuda). The harness never
 // touches it with the CPU: it fills and verifies through the driver's copies. Under the mock, a CPU access

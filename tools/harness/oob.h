@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The out-of-band channel between the two worker processes: what NCCL's bootstrap network is to its ranks.
 // Handles travel over it as opaque bytes; checks also use it to agree on parameters and to stay in step.
 #pragma once

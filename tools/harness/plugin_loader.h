@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Loads any NCCL net plugin file the way NCCL does (dlopen RTLD_NOW|RTLD_LOCAL, newest ncclNetPlugin_vN first)
 // and presents every table version through one interface, converting argument types the way NCCL's own
 // version shims do. The conformance checks and `weft bench` drive plugins only through this.

@@ -1,8 +1,11 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "process_pair.h"
 
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -10,25 +13,82 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <stdexcept>
 
 namespace weft::harness {
 
+namespace {
+
+// Where the kernel put a dump of a process that ran in `dir`, in words.
+std::string whereDumped(const std::string& dir) {
+  std::string pattern;
+  std::ifstream("/proc/sys/kernel/core_pattern") >> pattern;
+  rlimit core{};
+  if (getrlimit(RLIMIT_CORE, &core) == 0 && core.rlim_cur == 0) return "no core dump (ulimit -c is 0)";
+  if (pattern.empty()) return "core dump: unknown (kernel.core_pattern unreadable)";
+  if (pattern[0] == '|') return "core dump, if written, handed to " + pattern.substr(1, pattern.find(' ') - 1);
+  if (pattern.find('/') != std::string::npos) return "core dump, if written, per kernel.core_pattern " + pattern;
+  return "core dump, if written, in " + dir + " (kernel.core_pattern " + pattern + ")";
+}
+
+}  // namespace
+
 std::string WorkerProcess::describeExit() const {
-  if (WIFSIGNALED(status)) return "killed by signal " + std::to_string(WTERMSIG(status));
+  if (WIFSIGNALED(status)) {
+    std::string s = "killed by signal " + std::to_string(WTERMSIG(status));
+    if (WCOREDUMP(status)) s += "; " + whereDumped(dir.empty() ? "its working directory" : dir);
+    return s;
+  }
   return "exited with " + std::to_string(WEXITSTATUS(status));
 }
 
 namespace {
 
+std::string absolute(const std::string& path) {
+  std::error_code ec;
+  auto p = std::filesystem::absolute(path, ec);
+  return ec ? path : p.string();
+}
+
+// The workers' directory: the one asked for, or <dir of this executable>/../dumps; created. Empty where it cannot
+// be made (the workers then stay in ours, and say so).
+std::string dumpRoot(const PairOptions& o) {
+  std::string root = o.dumpDir;
+  if (root.empty()) {
+    size_t slash = o.self.rfind('/');
+    root = (slash == std::string::npos ? std::string(".") : o.self.substr(0, slash)) + "/../dumps";
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(root, ec);
+  if (ec) {
+    std::fprintf(stderr, "weft: cannot make the workers' directory %s (%s); they run in this one\n", root.c_str(),
+                 ec.message().c_str());
+    return "";
+  }
+  return std::filesystem::weakly_canonical(root, ec).string();
+}
+
 WorkerProcess spawnOne(const PairOptions& o, const std::vector<std::string>& workerArgs, const char* role, int oobFd,
-                       const std::string& netns, const std::vector<std::string>& extraEnv) {
+                       const std::string& netns, const std::vector<std::string>& extraEnv, const std::string& root) {
+  std::string dir;
+  if (!root.empty()) {
+    dir = root + "/" + role;
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) dir.clear();
+  }
   int pipefd[2];
   if (pipe(pipefd) != 0) throw std::runtime_error("pipe failed");
   std::vector<std::string> args;
   if (!netns.empty()) args = {"ip", "netns", "exec", netns};
-  args.push_back(o.self);
-  args.insert(args.end(), workerArgs.begin(), workerArgs.end());
+  args.push_back(absolute(o.self));
+  // The worker runs elsewhere: the files its flags name are found from here.
+  for (size_t i = 0; i < workerArgs.size(); ++i) {
+    bool isPath = i > 0 && (workerArgs[i - 1] == "--plugin" || workerArgs[i - 1] == "--trace-dir");
+    args.push_back(isPath && !dir.empty() ? absolute(workerArgs[i]) : workerArgs[i]);
+  }
   for (const char* a : {"--role", role, "--oob-fd", "3"}) args.push_back(a);
   pid_t pid = fork();
   if (pid < 0) throw std::runtime_error("fork failed");
@@ -36,8 +96,12 @@ WorkerProcess spawnOne(const PairOptions& o, const std::vector<std::string>& wor
     dup2(pipefd[1], 1);
     dup2(oobFd, 3);
     for (int fd = 4; fd < 1024; ++fd) close(fd);
+    // Debian's libfabric pulls in libinfinipath (the psm provider), whose SIGSEGV handler prints a backtrace and
+    // exits with 1: a crash would read as a failure with no dump. Its own switch turns the handler off.
+    setenv("IPATH_NO_BACKTRACE", "1", 0);
     for (const auto& kv : o.env) putenv(strdup(kv.c_str()));
     for (const auto& kv : extraEnv) putenv(strdup(kv.c_str()));
+    if (!dir.empty() && chdir(dir.c_str()) != 0) std::fprintf(stderr, "cannot enter %s: %s\n", dir.c_str(), std::strerror(errno));
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
@@ -49,6 +113,7 @@ WorkerProcess spawnOne(const PairOptions& o, const std::vector<std::string>& wor
   WorkerProcess w;
   w.pid = pid;
   w.out = pipefd[0];
+  w.dir = dir;
   return w;
 }
 
@@ -58,8 +123,9 @@ void spawnPair(const PairOptions& o, const std::vector<std::string>& args, Worke
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) throw std::runtime_error("socketpair failed");
   signal(SIGPIPE, SIG_IGN);
-  workers[0] = spawnOne(o, args, "recv", sv[0], o.recvNetns, o.recvEnv);
-  workers[1] = spawnOne(o, args, "send", sv[1], o.sendNetns, o.sendEnv);
+  std::string root = dumpRoot(o);
+  workers[0] = spawnOne(o, args, "recv", sv[0], o.recvNetns, o.recvEnv, root);
+  workers[1] = spawnOne(o, args, "send", sv[1], o.sendNetns, o.sendEnv, root);
   close(sv[0]);
   close(sv[1]);
 }

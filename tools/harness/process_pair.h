@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Two worker processes of this executable, one per rank (receiver and sender), each optionally inside its own
 // network namespace with its own environment, joined by a socketpair on fd 3 (NCCL's bootstrap, for them).
 // Used by `weft conformance` and `weft bench`.
@@ -14,6 +15,10 @@ namespace weft::harness {
 
 struct PairOptions {
   std::string self;  // this executable
+  // The workers' working directory, DIR/recv and DIR/send: where a crash leaves its core dump when the kernel
+  // writes dumps to the crashing process's directory (kernel.core_pattern without a '/'). Empty: build/dumps
+  // beside this executable (<its dir>/../dumps). Worker flags that name files are made absolute first.
+  std::string dumpDir;
   std::string recvNetns, sendNetns;
   std::vector<std::string> env, recvEnv, sendEnv;  // KEY=VALUE
 };
@@ -24,6 +29,8 @@ struct WorkerProcess {
   std::string buffer;
   bool exited = false;
   int status = 0;
+  std::string dir;  // its working directory
+  // "exited with N", or "killed by signal N" and where its core dump went, if one was written.
   std::string describeExit() const;
 };
 

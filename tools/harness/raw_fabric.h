@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The benchmark's reference: the same message patterns written directly against libfabric, with none of weft's
 // code in between, on the provider and interface the plugin under test uses. Two flavours:
 // - tagged: fi_tsend / fi_trecv with pre-posted receives (what a plain send/receive transport can reach);

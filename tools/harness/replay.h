@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Drives any NCCL profiler plugin file the way NCCL does: dlopen, ncclProfiler_vN, init with that version's
 // arguments (one context per communicator), then per operation the event tree NCCL builds
 // (docs/nccl-semantics.md §profiler-events): on the application thread the group (v1-v4) or GroupApi -> CollApi/P2pApi (v5+), the Coll/P2p event started and

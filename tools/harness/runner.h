@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The conformance driver and its worker processes. The driver loads the plugin once to report clearly when the
 // file is not a usable net plugin, then starts two workers (receiving rank and sending rank), optionally each
 // inside its own network namespace and with its own environment, joined by a socketpair that plays NCCL's

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The mock CUDA driver: see mock_cuda.h. Its own declarations of the few driver types and values it answers
 // (checked against cuda.h by the values NVIDIA documents; no CUDA header is needed to build it).
 #include "mock_cuda.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A stand-in for the CUDA driver (libcuda.so.1) on machines without a GPU, so the GPU memory paths of a net
 // plugin run here. Built as libcuda.so.1 in its own folder: put that folder first in LD_LIBRARY_PATH and weft,
 // the harness and anything else that opens "libcuda.so.1" get it.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `weft info`: what this machine offers weft and how weft is configured, or what a plugin file exports.
 #include <rdma/fabric.h>
 

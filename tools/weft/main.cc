@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // weft: the command line around the plugin. Subcommands (usage() below has their options):
 //   info          what weft would use here: providers, devices, every WEFT_* variable (or a plugin file's tables)
 //   conformance   drive any NCCL net plugin file the way NCCL does, check by check
@@ -56,6 +57,8 @@ void usage() {
                "      [--call-limit MS]         backstop: a listen/connect/accept call longer than this has blocked (10000)\n"
                "      [--env K=V] [--recv-env K=V] [--send-env K=V]   environment for both / one worker\n"
                "      [--recv-netns NS] [--send-netns NS]           run a worker inside a network namespace\n"
+               "      [--dump-dir DIR]          the workers' directories, DIR/recv and DIR/send, where a crash leaves\n"
+               "                                its core dump (default: build/dumps beside this weft)\n"
                "  bench [--plugin FILE]         latency, bandwidth, parallel connections and NCCL's step pattern\n"
                "                                through FILE's table (default: this weft's plugin), two processes,\n"
                "                                beside raw libfabric doing the same on the same provider\n"

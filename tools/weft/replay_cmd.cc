@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // weft replay: drives a profiler plugin file (weft's, or any other) with the events of a small multi-rank job,
 // one process per rank, the way NCCL would: what a job of data-parallel all-reduces, tensor-parallel small
 // collectives, pipeline sends and an all-to-all produces. Optionally one rank is made a straggler: it enters every

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // weft report DIR: reads the timing records of every rank of a job (the JSON lines weft writes under
 // WEFT_TELEMETRY_DIR), joins them by communicator and sequence number, and says what they mean:
 //   - bus bandwidth per collective and message size, against the best seen for that size, per algorithm/protocol;

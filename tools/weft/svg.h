@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Small SVG charts for weft's reports (no plotting library on the machines we run on): line/scatter plots with
 // linear or log2 axes, and heatmaps. Deterministic output, viewable in any browser.
 #pragma once

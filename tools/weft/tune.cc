@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // weft tune ...: the tuner's tools.
 //   sim    simulated worlds: sweep, decide, score against NCCL's default and the oracle (no GPU needed)
 //   show   the decision table of a profile for a topology, NCCL's default beside it (--plot: SVG heatmap)

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A millisecond clock cheap enough for data-path stall checks (the coarse monotonic clock is read from the vDSO,
 // without a system call; its resolution, a few ms, is plenty for timeouts of hundreds of ms and more).
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // GPU memory support without a link-time CUDA dependency: libcuda is opened at run time, only when a GPU
 // buffer is actually registered. The plugin must load (RTLD_NOW) on machines without any CUDA at all.
 #pragma once

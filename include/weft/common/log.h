@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Logging through NCCL's logger once NCCL has handed it to us (stderr before that), with the "NET/weft" prefix
 // NCCL users grep for. Formatting happens only when a message is emitted; nothing here belongs on a hot path
 // except WEFT_TRACE, which compiles away unless WEFT_ENABLE_TRACE is defined.

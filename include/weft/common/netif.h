@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Network interface selection in NCCL_SOCKET_IFNAME syntax, shared by the backends (WEFT_IFACE for libfabric's
 // domains and for the interfaces verbs takes RoCE addresses from).
 #pragma once

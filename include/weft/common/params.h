@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The one table of WEFT_* environment variables. Each is declared once (kind, default, range, one line of doc),
 // parsed strictly when first needed (garbage is an error, never a silent 0), logged with its source, and listed
 // by `weft info`. No other code reads the environment.

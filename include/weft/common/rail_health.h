@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The health of one NIC (rail) of a multi-rail connection, as that connection saw it: whether it is up, how often
 // it went down and came back, why it last went down, and what the connection sent on it. Kept by a backend's comm
 // (its progress thread is the only writer) and read by the layer above from another thread (connection records,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Status of a weft operation. "Try again" is not an error: the data path reports it by leaving the out-request
 // NULL and returning kOk, the way NCCL expects. Every other code maps to exactly one ncclResult_t in toNccl().
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Host facts read from sysfs, shared by the backends: one line of an attribute, a resolved path, and the link
 // state of the NIC an endpoint uses. Every reader takes the sysfs root so tests can give a tree of their own.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Our own declarations of the parts of NCCL's plugin ABI that every plugin kind shares:
 // result codes, the logger callback and the profiler callback handed to net plugins.
 // Written from NCCL's headers' documented ABI (docs/nccl-semantics.md); checked by tests/unit/abi_layout_test.cc.

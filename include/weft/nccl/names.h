@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // NCCL's names for its functions, algorithms and protocols, indexed by NCCL's own numbers (ncclFunc_t 0-7,
 // NCCL_ALGO_*, NCCL_PROTO_*), spelled as NCCL's profiler and logs spell them: the one table the timing records,
 // the tuner's profiles and the tools use.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Our own declarations of NCCL's network plugin ABI, struct versions v6 to v12.
 // Semantics: docs/nccl-semantics.md. Layouts: tests/abi/layouts.tsv (offsets measured from NCCL's headers); every
 // struct here is checked field by field against that table by tests/unit/abi_layout_test.cc.

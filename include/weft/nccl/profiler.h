@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Our own declarations of NCCL's profiler plugin ABI, versions v1 to v6 (NCCL 2.23 -> 2.30).
 // Semantics: docs/nccl-semantics.md §net-events and §profiler-events. Layouts: tests/abi/layouts.tsv; every struct
 // here is checked field by field against that table by tests/unit/abi_layout_test.cc.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Our own declarations of NCCL's tuner plugin ABI, versions v1 to v6 (NCCL 2.19 -> 2.30).
 // Semantics: docs/nccl-semantics.md §tuner. Layouts: tests/abi/layouts.tsv (offsets measured from NCCL's headers);
 // every struct here is checked field by field against that table by tests/unit/abi_layout_test.cc.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A fixed-size, lock-free latency histogram: 4 sub-buckets per power of two of nanoseconds (≤ 19% bucket width,
 // quantiles reported at the bucket's geometric middle, so within ~9%). Recording is one relaxed atomic add;
 // reading (quantiles) may run concurrently and sees a consistent-enough snapshot for monitoring.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What weft records about one collective or point-to-point operation, and the arithmetic on it (bytes, algBw,
 // busBw with nccl-tests' factors, size buckets). Shared by the profiler in the plugin, the exporters and
 // `weft report`, so that all of them agree on names and numbers.

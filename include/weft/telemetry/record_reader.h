@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Reading weft's timing records back (the JSON lines src/telemetry/sink.cc writes under WEFT_TELEMETRY_DIR): the
 // one place the tools parse them (weft report, weft profile merge), beside the writer, at the schema version the
 // writer stamps on every line (kRecordSchema).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the two ends of a connection must agree on beyond the wire protocol. In the combined library that is the
 // tuner's decision state: ranks that tune differently pick different algorithms for one collective, and NCCL
 // then hangs without a word (a profile missing or damaged on one node, another WEFT_TUNER_* setting). The plugin

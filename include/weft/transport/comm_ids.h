@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Ids for comms (and the listens that become them), chosen by one end and carried in every message to that end
 // (the libfabric wire format: src/fabric/wire.h). An id is live from acquire() until release(); after release it
 // is quarantined for `hold`, so that traffic still in flight for a closed comm can never reach a newer comm that

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The 128-byte connection handle NCCL carries from listen() to connect(), possibly to another host and another
 // process. Plain bytes only: no pointers. Layout (little-endian), version 2:
 //   0  u32 magic 'WEFT'     4  u8 version   5  u8 backend   6  u16 addrLen

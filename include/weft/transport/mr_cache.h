@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Registration cache shared by all comms of one device. NCCL registers the same range many times (the p2p
 // pool once per connection) and expects each call to get its own handle; sub-ranges of a registered range must
 // be nearly free (regIsGlobal). A backend supplies the real registration through Registrar.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The backend-neutral transport interface the plugin tables call into. A backend (libfabric, or native ibverbs)
 // provides devices, comms and requests; the plugin layer only adapts NCCL's versioned tables to this.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The sender's view of the receiver's buffer offers (rdma protocol): a fixed-capacity hash table keyed by the
 // 64-bit data tag (NCCL tag and per-tag sequence number). An entry is either an offer waiting for its isend, or
 // a marker saying the message already left eagerly, so that its offer, when it comes, is dropped.

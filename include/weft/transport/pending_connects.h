@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Connect attempts in progress, for a backend's non-blocking connect(): NCCL polls connect() with the same handle
 // buffer until a comm comes back, so attempts are keyed by that buffer (and its bytes: a buffer reused for another
 // connection abandons the old attempt). An attempt older than the connect timeout is answered as timed out; attempts

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Per-connection sequence numbers, one counter per NCCL tag. NCCL matches sends to receives in posting order;
 // tags only choose the buffer inside a grouped receive. Giving the k-th send with tag t and the k-th receive
 // buffer with tag t the same sequence number reproduces exactly that, without any control message.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // NCCL's own net transports as a plugin file. An unstripped libnccl.so.2 holds its Socket and IB transports as
 // tables of the net plugin shape (local data symbols ncclNetSocket, ncclNetIb; the v11 layout in NCCL 2.28): this
 // library loads it, copies one table (at the offset nm found, WEFT_TABLE_OFFSET) into an exported
