@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The comms one endpoint group serves, and the one place their completions are routed (shared endpoints).
 //
 // A completion of a comm's own operation (a tagged send or receive, an offer, an RMA write) carries the OpContext

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The endpoints of one device, one per rail, with their comm table: the unit that comms will share (shared
 // endpoints, step 2). Completions of every rail are read by the rail's endpoint and routed through the table
 // (fabric/comm_table.h) to the comm they name.

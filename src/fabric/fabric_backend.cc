@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "fabric/fabric_backend.h"
 
 #include <cstdlib>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The libfabric backend: discovery (provider and NIC choice), listen, and the non-blocking connect.
 #pragma once
 

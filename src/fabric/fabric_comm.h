@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Listen, send and receive comms over one libfabric endpoint per rail (NIC of the device) each, and their pooled
 // requests.
 // Data path (isend/irecv/iflush/test): no allocation, no lock, no syscall of ours; one bounded batch of
@@ -192,6 +193,11 @@ class FabricDataComm : public DataSink {
   void release(FabricRequest* r);
   void opDone(FabricRequest* r);  // one provider operation of r finished
   Status progress();
+  // progress()'s steps
+  Status readRails();
+  void failOnLostOffer();
+  void deliverySteps();
+  void livenessSteps();
   Status postPending(FabricRecvRequest* r);  // receives only: tagged receives (or flush reads) pushed back on
   // Registers on every rail's NIC (fd >= 0: a DMA-BUF); the handle chains the per-rail ones.
   Status regOnDevice(void* data, size_t size, int type, int fd, uint64_t offset, MemHandle** out);

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One NCCL device = one libfabric provider domain (a NIC, an interface for tcp, the host for shm).
 // Fabric and domain open lazily on first use and live for the rest of the process; all comms of the device
 // share them and its registration cache.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One reliable-datagram endpoint with its own completion queue and address vector, one rail of an endpoint group
 // (fabric/endpoint_group.h). Its completions are routed through the group's comm table to the comm they name;
 // they are read only by the thread that drives its comms (NCCL's progress thread), so the data path needs no lock

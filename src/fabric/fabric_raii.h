@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Owning wrappers for libfabric objects: each closes its fid once, logging (never throwing) on failure.
 // Declare members in acquisition order so teardown runs in reverse.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What every operation weft hands libfabric carries (its context), and the interface through which a comm takes
 // the completions routed to it (fabric/comm_table.h).
 #pragma once

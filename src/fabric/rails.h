@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Rails: one NCCL device spanning several NICs. Which NICs form a device is decided here, from WEFT_RAILS or
 // from PCI locality; pure functions over names and sysfs paths, so the rules are unit-tested without hardware.
 #pragma once

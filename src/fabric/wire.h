@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Every layout the libfabric backend puts on the wire, in one place: tags, comm ids, the connection handshake and
 // buffer offers, the remote completion data of RMA writes. Each field says what it holds and why its width is
 // enough.
