@@ -84,6 +84,31 @@ std::unique_ptr<Backend> selectBackend(const std::string& which, std::string* wh
   return b;
 }
 
+std::string describeHost() {
+  uint32_t v = fi_version();
+  std::string out = fmt::format("libfabric {}.{} at run time (built against {}.{})\n\n", FI_MAJOR(v), FI_MINOR(v),
+                                FI_MAJOR_VERSION, FI_MINOR_VERSION);
+  out += "providers with reliable tagged endpoints:\n";
+  for (const char* prov : {"efa", "verbs;ofi_rxm", "tcp;ofi_rxm", "tcp", "sockets", "shm"}) {
+    std::string why;
+    auto found = fabric::probe(prov, &why);
+    out += fmt::format("  {:<14} ", prov);
+    if (found.empty()) out += "-";
+    for (const auto& c : found) out += c.props.name + " ";
+    out += "\n";
+  }
+  out += "\nnative verbs (ibverbs) ports:\n";
+  std::string vwhy;
+  auto vb = verbs::VerbsBackend::discover(&vwhy);
+  if (!vb) return out + "  none: " + vwhy + "\n";
+  for (int d = 0; d < vb->deviceCount(); ++d) {
+    const auto& p = vb->props(d);
+    out += fmt::format("  {}: {:<10} {:<18} {:>6} Mb/s  maxRecvs {}  ptrSupport {:#x}  pci {}\n", d, p.name, p.provider,
+                       p.speedMbps, p.maxRecvs, p.ptrSupport, p.pciPath.empty() ? "-" : p.pciPath);
+  }
+  return out;
+}
+
 int Engine::deviceCount() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return backend_ ? backend_->deviceCount() : 0;

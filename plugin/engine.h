@@ -17,6 +17,10 @@ namespace weft {
 // forced backend that finds nothing declines instead of using another. nullptr, and *why, when there is none.
 std::unique_ptr<Backend> selectBackend(const std::string& which, std::string* why);
 
+// What each backend finds on this host, for `weft info`: the libfabric version, the libfabric providers with reliable
+// tagged endpoints and their devices, the active verbs ports. Lines of text, each ending in a newline.
+std::string describeHost();
+
 class Engine {
  public:
   static Engine& instance();

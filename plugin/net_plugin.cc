@@ -14,9 +14,6 @@
 
 #include <time.h>
 
-#include "fabric/fabric_endpoint.h"
-#include "tcp/tcp_comm.h"
-#include "verbs/verbs_comm.h"
 #include "plugin/conn_timing.h"
 #include "plugin/engine.h"
 #include "telemetry/profiler_core.h"
@@ -637,61 +634,23 @@ WEFT_EXPORT ncclNet_v12_t ncclNetPlugin_v12 = {
 };
 
 // weft's own figures, for tools (`weft conformance` reports endpoints open with it); not part of NCCL's ABI.
-// Returns 0 and sets *value for a known key, -1 otherwise. Keys: "fabric.endpoints_open" (libfabric endpoints
-// open in this process), "fabric.probes_sent" (liveness probes sent so far), "fabric.rail_downs" and
-// "fabric.rail_recoveries" (a comm's rail seen going down / coming back, every comm counted; unknown unless the
-// libfabric backend is in use), "fabric.rail_failovers" and "fabric.moved_messages" (WEFT_RAIL_FAILOVER: rails
-// failed over, messages sent or posted again on rail 0; likewise), "fabric.rail_readmits" (WEFT_RAIL_READMIT: failed-over
-// rails taken back; likewise), "fabric.peer_resets" (rail failover with the rdma protocol: a failed rail's
-// connection to a peer closed so that nothing it held lands later; likewise), "flush_reads" (read-back flush
-// reads completed so far, on either backend; "fabric.flush_reads": libfabric's only), "tcp.send_calls",
-// "tcp.recv_calls", "tcp.bytes_sent", "tcp.bytes_received", "tcp.comms_open" (the native TCP backend's data path).
+// Returns 0 and sets *value for a key the backend in use counts, -1 otherwise (no backend yet, or a key it does not
+// count: a figure it does not keep is unknown, never 0). Keys, by backend (Backend::stat):
+// - libfabric: "fabric.endpoints_open" (endpoints open in this process), "fabric.probes_sent" (liveness probes),
+//   "fabric.rail_downs" and "fabric.rail_recoveries" (a comm's rail seen going down / coming back, every comm
+//   counted), "fabric.rail_failovers" and "fabric.moved_messages" (WEFT_RAIL_FAILOVER: rails failed over, messages
+//   sent or posted again elsewhere), "fabric.rail_readmits" (failed-over rails taken back), "fabric.peer_resets"
+//   (rail failover with the rdma protocol: a failed rail's connection closed), "fabric.flush_reads";
+// - libfabric and verbs: "flush_reads" (read-back flush reads completed);
+// - tcp: "tcp.send_calls", "tcp.recv_calls", "tcp.bytes_sent", "tcp.bytes_received", "tcp.comms_open".
 WEFT_EXPORT int weftNetStat(const char* key, long long* value) {
   if (key == nullptr || value == nullptr) return -1;
-  if (std::strcmp(key, "fabric.endpoints_open") == 0) {
-    *value = weft::fabric::Endpoint::openCount();
-    return 0;
+  try {
+    const weft::Backend* b = weft::Engine::instance().backend();
+    return b != nullptr && b->stat(key, value) ? 0 : -1;
+  } catch (...) {
+    return -1;
   }
-  if (std::strcmp(key, "fabric.probes_sent") == 0) {
-    *value = weft::fabric::Endpoint::probesSent();
-    return 0;
-  }
-  // Known only where the libfabric backend carries the traffic: the others do not watch their rails' links (a
-  // tool reading 0 there would take it for "no rail went down").
-  static constexpr std::pair<const char*, int64_t (*)()> kRails[] = {
-      {"fabric.rail_downs", &weft::fabric::Endpoint::railDowns},
-      {"fabric.rail_recoveries", &weft::fabric::Endpoint::railRecoveries},
-      {"fabric.rail_failovers", &weft::fabric::Endpoint::railFailovers},
-      {"fabric.moved_messages", &weft::fabric::Endpoint::movedMessages},
-      {"fabric.rail_readmits", &weft::fabric::Endpoint::railReadmits},
-      {"fabric.peer_resets", &weft::fabric::Endpoint::peerResets}};
-  for (const auto& [name, get] : kRails) {
-    if (std::strcmp(key, name) != 0) continue;
-    weft::Backend* b = weft::Engine::instance().backend();
-    if (b == nullptr || std::strcmp(b->name(), "libfabric") != 0) return -1;
-    *value = get();
-    return 0;
-  }
-  if (std::strcmp(key, "fabric.flush_reads") == 0) {
-    *value = weft::fabric::Endpoint::flushReads();
-    return 0;
-  }
-  // The native TCP backend: data-path system calls and bytes, and comms open ("tcp.send_calls", ...).
-  static constexpr std::pair<const char*, std::atomic<int64_t> weft::tcp::Counters::*> kTcp[] = {
-      {"tcp.send_calls", &weft::tcp::Counters::sendCalls},   {"tcp.recv_calls", &weft::tcp::Counters::recvCalls},
-      {"tcp.bytes_sent", &weft::tcp::Counters::bytesSent},   {"tcp.bytes_received", &weft::tcp::Counters::bytesReceived},
-      {"tcp.comms_open", &weft::tcp::Counters::commsOpen}};
-  for (const auto& [name, member] : kTcp) {
-    if (std::strcmp(key, name) == 0) {
-      *value = (weft::tcp::counters().*member).load(std::memory_order_relaxed);
-      return 0;
-    }
-  }
-  if (std::strcmp(key, "flush_reads") == 0) {
-    *value = weft::fabric::Endpoint::flushReads() + weft::verbs::VerbsRecvComm::flushReads();
-    return 0;
-  }
-  return -1;
 }
 
 }  // extern "C"

@@ -395,4 +395,31 @@ Status FabricBackend::pollConnect(PendingConnect& pc, SendComm** out) {
   return Status::kOk;
 }
 
+// Process-wide counts of the backend's endpoints (every comm of this process, whichever device).
+bool FabricBackend::stat(std::string_view key, long long* value) const {
+  static constexpr std::pair<std::string_view, int64_t (*)()> kStats[] = {
+      {"fabric.endpoints_open", &Endpoint::openCount},
+      {"fabric.probes_sent", &Endpoint::probesSent},
+      {"fabric.rail_downs", &Endpoint::railDowns},
+      {"fabric.rail_recoveries", &Endpoint::railRecoveries},
+      {"fabric.rail_failovers", &Endpoint::railFailovers},
+      {"fabric.moved_messages", &Endpoint::movedMessages},
+      {"fabric.rail_readmits", &Endpoint::railReadmits},
+      {"fabric.peer_resets", &Endpoint::peerResets},
+      {"fabric.flush_reads", &Endpoint::flushReads},
+      {"flush_reads", &Endpoint::flushReads}};
+  for (const auto& [name, get] : kStats) {
+    if (key != name) continue;
+    *value = get();
+    return true;
+  }
+  return false;
+}
+
+std::string FabricBackend::describe(int dev) const {
+  const FabricDevice& d = device(dev);
+  return fmt::format("rails {}  protocol {} (eager <= {} B)", railCount(dev),
+                     d.rdma() ? (d.compactImm() ? "rdma(cq4)" : "rdma") : "sendrecv", d.rdma() ? d.eagerMax() : 0);
+}
+
 }  // namespace weft::fabric

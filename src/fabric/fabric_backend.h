@@ -32,6 +32,8 @@ class FabricBackend final : public Backend {
   Status listen(int dev, const CommConfig& config, void* handle, ListenComm** out) override;
   Status connect(int dev, const CommConfig& config, void* handle, SendComm** out) override;
   Status makeVDevice(const int* devs, int n, int* out) override;
+  bool stat(std::string_view key, long long* value) const override;
+  std::string describe(int dev) const override;
   // The context's groups leave the registry; any still held by comms NCCL has not closed stay open for them
   // (with a warning) and close with their last comm.
   void releaseScope(const void* scope) override;

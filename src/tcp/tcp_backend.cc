@@ -471,4 +471,20 @@ Status TcpBackend::pollConnect(int dev, PendingConnect& pc, SendComm** out) {
   return Status::kOk;
 }
 
+// The data path's system calls and bytes, and comms open, in this process.
+bool TcpBackend::stat(std::string_view key, long long* value) const {
+  static constexpr std::pair<std::string_view, std::atomic<int64_t> Counters::*> kStats[] = {
+      {"tcp.send_calls", &Counters::sendCalls},   {"tcp.recv_calls", &Counters::recvCalls},
+      {"tcp.bytes_sent", &Counters::bytesSent},   {"tcp.bytes_received", &Counters::bytesReceived},
+      {"tcp.comms_open", &Counters::commsOpen}};
+  for (const auto& [name, member] : kStats) {
+    if (key != name) continue;
+    *value = (counters().*member).load(std::memory_order_relaxed);
+    return true;
+  }
+  return false;
+}
+
+std::string TcpBackend::describe(int dev) const { return "address " + props(dev).fabric; }
+
 }  // namespace weft::tcp

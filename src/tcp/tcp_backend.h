@@ -32,6 +32,8 @@ class TcpBackend final : public Backend {
   // NCCL's NIC fusion: a device with one rail (socket) per member interface, at most kMaxRails; one member gives
   // that interface again.
   Status makeVDevice(const int* devs, int n, int* out) override;
+  bool stat(std::string_view key, long long* value) const override;
+  std::string describe(int dev) const override;
 
   static constexpr int kMaxDevices = 256;
   static uint32_t providerHash();

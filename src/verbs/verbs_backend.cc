@@ -241,4 +241,10 @@ Status VerbsBackend::pollConnect(int dev, PendingConnect& pc, SendComm** out) {
   return Status::kOk;
 }
 
+bool VerbsBackend::stat(std::string_view key, long long* value) const {
+  if (key != "flush_reads") return false;
+  *value = VerbsRecvComm::flushReads();
+  return true;
+}
+
 }  // namespace weft::verbs

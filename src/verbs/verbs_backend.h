@@ -31,6 +31,7 @@ class VerbsBackend final : public Backend {
   // A virtual device of one port (NCCL asks for single ones too); fusing several ports is not offered over
   // verbs: NCCL is told so and keeps them separate.
   Status makeVDevice(const int* devs, int n, int* out) override;
+  bool stat(std::string_view key, long long* value) const override;
 
   static constexpr int kMaxDevices = 256;
   static uint32_t providerHash();

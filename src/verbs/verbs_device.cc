@@ -15,7 +15,6 @@
 #include <cstring>
 #include <fstream>
 
-#include "verbs/verbs_comm.h"        // sockaddrString, bindTcpSocket
 #include "weft/common/cuda_shim.h"
 #include "weft/common/netif.h"
 #include "weft/common/log.h"

@@ -1,13 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // `weft info`: what this machine offers weft and how weft is configured, or what a plugin file exports.
-#include <rdma/fabric.h>
-
 #include <cstdio>
 #include <string>
 
-#include "fabric/fabric_backend.h"
 #include "plugin/engine.h"
-#include "verbs/verbs_backend.h"
 #include "plugin_loader.h"
 #include "weft/common/params.h"
 #include "weft/version.h"
@@ -77,33 +73,7 @@ int info(int argc, char** argv) {
   for (int i = 2; i + 1 < argc; ++i) {
     if (std::string(argv[i]) == "--plugin") return pluginInfo(argv[i + 1]);
   }
-  uint32_t v = fi_version();
-  std::printf("weft %s; libfabric %u.%u at run time (built against %d.%d)\n\n", kVersionString, FI_MAJOR(v),
-              FI_MINOR(v), FI_MAJOR_VERSION, FI_MINOR_VERSION);
-  std::printf("providers with reliable tagged endpoints:\n");
-  for (const char* prov : {"efa", "verbs;ofi_rxm", "tcp;ofi_rxm", "tcp", "sockets", "shm"}) {
-    std::string why;
-    auto found = fabric::probe(prov, &why);
-    std::printf("  %-14s ", prov);
-    if (found.empty()) {
-      std::printf("-\n");
-      continue;
-    }
-    for (const auto& c : found) std::printf("%s ", c.props.name.c_str());
-    std::printf("\n");
-  }
-  std::printf("\nnative verbs (ibverbs) ports:\n");
-  std::string vwhy;
-  auto vb = verbs::VerbsBackend::discover(&vwhy);
-  if (!vb) {
-    std::printf("  none: %s\n", vwhy.c_str());
-  } else {
-    for (int d = 0; d < vb->deviceCount(); ++d) {
-      const auto& p = vb->props(d);
-      std::printf("  %d: %-10s %-18s %6d Mb/s  maxRecvs %d  ptrSupport %#x  pci %s\n", d, p.name.c_str(),
-                  p.provider.c_str(), p.speedMbps, p.maxRecvs, p.ptrSupport, p.pciPath.empty() ? "-" : p.pciPath.c_str());
-    }
-  }
+  std::printf("weft %s; %s", kVersionString, describeHost().c_str());
   // The same choice the plugin makes at init (plugin/engine.cc).
   const std::string& which = params::getString("WEFT_BACKEND");
   std::string why;
@@ -111,20 +81,12 @@ int info(int argc, char** argv) {
   std::printf("\ndevices weft offers NCCL with this environment (WEFT_BACKEND=%s): %s\n", which.c_str(),
               chosen ? chosen->name() : "none");
   if (!chosen) std::printf("  none: %s\n", why.c_str());
-  auto* fb = dynamic_cast<fabric::FabricBackend*>(chosen.get());
   for (int d = 0; chosen && d < chosen->deviceCount(); ++d) {
     const auto& p = chosen->props(d);
     std::printf("  %d: %-10s %-18s %6d Mb/s  maxRecvs %d  ptrSupport %#x  pci %s", d, p.name.c_str(),
                 p.provider.c_str(), p.speedMbps, p.maxRecvs, p.ptrSupport, p.pciPath.empty() ? "-" : p.pciPath.c_str());
-    if (fb != nullptr) {
-      const auto& dev = fb->device(d);
-      std::printf("  rails %d  protocol %s (eager <= %zu B)", fb->railCount(d),
-                  dev.rdma() ? (dev.compactImm() ? "rdma(cq4)" : "rdma") : "sendrecv",
-                  dev.rdma() ? dev.eagerMax() : size_t{0});
-    } else if (std::string(chosen->name()) == "tcp") {
-      std::printf("  address %s", p.fabric.c_str());
-    }
-    std::printf("\n");
+    const std::string more = chosen->describe(d);
+    std::printf("%s%s\n", more.empty() ? "" : "  ", more.c_str());
   }
   std::printf("\nvariables:\n");
   for (const auto& val : params::values()) {

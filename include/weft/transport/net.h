@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// The backend-neutral transport interface the plugin tables call into. A backend (libfabric, or native ibverbs)
-// provides devices, comms and requests; the plugin layer only adapts NCCL's versioned tables to this.
+// The backend-neutral transport interface the plugin tables call into. A backend (libfabric, native ibverbs, or
+// weft's own TCP sockets) provides devices, comms and requests; the plugin layer only adapts NCCL's versioned
+// tables to this.
 //
 // Threading (NCCL's, see docs/nccl-semantics.md §threads): listen/connect/accept/regMr/deregMr/close* run on a
 // communicator's proxy service thread; isend/irecv/iflush/test on its progress thread, possibly at the same time as regMr/deregMr on
@@ -11,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "weft/common/rail_health.h"
 #include "weft/common/status.h"
@@ -144,6 +146,18 @@ class Backend {
   // NCCL finalized the context `scope` (CommConfig::scope): what the backend keeps per context is released (a
   // later context at the same address starts afresh).
   virtual void releaseScope(const void* scope) { (void)scope; }
+  // weft's own figures for tools (weftNetStat): true and *value for a key this backend counts. A key it does not
+  // count is unknown (false), never 0: a tool reading 0 would take it for "none happened".
+  virtual bool stat(std::string_view key, long long* value) const {
+    (void)key;
+    (void)value;
+    return false;
+  }
+  // What `weft info` adds to device `dev`'s line beyond DeviceProps (rails, protocol, address); empty for none.
+  virtual std::string describe(int dev) const {
+    (void)dev;
+    return {};
+  }
 };
 
 }  // namespace weft
