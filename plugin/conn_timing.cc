@@ -12,7 +12,7 @@
 namespace weft {
 namespace {
 
-// What is noted about a request, in its Request::above (set at post, used when test() says done).
+// What is noted about a request, in its Request::timingSlot (set at post, used when test() says done).
 struct RequestTiming {
   telemetry::ConnStats* conn;  // the comm's record; nullptr: timing off, or already reported
   uint64_t postNs;             // monotonic clock at isend/irecv
@@ -21,12 +21,12 @@ struct RequestTiming {
   uint8_t nEvents;
   void* events[kMaxRecvs];     // net-plugin profiler events opened for this request
 };
-static_assert(sizeof(RequestTiming) <= sizeof(Request::above) && alignof(RequestTiming) <= alignof(Request),
-              "Request::above must hold a RequestTiming");
+static_assert(sizeof(RequestTiming) <= sizeof(Request::timingSlot) && alignof(RequestTiming) <= alignof(Request),
+              "Request::timingSlot must hold a RequestTiming");
 
 // The storage is the request's own, zeroed at construction (conn == nullptr) and reused with it; RequestTiming is
 // an implicit-lifetime type, so the bytes hold one.
-RequestTiming& timingOf(Request* r) { return *reinterpret_cast<RequestTiming*>(r->above); }
+RequestTiming& timingOf(Request* r) { return *reinterpret_cast<RequestTiming*>(r->timingSlot); }
 
 std::atomic<ncclProfilerCallback_t> gProfCallback{nullptr};
 
@@ -46,19 +46,19 @@ uint64_t monoNs() {
 void setProfilerCallback(ncclProfilerCallback_t cb) { gProfCallback.store(cb, std::memory_order_relaxed); }
 
 void timingOpen(Comm* c, bool isSend) {
-  if (timingLevel() == telemetry::Level::kOff || c->above != nullptr) return;
+  if (timingLevel() == telemetry::Level::kOff || c->timingRecord != nullptr) return;
   try {
     int nRails = 0;
     const RailHealth* rails = c->rails(&nRails);
-    c->above = telemetry::registerConn(isSend, c->peerName(), c->deviceName(), rails, nRails);
+    c->timingRecord = telemetry::registerConn(isSend, c->peerName(), c->deviceName(), rails, nRails);
   } catch (...) {
-    c->above = nullptr;  // no record for this comm; the data path is unaffected
+    c->timingRecord = nullptr;  // no record for this comm; the data path is unaffected
   }
 }
 
 void timingClose(Comm* c) {
-  auto* s = static_cast<telemetry::ConnStats*>(c->above);
-  c->above = nullptr;
+  auto* s = static_cast<telemetry::ConnStats*>(c->timingRecord);
+  c->timingRecord = nullptr;
   if (s == nullptr) return;
   if (s->nRails > 0) c->refreshRails();
   telemetry::unregisterConn(s);
@@ -66,7 +66,7 @@ void timingClose(Comm* c) {
 
 void timingPost(Comm* c, Request* r, uint64_t bytes, bool isSend, int n, void* const* phandles) {
   RequestTiming& t = timingOf(r);
-  t.conn = static_cast<telemetry::ConnStats*>(c->above);
+  t.conn = static_cast<telemetry::ConnStats*>(c->timingRecord);
   t.nEvents = 0;
   t.nBufs = static_cast<uint8_t>(n);
   if (t.conn == nullptr) return;

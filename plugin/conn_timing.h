@@ -3,8 +3,8 @@
 // WEFT_TIMING on, every comm gets a per-connection record (bytes, messages, post-to-completion latency); with
 // WEFT_TIMING=net each message is also reported to NCCL's profiler as a net-plugin event (v10+ tables hand us the
 // callback and a per-step pHandle), decoded by any profiler through weftProfilerNetDescr_v1_t. What it keeps per
-// comm and per request lives in the room the transport interface leaves the layer above (Comm::above,
-// Request::above): the backends know nothing of it.
+// comm and per request lives in the room the transport interface leaves the layer above (Comm::timingRecord,
+// Request::timingSlot): the backends know nothing of it.
 #pragma once
 
 #include <cstdint>

@@ -113,7 +113,7 @@ void FabricDataComm::onAck(const wire::AckMsg& m, size_t len) {
   for (int j = 0; j < m.count; ++j) {
     const uint64_t key = m.key[j];
     bool found = false;
-    for (int i = 0; i < allocated_ && !found; ++i) {
+    for (int i = 0; i < allocated() && !found; ++i) {
       FabricSendRequest& r = asSend(&req(i));
       if (r.magic_ != kRequestMagic || !r.needAck || r.acked || r.ackKey != key) continue;
       r.acked = true;

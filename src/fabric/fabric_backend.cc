@@ -176,10 +176,7 @@ FabricBackend::~FabricBackend() = default;
 Status FabricBackend::listen(int dev, const CommConfig& config, void* handle, ListenComm** out) {
   *out = nullptr;
   ClosingComms::poll();
-  if (dev < 0 || dev >= deviceCount()) {
-    WEFT_WARN("listen on device {}, but there are {} devices", dev, deviceCount());
-    return Status::kInternal;
-  }
+  if (!validDevice(dev, "listen")) return Status::kInternal;
   if (handle == nullptr) return Status::kInternal;
   CommId id = newCommId("listen", dev);
   if (!id) return Status::kSystem;
@@ -253,46 +250,32 @@ void FabricBackend::releaseScope(const void* scope) {
 }
 
 Status FabricBackend::connect(int dev, const CommConfig& config, void* handle, SendComm** out) {
-  *out = nullptr;
   ClosingComms::poll();
-  if (dev < 0 || dev >= deviceCount()) {
-    WEFT_WARN("connect on device {}, but there are {} devices", dev, deviceCount());
-    return Status::kInternal;
-  }
-  PendingConnect* pc = nullptr;
   constexpr const char* kCauses =
       "a firewall or security group dropping traffic between the nodes, or WEFT_IFACE choosing an interface the "
       "peer cannot reach";
-  if (pending_.find(handle, &pc, props(dev).name, kCauses) == PendingConnects<PendingConnect>::Lookup::kTimedOut) {
-    return Status::kRemote;
-  }
-  if (pc == nullptr) {
+  auto start = [&](PendingConnect& pc) {
     WireHandle h;
     if (Status st = decodeForConnect(handle, props(dev).name, BackendId::kFabric, device(dev).providerHash(),
                                      "libfabric's " + props(dev).provider, &h);
         st != Status::kOk) {
       return st;
     }
-    auto fresh = std::make_unique<PendingConnect>();
-    std::memcpy(fresh->handleBytes, handle, kHandleSize);
-    fresh->started = std::chrono::steady_clock::now();
-    fresh->id = newCommId("connect", dev);
-    if (!fresh->id) return Status::kSystem;
-    if (Status st = groupFor(dev, config, &fresh->group); st != Status::kOk) return st;
-    auto lock = fresh->group->lockIfShared();
-    Endpoint& ep = fresh->group->rail(0);
-    fresh->peerName = ep.addrString(h.addr.data(), h.addrLen);
-    if (Status st = ep.insert(h.addr.data(), h.addrLen, &fresh->peer); st != Status::kOk) return st;
-    fresh->token = h.token;
-    fresh->listenId = h.listenId;
-    fresh->flags = localProtocolFlags(ep.device(), fresh->group->rails());
-    fresh->eagerMax = static_cast<uint32_t>(device(dev).eagerMax());
-    lock = {};  // pollConnect takes it again
-    pc = pending_.add(handle, std::move(fresh));
-  }
-  Status st = pollConnect(*pc, out);
-  if (st != Status::kOk || *out != nullptr) pending_.erase(handle);
-  return st;
+    pc.id = newCommId("connect", dev);
+    if (!pc.id) return Status::kSystem;
+    if (Status st = groupFor(dev, config, &pc.group); st != Status::kOk) return st;
+    auto lock = pc.group->lockIfShared();  // released before pollConnect, which takes it again
+    Endpoint& ep = pc.group->rail(0);
+    pc.peerName = ep.addrString(h.addr.data(), h.addrLen);
+    if (Status st = ep.insert(h.addr.data(), h.addrLen, &pc.peer); st != Status::kOk) return st;
+    pc.token = h.token;
+    pc.listenId = h.listenId;
+    pc.flags = localProtocolFlags(ep.device(), pc.group->rails());
+    pc.eagerMax = static_cast<uint32_t>(device(dev).eagerMax());
+    return Status::kOk;
+  };
+  return pending_.connect(*this, dev, handle, kCauses, out, start,
+                          [&](PendingConnect& pc, SendComm** o) { return pollConnect(pc, o); });
 }
 
 Status FabricBackend::pollConnect(PendingConnect& pc, SendComm** out) {

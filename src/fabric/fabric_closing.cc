@@ -63,7 +63,7 @@ void FabricDataComm::closeComm(bool sendSide) {
     std::lock_guard<std::mutex> lock(keep->mutex());
     closing_ = true;
     // Receives nothing will fill any more: canceled (each comes back as a canceled completion).
-    for (int i = 0; recvSide_ && i < allocated_; ++i) {
+    for (int i = 0; recvSide_ && i < allocated(); ++i) {
       FabricRecvRequest& r = recvReq(i);
       if (r.magic_ != kRequestMagic) continue;
       for (int b = 0; b < r.n; ++b) {

@@ -34,6 +34,7 @@ FabricDataComm::FabricDataComm(std::shared_ptr<EndpointGroup> group, std::vector
       proto_(proto),
       poolSize_(poolSize),
       recvSide_(recvSide),
+      pool_(static_cast<size_t>(poolSize)),
       probeIntervalMs_(params::getInt("WEFT_PROBE_INTERVAL")),
       peerTimeoutMs_(params::getInt("WEFT_PEER_TIMEOUT") * 1000) {
   health_ = std::make_unique<RailHealth[]>(rails_.size());
@@ -65,13 +66,12 @@ FabricDataComm::FabricDataComm(std::shared_ptr<EndpointGroup> group, std::vector
   }
 }
 
-// Requests come kChunk at a time, when the comm first has more in flight than it had: an idle connection holds
-// none, a busy one what it used at its peak (at most poolSize_). Growing is the only allocation of the data path,
-// at most poolSize_ / kChunk times in a comm's life; a failed one is back-pressure (NULL request, NCCL retries),
-// except a failed registration of the chunk's offer messages, which fails the comm (it would fail again).
-bool FabricDataComm::grow() {
-  if (allocated_ >= poolSize_ || fatal_ != Status::kOk) return false;
-  Chunk chunk;
+// A chunk's requests, with their operation contexts, and for a receive comm of the rdma protocol their offer
+// messages, registered once for the chunk. A failed registration fails the comm (it would fail again); a failed
+// allocation is back-pressure (NULL request, NCCL retries).
+bool FabricDataComm::makeChunk(Chunk& chunk, size_t base) {
+  if (fatal_ != Status::kOk) return false;
+  constexpr int kChunk = Pool::kChunk;
   if (recvSide_) {
     chunk.recvs.reset(new (std::nothrow) FabricRecvRequest[kChunk]);
   } else {
@@ -89,10 +89,9 @@ bool FabricDataComm::grow() {
       return false;
     }
   }
-  const int base = allocated_;
   for (int j = 0; j < kChunk; ++j) {
     FabricRequest& r = recvSide_ ? static_cast<FabricRequest&>(chunk.recvs[j]) : chunk.sends[j];
-    const int i = base + j;
+    const size_t i = base + static_cast<size_t>(j);
     r.comm = this;
     r.poolIndex = static_cast<uint16_t>(i);
     for (int k = 0; k < kMaxRecvs; ++k) {
@@ -108,15 +107,6 @@ bool FabricDataComm::grow() {
     o.index = static_cast<uint16_t>(i);
     o.kind = OpKind::kOfferSend;
   }
-  // The list of chunks grows as it needs (not reserved for poolSize_ up front: 2.5 KiB a send comm); requests
-  // live in the chunks' own arrays, which never move.
-  chunks_.push_back(std::move(chunk));
-  allocated_ = std::min(poolSize_, base + kChunk);
-  // Room for every request allocated so far: release() never allocates.
-  if (free_.capacity() < static_cast<size_t>(allocated_)) {
-    free_.reserve(std::max(static_cast<size_t>(allocated_), 2 * free_.capacity()));
-  }
-  for (int i = allocated_ - 1; i >= base; --i) free_.push_back(static_cast<uint16_t>(i));
   return true;
 }
 
@@ -172,7 +162,7 @@ FabricDataComm::~FabricDataComm() {
 
 int FabricDataComm::opsInFlight() const {
   int n = 0;
-  for (int i = 0; i < allocated_; ++i) n += req(i).ops;
+  for (int i = 0; i < allocated(); ++i) n += req(i).ops;
   for (const Rail& r : rails_) n += (r.note & kNoteInFlight) != 0 ? 1 : 0;  // a close ack: its context is ours
   return n + std::popcount(ackBusy_);
 }
@@ -184,9 +174,9 @@ Status FabricDataComm::join(bool legacy32) {
 }
 
 FabricRequest* FabricDataComm::acquire() {
-  if (free_.empty() && !grow()) return nullptr;
-  FabricRequest* r = &req(free_.back());
-  free_.pop_back();
+  const int i = pool_.take([this](Chunk& c, size_t base) { return makeChunk(c, base); });
+  if (i < 0) return nullptr;
+  FabricRequest* r = &req(i);
   r->magic_ = kRequestMagic;
   ++outstanding_;
   r->n = 0;
@@ -223,7 +213,7 @@ void FabricDataComm::release(FabricRequest* r) {
   }
   r->magic_ = 0;
   --outstanding_;
-  free_.push_back(r->poolIndex);
+  pool_.giveBack(r->poolIndex);
 }
 
 bool FabricDataComm::allocSeq(uint16_t slot, uint16_t* seq) {
@@ -397,17 +387,8 @@ Status FabricDataComm::testRequest(FabricRequest* r, bool* done, int* sizesOut) 
 }
 
 Status FabricDataComm::checkHandle(const MemHandle* mh, const char* op) const {
-  if (mh == nullptr) {
-    if (dev_.localMr()) {
-      WEFT_WARN("{}: NULL memory handle, but provider {} needs registered buffers", op, dev_.props().provider);
-      return Status::kInternal;
-    }
-    return Status::kOk;
-  }
-  if (mh->magic_ != kMrMagic) {
-    WEFT_WARN("{}: {} is not a live weft memory handle", op, static_cast<const void*>(mh));
-    return Status::kInternal;
-  }
+  if (Status st = checkMemHandle(mh, nullptr, 0, op, !dev_.localMr(), dev_.props().name); st != Status::kOk) return st;
+  if (mh == nullptr) return Status::kOk;
   if (nRails_ > 1 && mh->rail(nRails_ - 1) == nullptr) {
     WEFT_WARN("{}: memory handle {} was registered on fewer NICs than this {}-rail comm uses (registered "
               "through a comm of another device?)",
@@ -417,7 +398,7 @@ Status FabricDataComm::checkHandle(const MemHandle* mh, const char* op) const {
   return Status::kOk;
 }
 
-Status FabricDataComm::regOnDevice(void* data, size_t size, int type, int fd, uint64_t offset, MemHandle** out) {
+Status FabricDataComm::registerMr(void* data, size_t size, int type, int fd, uint64_t offset, MemHandle** out) {
   if (type != NCCL_PTR_HOST && type != NCCL_PTR_CUDA) {
     WEFT_WARN("regMr: unknown memory type {:#x}", type);
     return Status::kInternal;
@@ -434,7 +415,7 @@ Status FabricDataComm::regOnDevice(void* data, size_t size, int type, int fd, ui
     MrCache& cache = rails_[k].ep->device().mrCache();
     Status st = fd >= 0 ? cache.regDmaBuf(data, size, type, offset, fd, &h) : cache.reg(data, size, type, &h);
     if (st != Status::kOk) {
-      if (head != nullptr) deregOnDevice(head);
+      if (head != nullptr) deregisterMr(head);
       return st;
     }
     *link = h;
@@ -444,7 +425,7 @@ Status FabricDataComm::regOnDevice(void* data, size_t size, int type, int fd, ui
   return Status::kOk;
 }
 
-Status FabricDataComm::deregOnDevice(MemHandle* mh) {
+Status FabricDataComm::deregisterMr(MemHandle* mh) {
   if (mh == nullptr || mh->magic_ != kMrMagic) return rails_[0].ep->device().mrCache().dereg(mh);  // it says why
   Status first = Status::kOk;
   for (int k = 0; k < nRails_ && mh != nullptr; ++k) {
@@ -463,7 +444,6 @@ std::string railNames(const std::vector<Rail>& rails) {
   return s;
 }
 }  // namespace
-std::string FabricSendComm::deviceName() const { return railNames(rails_); }
-std::string FabricRecvComm::deviceName() const { return railNames(rails_); }
+std::string FabricDataComm::commDeviceName() const { return railNames(rails_); }
 
 }  // namespace weft::fabric

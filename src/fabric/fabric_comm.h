@@ -36,8 +36,11 @@
 #include "fabric/endpoint_group.h"
 #include "fabric/fabric_endpoint.h"
 #include "weft/common/clock.h"
+#include "weft/transport/comm_adaptor.h"
 #include "weft/transport/comm_ids.h"
 #include "weft/transport/offer_table.h"
+#include "weft/transport/request_pool.h"
+#include "weft/transport/silence.h"
 #include "weft/transport/tag_seq.h"
 
 namespace weft::fabric {
@@ -175,6 +178,12 @@ class FabricDataComm : public DataSink {
   void onComplete(OpContext* ctx, size_t len) noexcept override;
   void onError(Endpoint* ep, OpContext* ctx, int fiErr, Status st) noexcept override;
   void onRemoteData(uint64_t data, size_t len) noexcept override;
+  // onError's cases: true when handled (the request only loses the operation); failOperation fails it and the comm.
+  void ackFailed(OpContext* ctx, int fiErr, Status st);
+  bool recvFailed(Endpoint* ep, FabricRecvRequest& r, int b, int fiErr, Status st);
+  bool offerFailed(Endpoint* ep, FabricRecvRequest& r, int fiErr, Status st);
+  bool sendFailed(Endpoint* ep, FabricSendRequest& q, int k, int fiErr, Status st);
+  void failOperation(Endpoint* ep, FabricRequest* r, int fiErr, Status st);
   void onCloseNote(Endpoint* ep, bool ack) noexcept override;
   void onRailNote(uint32_t rails) noexcept override;
   void refreshRailHealth() {
@@ -200,8 +209,9 @@ class FabricDataComm : public DataSink {
   void livenessSteps();
   Status postPending(FabricRecvRequest* r);  // receives only: tagged receives (or flush reads) pushed back on
   // Registers on every rail's NIC (fd >= 0: a DMA-BUF); the handle chains the per-rail ones.
-  Status regOnDevice(void* data, size_t size, int type, int fd, uint64_t offset, MemHandle** out);
-  Status deregOnDevice(MemHandle* mh);
+  Status registerMr(void* data, size_t size, int type, int fd, uint64_t offset, MemHandle** out);
+  Status deregisterMr(MemHandle* mh);
+  std::string commDeviceName() const;  // its rails' NICs: "eth0+eth1"
   Status checkHandle(const MemHandle* mh, const char* op) const;
   // The rail of a tagged message: count % rails (its count among the messages of its tag), both ends alike; a rail
   // failed over (failed_) sends its share to the control rail instead, and so does one re-admitted for the messages
@@ -239,11 +249,10 @@ class FabricDataComm : public DataSink {
   Protocol proto_;
   int poolSize_;
   bool recvSide_;  // a receive comm: its pool holds FabricRecvRequests
-  // The request pool: up to poolSize_ requests, grown kChunk at a time (grow()); request i is req(i). A receive
+  // The request pool (weft/transport/request_pool.h), up to poolSize_ requests; request i is req(i). A receive
   // comm of the rdma protocol (wantOffers_) gets with each chunk the registered offer messages of its requests:
   // request i sends offer(i) (one memory registration per chunk where the provider needs them: at most 16 for
   // a receive comm's 64 requests, and only as deep as NCCL ever went on it).
-  static constexpr int kChunk = 4;
   struct Chunk {  // a send comm's chunk holds send requests, a receive comm's receive requests
     std::unique_ptr<FabricSendRequest[]> sends;
     std::unique_ptr<FabricRecvRequest[]> recvs;
@@ -251,20 +260,25 @@ class FabricDataComm : public DataSink {
     MrPtr offersMr;
     void* offersDesc = nullptr;
   };
-  std::vector<Chunk> chunks_;
-  int allocated_ = 0;
+  using Pool = RequestPool<Chunk>;
+  Pool pool_;
   bool wantOffers_ = false;
-  bool grow();
+  bool makeChunk(Chunk& chunk, size_t base);  // the pool's next chunk: requests (and offers) for [base, +kChunk)
+  int allocated() const { return static_cast<int>(pool_.allocated()); }
   FabricRequest& req(int i) const {
-    const Chunk& c = chunks_[static_cast<size_t>(i / kChunk)];
-    return c.recvs ? static_cast<FabricRequest&>(c.recvs[i % kChunk]) : c.sends[i % kChunk];
+    const Chunk& c = pool_.chunkOf(static_cast<size_t>(i));
+    const size_t k = Pool::slotOf(static_cast<size_t>(i));
+    return c.recvs ? static_cast<FabricRequest&>(c.recvs[k]) : c.sends[k];
   }
-  FabricRecvRequest& recvReq(int i) const { return chunks_[static_cast<size_t>(i / kChunk)].recvs[i % kChunk]; }
+  FabricRecvRequest& recvReq(int i) const {
+    return pool_.chunkOf(static_cast<size_t>(i)).recvs[Pool::slotOf(static_cast<size_t>(i))];
+  }
   static FabricRecvRequest& asRecv(FabricRequest* r) { return *static_cast<FabricRecvRequest*>(r); }
   static FabricSendRequest& asSend(FabricRequest* r) { return *static_cast<FabricSendRequest*>(r); }
-  OfferMsg& offer(int i) const { return chunks_[static_cast<size_t>(i / kChunk)].offers[i % kChunk]; }
-  void* offerDesc(int i) const { return chunks_[static_cast<size_t>(i / kChunk)].offersDesc; }
-  std::vector<uint16_t> free_;  // room for every allocated request (grow()): push/pop never allocate
+  OfferMsg& offer(int i) const {
+    return pool_.chunkOf(static_cast<size_t>(i)).offers[Pool::slotOf(static_cast<size_t>(i))];
+  }
+  void* offerDesc(int i) const { return pool_.chunkOf(static_cast<size_t>(i)).offersDesc; }
   TagSequence seqs_;
   Status fatal_ = Status::kOk;  // once set, every call on this comm fails with it
 
@@ -459,10 +473,8 @@ class FabricDataComm : public DataSink {
   EndpointGroup* parkedIn_ = nullptr;  // parked: the group that owns it (group_ released)
   int outstanding_ = 0;
   bool waitingOffer_ = false;  // isend is waiting for the receiver's offer
-  uint32_t completions_ = 0;      // every completion, success or error
-  uint32_t completionsSeen_ = 0;  // completions_ at checkPeer's last look
+  Silence silence_;  // how long nothing completed, as checkPeer sees it
   uint32_t polls_ = 0;
-  int64_t lastActivityMs_ = 0;
   // rdma receives: an offer the provider failed to send (the first), and when; see onError.
   Status offerError_ = Status::kOk;
   int64_t offerErrorMs_ = 0;
@@ -470,24 +482,13 @@ class FabricDataComm : public DataSink {
   int64_t peerTimeoutMs_;
 };
 
-class FabricSendComm final : public SendComm, public FabricDataComm {
+class FabricSendComm final : public CommAdaptor<SendComm, FabricDataComm> {
  public:
   FabricSendComm(std::shared_ptr<EndpointGroup> group, std::vector<Rail> rails, std::string peerName, int maxRecvs,
                  Protocol proto, CommId localId, uint32_t peerId);
   Status start();  // joins the group; rdma: posts the offer receives
   Status isend(void* data, size_t size, int tag, MemHandle* mh, Request** request) override;
-  std::string peerName() const override { return peerName_; }
-  std::string deviceName() const override;
-  const RailHealth* rails(int* n) const override { return railHealth(n); }
-  void refreshRails() override { refreshRailHealth(); }
   void close() override { closeComm(true); }
-  Status regMr(void* data, size_t size, int type, MemHandle** out) override {
-    return regOnDevice(data, size, type, -1, 0, out);
-  }
-  Status regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd, MemHandle** out) override {
-    return regOnDevice(data, size, type, fd, offset, out);
-  }
-  Status deregMr(MemHandle* mh) override { return deregOnDevice(mh); }
 
   // Offer receives of a private endpoint (one send comm) and of a shared one (all the send comms of a context on
   // the device; offers beyond wait in the provider as unexpected messages until a receive is posted again).
@@ -526,26 +527,15 @@ class FabricSendComm final : public SendComm, public FabricDataComm {
   std::unique_ptr<OfferTable<OfferEntry>> table_;  // rdma only (start())
 };
 
-class FabricRecvComm final : public RecvComm, public FabricDataComm {
+class FabricRecvComm final : public CommAdaptor<RecvComm, FabricDataComm> {
  public:
   FabricRecvComm(std::shared_ptr<EndpointGroup> group, std::vector<Rail> rails, std::string peerName, int maxRecvs,
                  Protocol proto, CommId localId, uint32_t peerId);
   Status start();  // joins the group; rdma: opens the offer array
-  std::string peerName() const override { return peerName_; }
-  std::string deviceName() const override;
-  const RailHealth* rails(int* n) const override { return railHealth(n); }
-  void refreshRails() override { refreshRailHealth(); }
   void close() override { closeComm(); }
   Status irecv(int n, void** data, const size_t* sizes, const int* tags, MemHandle** mhs, bool optional,
                Request** request) override;
   Status iflush(int n, void** data, const int* sizes, MemHandle** mhs, Request** request) override;
-  Status regMr(void* data, size_t size, int type, MemHandle** out) override {
-    return regOnDevice(data, size, type, -1, 0, out);
-  }
-  Status regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd, MemHandle** out) override {
-    return regOnDevice(data, size, type, fd, offset, out);
-  }
-  Status deregMr(MemHandle* mh) override { return deregOnDevice(mh); }
 
  private:
   void flushOffers() override;
@@ -564,6 +554,9 @@ class FabricListenComm final : public ListenComm {
   Status accept(RecvComm** recvComm) override;
 
  private:
+  void noteStuck(Endpoint& ep);           // waiting on this end for 10 s is said once
+  Status answerRequest(Endpoint& ep);     // a connection request checked and answered (replying_ once accepted)
+  Status handOut(RecvComm** recvComm);    // the receive comm, once the reply has left
   FabricDevice& dev_;
   std::shared_ptr<EndpointGroup> group_;  // handed to the recv comm on accept
   std::vector<fi_addr_t> peers_;                 // the connector's address on each rail
@@ -622,6 +615,10 @@ CommId railAliasId();
 // rails: the device's (under WEFT_RAIL_FAILOVER, WEFT_PROTOCOL=auto offers rdma on several rails only where the rdma
 // protocol can fail over).
 uint32_t localProtocolFlags(FabricDevice& dev, int rails);
+// The listening end's agreement on a request whose flags are `theirs`, for a connection of nRails rails on a device
+// of ourRails (the reply's flags), and the protocol those flags mean.
+uint32_t agreeFlags(FabricDevice& dev, uint32_t theirs, int ourRails, int nRails, bool sharedGroup);
+Protocol protocolOf(uint32_t agreed, uint32_t eagerMax);
 const char* protocolName(const Protocol& p);
 
 }  // namespace weft::fabric

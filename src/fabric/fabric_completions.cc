@@ -32,7 +32,7 @@ void FabricDataComm::onComplete(OpContext* ctx, size_t len) noexcept {
     flushAcks();  // the messages taken meanwhile: at once, whether or not NCCL calls this comm again
     return;
   }
-  ++completions_;
+  silence_.completed();
 
   auto* r = static_cast<FabricRequest*>(ctx->owner);
   if (ctx->kind == OpKind::kOfferSend) {
@@ -71,120 +71,134 @@ void FabricDataComm::onComplete(OpContext* ctx, size_t len) noexcept {
   opDone(r);
 }
 
+// An operation of this comm failed: what it means depends on what it was. Handled (a cancel of ours, a rail failed
+// over, a stale piece, a lost offer given a grace period), the request just loses the operation; otherwise the
+// request and the comm fail.
 void FabricDataComm::onError(Endpoint* ep, OpContext* ctx, int fiErr, Status st) noexcept {
   if (ctx->kind == OpKind::kNote) {
     // The peer is gone or closed its side: nothing of ours can reach it any more, and nobody waits for it.
-    (void)fiErr;
-    (void)st;
     Rail& r = rails_[ctx->index];
     r.note = static_cast<uint8_t>((r.note & ~kNoteInFlight) | kNoteFailed);
     return;
   }
   if (ctx->kind == OpKind::kAck) {
-    // The sender's sends wait for it: without it they can never complete, so the connection is done for (the
-    // sender sees the same break through its own liveness check).
-    ackBusy_ &= static_cast<uint8_t>(~(1u << ctx->index));
-    ackQ_.clear();
-    if (fatal_ == Status::kOk && !closing_) {
-      WEFT_WARN("comm with {}: a delivery acknowledgement could not be sent ({}): the comm fails", peerName_,
-                fi_strerror(fiErr));
-      fatal_ = st;
-    }
-    (void)ep;
+    ackFailed(ctx, fiErr, st);
     return;
   }
-  ++completions_;
+  silence_.completed();
   auto* r = static_cast<FabricRequest*>(ctx->owner);
-  if (ctx->kind == OpKind::kFlush) {
-    WEFT_WARN("flush: the read on rail {} of the comm from {} failed: {}", ctx->index, peerName_, fi_strerror(fiErr));
-    if (r->error == Status::kOk) r->error = st;
-    opDone(r);
-    return;
-  }
-  if (ctx->kind == OpKind::kData && recvSide_) {
-    rails_[asRecv(r).rail[ctx->index]].ep->dataRecvDone();
-    uint8_t& f = asRecv(r).flags[ctx->index];
-    if (fiErr == FI_ECANCELED && (f & FabricRecvRequest::kCanceled) != 0) {
-      // Our own cancel: of a receive that RMA filled instead, of a claim that found no message waiting, or of a
-      // receive on a rail failed over (both posted again later, the latter on the control rail). Not an error.
-      const bool moved = (f & FabricRecvRequest::kMoved) != 0;
-      const bool again = ((f & FabricRecvRequest::kClaim) != 0 || moved) && (f & FabricRecvRequest::kDone) == 0 &&
-                         !closing_;
-      f &= static_cast<uint8_t>(~(FabricRecvRequest::kPosted | FabricRecvRequest::kCanceled |
-                                  FabricRecvRequest::kClaim | FabricRecvRequest::kMoved));
-      if (again) f |= FabricRecvRequest::kNeedPost;
-      if (moved) moveToCtl(asRecv(r), ctx->index);
-      opDone(r);
-      return;
-    }
-    // A receive on a rail that failed (over, or now): posted again on the control rail.
-    if (fiErr != FI_ECANCELED && (f & FabricRecvRequest::kDone) == 0 && !closing_ && failRailOnError(ep, fiErr, st)) {
-      f = FabricRecvRequest::kNeedPost;
-      moveToCtl(asRecv(r), ctx->index);
-      opDone(r);
-      return;
-    }
-  }
-  if (ctx->kind == OpKind::kOfferSend) asRecv(r).offerBusy = false;
-  if (ctx->kind == OpKind::kOfferSend && proto_.rdma && failRailOnError(ep, fiErr, st)) {
-    opDone(r);  // lost with a failed rail: its buffers are offered again once the rail is reset (resetStep)
-    return;
-  }
-  if (ctx->kind == OpKind::kOfferSend && fiErr != FI_ECANCELED) {
-    // The offer did not reach the sender: typically its process closed the connection right after its last sends
-    // completed (NCCL's teardown does), and a message of eager size needs no offer: what the sender sent before
-    // closing is still delivered. So the receive is not failed at once: the comm fails if it still waits for
-    // data a grace period later (FabricDataComm::progress).
-    if (offerError_ == Status::kOk) {
-      offerError_ = st;
-      offerErrorMs_ = coarseNowMs();
-    }
-    opDone(r);
-    return;
-  }
-  if (ctx->kind == OpKind::kData && !recvSide_) {
-    FabricSendRequest& q = asSend(r);
-    // Rail failover: an operation of a message acknowledged since (its copy sent again, or written again, got
-    // there), or of a write done again since, failing with the connection it was stuck in: nothing is lost.
-    bool stale = proto_.failover && q.acked;
-    if (q.rma) {
-      const auto bit = static_cast<uint8_t>(1u << ctx->index);
-      stale = stale || (proto_.failover && (q.liveCtx & bit) == 0);
-      q.busyCtx &= static_cast<uint8_t>(~bit);
-      q.liveCtx &= static_cast<uint8_t>(~bit);
-    }
-    if (stale) {
-      opDone(r);
-      return;
-    }
-  }
-  if (ctx->kind == OpKind::kData && !recvSide_ && asSend(r).needAck && !asSend(r).acked &&
-      failRailOnError(ep, fiErr, st)) {
-    // Unacknowledged: a tagged send is sent again on the control rail once the receiver has fenced the rail; an RMA
-    // write is written again once the receiver offers its buffer again.
-    opDone(r);
-    return;
-  }
-  if (r->error == Status::kOk) r->error = st;
-  // A failed transfer breaks the ordered stream NCCL relies on: the connection is done for.
-  if (fatal_ == Status::kOk) {
-    const int k = railOfEndpoint(ep);
-    try {
-      if (st == Status::kRemote) railDown(k, RailEvent::kErrorCompletion, fi_strerror(fiErr));  // (a truncation: not)
-      WEFT_WARN("comm with {}: an operation on {} failed ({}); the comm fails", peerName_, railName(k),
+  bool handled = false;
+  switch (ctx->kind) {
+    case OpKind::kFlush:
+      WEFT_WARN("flush: the read on rail {} of the comm from {} failed: {}", ctx->index, peerName_,
                 fi_strerror(fiErr));
-    } catch (...) {  // a log line that cannot be formatted changes nothing
-    }
+      if (r->error == Status::kOk) r->error = st;
+      handled = true;
+      break;
+    case OpKind::kData:
+      handled = recvSide_ ? recvFailed(ep, asRecv(r), ctx->index, fiErr, st)
+                          : sendFailed(ep, asSend(r), ctx->index, fiErr, st);
+      break;
+    case OpKind::kOfferSend:
+      handled = offerFailed(ep, asRecv(r), fiErr, st);
+      break;
+    default:
+      break;
+  }
+  if (!handled) failOperation(ep, r, fiErr, st);
+  opDone(r);
+}
+
+// The sender's sends wait for an acknowledgement: without it they can never complete, so the connection is done for
+// (the sender sees the same break through its own liveness check).
+void FabricDataComm::ackFailed(OpContext* ctx, int fiErr, Status st) {
+  ackBusy_ &= static_cast<uint8_t>(~(1u << ctx->index));
+  ackQ_.clear();
+  if (fatal_ == Status::kOk && !closing_) {
+    WEFT_WARN("comm with {}: a delivery acknowledgement could not be sent ({}): the comm fails", peerName_,
+              fi_strerror(fiErr));
     fatal_ = st;
   }
-  opDone(r);
+}
+
+// A receive's buffer b: our own cancel, or a rail that failed under it (posted again on the control rail).
+bool FabricDataComm::recvFailed(Endpoint* ep, FabricRecvRequest& r, int b, int fiErr, Status st) {
+  rails_[r.rail[b]].ep->dataRecvDone();
+  uint8_t& f = r.flags[b];
+  if (fiErr == FI_ECANCELED && (f & FabricRecvRequest::kCanceled) != 0) {
+    // Our own cancel: of a receive that RMA filled instead, of a claim that found no message waiting, or of a
+    // receive on a rail failed over (both posted again later, the latter on the control rail). Not an error.
+    const bool moved = (f & FabricRecvRequest::kMoved) != 0;
+    const bool again = ((f & FabricRecvRequest::kClaim) != 0 || moved) && (f & FabricRecvRequest::kDone) == 0 &&
+                       !closing_;
+    f &= static_cast<uint8_t>(~(FabricRecvRequest::kPosted | FabricRecvRequest::kCanceled |
+                                FabricRecvRequest::kClaim | FabricRecvRequest::kMoved));
+    if (again) f |= FabricRecvRequest::kNeedPost;
+    if (moved) moveToCtl(r, b);
+    return true;
+  }
+  // A receive on a rail that failed (over, or now): posted again on the control rail.
+  if (fiErr != FI_ECANCELED && (f & FabricRecvRequest::kDone) == 0 && !closing_ && failRailOnError(ep, fiErr, st)) {
+    f = FabricRecvRequest::kNeedPost;
+    moveToCtl(r, b);
+    return true;
+  }
+  return false;
+}
+
+// A buffer offer that did not reach the sender.
+bool FabricDataComm::offerFailed(Endpoint* ep, FabricRecvRequest& r, int fiErr, Status st) {
+  r.offerBusy = false;
+  // Lost with a failed rail: its buffers are offered again once the rail is reset (resetStep).
+  if (proto_.rdma && failRailOnError(ep, fiErr, st)) return true;
+  if (fiErr == FI_ECANCELED) return false;
+  // Typically the sender's process closed the connection right after its last sends completed (NCCL's teardown
+  // does), and a message of eager size needs no offer: what the sender sent before closing is still delivered. So
+  // the receive is not failed at once: the comm fails if it still waits for data a grace period later
+  // (FabricDataComm::failOnLostOffer).
+  if (offerError_ == Status::kOk) {
+    offerError_ = st;
+    offerErrorMs_ = coarseNowMs();
+  }
+  return true;
+}
+
+// A send's operation k (a tagged send, or a piece of an RMA write).
+bool FabricDataComm::sendFailed(Endpoint* ep, FabricSendRequest& q, int k, int fiErr, Status st) {
+  // Rail failover: an operation of a message acknowledged since (its copy sent again, or written again, got
+  // there), or of a write done again since, failing with the connection it was stuck in: nothing is lost.
+  bool stale = proto_.failover && q.acked;
+  if (q.rma) {
+    const auto bit = static_cast<uint8_t>(1u << k);
+    stale = stale || (proto_.failover && (q.liveCtx & bit) == 0);
+    q.busyCtx &= static_cast<uint8_t>(~bit);
+    q.liveCtx &= static_cast<uint8_t>(~bit);
+  }
+  if (stale) return true;
+  // Unacknowledged: a tagged send is sent again on the control rail once the receiver has fenced the rail; an RMA
+  // write is written again once the receiver offers its buffer again.
+  return q.needAck && !q.acked && failRailOnError(ep, fiErr, st);
+}
+
+// A failed transfer breaks the ordered stream NCCL relies on: the request and the connection are done for.
+void FabricDataComm::failOperation(Endpoint* ep, FabricRequest* r, int fiErr, Status st) {
+  if (r->error == Status::kOk) r->error = st;
+  if (fatal_ != Status::kOk) return;
+  const int k = railOfEndpoint(ep);
+  try {
+    if (st == Status::kRemote) railDown(k, RailEvent::kErrorCompletion, fi_strerror(fiErr));  // (a truncation: not)
+    WEFT_WARN("comm with {}: an operation on {} failed ({}); the comm fails", peerName_, railName(k),
+              fi_strerror(fiErr));
+  } catch (...) {  // a log line that cannot be formatted changes nothing
+  }
+  fatal_ = st;
 }
 
 // The completion data names this comm and the sequence of the buffer the sender wrote into. A write naming
 // another comm is dropped (counted, with a warning); anything else that does not name a live offered buffer is a
 // protocol violation by the peer: the connection fails, nothing is touched.
 void FabricDataComm::onRemoteData(uint64_t d, size_t len) noexcept {
-  ++completions_;
+  silence_.completed();
   uint32_t comm, seq;
   uint64_t flags, pieces, bytes;
   if (!proto_.imm4) {
@@ -208,7 +222,7 @@ void FabricDataComm::onRemoteData(uint64_t d, size_t len) noexcept {
   if (entry == kSeqParked) return;  // a buffer already reported done (LL/LL128): NCCL watches its data itself
   const int slot = static_cast<int>(entry) - 1;
   const int index = slot / kMaxRecvs, i = slot % kMaxRecvs;
-  FabricRecvRequest* r = slot >= 0 && index < allocated_ && recvSide_ ? &recvReq(index) : nullptr;
+  FabricRecvRequest* r = slot >= 0 && index < allocated() && recvSide_ ? &recvReq(index) : nullptr;
   if (r == nullptr || r->magic_ != kRequestMagic || i >= r->n ||
       (r->flags[i] & (FabricRecvRequest::kOffered | FabricRecvRequest::kDone)) != FabricRecvRequest::kOffered) {
     WEFT_WARN("peer {} on {} wrote into receive sequence {}, which it was not offered: connection closed for "

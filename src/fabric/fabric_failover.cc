@@ -74,7 +74,7 @@ void FabricDataComm::moveCtl() {
 }
 
 void FabricDataComm::onRailNote(uint32_t rails) noexcept {
-  ++completions_;
+  silence_.completed();
   if (!proto_.failover || recvSide_ == false || (rails >> nRails_) != 0) {
     WEFT_WARN("peer {} on {} sent a rail-down note this connection did not agree to (rails {:#x}): ignored",
               peerName_, dev_.props().name, rails);
@@ -98,7 +98,7 @@ void FabricDataComm::onRailNote(uint32_t rails) noexcept {
 // data stuck on the dead rail) fails the comm after WEFT_PEER_TIMEOUT.
 void FabricDataComm::fenceStep() {
   uint8_t left = 0;
-  for (int i = 0; i < allocated_; ++i) {
+  for (int i = 0; i < allocated(); ++i) {
     FabricRecvRequest& r = recvReq(i);
     if (r.magic_ != kRequestMagic || r.flush) continue;
     bool repost = false;
@@ -140,7 +140,7 @@ void FabricDataComm::resendFenced(uint8_t rails) {
   for (int k = 0; k < nRails_; ++k) {
     if ((rails & (1u << k)) != 0) failRail(k, RailEvent::kLinkDown, "the peer fenced it", true);
   }
-  for (int i = 0; i < allocated_; ++i) {
+  for (int i = 0; i < allocated(); ++i) {
     FabricSendRequest& r = asSend(&req(i));
     if (r.magic_ != kRequestMagic || !r.needAck || r.acked || r.resend || r.rma || r.nSeg != 1 ||
         (rails & (1u << r.pieceRail[0])) == 0) {
@@ -233,7 +233,7 @@ void FabricDataComm::resetStep() {
   }
   if (!proto_.rdma) return;
   int n = 0;
-  for (int i = 0; i < allocated_; ++i) {
+  for (int i = 0; i < allocated(); ++i) {
     FabricRecvRequest& r = recvReq(i);
     if (r.magic_ != kRequestMagic || r.flush || !r.offerPosted || r.reoffer != FabricRecvRequest::kReofferNone) {
       continue;  // (an offer not posted yet goes as it is: nothing was written under it)
@@ -257,7 +257,7 @@ void FabricDataComm::resetStep() {
 }
 
 void FabricDataComm::flushReoffers() {
-  for (int i = 0; i < allocated_ && reoffers_ > 0; ++i) {
+  for (int i = 0; i < allocated() && reoffers_ > 0; ++i) {
     FabricRecvRequest& r = recvReq(i);
     if (r.magic_ != kRequestMagic || r.reoffer == FabricRecvRequest::kReofferNone || !reofferRequest(&r)) continue;
     r.reoffer = FabricRecvRequest::kReofferNone;

@@ -97,12 +97,8 @@ void FabricDataComm::checkPeer() {
   if (fatal_ != Status::kOk) return;
   int64_t now = coarseNowMs();
   if (railsDown_ > 0) recheckRails(now);
-  if (completions_ != completionsSeen_ || lastActivityMs_ == 0) {  // something completed since the last look
-    completionsSeen_ = completions_;
-    lastActivityMs_ = now;
-    return;
-  }
-  if (now - lastActivityMs_ < probeIntervalMs_) return;
+  if (silence_.restarted(now)) return;  // something completed since the last look
+  if (now - silence_.sinceMs() < probeIntervalMs_) return;
 
   // Stalled past the probe interval: a NIC whose link is down (its own cable, or for a veth the peer end) fails
   // the connection once it has stayed down for WEFT_PEER_TIMEOUT. A probe cannot show that over TCP: it is
@@ -127,14 +123,14 @@ void FabricDataComm::checkPeer() {
     if ((failed_ & (1u << k)) != 0) continue;
     Rail& rail = rails_[k];
     Status why = Status::kOk;
-    switch (rail.ep->checkPeer(rail.peer, lastActivityMs_, now, probeIntervalMs_, peerTimeoutMs_, &why)) {
+    switch (rail.ep->checkPeer(rail.peer, silence_.sinceMs(), now, probeIntervalMs_, peerTimeoutMs_, &why)) {
       case Endpoint::PeerVerdict::kOk: break;
       case Endpoint::PeerVerdict::kGone:
         railDown(k, RailEvent::kPeerGone, "a liveness probe failed");
         if (failRail(k, RailEvent::kPeerGone, "a liveness probe failed")) break;  // the last rail's answers for the peer
         WEFT_WARN("peer {} on {} is gone: a liveness probe failed after {} ms without progress (process exited or "
                   "was killed, or the connection broke); its {} outstanding requests fail",
-                  peerName_, railName(k), now - lastActivityMs_, outstanding_);
+                  peerName_, railName(k), now - silence_.sinceMs(), outstanding_);
         (void)why;  // the provider's error was logged with the completion; NCCL sees a remote failure
         fatal_ = Status::kRemote;
         return;

@@ -130,7 +130,7 @@ void FabricDataComm::admitRail(int k, uint32_t alias, uint64_t at, bool sendSide
 }
 
 void FabricDataComm::onRailUp(Endpoint* ep, uint64_t word) noexcept {
-  ++completions_;
+  silence_.completed();
   const int k = wire::railUpRail(word);
   const uint8_t step = wire::railUpStep(word);
   const uint16_t attempt = wire::railUpAttempt(word);

@@ -22,8 +22,8 @@ namespace weft::fabric {
 
 FabricRecvComm::FabricRecvComm(std::shared_ptr<EndpointGroup> group, std::vector<Rail> rails, std::string peerName,
                                int maxRecvs, Protocol proto, CommId localId, uint32_t peerId)
-    : FabricDataComm(std::move(group), std::move(rails), std::move(peerName), 2 * kMaxRequests, proto,
-                     std::move(localId), peerId, true),
+    : CommAdaptor(std::move(group), std::move(rails), std::move(peerName), 2 * kMaxRequests, proto,
+                  std::move(localId), peerId, true),
       maxRecvs_(maxRecvs) {
   offerQueue_.reserve(poolSize_);
 }
@@ -34,7 +34,7 @@ Status FabricRecvComm::start() {
   if (!proto_.rdma) return Status::kOk;
   nSeqs_ = proto_.imm4 && !proto_.immId ? WriteImm32::kSeqs : WriteImm::kSeqs;
   bySeq_.reset(new uint16_t[nSeqs_]());
-  wantOffers_ = true;  // registered with each chunk of requests (grow())
+  wantOffers_ = true;  // registered with each chunk of requests (makeChunk())
   return Status::kOk;
 }
 
@@ -81,7 +81,7 @@ Status FabricRecvComm::irecv(int n, void** data, const size_t* sizes, const int*
     if (Status st = checkTag(tags[i], "irecv"); st != Status::kOk) return st;
   }
   FabricRequest* acquired = acquire();
-  if (acquired == nullptr) return fatal_;  // kOk: NCCL retries (see grow())
+  if (acquired == nullptr) return fatal_;  // kOk: NCCL retries (see makeChunk())
   FabricRecvRequest* r = &asRecv(acquired);
   r->n = static_cast<uint8_t>(n);
   // Early completion is safe only where the provider places data without further calls from us (hardware

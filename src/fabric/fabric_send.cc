@@ -28,8 +28,8 @@ Status FabricDataComm::checkTag(int tag, const char* op) const {
 
 FabricSendComm::FabricSendComm(std::shared_ptr<EndpointGroup> group, std::vector<Rail> rails, std::string peerName,
                                int maxRecvs, Protocol proto, CommId localId, uint32_t peerId)
-    : FabricDataComm(std::move(group), std::move(rails), std::move(peerName), kMaxRequests * maxRecvs, proto,
-                     std::move(localId), peerId, false),
+    : CommAdaptor(std::move(group), std::move(rails), std::move(peerName), kMaxRequests * maxRecvs, proto,
+                  std::move(localId), peerId, false),
       inject_(params::getBool("WEFT_INJECT")),
       stripeMin_(static_cast<size_t>(params::getInt("WEFT_STRIPE_MIN"))) {}
 
@@ -54,7 +54,7 @@ Status FabricSendComm::start() {
 }
 
 void FabricSendComm::onOffer(const void* msg, size_t len) noexcept {
-  ++completions_;
+  silence_.completed();
   if (closing_) return;
   const auto& m = *static_cast<const OfferMsg*>(msg);
   if (len >= offsetof(OfferMsg, entry) && m.magic == wire::AckMsg::kMagic) {
@@ -107,7 +107,7 @@ void FabricSendComm::onOffer(const void* msg, size_t len) noexcept {
 // one (or standing for one lost with the control rail); one acknowledged already needs nothing.
 void FabricSendComm::onOfferAgain(const OfferEntry& e) {
   const uint64_t key = wire::ackKey(e.tagSeq);
-  for (int i = 0; i < allocated_; ++i) {
+  for (int i = 0; i < allocated(); ++i) {
     FabricSendRequest& r = asSend(&req(i));
     if (r.magic_ != kRequestMagic || r.ackKey != key || !r.needAck || r.acked) continue;
     if (!r.rma) return;

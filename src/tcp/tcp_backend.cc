@@ -90,8 +90,7 @@ std::unique_ptr<TcpBackend> TcpBackend::discover(std::string* why) {
   b->pending_.setTimeout(static_cast<int>(params::getInt("WEFT_CONNECT_TIMEOUT")));
   const int maxRecvs = static_cast<int>(params::getInt("WEFT_TCP_MAX_RECVS"));
   for (const auto& i : chosen) {
-    const int k = b->count_.load();
-    if (k >= kMaxDevices) break;
+    if (b->slots_.count() >= kMaxDevices) break;
     auto d = std::make_unique<TcpDevice>();
     RailAddr ra;
     ra.ifname = i.name;
@@ -110,12 +109,9 @@ std::unique_ptr<TcpBackend> TcpBackend::discover(std::string* why) {
     p.speedMbps = sysfs::netdevSpeedMbps(i.name);
     p.maxRecvs = maxRecvs;
     p.regIsGlobal = true;
-    b->slots_[k].dev = d.get();
-    b->slots_[k].props = p;
+    const int k = b->slots_.add(std::move(d), p);
     WEFT_INFO(NCCL_INIT | NCCL_NET, "NET/weft device {}: {} (native TCP) at {}, {} Mb/s, pci {}", k, p.name, p.fabric,
               p.speedMbps, p.pciPath.empty() ? "none" : p.pciPath);
-    b->devices_.push_back(std::move(d));
-    b->count_.store(k + 1, std::memory_order_release);
   }
   return b;
 }
@@ -128,11 +124,11 @@ Status TcpBackend::makeVDevice(const int* devs, int n, int* out) {
     WEFT_WARN("makeVDevice: {} interfaces asked for; the TCP backend fuses at most {}", n, kMaxRails);
     return Status::kInvalidUsage;
   }
-  std::lock_guard<std::mutex> lock(slotsMutex_);
-  const int count = count_.load(std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(slots_.mutex());
+  const int count = slots_.count();
   for (int j = 0; j < n; ++j) {
-    if (devs[j] < 0 || devs[j] >= count || slots_[devs[j]].props.vdevCount > 0) {
-      WEFT_WARN("makeVDevice: device {} is not one of the {} interfaces", devs[j], devices_.size());
+    if (devs[j] < 0 || devs[j] >= count || slots_.props(devs[j]).vdevCount > 0) {
+      WEFT_WARN("makeVDevice: device {} is not one of the {} interfaces", devs[j], slots_.owned());
       return Status::kInvalidUsage;
     }
     for (int m = 0; m < j; ++m) {
@@ -143,39 +139,38 @@ Status TcpBackend::makeVDevice(const int* devs, int n, int* out) {
     }
   }
   if (count >= kMaxDevices) return Status::kInternal;
-  Slot& slot = slots_[count];
+  auto withMembers = [&](DeviceProps p) {
+    p.vdevCount = n;
+    for (int j = 0; j < n; ++j) p.vdevs[j] = devs[j];
+    return p;
+  };
   if (n == 1) {
-    slot = slots_[devs[0]];
-  } else {
-    // A device of its own: one rail per member interface, in the order NCCL gave them (rail k meets rail k).
-    auto d = std::make_unique<TcpDevice>();
-    d->registrar = std::make_unique<NullRegistrar>();
-    d->cache = std::make_unique<MrCache>(d->registrar.get());
-    DeviceProps& p = d->props;
-    p = slots_[devs[0]].props;
-    p.speedMbps = 0;
-    p.name.clear();
-    p.fabric.clear();
-    // WEFT_TCP_SOCKETS per interface where kMaxRails allows, one at least
-    const int per = std::max(1, std::min(socketsPerInterface_, kMaxRails / n));
-    for (int j = 0; j < n; ++j) {
-      const TcpDevice& m = *slots_[devs[j]].dev;
-      for (int k = 0; k < per; ++k) d->rails.push_back(m.rails[0]);
-      p.name += (j ? "+" : "") + m.props.name;
-      p.speedMbps += m.props.speedMbps;
-      p.fabric += (j ? "," : "") + m.props.fabric;
-    }
-    p.guid = fnv1a64("weft-tcp/" + p.name);
-    WEFT_INFO(NCCL_INIT | NCCL_NET, "NET/weft device {}: {} fused by NCCL, {} sockets a connection, {} Mb/s", count,
-              p.name, d->rails.size(), p.speedMbps);
-    slot.dev = d.get();
-    slot.props = p;
-    devices_.push_back(std::move(d));
+    *out = slots_.addView(devs[0], withMembers(slots_.props(devs[0])));
+    return Status::kOk;
   }
-  slot.props.vdevCount = n;
-  for (int j = 0; j < n; ++j) slot.props.vdevs[j] = devs[j];
-  count_.store(count + 1, std::memory_order_release);
-  *out = count;
+  // A device of its own: one rail per member interface, in the order NCCL gave them (rail k meets rail k).
+  auto d = std::make_unique<TcpDevice>();
+  d->registrar = std::make_unique<NullRegistrar>();
+  d->cache = std::make_unique<MrCache>(d->registrar.get());
+  DeviceProps& p = d->props;
+  p = slots_.props(devs[0]);
+  p.speedMbps = 0;
+  p.name.clear();
+  p.fabric.clear();
+  // WEFT_TCP_SOCKETS per interface where kMaxRails allows, one at least
+  const int per = std::max(1, std::min(socketsPerInterface_, kMaxRails / n));
+  for (int j = 0; j < n; ++j) {
+    const TcpDevice& m = slots_.device(devs[j]);
+    for (int k = 0; k < per; ++k) d->rails.push_back(m.rails[0]);
+    p.name += (j ? "+" : "") + m.props.name;
+    p.speedMbps += m.props.speedMbps;
+    p.fabric += (j ? "," : "") + m.props.fabric;
+  }
+  p.guid = fnv1a64("weft-tcp/" + p.name);
+  WEFT_INFO(NCCL_INIT | NCCL_NET, "NET/weft device {}: {} fused by NCCL, {} sockets a connection, {} Mb/s", count,
+            p.name, d->rails.size(), p.speedMbps);
+  const DeviceProps props = withMembers(p);
+  *out = slots_.add(std::move(d), props);
   return Status::kOk;
 }
 
@@ -244,12 +239,9 @@ socklen_t lengthOf(const sockaddr_storage& sa) {
 Status TcpBackend::listen(int dev, const CommConfig& config, void* handle, ListenComm** out) {
   (void)config;
   *out = nullptr;
-  if (dev < 0 || dev >= deviceCount()) {
-    WEFT_WARN("listen on device {}, but there are {} devices", dev, deviceCount());
-    return Status::kInternal;
-  }
+  if (!validDevice(dev, "listen")) return Status::kInternal;
   if (handle == nullptr) return Status::kInternal;
-  TcpDevice& d = *slots_[dev].dev;
+  TcpDevice& d = slots_.device(dev);
   std::vector<int> fds;
   std::vector<sockaddr_storage> addrs;
   for (const RailAddr& ra : d.rails) {
@@ -286,18 +278,9 @@ Status TcpBackend::listen(int dev, const CommConfig& config, void* handle, Liste
 
 Status TcpBackend::connect(int dev, const CommConfig& config, void* handle, SendComm** out) {
   (void)config;
-  *out = nullptr;
-  if (dev < 0 || dev >= deviceCount()) {
-    WEFT_WARN("connect on device {}, but there are {} devices", dev, deviceCount());
-    return Status::kInternal;
-  }
-  PendingConnect* pc = nullptr;
   constexpr const char* kCauses =
       "a firewall or security group dropping traffic between the nodes, or an address the peer cannot reach";
-  if (pending_.find(handle, &pc, props(dev).name, kCauses) == PendingConnects<PendingConnect>::Lookup::kTimedOut) {
-    return Status::kRemote;
-  }
-  if (pc == nullptr) {
+  auto start = [&](PendingConnect& pc) {
     WireHandle h;
     if (Status st = decodeForConnect(handle, props(dev).name, BackendId::kTcp, providerHash(), "native TCP", &h);
         st != Status::kOk) {
@@ -308,25 +291,21 @@ Status TcpBackend::connect(int dev, const CommConfig& config, void* handle, Send
       WEFT_WARN("connect on {}: the handle's addresses are malformed", props(dev).name);
       return Status::kInvalidUsage;
     }
-    const TcpDevice& d = *slots_[dev].dev;
+    const TcpDevice& d = slots_.device(dev);
     // Rail k meets rail k, over the rails both ends have.
     const size_t rails = std::min(peer.size(), d.rails.size());
-    auto fresh = std::make_unique<PendingConnect>();
-    std::memcpy(fresh->handleBytes, handle, kHandleSize);
-    fresh->started = std::chrono::steady_clock::now();
-    fresh->peerName = sockaddrString(reinterpret_cast<sockaddr*>(&peer[0]));
-    fresh->token = h.token;
-    fresh->nonce = randomToken();
-    fresh->socks.resize(rails);
-    fresh->peer.assign(peer.begin(), peer.begin() + static_cast<long>(rails));
+    pc.peerName = sockaddrString(reinterpret_cast<sockaddr*>(&peer[0]));
+    pc.token = h.token;
+    pc.nonce = randomToken();
+    pc.socks.resize(rails);
+    pc.peer.assign(peer.begin(), peer.begin() + static_cast<long>(rails));
     for (size_t k = 0; k < rails; ++k) {
-      if (Status st = startRail(d, *fresh, k); st != Status::kOk) return st;
+      if (Status st = startRail(d, pc, k); st != Status::kOk) return st;
     }
-    pc = pending_.add(handle, std::move(fresh));
-  }
-  Status st = pollConnect(dev, *pc, out);
-  if (st != Status::kOk || *out != nullptr) pending_.erase(handle);
-  return st;
+    return Status::kOk;
+  };
+  return pending_.connect(*this, dev, handle, kCauses, out, start,
+                          [&](PendingConnect& pc, SendComm** o) { return pollConnect(dev, pc, o); });
 }
 
 namespace {
@@ -364,7 +343,7 @@ Status TcpBackend::startRail(const TcpDevice& d, PendingConnect& pc, size_t k) {
 }
 
 Status TcpBackend::pollConnect(int dev, PendingConnect& pc, SendComm** out) {
-  TcpDevice& d = *slots_[dev].dev;
+  TcpDevice& d = slots_.device(dev);
   const int rails = static_cast<int>(pc.socks.size());
   bool all = true;
   for (int k = 0; k < rails; ++k) {

@@ -14,19 +14,18 @@
 #include <vector>
 
 #include "tcp/tcp_comm.h"
+#include "weft/transport/device_slots.h"
 #include "weft/transport/pending_connects.h"
 
 namespace weft::tcp {
 
-class TcpBackend final : public Backend {
+class TcpBackend final : public SlottedBackend<TcpDevice> {
  public:
   // Every interface with an address that WEFT_IFACE allows; nullptr and `why` when there is none.
   static std::unique_ptr<TcpBackend> discover(std::string* why);
   ~TcpBackend() override;
 
   const char* name() const override { return "tcp"; }
-  int deviceCount() const override { return count_.load(std::memory_order_acquire); }
-  const DeviceProps& props(int dev) const override { return slots_[dev].props; }
   Status listen(int dev, const CommConfig& config, void* handle, ListenComm** out) override;
   Status connect(int dev, const CommConfig& config, void* handle, SendComm** out) override;
   // NCCL's NIC fusion: a device with one rail (socket) per member interface, at most kMaxRails; one member gives
@@ -35,14 +34,9 @@ class TcpBackend final : public Backend {
   bool stat(std::string_view key, long long* value) const override;
   std::string describe(int dev) const override;
 
-  static constexpr int kMaxDevices = 256;
   static uint32_t providerHash();
 
  private:
-  struct Slot {
-    TcpDevice* dev = nullptr;
-    DeviceProps props;
-  };
   struct PendingConnect {
     struct Sock {  // one per rail
       int fd = -1;  // -1: not started, or waiting to try again (retryAt)
@@ -65,10 +59,6 @@ class TcpBackend final : public Backend {
   // ENETUNREACH, EHOSTUNREACH) leaves the rail waiting to try again in 100 ms, until the connect's timeout.
   Status startRail(const TcpDevice& d, PendingConnect& pc, size_t k);
 
-  std::vector<std::unique_ptr<TcpDevice>> devices_;
-  std::array<Slot, kMaxDevices> slots_;
-  std::atomic<int> count_{0};
-  std::mutex slotsMutex_;
   SocketOptions opts_;
   int socketsPerInterface_ = 1;  // WEFT_TCP_SOCKETS
   PendingConnects<PendingConnect> pending_;

@@ -114,19 +114,12 @@ TcpDataComm::~TcpDataComm() {
 }
 
 TcpRequest* TcpDataComm::acquire() {
-  if (free_ == nullptr) {
-    if (chunks_.size() * kChunk >= kMaxPool) return nullptr;  // NCCL retries a NULL request
-    auto chunk = std::make_unique<TcpRequest[]>(kChunk);
-    for (int i = kChunk - 1; i >= 0; --i) {
-      chunk[i].comm = this;
-      chunk[i].magic_ = kRequestMagic;
-      chunk[i].next = free_;
-      free_ = &chunk[i];
-    }
-    chunks_.push_back(std::move(chunk));
-  }
-  TcpRequest* r = free_;
-  free_ = r->next;
+  TcpRequest* r = pool_.takeRequest([this](TcpRequest& q, size_t i) {
+    q.comm = this;
+    q.magic_ = kRequestMagic;
+    q.poolIndex = static_cast<uint16_t>(i);
+  });
+  if (r == nullptr) return nullptr;  // NCCL retries a NULL request
   r->next = nullptr;
   r->inUse = true;
   r->complete = false;
@@ -135,8 +128,8 @@ TcpRequest* TcpDataComm::acquire() {
 
 void TcpDataComm::release(TcpRequest* r) {
   r->inUse = false;
-  r->next = free_;
-  free_ = r;
+  r->next = nullptr;
+  pool_.giveBack(r->poolIndex);
 }
 
 void TcpDataComm::fail(Status st, const std::string& why) {
@@ -192,22 +185,19 @@ Status TcpDataComm::testRequest(TcpRequest* r, bool* done, int* sizes) {
   return Status::kOk;
 }
 
+// TCP reads and writes any host memory: a NULL handle passes.
 Status TcpDataComm::checkMh(const MemHandle* mh, const void* data, size_t size, const char* op) const {
-  if (mh == nullptr) return Status::kOk;  // TCP reads and writes any host memory
-  if (mh->magic_ != kMrMagic) {
-    WEFT_WARN("{} with a memory handle that is not weft's", op);
-    return Status::kInvalidUsage;
-  }
-  const auto p = reinterpret_cast<uintptr_t>(data);
-  if (size > 0 && (p < mh->addr || p + size > mh->addr + mh->len)) {
-    WEFT_WARN("{}: [{:#x}, +{}) lies outside its registration [{:#x}, +{})", op, p, size, mh->addr, mh->len);
-    return Status::kInvalidUsage;
-  }
-  return Status::kOk;
+  return checkMemHandle(mh, data, size, op, /*nullOk=*/true, dev_.props.name);
 }
 
-Status TcpDataComm::regMrImpl(void* data, size_t size, int type, MemHandle** out) {
+Status TcpDataComm::registerMr(void* data, size_t size, int type, int fd, uint64_t offset, MemHandle** out) {
+  (void)offset;
   *out = nullptr;
+  if (fd >= 0) {
+    WEFT_WARN("regMrDmaBuf on {} (type {:#x}): the TCP backend does not advertise NCCL_PTR_DMABUF; refused",
+              dev_.props.name, type);
+    return Status::kInvalidUsage;
+  }
   if (type != NCCL_PTR_HOST) {
     WEFT_WARN("regMr on {}: memory type {:#x} is not host memory; the TCP backend advertises host memory only "
               "(NCCL stages GPU data through host buffers)",
@@ -217,20 +207,11 @@ Status TcpDataComm::regMrImpl(void* data, size_t size, int type, MemHandle** out
   return dev_.cache->reg(data, size, type, out);
 }
 
-Status TcpDataComm::deregMrImpl(MemHandle* mh) {
+Status TcpDataComm::deregisterMr(MemHandle* mh) {
   if (mh == nullptr || mh->magic_ != kMrMagic) return Status::kInvalidUsage;
   return dev_.cache->dereg(mh);
 }
 
-template <typename Iface>
-Status TcpComm<Iface>::regMrDmaBuf(void*, size_t, int type, uint64_t, int, MemHandle** out) {
-  *out = nullptr;
-  WEFT_WARN("regMrDmaBuf on {} (type {:#x}): the TCP backend does not advertise NCCL_PTR_DMABUF; refused",
-            dev_.props.name, type);
-  return Status::kInvalidUsage;
-}
-template class TcpComm<SendComm>;
-template class TcpComm<RecvComm>;
 
 // Where piece k of a message of `size` bytes cut into `n` pieces starts, and its length (the last takes the rest).
 uint64_t pieceOffset(uint64_t size, int k, int n) { return size / static_cast<uint64_t>(n) * static_cast<uint64_t>(k); }

@@ -38,8 +38,10 @@
 #include <string>
 #include <vector>
 
+#include "weft/transport/comm_adaptor.h"
 #include "weft/transport/mr_cache.h"
 #include "weft/transport/net.h"
+#include "weft/transport/request_pool.h"
 
 namespace weft::tcp {
 
@@ -126,7 +128,8 @@ class TcpRequest final : public Request {
  public:
   Status test(bool* done, int* sizes) override;
   TcpDataComm* comm = nullptr;
-  TcpRequest* next = nullptr;  // receives: the comm's queue of posted requests; either: the free list
+  TcpRequest* next = nullptr;  // receives: the comm's queue of posted requests
+  uint16_t poolIndex = 0;
   bool inUse = false;
   bool complete = false;
   uint8_t n = 0;  // receive buffers; 0 for a send
@@ -183,8 +186,11 @@ class TcpDataComm {
   TcpDataComm& operator=(const TcpDataComm&) = delete;
   Status testRequest(TcpRequest* r, bool* done, int* sizes);
   virtual void progress() = 0;
-  Status regMrImpl(void* data, size_t size, int type, MemHandle** out);
-  Status deregMrImpl(MemHandle* mh);
+  // Host memory only (bookkeeping: TCP needs no registration); DMA-BUF (fd >= 0) is refused.
+  Status registerMr(void* data, size_t size, int type, int fd, uint64_t offset, MemHandle** out);
+  Status deregisterMr(MemHandle* mh);
+  std::string commDeviceName() const { return dev_.props.name; }
+  void refreshRailHealth() {}  // a socket's failure is recorded when it happens
   int railCount() const { return nRails_; }
   const RailHealth* railHealth(int* n) const {
     *n = nRails_ > 1 ? nRails_ : 0;
@@ -210,24 +216,14 @@ class TcpDataComm {
   uint32_t seq_ = 0;  // messages started (send) or matched (recv) on this comm
 
  private:
-  // Requests come kChunk at a time when the comm first has more in flight (an idle comm holds none).
-  static constexpr int kChunk = 4;
+  // Requests (weft/transport/request_pool.h), up to kMaxPool in flight.
   static constexpr int kMaxPool = 512;
-  std::vector<std::unique_ptr<TcpRequest[]>> chunks_;
-  TcpRequest* free_ = nullptr;
+  using Pool = RequestPool<std::unique_ptr<TcpRequest[]>>;
+  Pool pool_{kMaxPool};
 };
 
 template <typename Iface>
-class TcpComm : public Iface, public TcpDataComm {
- public:
-  using TcpDataComm::TcpDataComm;
-  std::string peerName() const override { return peerName_; }
-  std::string deviceName() const override { return dev_.props.name; }
-  const RailHealth* rails(int* n) const override { return railHealth(n); }
-  Status regMr(void* data, size_t size, int type, MemHandle** out) override { return regMrImpl(data, size, type, out); }
-  Status regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd, MemHandle** out) override;
-  Status deregMr(MemHandle* mh) override { return deregMrImpl(mh); }
-};
+using TcpComm = CommAdaptor<Iface, TcpDataComm>;
 
 class TcpSendComm final : public TcpComm<SendComm> {
  public:

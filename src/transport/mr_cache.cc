@@ -113,4 +113,24 @@ MrCache::Stats MrCache::stats() const {
   return stats_;
 }
 
+Status checkMemHandle(const MemHandle* mh, const void* data, size_t size, const char* op, bool nullOk,
+                      const std::string& device) {
+  if (mh == nullptr) {
+    if (nullOk) return Status::kOk;
+    WEFT_WARN("{} on {}: NULL memory handle for {} B, but this device needs registered buffers", op, device, size);
+    return Status::kInternal;
+  }
+  if (mh->magic_ != kMrMagic) {
+    WEFT_WARN("{} on {}: {} is not a live weft memory handle", op, device, static_cast<const void*>(mh));
+    return Status::kInternal;
+  }
+  const auto a = reinterpret_cast<uintptr_t>(data);
+  if (data != nullptr && size > 0 && (a < mh->addr || a + size > mh->addr + mh->len)) {
+    WEFT_WARN("{} on {}: buffer [{:#x}, +{} B) lies outside its memory handle's registration [{:#x}, +{} B)", op,
+              device, a, size, mh->addr, mh->len);
+    return Status::kInvalidUsage;
+  }
+  return Status::kOk;
+}
+
 }  // namespace weft

@@ -26,18 +26,15 @@ std::unique_ptr<VerbsBackend> VerbsBackend::discover(std::string* why) {
   b->connectTimeoutSec_ = static_cast<int>(params::getInt("WEFT_CONNECT_TIMEOUT"));
   b->pending_.setTimeout(b->connectTimeoutSec_);
   for (auto& d : devs) {
-    const int i = b->count_.load();
-    if (i >= kMaxDevices) break;
-    b->slots_[i].dev = d.get();
-    b->slots_[i].props = d->props();
+    if (b->slots_.count() >= kMaxDevices) break;
     const DeviceProps& p = d->props();
     WEFT_INFO(NCCL_INIT | NCCL_NET, "NET/weft device {}: {} via {}, {} Mb/s, GID index {}, handshake on {}, pci {}, "
               "ptrSupport {:#x}",
-              i, p.name, p.provider, p.speedMbps, d->gidIndex(),
+              b->slots_.count(), p.name, p.provider, p.speedMbps, d->gidIndex(),
               sockaddrString(reinterpret_cast<const sockaddr*>(&d->handshakeAddr())),
               p.pciPath.empty() ? "none" : p.pciPath, p.ptrSupport);
-    b->devices_.push_back(std::move(d));
-    b->count_.store(i + 1, std::memory_order_release);
+    const DeviceProps props = p;
+    b->slots_.add(std::move(d), props);
   }
   return b;
 }
@@ -56,13 +53,12 @@ Status VerbsBackend::makeVDevice(const int* devs, int n, int* out) {
     WEFT_WARN("makeVDevice: device {} does not exist ({} devices)", devs[0], deviceCount());
     return Status::kInvalidUsage;
   }
-  std::lock_guard<std::mutex> lock(slotsMutex_);
-  const int i = count_.load(std::memory_order_relaxed);
-  if (i >= kMaxDevices) return Status::kInternal;
-  slots_[i] = slots_[devs[0]];
-  slots_[i].props.vdevCount = 1;
-  slots_[i].props.vdevs[0] = devs[0];
-  count_.store(i + 1, std::memory_order_release);
+  std::lock_guard<std::mutex> lock(slots_.mutex());
+  DeviceProps p = slots_.props(devs[0]);
+  p.vdevCount = 1;
+  p.vdevs[0] = devs[0];
+  const int i = slots_.addView(devs[0], p);
+  if (i < 0) return Status::kInternal;
   *out = i;
   return Status::kOk;
 }
@@ -70,12 +66,9 @@ Status VerbsBackend::makeVDevice(const int* devs, int n, int* out) {
 Status VerbsBackend::listen(int dev, const CommConfig& config, void* handle, ListenComm** out) {
   (void)config;
   *out = nullptr;
-  if (dev < 0 || dev >= deviceCount()) {
-    WEFT_WARN("listen on device {}, but there are {} devices", dev, deviceCount());
-    return Status::kInternal;
-  }
+  if (!validDevice(dev, "listen")) return Status::kInternal;
   if (handle == nullptr) return Status::kInternal;
-  VerbsDevice& d = *slots_[dev].dev;
+  VerbsDevice& d = slots_.device(dev);
   sockaddr_storage sa = d.handshakeAddr();
   socklen_t len = d.handshakeAddrLen();
   int fd = bindTcpSocket(sa, len, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -98,18 +91,9 @@ Status VerbsBackend::listen(int dev, const CommConfig& config, void* handle, Lis
 }
 
 Status VerbsBackend::connect(int dev, const CommConfig& config, void* handle, SendComm** out) {
-  *out = nullptr;
-  if (dev < 0 || dev >= deviceCount()) {
-    WEFT_WARN("connect on device {}, but there are {} devices", dev, deviceCount());
-    return Status::kInternal;
-  }
-  PendingConnect* pc = nullptr;
   constexpr const char* kCauses =
       "a firewall or security group dropping traffic between the nodes, or a handshake address the peer cannot reach";
-  if (pending_.find(handle, &pc, props(dev).name, kCauses) == PendingConnects<PendingConnect>::Lookup::kTimedOut) {
-    return Status::kRemote;
-  }
-  if (pc == nullptr) {
+  auto start = [&](PendingConnect& pc) {
     WireHandle h;
     if (Status st = decodeForConnect(handle, props(dev).name, BackendId::kVerbs, providerHash(), "verbs", &h);
         st != Status::kOk) {
@@ -125,13 +109,10 @@ Status VerbsBackend::connect(int dev, const CommConfig& config, void* handle, Se
       WEFT_WARN("connect on {}: the handle's address is malformed", props(dev).name);
       return Status::kInvalidUsage;
     }
-    auto fresh = std::make_unique<PendingConnect>();
-    std::memcpy(fresh->handleBytes, handle, kHandleSize);
-    fresh->started = std::chrono::steady_clock::now();
-    fresh->peerName = sockaddrString(reinterpret_cast<sockaddr*>(&sa));
-    fresh->token = h.token;
-    fresh->trafficClass = static_cast<int>(params::getInt("WEFT_IB_TC"));
-    if (fresh->trafficClass < 0) fresh->trafficClass = config.trafficClass;  // NCCL's, -1 when undefined
+    pc.peerName = sockaddrString(reinterpret_cast<sockaddr*>(&sa));
+    pc.token = h.token;
+    pc.trafficClass = static_cast<int>(params::getInt("WEFT_IB_TC"));
+    if (pc.trafficClass < 0) pc.trafficClass = config.trafficClass;  // NCCL's, -1 when undefined
     int fd = ::socket(sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) {
       WEFT_WARN("connect on {}: socket(): {}", props(dev).name, std::strerror(errno));
@@ -139,22 +120,21 @@ Status VerbsBackend::connect(int dev, const CommConfig& config, void* handle, Se
     }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    fresh->sock = std::make_unique<HandshakeSocket>(fd);
+    pc.sock = std::make_unique<HandshakeSocket>(fd);
     if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), h.addrLen) != 0 && errno != EINPROGRESS) {
       WEFT_WARN("connect to {} on {} failed: {} (nothing listening there any more, a firewall/security group, or "
                 "an address this host cannot reach)",
-                fresh->peerName, props(dev).name, std::strerror(errno));
+                pc.peerName, props(dev).name, std::strerror(errno));
       return Status::kRemote;
     }
-    pc = pending_.add(handle, std::move(fresh));
-  }
-  Status st = pollConnect(dev, *pc, out);
-  if (st != Status::kOk || *out != nullptr) pending_.erase(handle);
-  return st;
+    return Status::kOk;
+  };
+  return pending_.connect(*this, dev, handle, kCauses, out, start,
+                          [&](PendingConnect& pc, SendComm** o) { return pollConnect(dev, pc, o); });
 }
 
 Status VerbsBackend::pollConnect(int dev, PendingConnect& pc, SendComm** out) {
-  VerbsDevice& d = *slots_[dev].dev;
+  VerbsDevice& d = slots_.device(dev);
   std::string why;
   if (!pc.tcpUp) {
     pollfd p{pc.sock->fd(), POLLOUT, 0};

@@ -13,19 +13,18 @@
 #include <vector>
 
 #include "verbs/verbs_comm.h"
+#include "weft/transport/device_slots.h"
 #include "weft/transport/pending_connects.h"
 
 namespace weft::verbs {
 
-class VerbsBackend final : public Backend {
+class VerbsBackend final : public SlottedBackend<VerbsDevice> {
  public:
   // Every active port WEFT_IB_HCA allows; nullptr and `why` when there is none (or libibverbs is missing).
   static std::unique_ptr<VerbsBackend> discover(std::string* why);
   ~VerbsBackend() override;
 
   const char* name() const override { return "verbs"; }
-  int deviceCount() const override { return count_.load(std::memory_order_acquire); }
-  const DeviceProps& props(int dev) const override { return slots_[dev].props; }
   Status listen(int dev, const CommConfig& config, void* handle, ListenComm** out) override;
   Status connect(int dev, const CommConfig& config, void* handle, SendComm** out) override;
   // A virtual device of one port (NCCL asks for single ones too); fusing several ports is not offered over
@@ -33,14 +32,9 @@ class VerbsBackend final : public Backend {
   Status makeVDevice(const int* devs, int n, int* out) override;
   bool stat(std::string_view key, long long* value) const override;
 
-  static constexpr int kMaxDevices = 256;
   static uint32_t providerHash();
 
  private:
-  struct Slot {
-    VerbsDevice* dev = nullptr;
-    DeviceProps props;
-  };
   struct PendingConnect {
     std::unique_ptr<HandshakeSocket> sock;
     std::unique_ptr<QpSet> qps;
@@ -55,10 +49,6 @@ class VerbsBackend final : public Backend {
   };
   Status pollConnect(int dev, PendingConnect& pc, SendComm** out);
 
-  std::vector<std::unique_ptr<VerbsDevice>> devices_;
-  std::array<Slot, kMaxDevices> slots_;
-  std::atomic<int> count_{0};
-  std::mutex slotsMutex_;
   int maxRecvs_ = 1;
   int qpsPerConn_ = 1;
   int connectTimeoutSec_ = 0;

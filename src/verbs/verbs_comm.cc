@@ -241,9 +241,7 @@ Status QpSet::connect(const QpInfo& peer, int trafficClass, std::string* why) {
 Status VerbsRequest::test(bool* done, int* sizes) { return comm->testRequest(this, done, sizes); }
 
 VerbsDataComm::VerbsDataComm(std::unique_ptr<QpSet> qps, std::string peerName, int poolSize)
-    : q_(std::move(qps)), dev_(q_->dev), peerName_(std::move(peerName)), poolSize_(static_cast<size_t>(poolSize)) {
-  free_.reserve(poolSize_);
-  chunks_.reserve((poolSize_ + kChunk - 1) / kChunk);
+    : q_(std::move(qps)), dev_(q_->dev), peerName_(std::move(peerName)), pool_(static_cast<size_t>(poolSize)) {
   probeIntervalMs_ = static_cast<int>(params::getInt("WEFT_PROBE_INTERVAL"));
   peerTimeoutMs_ = params::getInt("WEFT_PEER_TIMEOUT") * 1000;
   stripeMin_ = static_cast<uint64_t>(params::getInt("WEFT_STRIPE_MIN"));
@@ -252,30 +250,16 @@ VerbsDataComm::VerbsDataComm(std::unique_ptr<QpSet> qps, std::string peerName, i
 }
 
 VerbsDataComm::~VerbsDataComm() {
-  for (size_t i = 0; i < allocated_; ++i) reqAt(i)->magic_ = 0;
+  for (size_t i = 0; i < pool_.allocated(); ++i) reqAt(i)->magic_ = 0;
   q_.reset();  // QPs first (outstanding work requests are flushed with them), then the CQ
 }
 
-// The only allocation of the data path, at most poolSize_ / kChunk times in a comm's life.
-bool VerbsDataComm::grow() {
-  if (allocated_ >= poolSize_) return false;
-  std::unique_ptr<VerbsRequest[]> chunk(new (std::nothrow) VerbsRequest[kChunk]);
-  if (!chunk) return false;
-  const size_t base = allocated_;
-  for (int j = 0; j < kChunk; ++j) {
-    chunk[j].comm = this;
-    chunk[j].poolIndex = static_cast<uint16_t>(base + j);
-  }
-  chunks_.push_back(std::move(chunk));  // capacity reserved: never reallocates
-  allocated_ = std::min(poolSize_, base + kChunk);
-  for (size_t i = allocated_; i-- > base;) free_.push_back(static_cast<uint16_t>(i));
-  return true;
-}
-
 VerbsRequest* VerbsDataComm::acquire() {
-  if (free_.empty() && !grow()) return nullptr;
-  VerbsRequest* r = reqAt(free_.back());
-  free_.pop_back();
+  VerbsRequest* r = pool_.takeRequest([this](VerbsRequest& q, size_t i) {
+    q.comm = this;
+    q.poolIndex = static_cast<uint16_t>(i);
+  });
+  if (r == nullptr) return nullptr;
   uint16_t idx = r->poolIndex;
   VerbsDataComm* c = r->comm;
   r->~VerbsRequest();
@@ -290,7 +274,7 @@ VerbsRequest* VerbsDataComm::acquire() {
 void VerbsDataComm::release(VerbsRequest* r) {
   r->magic_ = 0;
   r->inUse = false;
-  free_.push_back(r->poolIndex);
+  pool_.giveBack(r->poolIndex);
 }
 
 int VerbsDataComm::qpIndex(uint32_t qpNum) const {
@@ -307,7 +291,7 @@ void VerbsDataComm::progress() {
     fail(Status::kSystem);
   }
   for (int i = 0; i < n; ++i) {
-    ++completions_;
+    silence_.completed();
     if (wc[i].status == IBV_WC_SUCCESS && (wc[i].wr_id >> 32) == kProbe) {
       probeDone(wc[i]);
     } else if (wc[i].status == IBV_WC_SUCCESS) {
@@ -367,7 +351,7 @@ void VerbsDataComm::onError(const ibv_wc& wc) {
       probeDone(wc);
       WEFT_WARN("peer {} on {} is gone: a liveness probe failed after {} ms without progress; its {} outstanding "
                 "requests fail",
-                peerName_, dev_.props().name, coarseNowMs() - lastActivityMs_, outstanding_);
+                peerName_, dev_.props().name, coarseNowMs() - silence_.sinceMs(), outstanding_);
       break;
     default: break;  // flushed receives: nothing of NCCL's
   }
@@ -389,9 +373,7 @@ void VerbsDataComm::checkPeer() {
     return;
   }
   const int64_t now = coarseNowMs();
-  if (completions_ != completionsSeen_ || lastActivityMs_ == 0) {
-    completionsSeen_ = completions_;
-    lastActivityMs_ = now;
+  if (silence_.restarted(now)) {
     probeSentMs_ = now;  // the peer answered something: a probe still queued gets its full time again
     return;
   }
@@ -407,7 +389,7 @@ void VerbsDataComm::checkPeer() {
     }
     return;
   }
-  if (now - lastActivityMs_ >= probeIntervalMs_ && now - probeSentMs_ >= probeIntervalMs_) {
+  if (now - silence_.sinceMs() >= probeIntervalMs_ && now - probeSentMs_ >= probeIntervalMs_) {
     postProbe();
     probeSentMs_ = now;
     probeDeadlineMs_ = peerTimeoutMs_ + static_cast<int64_t>(bytesInFlight_ / floorBytesPerMs_);
@@ -464,19 +446,12 @@ Status VerbsDataComm::testRequest(VerbsRequest* r, bool* done, int* sizes) {
 }
 
 Status VerbsDataComm::checkMh(const MemHandle* mh, const void* data, size_t size, const char* op) const {
-  if (mh == nullptr) {
-    WEFT_WARN("{}: NULL memory handle for {} B (verbs needs registered buffers)", op, size);
-    return Status::kInternal;
+  if (Status st = checkMemHandle(mh, data, size, op, /*nullOk=*/false, dev_.props().name); st != Status::kOk) {
+    return st;
   }
-  if (mh->magic_ != kMrMagic || mh->entry == nullptr || mh->entry->backendMr == nullptr) {
+  if (mh->entry == nullptr || mh->entry->backendMr == nullptr) {
     WEFT_WARN("{}: {} is not a live weft memory handle", op, static_cast<const void*>(mh));
     return Status::kInternal;
-  }
-  auto a = reinterpret_cast<uintptr_t>(data);
-  if (a < mh->entry->base || a + size > mh->entry->base + mh->entry->len) {
-    WEFT_WARN("{}: buffer [{:#x}, +{} B) lies outside its memory handle's registration [{:#x}, +{} B)", op, a, size,
-              mh->entry->base, mh->entry->len);
-    return Status::kInvalidUsage;
   }
   auto* mr = static_cast<const ibv_mr*>(mh->entry->backendMr);
   if (mr->pd != dev_.pd()) {
@@ -493,7 +468,7 @@ ibv_mr* VerbsDataComm::registerLocal(void* p, size_t n, const char* what) {
   return mr;
 }
 
-Status VerbsDataComm::regMrImpl(void* data, size_t size, int type, int fd, uint64_t offset, MemHandle** out) {
+Status VerbsDataComm::registerMr(void* data, size_t size, int type, int fd, uint64_t offset, MemHandle** out) {
   *out = nullptr;
   if (type != NCCL_PTR_HOST && type != NCCL_PTR_CUDA) {
     WEFT_WARN("regMr: unknown memory type {:#x}", type);
@@ -512,12 +487,14 @@ Status VerbsDataComm::regMrImpl(void* data, size_t size, int type, int fd, uint6
   return fd >= 0 ? cache.regDmaBuf(data, size, type, offset, fd, out) : cache.reg(data, size, type, out);
 }
 
-Status VerbsDataComm::deregMrImpl(MemHandle* mh) { return dev_.mrCache().dereg(mh); }
+Status VerbsDataComm::deregisterMr(MemHandle* mh) { return dev_.mrCache().dereg(mh); }
+
+std::string VerbsDataComm::commDeviceName() const { return dev_.props().name; }
 
 // ---- send ------------------------------------------------------------------------------------------------------
 
 VerbsSendComm::VerbsSendComm(std::unique_ptr<QpSet> qps, std::string peerName, int maxRecvs)
-    : VerbsComm(std::move(qps), std::move(peerName), kMaxRequests * maxRecvs) {}
+    : CommAdaptor(std::move(qps), std::move(peerName), kMaxRequests * maxRecvs) {}
 
 VerbsSendComm::~VerbsSendComm() {
   q_.reset();
@@ -623,9 +600,9 @@ Status VerbsSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Req
     if (sendQueued_[(first + p) % q_->nQps] >= q_->sendWr - 1) return Status::kOk;  // back-pressure: NCCL retries
   }
   VerbsRequest* r = acquire();
-  if (r == nullptr && allocated_ < poolSize_) return Status::kOk;  // no memory for more: NCCL retries
+  if (r == nullptr && pool_.allocated() < pool_.capacity()) return Status::kOk;  // no memory for more: NCCL retries
   if (r == nullptr) {
-    WEFT_WARN("isend to {}: more requests in flight than NCCL allows ({})", peerName_, poolSize_);
+    WEFT_WARN("isend to {}: more requests in flight than NCCL allows ({})", peerName_, pool_.capacity());
     return Status::kInternal;
   }
   if (truncated) {
@@ -677,7 +654,7 @@ Status VerbsSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Req
 // ---- receive ---------------------------------------------------------------------------------------------------
 
 VerbsRecvComm::VerbsRecvComm(std::unique_ptr<QpSet> qps, std::string peerName)
-    : VerbsComm(std::move(qps), std::move(peerName), kMaxRequests) {}
+    : CommAdaptor(std::move(qps), std::move(peerName), kMaxRequests) {}
 
 VerbsRecvComm::~VerbsRecvComm() {
   flushQp_.reset();  // first: it is attached to the comm's completion queue, which goes with q_
@@ -792,7 +769,7 @@ Status VerbsRecvComm::irecv(int n, void** data, const size_t* sizes, const int* 
     if (sendQueued_[0] >= q_->sendWr - 1) return Status::kOk;
   }
   VerbsRequest* r = acquire();
-  if (r == nullptr && allocated_ < poolSize_) return Status::kOk;  // no memory for more: NCCL retries
+  if (r == nullptr && pool_.allocated() < pool_.capacity()) return Status::kOk;  // no memory for more: NCCL retries
   if (r == nullptr) {
     WEFT_WARN("irecv from {}: more than {} receives outstanding (NCCL_NET_MAX_REQUESTS)", peerName_, kMaxRequests);
     return Status::kInternal;

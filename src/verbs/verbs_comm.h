@@ -29,7 +29,10 @@
 
 #include "verbs/verbs_device.h"
 #include "weft/common/netif.h"
+#include "weft/transport/comm_adaptor.h"
 #include "weft/transport/offer_table.h"
+#include "weft/transport/request_pool.h"
+#include "weft/transport/silence.h"
 #include "weft/transport/tag_seq.h"
 
 namespace weft::verbs {
@@ -167,8 +170,15 @@ class VerbsDataComm {
   VerbsDataComm(std::unique_ptr<QpSet> qps, std::string peerName, int poolSize);
   virtual ~VerbsDataComm();
   Status testRequest(VerbsRequest* r, bool* done, int* sizes);
-  Status regMrImpl(void* data, size_t size, int type, int fd, uint64_t offset, MemHandle** out);
-  Status deregMrImpl(MemHandle* mh);
+  Status registerMr(void* data, size_t size, int type, int fd, uint64_t offset, MemHandle** out);
+  Status deregisterMr(MemHandle* mh);
+  std::string commDeviceName() const;
+  // One QP set per connection: no rails to report (CommAdaptor).
+  const RailHealth* railHealth(int* n) const {
+    *n = 0;
+    return nullptr;
+  }
+  void refreshRailHealth() {}
   const std::string& peer() const { return peerName_; }
   int qpCount() const { return q_->nQps; }
   // For fault-injection tests (weft_verbs_fault_tests): the connection's QPs.
@@ -198,20 +208,18 @@ class VerbsDataComm {
   std::unique_ptr<QpSet> q_;
   VerbsDevice& dev_;
   std::string peerName_;
-  // Requests come kChunk at a time when the comm first has more in flight (an idle one holds none), up to
-  // poolSize_; request i is reqAt(i), which stays where it is.
-  static constexpr int kChunk = 4;
-  std::vector<std::unique_ptr<VerbsRequest[]>> chunks_;
-  size_t poolSize_ = 0, allocated_ = 0;
-  bool grow();
-  VerbsRequest* reqAt(size_t i) const { return i < allocated_ ? &chunks_[i / kChunk][i % kChunk] : nullptr; }
-  std::vector<uint16_t> free_;
+  // Requests (weft/transport/request_pool.h): request i is reqAt(i), which stays where it is.
+  using Pool = RequestPool<std::unique_ptr<VerbsRequest[]>>;
+  Pool pool_;
+  VerbsRequest* reqAt(size_t i) const {
+    return i < pool_.allocated() ? &pool_.chunkOf(i)[Pool::slotOf(i)] : nullptr;
+  }
   Status fatal_ = Status::kOk;
   int sendQueued_[kMaxQps] = {};  // work requests posted and not yet completed, per QP
   int outstanding_ = 0;           // requests handed to NCCL and not reported
-  uint64_t completions_ = 0, completionsSeen_ = 0;
+  Silence silence_;  // how long nothing completed, as checkPeer sees it
   uint32_t polls_ = 0;
-  int64_t lastActivityMs_ = 0, probeSentMs_ = 0;
+  int64_t probeSentMs_ = 0;
   int probesInFlight_ = 0;
   int64_t probeDeadlineMs_ = 0;  // WEFT_PEER_TIMEOUT, plus time for the bytes queued ahead of the probe
   uint64_t bytesInFlight_ = 0;    // posted RDMA-write bytes not yet completed (sends)
@@ -225,19 +233,7 @@ class VerbsDataComm {
 
 // The Comm interface of a verbs send or receive comm, forwarded to VerbsDataComm.
 template <typename Iface>
-class VerbsComm : public Iface, public VerbsDataComm {
- public:
-  using VerbsDataComm::VerbsDataComm;
-  std::string peerName() const override { return peerName_; }
-  std::string deviceName() const override { return dev_.props().name; }
-  Status regMr(void* data, size_t size, int type, MemHandle** out) override {
-    return regMrImpl(data, size, type, -1, 0, out);
-  }
-  Status regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd, MemHandle** out) override {
-    return regMrImpl(data, size, type, fd, offset, out);
-  }
-  Status deregMr(MemHandle* mh) override { return deregMrImpl(mh); }
-};
+using VerbsComm = CommAdaptor<Iface, VerbsDataComm>;
 
 class VerbsSendComm final : public VerbsComm<SendComm> {
  public:

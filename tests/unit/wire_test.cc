@@ -217,7 +217,7 @@ TEST_CASE("a retired comm id is never given out again", "[wire][comm_ids]") {
     CommId owned(&ids, ids.acquire(t));
     kept = owned.get();
     REQUIRE(kept != 0);
-    owned.retire();  // a failed-over receive comm's (fabric_comm.cc): traffic for it may wait where nothing ends it
+    owned.retire();  // a failed-over receive comm's (fabric_failover.cc): traffic for it may wait where nothing ends it
     CHECK(owned.get() == 0);
   }
   CHECK(ids.quarantined() == 0);

@@ -11,7 +11,7 @@
 using namespace weft::fabric;
 
 namespace {
-// How the sender splits one segment (fabric_comm.cc FabricSendComm::write), checked through the decoder.
+// How the sender splits one segment (fabric_send.cc FabricSendComm::write), checked through the decoder.
 int pieces(uint64_t len, uint64_t* sum) {
   int n = 0;
   *sum = 0;

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <string>
 
 #include "weft/common/status.h"
 #include "weft/transport/net.h"
@@ -46,6 +47,13 @@ class MemHandle : public Object {
     return h;
   }
 };
+
+// The memory-handle check of every backend's data calls (`op`: isend, irecv, iflush; `device` names the comm's
+// device), logged here: a NULL handle passes only where the backend reads any host memory (nullOk; else kInternal);
+// anything else must be a live weft handle (else NCCL misused the API: kInternal), and the buffer [data, +size) must
+// lie within what it registered (kInvalidUsage; data nullptr: not checked). A backend checks what is its own after.
+Status checkMemHandle(const MemHandle* mh, const void* data, size_t size, const char* op, bool nullOk,
+                      const std::string& device);
 
 class Registrar {
  public:

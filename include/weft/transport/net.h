@@ -76,9 +76,9 @@ class Request : public Object {
   virtual ~Request() = default;
   // On done, `sizes` (when non-NULL) gets one entry per buffer and the request returns to its pool.
   virtual Status test(bool* done, int* sizes) = 0;
-  // Room for the layer above the backends (the plugin's connection timing, plugin/conn_timing.cc), zeroed at
-  // construction and kept with the request through its reuses; no backend reads or writes it.
-  alignas(8) unsigned char above[96] = {};
+  // The plugin's timing of this request (plugin/conn_timing.cc, a RequestTiming), zeroed at construction and kept
+  // with the request through its reuses; no backend reads or writes it.
+  alignas(8) unsigned char timingSlot[96] = {};
 };
 
 class Comm : public Object {
@@ -88,7 +88,9 @@ class Comm : public Object {
   // For logs and per-connection records: the peer's address, this end's device.
   virtual std::string peerName() const { return {}; }
   virtual std::string deviceName() const { return {}; }
-  void* above = nullptr;  // the layer above the backends: the plugin's connection timing (plugin/conn_timing.cc)
+  // The plugin's timing record of this connection (plugin/conn_timing.cc, a telemetry::ConnStats); no backend
+  // reads or writes it.
+  void* timingRecord = nullptr;
   // A comm of several rails (NICs): their health, *n entries, valid until the comm is closed and readable from
   // any thread (weft/common/rail_health.h). A single-rail comm reports none.
   virtual const RailHealth* rails(int* n) const {
@@ -146,6 +148,9 @@ class Backend {
   // NCCL finalized the context `scope` (CommConfig::scope): what the backend keeps per context is released (a
   // later context at the same address starts afresh).
   virtual void releaseScope(const void* scope) { (void)scope; }
+  // True when `dev` is one of this backend's devices; else warns, naming the call (`op`), and the caller answers
+  // kInternal (NCCL passed a device it was never given).
+  bool validDevice(int dev, const char* op) const;
   // weft's own figures for tools (weftNetStat): true and *value for a key this backend counts. A key it does not
   // count is unknown (false), never 0: a tool reading 0 would take it for "none happened".
   virtual bool stat(std::string_view key, long long* value) const {

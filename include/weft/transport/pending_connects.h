@@ -61,6 +61,29 @@ class PendingConnects {
     return p;
   }
 
+  // The frame of a backend's non-blocking connect: checks the device, answers an attempt that outlived the timeout
+  // (the warning names `causes`), starts a new attempt for a new handle with start(Attempt&) (it decodes the handle
+  // and begins; its handleBytes and started are set), and polls it with poll(Attempt&, SendComm**) until a comm
+  // comes back or it fails; either ends the attempt.
+  template <typename Start, typename Poll>
+  Status connect(const Backend& backend, int dev, void* handle, const char* causes, SendComm** out, Start&& start,
+                 Poll&& poll) {
+    *out = nullptr;
+    if (!backend.validDevice(dev, "connect")) return Status::kInternal;
+    Attempt* a = nullptr;
+    if (find(handle, &a, backend.props(dev).name, causes) == Lookup::kTimedOut) return Status::kRemote;
+    if (a == nullptr) {
+      auto fresh = std::make_unique<Attempt>();
+      std::memcpy(fresh->handleBytes, handle, kHandleSize);
+      fresh->started = std::chrono::steady_clock::now();
+      if (Status st = start(*fresh); st != Status::kOk) return st;
+      a = add(handle, std::move(fresh));
+    }
+    Status st = poll(*a, out);
+    if (st != Status::kOk || *out != nullptr) erase(handle);
+    return st;
+  }
+
   void erase(const void* handle) {
     std::lock_guard<std::mutex> lock(mutex_);
     map_.erase(handle);
