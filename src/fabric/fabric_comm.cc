@@ -32,7 +32,6 @@ FabricDataComm::FabricDataComm(std::shared_ptr<EndpointGroup> group, std::vector
       nRails_(static_cast<int>(rails_.size())),
       peerName_(std::move(peerName)),
       proto_(proto),
-      poolSize_(poolSize),
       recvSide_(recvSide),
       pool_(static_cast<size_t>(poolSize)),
       probeIntervalMs_(params::getInt("WEFT_PROBE_INTERVAL")),
@@ -62,7 +61,7 @@ FabricDataComm::FabricDataComm(std::shared_ptr<EndpointGroup> group, std::vector
     if (ctlMoves_ && recvSide_) takenRing_.reset(new uint64_t[kMostSends]());
   }
   if (proto_.acks && recvSide_) {
-    ackQ_.reserve(static_cast<size_t>(poolSize_) * kMaxRecvs + (takenRing_ ? kMostSends : 0));
+    ackQ_.reserve(pool_.capacity() * kMaxRecvs + (takenRing_ ? kMostSends : 0));
   }
 }
 

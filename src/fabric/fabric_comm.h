@@ -247,9 +247,8 @@ class FabricDataComm : public DataSink {
   int nRails_;
   std::string peerName_;
   Protocol proto_;
-  int poolSize_;
   bool recvSide_;  // a receive comm: its pool holds FabricRecvRequests
-  // The request pool (weft/transport/request_pool.h), up to poolSize_ requests; request i is req(i). A receive
+  // The request pool (weft/transport/request_pool.h), up to pool_.capacity() requests; request i is req(i). A receive
   // comm of the rdma protocol (wantOffers_) gets with each chunk the registered offer messages of its requests:
   // request i sends offer(i) (one memory registration per chunk where the provider needs them: at most 16 for
   // a receive comm's 64 requests, and only as deep as NCCL ever went on it).

@@ -25,7 +25,7 @@ FabricRecvComm::FabricRecvComm(std::shared_ptr<EndpointGroup> group, std::vector
     : CommAdaptor(std::move(group), std::move(rails), std::move(peerName), 2 * kMaxRequests, proto,
                   std::move(localId), peerId, true),
       maxRecvs_(maxRecvs) {
-  offerQueue_.reserve(poolSize_);
+  offerQueue_.reserve(pool_.capacity());
 }
 
 Status FabricRecvComm::start() {

@@ -139,13 +139,8 @@ Status TcpBackend::makeVDevice(const int* devs, int n, int* out) {
     }
   }
   if (count >= kMaxDevices) return Status::kInternal;
-  auto withMembers = [&](DeviceProps p) {
-    p.vdevCount = n;
-    for (int j = 0; j < n; ++j) p.vdevs[j] = devs[j];
-    return p;
-  };
   if (n == 1) {
-    *out = slots_.addView(devs[0], withMembers(slots_.props(devs[0])));
+    *out = slots_.addMemberView(devs[0]);
     return Status::kOk;
   }
   // A device of its own: one rail per member interface, in the order NCCL gave them (rail k meets rail k).
@@ -169,8 +164,10 @@ Status TcpBackend::makeVDevice(const int* devs, int n, int* out) {
   p.guid = fnv1a64("weft-tcp/" + p.name);
   WEFT_INFO(NCCL_INIT | NCCL_NET, "NET/weft device {}: {} fused by NCCL, {} sockets a connection, {} Mb/s", count,
             p.name, d->rails.size(), p.speedMbps);
-  const DeviceProps props = withMembers(p);
-  *out = slots_.add(std::move(d), props);
+  DeviceProps slot = p;  // what NCCL sees also names the members
+  slot.vdevCount = n;
+  for (int j = 0; j < n; ++j) slot.vdevs[j] = devs[j];
+  *out = slots_.add(std::move(d), slot);
   return Status::kOk;
 }
 

@@ -33,8 +33,7 @@ std::unique_ptr<VerbsBackend> VerbsBackend::discover(std::string* why) {
               b->slots_.count(), p.name, p.provider, p.speedMbps, d->gidIndex(),
               sockaddrString(reinterpret_cast<const sockaddr*>(&d->handshakeAddr())),
               p.pciPath.empty() ? "none" : p.pciPath, p.ptrSupport);
-    const DeviceProps props = p;
-    b->slots_.add(std::move(d), props);
+    b->slots_.add(std::move(d), p);  // p is the device's own: it outlives the move of its owner
   }
   return b;
 }
@@ -54,10 +53,7 @@ Status VerbsBackend::makeVDevice(const int* devs, int n, int* out) {
     return Status::kInvalidUsage;
   }
   std::lock_guard<std::mutex> lock(slots_.mutex());
-  DeviceProps p = slots_.props(devs[0]);
-  p.vdevCount = 1;
-  p.vdevs[0] = devs[0];
-  const int i = slots_.addView(devs[0], p);
+  const int i = slots_.addMemberView(devs[0]);
   if (i < 0) return Status::kInternal;
   *out = i;
   return Status::kOk;

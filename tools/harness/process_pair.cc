@@ -101,7 +101,9 @@ WorkerProcess spawnOne(const PairOptions& o, const std::vector<std::string>& wor
     setenv("IPATH_NO_BACKTRACE", "1", 0);
     for (const auto& kv : o.env) putenv(strdup(kv.c_str()));
     for (const auto& kv : extraEnv) putenv(strdup(kv.c_str()));
-    if (!dir.empty() && chdir(dir.c_str()) != 0) std::fprintf(stderr, "cannot enter %s: %s\n", dir.c_str(), std::strerror(errno));
+    if (!dir.empty() && chdir(dir.c_str()) != 0) {
+      std::fprintf(stderr, "cannot enter %s: %s\n", dir.c_str(), std::strerror(errno));
+    }
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);

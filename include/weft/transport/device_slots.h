@@ -43,6 +43,13 @@ class DeviceSlots {
     count_.store(i + 1, std::memory_order_release);
     return i;
   }
+  // NCCL's virtual device of the single member `of`: a view of it whose props name it as the member.
+  int addMemberView(int of) {
+    DeviceProps p = slots_[of].props;
+    p.vdevCount = 1;
+    p.vdevs[0] = of;
+    return addView(of, p);
+  }
 
  private:
   struct Slot {
