@@ -8,7 +8,9 @@
 #
 #   scripts/e2e/nccl-tests.sh --nccl-tests ~/src/nccl-tests [--ranks 2] [--out DIR] [--tests all_reduce,...]
 #                             [--min 8] [--max 128M] [--timing] [--tuner-profile FILE] [--no-baseline]
-#                             [--cuda /usr/local/cuda] [--nccl-home DIR] [--mpi-home DIR] [--dry-run]
+#                             [--cuda /usr/local/cuda] [--nccl-home DIR] [--nccl-lib DIR] [--mpi-home DIR] [--dry-run]
+#   With SRC/build/*_perf already built (elsewhere: scripts/e2e/gpu-lease-nccl-tests.sh), neither nvcc nor nccl.h
+#   is needed, only libnccl.so.2 (--nccl-lib DIR, else NCCL_HOME/lib).
 #   scripts/e2e/nccl-tests.sh --check-only DIR   re-check and compare the logs a run left in DIR
 #
 # Exit: 0 all good; 1 a check failed; 2 bad arguments; 3 this machine cannot run it (says what is missing).
@@ -19,7 +21,7 @@ report="python3 $here/nccl_tests_report.py"
 
 src="" ranks=2 out="" tests="all_reduce,all_gather,reduce_scatter,sendrecv,alltoall" min=8 max=128M
 timing=0 profile="" baseline=1 cuda=${CUDA_HOME:-/usr/local/cuda} nccl_home=${NCCL_HOME:-} mpi_home=${MPI_HOME:-}
-dry=0 check_only=""
+nccl_lib="" dry=0 check_only=""
 usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -34,6 +36,7 @@ while [ $# -gt 0 ]; do
     --no-baseline) baseline=0; shift ;;
     --cuda) cuda=${2:?}; shift 2 ;;
     --nccl-home) nccl_home=${2:?}; shift 2 ;;
+    --nccl-lib) nccl_lib=${2:?}; shift 2 ;;
     --mpi-home) mpi_home=${2:?}; shift 2 ;;
     --dry-run) dry=1; shift ;;
     --check-only) check_only=${2:?}; shift 2 ;;
@@ -89,13 +92,19 @@ missing=()
 [ -f "$src/Makefile" ] && [ -d "$src/src" ] || missing+=("nccl-tests sources at $src (git clone https://github.com/NVIDIA/nccl-tests)")
 command -v python3 >/dev/null || missing+=("python3")
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then missing+=("an NVIDIA GPU (nvidia-smi lists none)"); fi
-[ -x "$cuda/bin/nvcc" ] || missing+=("the CUDA toolkit (nvcc) at $cuda (--cuda DIR)")
-if [ -z "$nccl_home" ]; then
-  for d in "$cuda" /usr /usr/local; do
-    if [ -f "$d/include/nccl.h" ]; then nccl_home=$d; break; fi
-  done
+prebuilt=1
+for t in ${tests//,/ }; do [ -x "$src/build/${t}_perf" ] || prebuilt=0; done
+if [ $prebuilt = 0 ]; then
+  [ -x "$cuda/bin/nvcc" ] || missing+=("the CUDA toolkit (nvcc) at $cuda (--cuda DIR)")
+  if [ -z "$nccl_home" ]; then
+    for d in "$cuda" /usr /usr/local; do
+      if [ -f "$d/include/nccl.h" ]; then nccl_home=$d; break; fi
+    done
+  fi
+  [ -n "$nccl_home" ] && [ -f "$nccl_home/include/nccl.h" ] || missing+=("NCCL (nccl.h, libnccl.so) (--nccl-home DIR)")
 fi
-[ -n "$nccl_home" ] && [ -f "$nccl_home/include/nccl.h" ] || missing+=("NCCL (nccl.h, libnccl.so) (--nccl-home DIR)")
+[ -n "$nccl_lib" ] || nccl_lib="$nccl_home/lib"
+[ $prebuilt = 0 ] || [ -e "$nccl_lib/libnccl.so.2" ] || missing+=("libnccl.so.2 at $nccl_lib (--nccl-lib DIR)")
 mpirun=$(command -v mpirun || true)
 [ -n "$mpi_home" ] && mpirun="$mpi_home/bin/mpirun"
 [ -n "$mpirun" ] && [ -x "$mpirun" ] || missing+=("MPI (mpirun; e.g. apt-get install openmpi-bin libopenmpi-dev) (--mpi-home DIR)")
@@ -114,29 +123,44 @@ run() { if [ $dry = 1 ]; then printf '+'; printf ' %q' "$@"; echo; else "$@"; fi
 run mkdir -p "$out"
 
 # ---- build nccl-tests (MPI, so that each rank is its own process) ----
-if [ ! -x "$src/build/all_reduce_perf" ] || [ $dry = 1 ]; then
+if [ $prebuilt = 0 ]; then
   run make -C "$src" -j"$(nproc)" MPI=1 MPI_HOME="$mpi_home" CUDA_HOME="$cuda" NCCL_HOME="$nccl_home"
 fi
 
-common=(-x LD_LIBRARY_PATH="$repo/build/lib:$nccl_home/lib:${LD_LIBRARY_PATH:-}" -x NCCL_DEBUG=INFO
+common=(-x LD_LIBRARY_PATH="$repo/build/lib:$nccl_lib:${LD_LIBRARY_PATH:-}" -x NCCL_DEBUG=INFO
         -x NCCL_DEBUG_SUBSYS=INIT,NET,TUNING -x NCCL_SOCKET_IFNAME=lo -x NCCL_NET_PLUGIN_REF_COUNT=1)
 mpi=("$mpirun" -np "$ranks" --oversubscribe --bind-to none)
+# NCCL's log goes to files of its own (NCCL_DEBUG_FILE), since on standard output its lines cut into nccl-tests'
+# table rows; afterwards they are appended to the run's log, below the table, where the checks read them.
+keep_debug() {
+  local f
+  for f in "$1".nccl.*; do
+    [ -f "$f" ] || continue
+    { echo "# NCCL debug output of one rank ($(basename "$f"))"; cat "$f"; } >>"$1_perf.log" && rm -f "$f"
+  done
+}
 for t in ${tests//,/ }; do
   bin="$src/build/${t}_perf"
   args=(-b "$min" -e "$max" -f 2 -g 1 -c 1 -w 5 -n 20)
-  wenv=(-x NCCL_NET_PLUGIN="$plugin" -x NCCL_NET=weft -x WEFT_PROVIDER="${WEFT_PROVIDER:-tcp;ofi_rxm}" -x WEFT_IFACE=lo)
+  # weft's own choice of transport (WEFT_BACKEND=auto) unless the caller's environment names one
+  wenv=(-x NCCL_NET_PLUGIN="$plugin" -x NCCL_NET=weft -x WEFT_IFACE=lo)
+  [ -n "${WEFT_PROVIDER:-}" ] && wenv+=(-x WEFT_PROVIDER="$WEFT_PROVIDER")
+  [ -n "${WEFT_BACKEND:-}" ] && wenv+=(-x WEFT_BACKEND="$WEFT_BACKEND")
   if [ $timing = 1 ]; then
     wenv+=(-x WEFT_TELEMETRY_DIR="$out/telemetry/$t" -x WEFT_TUNER_LOG=1)
     [ -n "$profile" ] && wenv+=(-x WEFT_TUNER_PROFILE="$profile")
   fi
   echo "== ${t}_perf: $ranks ranks through weft"
+  wenv+=(-x NCCL_DEBUG_FILE="$out/weft_${t}.nccl.%h.%p")
   if [ $dry = 1 ]; then run "${mpi[@]}" "${common[@]}" "${wenv[@]}" "$here/rank_env.sh" "$bin" "${args[@]}"
-  else "${mpi[@]}" "${common[@]}" "${wenv[@]}" "$here/rank_env.sh" "$bin" "${args[@]}" >"$out/weft_${t}_perf.log" 2>&1 || true; fi
+  else "${mpi[@]}" "${common[@]}" "${wenv[@]}" "$here/rank_env.sh" "$bin" "${args[@]}" >"$out/weft_${t}_perf.log" 2>&1 \
+         || true; keep_debug "$out/weft_${t}"; fi
   if [ $baseline = 1 ]; then
     echo "== ${t}_perf: $ranks ranks on NCCL's Socket transport"
-    benv=(-x NCCL_NET=Socket -x NCCL_NET_PLUGIN=none)
+    benv=(-x NCCL_NET=Socket -x NCCL_NET_PLUGIN=none -x NCCL_DEBUG_FILE="$out/socket_${t}.nccl.%h.%p")
     if [ $dry = 1 ]; then run "${mpi[@]}" "${common[@]}" "${benv[@]}" "$here/rank_env.sh" "$bin" "${args[@]}"
-    else "${mpi[@]}" "${common[@]}" "${benv[@]}" "$here/rank_env.sh" "$bin" "${args[@]}" >"$out/socket_${t}_perf.log" 2>&1 || true; fi
+    else "${mpi[@]}" "${common[@]}" "${benv[@]}" "$here/rank_env.sh" "$bin" "${args[@]}" >"$out/socket_${t}_perf.log" \
+           2>&1 || true; keep_debug "$out/socket_${t}"; fi
   fi
 done
 [ $dry = 1 ] && exit 0

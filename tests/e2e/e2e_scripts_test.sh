@@ -45,6 +45,11 @@ expect_rc 0 "$e2e/nccl-tests.sh" --check-only "$fx/e2e-good"
 grep -q "weft: NCCL loaded weft, results verified" "$dir/out" || fail "check-only good"
 grep -q "tuner log lines: 1" "$dir/out" || fail "tuner log lines not counted"
 expect_rc 1 "$e2e/nccl-tests.sh" --check-only "$fx/e2e-bad"
+# a real run (H200, 2026-11-27), recorded: both tests verified, weft's TCP backend 1.17x and 1.14x of Socket
+expect_rc 0 "$e2e/nccl-tests.sh" --check-only "$fx/e2e-h200" --tests all_reduce,sendrecv
+[ "$(grep -c "weft: NCCL loaded weft, results verified" "$dir/out")" = 2 ] || fail "check-only h200"
+grep -q "geomean ratio (sizes >= 64 KiB): 1.171" "$dir/out" || fail "h200 all_reduce comparison"
+grep -q "geomean ratio (sizes >= 64 KiB): 1.137" "$dir/out" || fail "h200 sendrecv comparison"
 expect_rc 2 "$e2e/nccl-tests.sh"
 expect_rc 2 "$e2e/nccl-tests.sh" --bogus
 expect_rc 2 "$e2e/nccl-tests.sh" --nccl-tests /nonexistent --ranks 1
@@ -62,12 +67,29 @@ grep -q "NCCL_NET=weft" "$dir/out" || fail "dry run: NCCL_NET=weft"
 grep -q "NCCL_NET=Socket" "$dir/out" || fail "dry run: baseline"
 grep -q "WEFT_TELEMETRY_DIR=$dir/o/telemetry/all_reduce" "$dir/out" || fail "dry run: timing"
 grep -q "rank_env.sh $dir/src/build/sendrecv_perf -b 8 -e 128M" "$dir/out" || fail "dry run: sendrecv_perf"
+grep -q "NCCL_DEBUG_FILE=$dir/o/weft_all_reduce.nccl.%h.%p" "$dir/out" || fail "dry run: NCCL's log to its own files"
+if grep -q "WEFT_PROVIDER" "$dir/out"; then fail "dry run: a provider named where the caller named none"; fi
+WEFT_BACKEND=tcp expect_rc 0 "$e2e/nccl-tests.sh" --nccl-tests "$dir/src" --tests all_reduce --dry-run --out "$dir/o"
+grep -q "WEFT_BACKEND=tcp" "$dir/out" || fail "dry run: the caller's WEFT_BACKEND not passed on"
+# prebuilt nccl-tests (built elsewhere, gpu-lease-nccl-tests.sh): no build, libnccl.so.2 from --nccl-lib
+mkdir -p "$dir/pre/build" "$dir/pre/src" "$dir/lib" && touch "$dir/pre/Makefile" "$dir/lib/libnccl.so.2"
+printf '#!/bin/sh\n' >"$dir/pre/build/all_reduce_perf" && chmod +x "$dir/pre/build/all_reduce_perf"
+expect_rc 0 "$e2e/nccl-tests.sh" --nccl-tests "$dir/pre" --nccl-lib "$dir/lib" --tests all_reduce --dry-run --out "$dir/o"
+if grep -q "make -C" "$dir/out"; then fail "dry run: prebuilt nccl-tests rebuilt"; fi
+grep -q "LD_LIBRARY_PATH=$repo/build/lib:$dir/lib" "$dir/out" || fail "dry run: --nccl-lib not on the ranks' path"
+bash -n "$e2e/gpu-lease-nccl-tests.sh" || fail "gpu-lease-nccl-tests.sh does not parse"
 
 # rank_env.sh: one node per rank
 RANK=3 "$e2e/rank_env.sh" env >"$dir/env"
 grep -qx "NCCL_HOSTID=weft-e2e-node-3" "$dir/env" || fail "NCCL_HOSTID from RANK"
 OMPI_COMM_WORLD_RANK=1 "$e2e/rank_env.sh" env | grep -qx "NCCL_HOSTID=weft-e2e-node-1" || fail "from Open MPI"
 expect_rc 2 env -u RANK "$e2e/rank_env.sh" true
+# as root where unshare works, each rank has its node's host name (nccl-tests counts ranks per node by it)
+WEFT_E2E_OWN_HOSTNAME=0 RANK=2 "$e2e/rank_env.sh" hostname | grep -qx "$(hostname)" || fail "own host name when off"
+if [ "$(id -u)" = 0 ] && unshare --uts true 2>/dev/null; then
+  RANK=2 "$e2e/rank_env.sh" hostname | grep -qx "weft-e2e-node-2" || fail "no host name of its own"
+  [ "$(RANK=2 "$e2e/rank_env.sh" sh -c 'echo "$#:$1:$2"' x "a b" c)" = "2:a b:c" ] || fail "arguments through unshare"
+fi
 
 # pytorch-ddp.py: arguments, what is missing, loss comparison
 expect_rc 0 python3 "$e2e/pytorch-ddp.py" --help

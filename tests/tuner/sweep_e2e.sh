@@ -42,6 +42,11 @@ grep -q measured "$dir/show.txt" || fail "no measured decision in the table"
 grep -q '<svg' "$dir/heat.svg" || fail "no heatmap"
 "$weft" tune show --profile "$dir/p.json" --ranks 32 --nodes 4 | grep -q "pass NCCL's choices through" ||
   fail "a profile for another topology was used"
+# a real sweep (H200, 2 ranks, 2026-11-27) whose NCCL offered no LL128 (mask 0x2d): shown by the entries it offered
+"$weft" tune show --profile "$fixtures/../tuner/h200-allreduce-2ranks.json" --ranks 2 --nodes 2 >"$dir/h200.txt"
+if grep -q "signature-mismatch" "$dir/h200.txt"; then fail "tune show: a profile judged by entries NCCL never offered"; fi
+grep -Eq "^AllReduce +256K .*RING/SIMPLE +measured$" "$dir/h200.txt" || fail "tune show: the measured RING/SIMPLE at 256K"
+if grep "^AllReduce" "$dir/h200.txt" | grep -q "LL128"; then fail "tune show: LL128, which NCCL did not offer"; fi
 
 # nccl-tests' older layout (no root column), no tuner in the loop: --ranks/--nodes give the signature
 "$weft" tune sweep --coll AllReduce --command "cat $fixtures/all_reduce_oldlayout.txt" --out "$dir/old.json" \

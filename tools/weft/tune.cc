@@ -209,6 +209,12 @@ int showCommand(int argc, char** argv) {
     hm.colour.emplace_back();
     for (uint64_t n : sizes) {
       model::Table t = model::costTable(topo, c, n, 1);
+      // The entries NCCL really offered when the profile was made (its signature's mask), not those the reference
+      // model assumes the hardware has: a GPU run without LL128 (no NVLink, say) is shown as it ran.
+      if (prof->sig.masks[c] != 0)
+        for (int al = 0; al < 7; ++al)
+          for (int pr = 0; pr < 3; ++pr)
+            if ((prof->sig.masks[c] & (1u << (al * 3 + pr))) == 0) t.t[al][pr] = -1.0f;
       model::Pick def = model::pick(t);
       Decision d = pol->decide(c, n, 1, t.flat(), 7, 3, 1000000);
       Arm da;
