@@ -3,6 +3,7 @@
 
 #include <dlfcn.h>
 
+#include <atomic>
 #include <mutex>
 
 #ifdef WEFT_HAVE_CUDA
@@ -21,11 +22,14 @@ bool compiledIn() {
 
 bool driverPresent() {
 #ifdef WEFT_HAVE_CUDA
-  static const bool present = [] {
-    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    return lib != nullptr;  // left open: deviceOfPointer opens the same library
-  }();
-  return present;
+  // Only a found driver is remembered: a process can load one later (a test that loads the mock, a library
+  // loaded after the plugin's first look), and a failed dlopen is cheap at the few places that ask.
+  static std::atomic<bool> present{false};
+  if (present.load(std::memory_order_acquire)) return true;
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);  // left open: deviceOfPointer opens the same library
+  if (lib == nullptr) return false;
+  present.store(true, std::memory_order_release);
+  return true;
 #else
   return false;
 #endif

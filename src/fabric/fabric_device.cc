@@ -49,8 +49,10 @@ InfoPtr makeHints(const std::string& provider, bool directed, bool manualProgres
   }
   hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
   if (hmem) hints->domain_attr->mr_mode |= FI_MR_HMEM;
-  hints->tx_attr->msg_order = FI_ORDER_NONE;  // matching order comes from our sequence tags
-  hints->rx_attr->msg_order = FI_ORDER_NONE;
+  // No ordering asked for (FI_ORDER_NONE, 0; the name is deprecated from libfabric 2.0): matching order comes from
+  // our sequence tags.
+  hints->tx_attr->msg_order = 0;
+  hints->rx_attr->msg_order = 0;
   if (!provider.empty()) hints->fabric_attr->prov_name = strdup(provider.c_str());
   return hints;
 }
@@ -190,12 +192,15 @@ std::vector<Candidate> probe(const std::string& provider, std::string* why) {
     const std::string& gdr = params::getString("WEFT_GDR");
     // GPU memory needs the read-back flush: without RMA reads, host buffers only.
     const bool canRead = (i->caps & FI_RMA) != 0 && (i->caps & FI_READ) != 0;
-    if (wantHmem && (i->caps & FI_HMEM) != 0 && canRead) {
+    // A provider built with CUDA support offers FI_HMEM whether or not a driver is there (libfabric 2.1's shm
+    // does on a machine without one): GPU memory is advertised only where libcuda.so.1 loads, as for verbs.
+    if (wantHmem && (i->caps & FI_HMEM) != 0 && canRead && cuda::driverPresent()) {
       p.ptrSupport |= NCCL_PTR_CUDA;
     } else if (gdr == "1") {
       WEFT_WARN("WEFT_GDR=1 but {} on {} cannot register GPU memory ({}): host buffers only", p.provider, p.name,
                 !cuda::compiledIn()            ? "built without CUDA"
                 : (i->caps & FI_HMEM) == 0     ? "provider lacks FI_HMEM"
+                : !cuda::driverPresent()       ? "no CUDA driver (libcuda.so.1) on this machine"
                                                : "provider offers no RMA read, which the flush after a GPU receive needs");
     }
     out.push_back(std::move(c));
@@ -223,11 +228,23 @@ std::vector<Candidate> filterInterfaces(std::vector<Candidate> in, const std::st
   return out;
 }
 
+namespace {
+// Whether local buffers must be registered. Before libfabric 2.0 a provider could say so by the FI_LOCAL_MR mode
+// bit as well as by FI_MR_LOCAL; 2.0 deprecated the mode bit (its providers use mr_mode only).
+bool needsLocalMr(const fi_info& info) {
+  bool local = (info.domain_attr->mr_mode & FI_MR_LOCAL) != 0;
+#if FI_MAJOR_VERSION < 2
+  local = local || (info.mode & FI_LOCAL_MR) != 0;
+#endif
+  return local;
+}
+}  // namespace
+
 FabricDevice::FabricDevice(int index, Candidate c)
     : index_(index),
       info_(std::move(c.info)),
       props_(std::move(c.props)),
-      localMr_((info_->domain_attr->mr_mode & FI_MR_LOCAL) != 0 || (info_->mode & FI_LOCAL_MR) != 0),
+      localMr_(needsLocalMr(*info_)),
       directedRecv_((info_->caps & FI_DIRECTED_RECV) != 0),
       injectSize_(info_->tx_attr != nullptr ? info_->tx_attr->inject_size : 0),
       injectSafe_(info_->domain_attr->data_progress == FI_PROGRESS_AUTO || props_.provider.rfind("verbs", 0) == 0),

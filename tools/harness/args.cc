@@ -84,6 +84,7 @@ WorkerArgs parseWorkerArgs(int argc, char** argv) {
     else if (f == "--trace-dir") w.traceDir = a.value();
     else if (f == "--max-recvs") w.maxRecvs = a.number(1, 8);
     else if (f == "--verbose") w.verbose = true;
+    else if (f == "--isolate") w.isolate = true;
     else if (f == "--raw-provider") w.rawProvider = a.value();
     else if (f == "--raw-iface") w.rawIface = a.value();
     else if (f == "--rounds") w.rounds = a.number(1, 100);

@@ -37,6 +37,9 @@ struct WorkerArgs {
   int table = 0, oobFd = -1, dev = 0, timeoutSec = 60, callLimitMs = 10000;
   std::string fuse;  // devices to fuse with makeVDevice (as NCCL does at topology detection); the result is used
   bool quick = false, verbose = false;
+  // Stop after the first check either worker fails (the runner starts a fresh pair for the rest), so that what a
+  // failing check leaves in the plugin or the provider cannot fail the checks after it.
+  bool isolate = false;
   std::string mem = "host";  // host | cuda (device buffers from the CUDA driver the loader finds)
   bool noDmabuf = false;     // as NCCL_DMABUF_ENABLE=0
   int64_t soakMessages = 0;  // soak.random: messages in all (0: the check's default)

@@ -90,6 +90,19 @@ WorkerProcess spawnOne(const PairOptions& o, const std::vector<std::string>& wor
     args.push_back(isPath && !dir.empty() ? absolute(workerArgs[i]) : workerArgs[i]);
   }
   for (const char* a : {"--role", role, "--oob-fd", "3"}) args.push_back(a);
+  // Relative entries of the library path would be read from the worker's directory: made absolute from here.
+  std::string libPath;
+  if (const char* lp = std::getenv("LD_LIBRARY_PATH"); lp != nullptr && !dir.empty()) {
+    std::string rest = lp;
+    for (size_t at = 0; at <= rest.size();) {
+      size_t colon = rest.find(':', at);
+      std::string part = rest.substr(at, colon == std::string::npos ? std::string::npos : colon - at);
+      if (!libPath.empty()) libPath += ':';
+      libPath += part.empty() || part[0] == '/' ? part : absolute(part);
+      if (colon == std::string::npos) break;
+      at = colon + 1;
+    }
+  }
   pid_t pid = fork();
   if (pid < 0) throw std::runtime_error("fork failed");
   if (pid == 0) {
@@ -99,6 +112,7 @@ WorkerProcess spawnOne(const PairOptions& o, const std::vector<std::string>& wor
     // Debian's libfabric pulls in libinfinipath (the psm provider), whose SIGSEGV handler prints a backtrace and
     // exits with 1: a crash would read as a failure with no dump. Its own switch turns the handler off.
     setenv("IPATH_NO_BACKTRACE", "1", 0);
+    if (!libPath.empty()) setenv("LD_LIBRARY_PATH", libPath.c_str(), 1);
     for (const auto& kv : o.env) putenv(strdup(kv.c_str()));
     for (const auto& kv : extraEnv) putenv(strdup(kv.c_str()));
     if (!dir.empty() && chdir(dir.c_str()) != 0) {

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "check_support.h"
@@ -194,12 +195,9 @@ int runConformance(const RunOptions& o) {
   }
   if (hostOnly > 0)
     std::printf("memory  device buffers (--mem cuda): %d checks that use host memory only are left out\n", hostOnly);
-  std::string names;
-  for (const auto& c : checks) names += (names.empty() ? "" : ",") + c;
   std::vector<std::string> args = {"conformance-worker", "--plugin", o.plugin, "--table", std::to_string(opts.version),
                                    "--dev", std::to_string(o.dev < 0 ? 0 : o.dev), "--timeout",
-                                   std::to_string(o.timeoutSec), "--call-limit", std::to_string(o.callLimitMs),
-                                   "--checks", names};
+                                   std::to_string(o.timeoutSec), "--call-limit", std::to_string(o.callLimitMs)};
   if (o.quick) args.push_back("--quick");
   if (o.mem != "host") args.insert(args.end(), {"--mem", o.mem});
   if (o.noDmabuf) args.push_back("--no-dmabuf");
@@ -211,21 +209,56 @@ int runConformance(const RunOptions& o) {
   if (o.maxRecvs > 0) args.insert(args.end(), {"--max-recvs", std::to_string(o.maxRecvs)});
   if (o.verbose) args.push_back("--verbose");
   if (!o.fuse.empty()) args.insert(args.end(), {"--fuse", o.fuse});
-  WorkerProcess procs[2];
-  spawnPair(o.pair, args, procs);
   std::map<std::string, std::pair<std::string, std::string>> results[2];  // check -> (verdict, message)
   std::vector<std::string> info[2];
-  // Each check is bounded inside the workers; this bound catches a worker stuck inside a plugin call.
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60 + checks.size() * (o.timeoutSec + 15));
-  bool inTime = collectPair(procs, deadline, [&](int i, const std::string& line) {
-    auto f = split(line, '\t');
-    if (f.size() >= 3 && f[0] == "RESULT") {
-      results[i][f[1]] = {f[2], f.size() > 3 ? f[3] : ""};
-    } else if (f.size() >= 2 && f[0] == "INFO") {
-      info[i].push_back(line.substr(5));
+  // One pair of workers runs the checks in order and stops after the first failure (--isolate); the checks after it
+  // run in a fresh pair, so that a check that fails (a transfer a provider never ends, a worker that dies) cannot
+  // fail the ones after it. A check a worker ended inside (it began and gave no verdict) fails with the cause.
+  std::vector<std::string> remaining = checks;
+  int pairs = 0;
+  while (!remaining.empty()) {
+    std::string names;
+    for (const auto& c : remaining) names += (names.empty() ? "" : ",") + c;
+    std::vector<std::string> pairArgs = args;
+    pairArgs.insert(pairArgs.end(), {"--checks", names});
+    if (remaining.size() > 1) pairArgs.push_back("--isolate");
+    WorkerProcess procs[2];
+    spawnPair(o.pair, pairArgs, procs);
+    ++pairs;
+    std::set<std::string> begun;
+    // Each check is bounded inside the workers; this bound catches a worker stuck inside a plugin call.
+    auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::seconds(60 + remaining.size() * (o.timeoutSec + 15));
+    bool inTime = collectPair(procs, deadline, [&](int i, const std::string& line) {
+      auto f = split(line, '\t');
+      if (f.size() >= 3 && f[0] == "RESULT") {
+        results[i][f[1]] = {f[2], f.size() > 3 ? f[3] : ""};
+      } else if (f.size() >= 2 && f[0] == "BEGIN") {
+        begun.insert(f[1]);
+      } else if (f.size() >= 2 && f[0] == "INFO") {
+        info[i].push_back(line.substr(5));
+      }
+    });
+    if (!inTime) std::printf("the workers exceeded the overall time limit and were killed (a plugin call hung)\n");
+    size_t k = 0;
+    while (k < remaining.size() && results[0].count(remaining[k]) && results[1].count(remaining[k])) ++k;
+    if (k == remaining.size()) break;
+    const std::string stuck = remaining[k];
+    const bool started = begun.count(stuck) != 0;
+    if (!started && k == 0) {  // the pair ran nothing: a fresh one would not either
+      for (const auto& name : remaining)
+        for (int i = 0; i < 2; ++i)
+          if (!results[i].count(name)) results[i][name] = {"FAIL", "no verdict: worker " + procs[i].describeExit()};
+      break;
     }
-  });
-  if (!inTime) std::printf("the workers exceeded the overall time limit and were killed (a plugin call hung)\n");
+    if (started) {  // a worker ended inside it (or the pair was killed at the deadline)
+      for (int i = 0; i < 2; ++i)
+        if (!results[i].count(stuck)) results[i][stuck] = {"FAIL", "no verdict: worker " + procs[i].describeExit()};
+      ++k;
+    }
+    remaining.erase(remaining.begin(), remaining.begin() + static_cast<std::ptrdiff_t>(k));
+  }
+  if (pairs > 1) std::printf("(%d pairs of workers: each failing check ended its pair, the checks after it ran in a fresh one)\n", pairs);
   for (const auto& line : info[0]) std::printf("recv    %s\n", line.c_str());
   for (const auto& line : info[1]) std::printf("send    %s\n", line.c_str());
 
@@ -238,8 +271,7 @@ int runConformance(const RunOptions& o) {
       auto it = results[i].find(name);
       if (it == results[i].end()) {
         verdict = "FAIL";
-        detail += std::string(detail.empty() ? "" : "; ") + "[" + roles[i] + "] no verdict: worker " +
-                  procs[i].describeExit();
+        detail += std::string(detail.empty() ? "" : "; ") + "[" + roles[i] + "] no verdict";
         continue;
       }
       if (it->second.first == "FAIL") {
@@ -319,6 +351,8 @@ int runWorker(int argc, char** argv) {
       report(name, "FAIL", std::string("could not start in step with the peer: ") + e.what());
       return 1;
     }
+    std::printf("BEGIN\t%s\n", name.c_str());
+    std::fflush(stdout);
     std::string verdict = "PASS", msg;
     env.slowestCall = {};
     try {
@@ -353,6 +387,8 @@ int runWorker(int argc, char** argv) {
       return 1;
     }
     report(name, verdict.c_str(), msg);
+    // Both sides know both verdicts now: with --isolate both stop after a failure, in step.
+    if (wa.isolate && (verdict == "FAIL" || oob.lastVerdict() == "verdict:" + name + ":FAIL")) return 0;
   }
   return 0;
 }
