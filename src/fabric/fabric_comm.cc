@@ -319,9 +319,10 @@ Status FabricDataComm::postPending(FabricRecvRequest* r) {
     const bool claim = !rail.ep->dataRecvRoom();
     ssize_t rc = fi_trecv(rail.ep->ep(), r->data[i], r->len[i], r->desc[i],
                           dev_.directedRecv() ? rail.peer : FI_ADDR_UNSPEC, r->tag[i], 0, &r->ctx[i].fi);
-    // A full receive queue: -FI_EAGAIN, or -FI_ENOMEM from shm (1.17 says so when its rx_size entries, shared by
-    // every comm of the endpoint, are all posted). Either way the receive is posted once earlier ones complete.
-    if (rc == -FI_EAGAIN || rc == -FI_ENOMEM) return Status::kOk;
+    // A full receive queue: -FI_EAGAIN, or -FI_ENOMEM from shm before libfabric 2.0 (1.17 says so when its rx_size
+    // entries, shared by every comm of the endpoint, are all posted). Either way the receive is posted once earlier
+    // ones complete. From 2.0 shm's receive entries grow as needed: -FI_ENOMEM there is a failed allocation.
+    if (rc == -FI_EAGAIN || (rc == -FI_ENOMEM && dev_.enomemIsFull())) return Status::kOk;
     if (rc != 0) {
       WEFT_WARN("fi_trecv ({} B) from {} on {} failed: {}", r->len[i], peerName_, dev_.props().name,
                 fi_strerror(static_cast<int>(-rc)));

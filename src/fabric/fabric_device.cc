@@ -258,6 +258,7 @@ FabricDevice::FabricDevice(int index, Candidate c)
   // The rdma protocol needs RMA writes that carry remote completion data: 8 bytes say a receive slot and the
   // exact size; 4 bytes (EFA, verbs) the slot and a length of the form m * 2^e (see fabric_comm.h).
   // WEFT_CQ_DATA=4 uses the 4-byte form where 8 bytes are available too (to test that path on any provider).
+  enomemIsFull_ = props_.provider == "shm" && FI_MAJOR(fi_version()) < 2;
   const size_t cqData = info_->domain_attr->cq_data_size;
   const bool rmaCapable = (info_->caps & FI_RMA) != 0 && cqData >= 4;
   compactImm_ = cqData < 8 || params::getString("WEFT_CQ_DATA") == "4";

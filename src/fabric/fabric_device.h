@@ -89,6 +89,8 @@ class FabricDevice final : public Registrar {
   // Transfer protocol (WEFT_PROTOCOL): true = rdma (receiver offers buffers, sender RMA-writes with remote CQ
   // data), false = sendrecv (tagged messages only). Messages up to eagerMax() go as tagged sends either way.
   bool rdma() const { return rdma_; }
+  // shm before libfabric 2.0 answers a full receive queue with -FI_ENOMEM (see FabricComm's receive posting).
+  bool enomemIsFull() const { return enomemIsFull_; }
   size_t eagerMax() const { return eagerMax_; }
   // rdma with 4 bytes of remote completion data (the provider's limit, or WEFT_CQ_DATA=4).
   bool compactImm() const { return compactImm_; }
@@ -132,6 +134,7 @@ class FabricDevice final : public Registrar {
   bool provKey_;
   bool virtAddr_;
   bool rdma_ = false;
+  bool enomemIsFull_ = false;
   bool compactImm_ = false;
   size_t eagerMax_ = kDefaultEagerMax;
   std::atomic<uint64_t> nextKey_{1};
