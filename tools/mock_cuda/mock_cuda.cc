@@ -37,6 +37,8 @@ constexpr int kAttrDevicePointer = 3;
 constexpr int kAttrDeviceOrdinal = 9;
 constexpr int kAttrRangeStart = 11;
 constexpr int kAttrRangeSize = 12;
+constexpr int kAttrSyncMemops = 6;
+constexpr int kAttrIsManaged = 8;
 constexpr unsigned kMemoryTypeDevice = 2;
 constexpr int kDevAttrDmaBufSupported = 124;
 constexpr int kRangeHandleDmaBuf = 1;
@@ -58,7 +60,7 @@ struct Allocation {
 Allocation gAlloc[kMaxAllocations];
 std::mutex gMutex;
 std::atomic<int> gUsed{0};  // slots [0, gUsed) may be in use
-std::atomic<uint64_t> gLive{0}, gDmabufs{0}, gFlushes{0}, gWindows{0};
+std::atomic<uint64_t> gLive{0}, gDmabufs{0}, gFlushes{0}, gWindows{0}, gRuntimeCopies{0};
 const size_t gPage = static_cast<size_t>(sysconf(_SC_PAGESIZE));
 
 // The allocation holding [p, p + len), or nullptr. Caller holds gMutex or only reads base/size.
@@ -281,6 +283,139 @@ CUresult cuFlushGPUDirectRDMAWrites(int target, int scope) {
   return kSuccess;
 }
 
+// What libfabric's CUDA memory support (src/hmem_cuda.c, 2.x) asks of the driver beyond the above.
+CUresult cuGetErrorName(CUresult r, const char** s) {
+  if (s == nullptr) return kInvalidValue;
+  switch (r) {
+    case kSuccess: *s = "CUDA_SUCCESS"; break;
+    case kInvalidValue: *s = "CUDA_ERROR_INVALID_VALUE"; break;
+    case kOutOfMemory: *s = "CUDA_ERROR_OUT_OF_MEMORY"; break;
+    case kNotInitialized: *s = "CUDA_ERROR_NOT_INITIALIZED"; break;
+    case kInvalidDevice: *s = "CUDA_ERROR_INVALID_DEVICE"; break;
+    case kNotSupported: *s = "CUDA_ERROR_NOT_SUPPORTED"; break;
+    default: *s = "CUDA_ERROR_UNKNOWN"; return kInvalidValue;
+  }
+  return kSuccess;
+}
+
+// Unlike cuPointerGetAttribute, not an error for memory the driver does not know: every attribute reads as 0.
+CUresult cuPointerGetAttributes(unsigned n, int* attrs, void** data, CUdeviceptr ptr) {
+  if (!gInit) return kNotInitialized;
+  if (n > 0 && (attrs == nullptr || data == nullptr)) return kInvalidValue;
+  bool known = false;
+  {
+    std::lock_guard<std::mutex> lock(gMutex);
+    known = find(static_cast<uintptr_t>(ptr), 0) != nullptr;
+  }
+  for (unsigned i = 0; i < n; ++i) {
+    if (data[i] == nullptr) continue;
+    if (attrs[i] == kAttrIsManaged) {
+      *static_cast<unsigned*>(data[i]) = 0;
+    } else if (!known) {
+      if (attrs[i] == kAttrMemoryType || attrs[i] == kAttrDeviceOrdinal) *static_cast<unsigned*>(data[i]) = 0;
+      else if (attrs[i] == kAttrContext) *static_cast<CUcontext*>(data[i]) = nullptr;
+      else if (attrs[i] == kAttrDevicePointer || attrs[i] == kAttrRangeStart) *static_cast<CUdeviceptr*>(data[i]) = 0;
+      else if (attrs[i] == kAttrRangeSize) *static_cast<size_t*>(data[i]) = 0;
+      else return kInvalidValue;
+    } else if (CUresult r = cuPointerGetAttribute(data[i], attrs[i], ptr); r != kSuccess) {
+      return r;
+    }
+  }
+  return kSuccess;
+}
+
+CUresult cuPointerSetAttribute(const void* value, int attr, CUdeviceptr ptr) {
+  if (!gInit) return kNotInitialized;
+  if (value == nullptr || attr != kAttrSyncMemops) return kInvalidValue;
+  std::lock_guard<std::mutex> lock(gMutex);
+  return find(static_cast<uintptr_t>(ptr), 0) != nullptr ? kSuccess : kInvalidValue;
+}
+
+CUresult cuDeviceCanAccessPeer(int* can, CUdevice d, CUdevice peer) {
+  if (!gInit) return kNotInitialized;
+  if (can == nullptr) return kInvalidValue;
+  if (d != 0 || peer != 0) return kInvalidDevice;  // one device
+  *can = 0;
+  return kSuccess;
+}
+
+CUresult cuMemGetAddressRange(CUdeviceptr* base, size_t* size, CUdeviceptr ptr) {
+  return cuMemGetAddressRange_v2(base, size, ptr);
+}
+
+// The runtime (libcudart.so: the same file under that name, build/mock-cuda/libcudart.so), as far as libfabric uses
+// it: one device, memory from cuMemAlloc, copies that read and write device memory through the mock's own mapping.
+// Runtime error codes: cudaSuccess 0, cudaErrorInvalidValue 1, cudaErrorMemoryAllocation 2, cudaErrorInvalidDevice
+// 101, cudaErrorNotSupported 801.
+int cudaGetDeviceCount(int* n) {
+  if (n == nullptr) return 1;
+  gInit = true;
+  *n = 1;
+  return 0;
+}
+int cudaGetDevice(int* d) {
+  if (d == nullptr) return 1;
+  *d = 0;
+  return 0;
+}
+int cudaSetDevice(int d) {
+  gInit = true;
+  return d == 0 ? 0 : 101;
+}
+int cudaMalloc(void** p, size_t size) {
+  gInit = true;
+  if (p == nullptr) return 1;
+  CUdeviceptr d = 0;
+  CUresult r = cuMemAlloc_v2(&d, size);
+  if (r != kSuccess) return r == kOutOfMemory ? 2 : 1;
+  *p = reinterpret_cast<void*>(d);
+  return 0;
+}
+int cudaFree(void* p) { return p == nullptr || cuMemFree_v2(reinterpret_cast<CUdeviceptr>(p)) == kSuccess ? 0 : 1; }
+int cudaDeviceSynchronize() { return 0; }
+int cudaHostRegister(void*, size_t, unsigned) { return 0; }
+int cudaHostUnregister(void*) { return 0; }
+// Any direction (cudaMemcpyDefault, as libfabric asks): device memory is reached through its CPU alias, host memory
+// directly. A range that starts in an allocation and runs past its end is an error, as on a GPU.
+int cudaMemcpy(void* dst, const void* src, size_t n, int /*kind*/) {
+  if (n == 0) return 0;
+  if (dst == nullptr || src == nullptr) return 1;
+  std::lock_guard<std::mutex> lock(gMutex);
+  auto place = [](uintptr_t p, size_t len, uint8_t** out) {
+    if (Allocation* a = find(p, len)) {
+      *out = a->alias + (p - a->base.load());
+      return true;
+    }
+    if (find(p, 0) != nullptr) return false;  // starts in device memory, ends past it
+    *out = reinterpret_cast<uint8_t*>(p);
+    return true;
+  };
+  uint8_t* d = nullptr;
+  uint8_t* s = nullptr;
+  if (!place(reinterpret_cast<uintptr_t>(dst), n, &d) ||
+      !place(reinterpret_cast<uintptr_t>(const_cast<void*>(src)), n, &s)) {
+    return 1;
+  }
+  std::memmove(d, s, n);
+  ++gRuntimeCopies;
+  return 0;
+}
+const char* cudaGetErrorName(int e) {
+  switch (e) {
+    case 0: return "cudaSuccess";
+    case 1: return "cudaErrorInvalidValue";
+    case 2: return "cudaErrorMemoryAllocation";
+    case 101: return "cudaErrorInvalidDevice";
+    case 801: return "cudaErrorNotSupported";
+    default: return "cudaErrorUnknown";
+  }
+}
+const char* cudaGetErrorString(int e) { return cudaGetErrorName(e); }
+// No CUDA IPC between processes here: libfabric's shm then moves device memory through copies.
+int cudaIpcGetMemHandle(void*, void*) { return 801; }
+int cudaIpcOpenMemHandle(void**, ...) { return 801; }  // its handle comes by value (64 bytes): never read
+int cudaIpcCloseMemHandle(void*) { return 801; }
+
 int weftMockCudaCpuWindow(const void* ptr, size_t len, int on) {
   std::lock_guard<std::mutex> lock(gMutex);
   Allocation* a = find(reinterpret_cast<uintptr_t>(ptr), len);
@@ -315,6 +450,7 @@ void weftMockCudaGetStats(WeftMockCudaStats* out) {
   out->dmabufExports = gDmabufs.load();
   out->flushes = gFlushes.load();
   out->cpuWindows = gWindows.load();
+  out->runtimeCopies = gRuntimeCopies.load();
 }
 
 }  // extern "C"

@@ -11,6 +11,9 @@
 // - cuPointerGetAttribute/cuMemGetAddressRange answer for those allocations (device 0) and fail for host memory.
 // - cuMemGetHandleForAddressRange exports a real dma-buf (udmabuf over the memfd) where /dev/udmabuf exists.
 // - cuFlushGPUDirectRDMAWrites is counted.
+// - The runtime entry points libfabric 2.x's CUDA memory support opens (libcudart.so: this same file under that
+//   name beside it): one device, cudaMalloc/cudaFree over cuMemAlloc, cudaMemcpy through the mock's own mapping,
+//   no CUDA IPC (libfabric's shm then copies).
 //
 // What the driver does not do, and the harness asks for through the entry points below:
 // - A registration window. The soft-RoCE NIC pins pages through the CPU mapping (as nvidia-peermem pins GPU
@@ -28,6 +31,7 @@ struct WeftMockCudaStats {
   uint64_t dmabufExports;   // dma-buf fds handed out
   uint64_t flushes;         // cuFlushGPUDirectRDMAWrites calls
   uint64_t cpuWindows;      // registration windows opened
+  uint64_t runtimeCopies;   // cudaMemcpy calls (the runtime's entry points, for libfabric's CUDA memory support)
 };
 
 // Opens (on != 0) or closes the CPU's access to the device allocation holding [ptr, ptr + len). Windows nest.
