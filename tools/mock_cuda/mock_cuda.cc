@@ -78,6 +78,26 @@ Allocation* find(uintptr_t p, size_t len) {
 
 size_t pageRound(size_t n) { return (n + gPage - 1) / gPage * gPage; }
 
+// The errors the mock returns, with the driver's names and texts.
+struct ErrorText {
+  CUresult code;
+  const char* name;
+  const char* text;
+};
+constexpr ErrorText kErrors[] = {
+    {kSuccess, "CUDA_SUCCESS", "no error"},
+    {kInvalidValue, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {kOutOfMemory, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+    {kNotInitialized, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+    {kInvalidDevice, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {kNotSupported, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+};
+const ErrorText* errorText(CUresult r) {
+  for (const ErrorText& e : kErrors)
+    if (e.code == r) return &e;
+  return nullptr;
+}
+
 }  // namespace
 
 extern "C" {
@@ -136,16 +156,9 @@ CUresult cuCtxGetCurrent(CUcontext* ctx) {
 
 CUresult cuGetErrorString(CUresult r, const char** s) {
   if (s == nullptr) return kInvalidValue;
-  switch (r) {
-    case kSuccess: *s = "no error"; break;
-    case kInvalidValue: *s = "invalid argument"; break;
-    case kOutOfMemory: *s = "out of memory"; break;
-    case kNotInitialized: *s = "initialization error"; break;
-    case kInvalidDevice: *s = "invalid device ordinal"; break;
-    case kNotSupported: *s = "operation not supported"; break;
-    default: *s = "unknown error"; return kInvalidValue;
-  }
-  return kSuccess;
+  const ErrorText* e = errorText(r);
+  *s = e != nullptr ? e->text : "unknown error";
+  return e != nullptr ? kSuccess : kInvalidValue;
 }
 
 CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t size) {
@@ -286,16 +299,9 @@ CUresult cuFlushGPUDirectRDMAWrites(int target, int scope) {
 // What libfabric's CUDA memory support (src/hmem_cuda.c, 2.x) asks of the driver beyond the above.
 CUresult cuGetErrorName(CUresult r, const char** s) {
   if (s == nullptr) return kInvalidValue;
-  switch (r) {
-    case kSuccess: *s = "CUDA_SUCCESS"; break;
-    case kInvalidValue: *s = "CUDA_ERROR_INVALID_VALUE"; break;
-    case kOutOfMemory: *s = "CUDA_ERROR_OUT_OF_MEMORY"; break;
-    case kNotInitialized: *s = "CUDA_ERROR_NOT_INITIALIZED"; break;
-    case kInvalidDevice: *s = "CUDA_ERROR_INVALID_DEVICE"; break;
-    case kNotSupported: *s = "CUDA_ERROR_NOT_SUPPORTED"; break;
-    default: *s = "CUDA_ERROR_UNKNOWN"; return kInvalidValue;
-  }
-  return kSuccess;
+  const ErrorText* e = errorText(r);
+  *s = e != nullptr ? e->name : "CUDA_ERROR_UNKNOWN";
+  return e != nullptr ? kSuccess : kInvalidValue;
 }
 
 // Unlike cuPointerGetAttribute, not an error for memory the driver does not know: every attribute reads as 0.

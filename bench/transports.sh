@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# The transports weft can take on a host without RDMA, on one bench: weft bench's ping-pong latency, one-connection
+# streaming and NCCL's bidirectional step pattern (--quick sizes), over loopback, each configuration once per
+# round, the rounds alternating, medians over rounds and ratios to NCCL's own Socket transport run the same way.
+#
+#   bench/transports.sh [--rounds 5] [--lf2 build/libfabric-2] [--out FILE]
+#
+# Configurations: weft over libfabric 1.17 (tcp;ofi_rxm, shm), over libfabric 2.x (tcp;ofi_rxm, 2.x's own tcp
+# endpoint, shm), weft's TCP backend, NCCL Socket (the shim under build/nccl-builtin). A configuration whose
+# library is missing is left out and said so.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=5 lf2=build/libfabric-2 out=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --rounds) rounds=${2:?}; shift 2 ;;
+    --lf2) lf2=${2:?}; shift 2 ;;
+    --out) out=${2:?}; shift 2 ;;
+    *) echo "transports.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+weft=build/bin/weft so=build/lib/libnccl-net-weft.so socket=build/nccl-builtin/libnccl-net-ncclNetSocket.so
+[ -x "$weft" ] && [ -f "$so" ] || { echo "transports.sh: build weft first (scripts/build.sh)" >&2; exit 3; }
+lf2lib=""
+[ -e "$lf2/lib/libfabric.so.1" ] && lf2lib=$(readlink -f "$lf2/lib")
+# label | LD_LIBRARY_PATH | plugin | --env settings
+configs=(
+  "socket||$socket|NCCL_SOCKET_IFNAME=lo"
+  "weft-tcp||$so|WEFT_BACKEND=tcp WEFT_IFACE=lo"
+  "rxm-1.17||$so|WEFT_PROVIDER=tcp;ofi_rxm WEFT_IFACE=lo"
+  "shm-1.17||$so|WEFT_PROVIDER=shm"
+)
+if [ -n "$lf2lib" ]; then
+  configs+=("rxm-2.x|$lf2lib|$so|WEFT_PROVIDER=tcp;ofi_rxm WEFT_IFACE=lo"
+            "tcp-2.x|$lf2lib|$so|WEFT_PROVIDER=tcp WEFT_IFACE=lo"
+            "shm-2.x|$lf2lib|$so|WEFT_PROVIDER=shm")
+else
+  echo "transports.sh: no libfabric 2.x at $lf2 (scripts/libfabric2.sh): its configurations are left out" >&2
+fi
+[ -f "$socket" ] || echo "transports.sh: no NCCL Socket shim at $socket: ratios are to the first configuration" >&2
+raw=$(mktemp -d /tmp/weft-transports-XXXXXX)
+trap 'rm -rf "$raw"' EXIT
+for r in $(seq 1 "$rounds"); do
+  for c in "${configs[@]}"; do
+    IFS='|' read -r label lp plugin envs <<<"$c"
+    [ -f "$plugin" ] || continue
+    args=()
+    for e in $envs; do args+=(--env "$e"); done
+    LD_LIBRARY_PATH="$lp" timeout 300 "$weft" bench --plugin "$plugin" --quick --rounds 1 --patterns lat,bw,steps \
+      --no-raw "${args[@]}" >"$raw/$label.$r" 2>&1 || echo "transports.sh: $label round $r failed" >&2
+  done
+  echo "round $r of $rounds done" >&2
+done
+python3 - "$raw" "$rounds" <<'EOF' | tee ${out:+"$out"}
+import glob, os, re, statistics, sys
+raw, rounds = sys.argv[1], int(sys.argv[2])
+data = {}  # label -> metric -> [values]
+order = []
+for path in sorted(glob.glob(os.path.join(raw, "*.*"))):
+    label = os.path.basename(path).rsplit(".", 1)[0]
+    if label not in order:
+        order.append(label)
+    section = None
+    for line in open(path, errors="replace"):
+        if line.startswith("ping-pong latency"): section = "lat"
+        elif line.startswith("streaming bandwidth"): section = "bw"
+        elif line.startswith("NCCL step pattern"): section = "steps"
+        m = re.match(r"\s+(\d+ (?:B|KiB|MiB))\s+([\d.]+)", line)
+        if section in ("lat", "bw") and m:
+            data.setdefault(label, {}).setdefault(f"{section} {m.group(1)}", []).append(float(m.group(2)))
+        m = re.match(r"\s+(\d+)\s+([\d.]+)\s*$", line)
+        if section == "steps" and m:
+            data.setdefault(label, {}).setdefault(f"steps {m.group(1)} conns", []).append(float(m.group(2)))
+pref = ["socket", "weft-tcp", "rxm-1.17", "rxm-2.x", "tcp-2.x", "shm-1.17", "shm-2.x"]
+order = [l for l in pref if l in order] + [l for l in order if l not in pref]
+base = order[0]
+metrics = list(data.get(base, {}).keys())
+print(f"weft bench --quick, loopback, {rounds} alternating rounds, medians; latency in us (lower is better), "
+      f"bandwidth in Gb/s; (ratio to {base}: >1 is better for both)")
+print(f"{'metric':18}" + "".join(f"{l:>18}" for l in order))
+for m in metrics:
+    row = f"{m:18}"
+    b = statistics.median(data[base][m])
+    for l in order:
+        v = data.get(l, {}).get(m)
+        if not v:
+            row += f"{'-':>18}"
+            continue
+        med = statistics.median(v)
+        ratio = (b / med) if m.startswith("lat") else (med / b)
+        row += f"{med:>10.2f} ({ratio:4.2f})"
+    print(row)
+EOF
