@@ -152,11 +152,24 @@ std::vector<Candidate> probe(const std::string& provider, std::string* why) {
     return out;
   }
   InfoPtr owner(list);
+  out = candidatesFrom(list, provider, wantHmem);
+  if (out.empty()) *why = "no domain of " + (provider.empty() ? std::string("any provider") : provider);
+  return out;
+}
+
+std::vector<Candidate> candidatesFrom(const fi_info* list, const std::string& provider, bool wantHmem) {
+  std::vector<Candidate> out;
   std::map<std::string, const fi_info*> best;  // domain name -> best info
   std::vector<std::string> order;
   for (const fi_info* i = list; i != nullptr; i = i->next) {
-    if (i->domain_attr == nullptr || i->domain_attr->name == nullptr || i->fabric_attr == nullptr) continue;
+    if (i->domain_attr == nullptr || i->domain_attr->name == nullptr || i->fabric_attr == nullptr ||
+        i->fabric_attr->prov_name == nullptr) {
+      continue;
+    }
     if (!provider.empty() && provider != i->fabric_attr->prov_name) continue;
+    // What the hints asked for, checked again: a reliable-datagram endpoint with tagged messages. (libfabric 2.x's
+    // efa offers each device also as fabric efa-direct, without tagged messages: never taken.)
+    if (i->ep_attr == nullptr || i->ep_attr->type != FI_EP_RDM || (i->caps & FI_TAGGED) == 0) continue;
     std::string key = std::string(i->fabric_attr->prov_name) + "/" + i->domain_attr->name;
     auto it = best.find(key);
     if (it == best.end()) {
@@ -205,7 +218,6 @@ std::vector<Candidate> probe(const std::string& provider, std::string* why) {
     }
     out.push_back(std::move(c));
   }
-  if (out.empty()) *why = "no domain of " + (provider.empty() ? std::string("any provider") : provider);
   return out;
 }
 

@@ -27,6 +27,10 @@ const std::vector<std::string>& defaultProviders();
 // fi_getinfo for reliable, tagged endpoints of `provider` (empty: every provider), one entry per domain, IPv4
 // preferred over IPv6. Never throws; on failure returns nothing and says why.
 std::vector<Candidate> probe(const std::string& provider, std::string* why);
+// The candidates in a list fi_getinfo returned (or one recorded from a host): reliable-datagram tagged endpoints of
+// `provider`, one per domain, IPv4 before IPv6, link-local-only domains left out; GPU memory advertised where
+// `wantHmem`, the provider offers FI_HMEM and RMA reads, and a CUDA driver is present.
+std::vector<Candidate> candidatesFrom(const fi_info* list, const std::string& provider, bool wantHmem);
 
 // WEFT_IFACE filtering: comma-separated prefixes, '^' excludes, '=' exact. Empty spec: everything except
 // loopback/container bridges, unless that leaves nothing.
