@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The exported ncclProfiler_v1 ... _v6 tables: each converts its version's descriptor and state arguments into
+// The exported ncclProfiler_v1 ... _v7 tables: each converts its version's descriptor and state arguments into
 // the version-independent form of src/telemetry/profiler_core.h. Linked into libnccl-net-weft.so (NCCL 2.28.3+
 // finds the profiler there by itself) and into libnccl-profiler-weft.so (NCCL_PROFILER_PLUGIN, for 2.23-2.27).
 // Only init's result matters to NCCL; every other entry returns ncclSuccess whatever it is given.
@@ -164,6 +164,20 @@ EventDesc convertV5(const D* d) {
 }
 EventDesc convert(const ncclProfilerEventDescr_v5_t* d) { return convertV5(d); }
 EventDesc convert(const ncclProfilerEventDescr_v6_t* d) { return convertV5(d); }
+// v7 (2.32): the user's tag on every Coll/P2p, and kernel barrier phases (children of a KernelCh).
+EventDesc convert(const ncclProfilerEventDescr_v7_t* d) {
+  EventDesc e = convertV5(d);
+  if (e.type == EvType::kColl) {
+    e.userTag = d->coll.userTag;
+  } else if (e.type == EvType::kP2p) {
+    e.userTag = d->p2p.userTag;
+  } else if (e.type == EvType::kKernelPhase) {
+    e.channelId = d->kernelPhase.channelId;
+    e.phaseId = d->kernelPhase.phaseId;
+    e.pTimer = d->kernelPhase.pTimer;
+  }
+  return e;
+}
 
 template <typename D>
 ncclResult_t start(void* context, void** eHandle, D* eDescr) {
@@ -197,7 +211,8 @@ ncclResult_t recordV4(void* eHandle, ncclProfilerEventState_t state, ncclProfile
   bool step = (state >= ncclProfilerProxyStepSendGPUWait && state <= ncclProfilerProxyStepRecvGPUWait) ||
               state == ncclProfilerProxyStepSendPeerWait_v4;
   if (step) recordState(eHandle, state, args->proxyStep.transSize, true);
-  else if (state == ncclProfilerKernelChStop) recordState(eHandle, state, args->kernelCh.pTimer, true);
+  else if (state == ncclProfilerKernelChStop || state == ncclProfilerKernelPhaseStop)
+    recordState(eHandle, state, args->kernelCh.pTimer, true);  // v7's phase stop reuses the kernelCh arm
   else recordState(eHandle, state, 0, false);
   return ncclSuccess;
 }
@@ -253,3 +268,5 @@ WEFT_PROFILER_EXPORT const ncclProfiler_v5_t ncclProfiler_v5 = {
     "weft", initV5<5>, start<ncclProfilerEventDescr_v5_t>, stop, recordV4, finalize};
 WEFT_PROFILER_EXPORT const ncclProfiler_v6_t ncclProfiler_v6 = {
     "weft", initV5<6>, start<ncclProfilerEventDescr_v6_t>, stop, recordV4, finalize};
+WEFT_PROFILER_EXPORT const ncclProfiler_v7_t ncclProfiler_v7 = {
+    "weft", initV5<7>, start<ncclProfilerEventDescr_v7_t>, stop, recordV4, finalize};

@@ -378,5 +378,7 @@ WEFT_TUNER_EXPORT ncclTuner_v5_t ncclTunerPlugin_v5 = {
     "weft", initV5<ncclNvlDomainInfo_v5_t, ncclTunerConstants_v5_t>, collInfoV4, finalizeContext};
 WEFT_TUNER_EXPORT ncclTuner_v6_t ncclTunerPlugin_v6 = {
     "weft", initV5<ncclNvlDomainInfo_v6_t, ncclTunerConstants_v6_t>, collInfoV4, finalizeContext, chunkSizeV6};
+WEFT_TUNER_EXPORT ncclTuner_v7_t ncclTunerPlugin_v7 = {
+    "weft", initV5<ncclNvlDomainInfo_v7_t, ncclTunerConstants_v7_t>, collInfoV4, finalizeContext, chunkSizeV6};
 
 }  // extern "C"

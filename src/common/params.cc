@@ -157,6 +157,14 @@ const std::vector<Def> kDefs = {
    "Prometheus text file (node-exporter textfile collector) rewritten with the timing aggregates; empty: none."},
   {"WEFT_PROM_INTERVAL", Kind::kInt, "30", 1, 86400, nullptr,
    "Seconds between rewrites of WEFT_PROM_FILE (also written at communicator finalize and at exit)."},
+  {"WEFT_PROM_TAGS", Kind::kInt, "8", 0, 256, nullptr,
+   "User tags (NCCL 2.32+) that get their own label in WEFT_PROM_FILE's weft_tag_* series, per communicator: the "
+   "ones that took the most time so far; the others are summed under tag=\"other\"."},
+  {"WEFT_TAG_NAMES", Kind::kString, "", 0, 0, nullptr,
+   "Names for user tags (NCCL 2.32+: userProfilerTag of the ncclCollConfig_t given to ncclAllReduceConfig and the "
+   "other *Config calls), NUMBER=NAME comma-separated (1=forward,2=backward,"
+   "0x10=optimizer): the records' tag_name and the Prometheus tag label. Unnamed tags are shown as numbers; entries "
+   "that do not parse are named in a warning and ignored."},
   {"WEFT_TUNER", Kind::kBool, "1", 0, 0, nullptr,
    "The tuner (NCCL 2.21+ finds it in this library when NCCL_TUNER_PLUGIN is unset): 0 = a pass-through that "
    "leaves every NCCL choice as it is."},

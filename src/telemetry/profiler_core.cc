@@ -118,6 +118,8 @@ struct alignas(64) OpSlot {
   std::atomic<uint64_t> lastChildNs{0};
   std::atomic<uint64_t> lastActivityNs{0};
   std::atomic<uint64_t> seq{0};  // Context::opSeq at its start
+  std::atomic<uint64_t> maxPhaseNs[kNumKernelPhases] = {};  // v7 kernel phases: the longest channel's
+  std::atomic<uint32_t> channelsPhased{0};
 };
 
 struct alignas(64) SmallSlot {
@@ -126,7 +128,8 @@ struct alignas(64) SmallSlot {
   uint8_t isSend = 0;
   std::atomic<Context*> ctx{nullptr};  // read by finalize's sweep of other threads' slots
   OpSlot* op = nullptr;       // KernelCh, ProxyOp: the operation they belong to (null when not ours)
-  SmallSlot* up = nullptr;    // ProxyStep -> its ProxyOp, NetPlugin -> its ProxyStep
+  SmallSlot* up = nullptr;    // ProxyStep -> its ProxyOp, NetPlugin -> its ProxyStep, KernelPhase -> its KernelCh
+  uint8_t phase = 0;          // KernelPhase: NCCL's phase id; KernelCh: 1 once a phase of it was timed
   PeerStats* peer = nullptr;  // ProxyOp, ProxyStep, NetPlugin
   uint64_t startNs = 0;
   uint64_t startPTimer = 0;
@@ -248,6 +251,7 @@ SmallSlot* allocSmall(Pools* pools, Context* c, EvType t, uint64_t now) noexcept
   s.startPTimer = 0;
   s.stopPTimer = 0;
   s.bytes = 0;
+  s.phase = 0;
   s.state.store(kActive, std::memory_order_release);
   return &s;
 }
@@ -299,6 +303,7 @@ void* startOp(Pools* pools, Context* c, const EventDesc& d, uint64_t now) noexce
   r.nRanks = c->nRanks;
   r.nNodes = c->nNodes;
   r.startNs = now;
+  r.userTag = d.userTag;
   r.flags = static_cast<uint8_t>((d.type == EvType::kP2p ? kRecP2p : 0) |
                                  (d.parent == kSentinelApiCaptured ? kRecGraphCaptured : 0));
   s.ctx.store(c, std::memory_order_relaxed);
@@ -313,6 +318,8 @@ void* startOp(Pools* pools, Context* c, const EventDesc& d, uint64_t now) noexce
   s.firstChildNs.store(UINT64_MAX, std::memory_order_relaxed);
   s.lastChildNs.store(0, std::memory_order_relaxed);
   s.lastActivityNs.store(now, std::memory_order_relaxed);
+  for (auto& p : s.maxPhaseNs) p.store(0, std::memory_order_relaxed);
+  s.channelsPhased.store(0, std::memory_order_relaxed);
   s.seq.store(c->opSeq.fetch_add(1, std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   c->started.fetch_add(1, std::memory_order_relaxed);
   s.state.store(kActive, std::memory_order_release);
@@ -374,6 +381,8 @@ bool tryFinish(Pools* pools, OpSlot& s, bool force, uint64_t now, CollRecord* ou
     r.execNs = r.enqueuedNs > r.startNs ? r.enqueuedNs - r.startNs : 0;
     r.timing = TimingSource::kCollectiveCpu;
   }
+  r.channelsPhased = static_cast<uint8_t>(std::min<uint32_t>(255, s.channelsPhased.load(std::memory_order_relaxed)));
+  for (int p = 0; p < kNumKernelPhases; ++p) r.phaseNs[p] = s.maxPhaseNs[p].load(std::memory_order_relaxed);
   if (partial) r.flags |= kRecPartial;
   *owner = s.ctx.load(std::memory_order_relaxed);
   s.state.store(kFree, std::memory_order_release);
@@ -512,6 +521,7 @@ int maskFor(Level l, int version) noexcept {
   if (version >= 3) m |= ncclProfileKernelCh;
   if (l >= Level::kProxy) m |= ncclProfileProxyOp | ncclProfileProxyStep;
   if (l >= Level::kNet && version >= 3) m |= ncclProfileNetPlugin;
+  if (version >= 7) m |= ncclProfileKernelPhase;  // NCCL sends them for kernels that time their barriers
   return m;
 }
 
@@ -532,6 +542,7 @@ EvType evTypeFromBit(uint64_t t) noexcept {
     case ncclProfileCeColl: return EvType::kCeColl;
     case ncclProfileCeSync: return EvType::kCeSync;
     case ncclProfileCeBatch: return EvType::kCeBatch;
+    case ncclProfileKernelPhase: return EvType::kKernelPhase;
     default: return EvType::kUnknown;
   }
 }
@@ -607,7 +618,7 @@ void* startEvent(void* context, const EventDesc& d) noexcept {
   }
   Pools* pools = gPools.load(std::memory_order_acquire);
   bool timed = d.type == EvType::kColl || d.type == EvType::kP2p || d.type == EvType::kKernelCh ||
-               d.type == EvType::kProxyOp || d.type == EvType::kProxyStep || d.type == EvType::kNetPlugin;
+               d.type == EvType::kKernelPhase || d.type == EvType::kProxyOp || d.type == EvType::kProxyStep || d.type == EvType::kNetPlugin;
   uint64_t now = timed ? wallNs() : 0;
   switch (d.type) {
     case EvType::kColl:
@@ -620,6 +631,18 @@ void* startEvent(void* context, const EventDesc& d) noexcept {
       SmallSlot* s = allocSmall(pools, c, EvType::kKernelCh, now);
       if (s == nullptr) return nullptr;
       s->op = attach(pools, c, d.parent);
+      s->startPTimer = d.pTimer;
+      return s;
+    }
+    case EvType::kKernelPhase: {
+      // A channel's barrier phase, reported just before its KernelCh stops (parent: that KernelCh event).
+      SmallSlot* s = allocSmall(pools, c, EvType::kKernelPhase, now);
+      if (s == nullptr) return nullptr;
+      SmallSlot* up = asSmall(pools, d.parent);
+      if (up != nullptr && up->type == EvType::kKernelCh && up->ctx.load(std::memory_order_relaxed) == c &&
+          up->state.load(std::memory_order_acquire) == kActive)
+        s->up = up;
+      s->phase = d.phaseId;
       s->startPTimer = d.pTimer;
       return s;
     }
@@ -716,11 +739,22 @@ void stopEvent(void* handle) noexcept {
         }
         atomicMax(op->maxKernelCpuNs, dur);
         atomicMax(op->lastChildNs, now);
+        if (s->phase != 0) op->channelsPhased.fetch_add(1, std::memory_order_relaxed);
         op->kernelsDone.fetch_add(1, std::memory_order_relaxed);
         detach(op, now);
         finishIfComplete(pools, op, now);
       }
       break;
+    case EvType::kKernelPhase: {
+      // Counted only while its channel is still running (NCCL stops the phases first) and only with both timers.
+      SmallSlot* ch = s->up;
+      if (ch != nullptr && ch->state.load(std::memory_order_acquire) == kActive && ch->type == EvType::kKernelCh &&
+          ch->op != nullptr && s->phase < kNumKernelPhases && s->startPTimer != 0 && s->stopPTimer >= s->startPTimer) {
+        atomicMax(ch->op->maxPhaseNs[s->phase], s->stopPTimer - s->startPTimer);
+        ch->phase = 1;
+      }
+      break;
+    }
     case EvType::kProxyOp:
       if (PeerStats* p = s->peer) {  // v1-v3 report bytes on the op (transSize)
         if (s->bytes != 0) (s->isSend ? p->sendBytes : p->recvBytes).fetch_add(s->bytes, std::memory_order_relaxed);
@@ -767,6 +801,9 @@ void recordState(void* handle, int state, uint64_t arg, bool hasArg) noexcept {
   switch (s->type) {
     case EvType::kKernelCh:
       if (state == ncclProfilerKernelChStop) s->stopPTimer = arg;
+      break;
+    case EvType::kKernelPhase:
+      if (state == ncclProfilerKernelPhaseStop) s->stopPTimer = arg;
       break;
     case EvType::kProxyOp:
     case EvType::kProxyStep:

@@ -29,7 +29,7 @@ int maskFor(Level l, int version) noexcept;
 
 enum class EvType : uint8_t {
   kGroup, kColl, kP2p, kProxyOp, kProxyStep, kProxyCtrl, kKernelCh, kNetPlugin,
-  kGroupApi, kCollApi, kP2pApi, kKernelLaunch, kCeColl, kCeSync, kCeBatch, kUnknown
+  kGroupApi, kCollApi, kP2pApi, kKernelLaunch, kCeColl, kCeSync, kCeBatch, kKernelPhase, kUnknown
 };
 EvType evTypeFromBit(uint64_t type) noexcept;
 
@@ -66,10 +66,14 @@ struct EventDesc {
   void* netData = nullptr;
   // CollApi / P2pApi / GroupApi
   bool graphCaptured = false;
+  // Coll / P2p (v7): the user's tag of the call, 0 when untagged
+  uint64_t userTag = 0;
+  // KernelPhase (v7): channelId and pTimer (start) above, and which phase
+  uint8_t phaseId = 0;
 };
 
 struct InitArgs {
-  int version = 0;        // the table NCCL called: 1..6
+  int version = 0;        // the table NCCL called: 1..7
   bool hasComm = false;   // v4+: the communicator's identity comes with init
   uint64_t commHash = 0;  // v4 commHash, v5+ commId
   const char* commName = nullptr;

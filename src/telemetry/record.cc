@@ -88,6 +88,11 @@ const char* timingSourceName(TimingSource s) noexcept {
   return "unknown";
 }
 
+const char* kernelPhaseName(int phase) noexcept {
+  static const char* const kNames[kNumKernelPhases] = {"initial_sync", "compute", "final_sync"};
+  return phase >= 0 && phase < kNumKernelPhases ? kNames[phase] : "unknown";
+}
+
 namespace {
 bool perRankCount(Func f) noexcept {
   return f == Func::kAllGather || f == Func::kAllGatherV || f == Func::kReduceScatter || f == Func::kAllToAll ||

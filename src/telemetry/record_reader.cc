@@ -78,6 +78,14 @@ LineKind parseRecordLine(const std::string& line, OpRecord* op, std::string* com
     r.endNs = j.value("end_ns", uint64_t{0});
     r.execNs = j.at("exec_ns").get<uint64_t>();
     r.partial = j.value("partial", false);
+    r.tag = j.value("tag", uint64_t{0});
+    r.tagName = j.value("tag_name", "");
+    r.channelsPhased = j.value("channels_phased", 0);
+    if (r.channelsPhased > 0) {
+      const auto& ph = j.at("phases_ns");
+      if (!ph.is_array() || ph.size() != 3) throw std::runtime_error("phases_ns is not an array of 3");
+      for (int i = 0; i < 3; ++i) r.phaseNs[i] = ph.at(i).get<uint64_t>();
+    }
     *op = std::move(r);
     return LineKind::kOp;
   } catch (const std::exception& e) {

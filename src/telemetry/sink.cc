@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <set>
 
@@ -125,6 +126,10 @@ void Sink::startLocked() {
   host_ = hostName();
   promPath_ = params::getString("WEFT_PROM_FILE");
   promIntervalS_ = static_cast<int>(params::getInt("WEFT_PROM_INTERVAL"));
+  promTags_ = static_cast<size_t>(params::getInt("WEFT_PROM_TAGS"));
+  std::string bad;
+  tagNames_ = parseTagNames(params::getString("WEFT_TAG_NAMES"), &bad);
+  if (!bad.empty()) WEFT_WARN("timing: WEFT_TAG_NAMES: ignored {} (expected NUMBER=NAME, comma-separated)", bad);
   ownerPid_ = getpid();
   static ExitFlush exitFlush;  // destroyed at exit, after everything constructed before it
   (void)exitFlush;
@@ -208,7 +213,50 @@ void Sink::onInit(Context* c) {
             m.nRanks, m.version, levelName(m.level));
 }
 
+std::map<uint64_t, std::string> parseTagNames(const std::string& spec, std::string* bad) {
+  std::map<uint64_t, std::string> out;
+  size_t pos = 0;
+  while (pos <= spec.size()) {
+    size_t comma = spec.find(',', pos);
+    std::string item = spec.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    pos = comma == std::string::npos ? spec.size() + 1 : comma + 1;
+    if (item.empty()) continue;
+    size_t eq = item.find('=');
+    uint64_t tag = 0;
+    bool ok = eq != std::string::npos && eq > 0 && eq + 1 < item.size();
+    if (ok) {
+      const std::string num = item.substr(0, eq);
+      char* end = nullptr;
+      errno = 0;
+      tag = std::strtoull(num.c_str(), &end, 0);
+      ok = errno == 0 && end != nullptr && *end == 0 && num[0] != '-' && tag != 0;
+    }
+    if (!ok) {
+      if (!bad->empty()) *bad += ",";
+      *bad += "'" + item + "'";
+      continue;
+    }
+    out[tag] = item.substr(eq + 1);
+  }
+  return out;
+}
+
+std::string Sink::tagLabel(uint64_t tag) const {
+  if (tag == kOtherTag) return "other";
+  auto it = tagNames_.find(tag);
+  return it != tagNames_.end() ? it->second : std::to_string(tag);
+}
+
 void Sink::takeRecordLocked(const CollRecord& r, Context* c) {
+  auto tagNameField = [&](uint64_t tag) -> std::string {
+    auto it = tag != 0 ? tagNames_.find(tag) : tagNames_.end();
+    return it == tagNames_.end() ? std::string() : fmt::format(R"(,"tag_name":"{}")", jsonEscape(it->second));
+  };
+  auto phasesField = [](const CollRecord& x) -> std::string {
+    if (x.channelsPhased == 0) return std::string();
+    return fmt::format(R"(,"phases_ns":[{},{},{}],"channels_phased":{})", x.phaseNs[0], x.phaseNs[1], x.phaseNs[2],
+                       x.channelsPhased);
+  };
   auto it = comms_.find(c);
   if (it == comms_.end()) return;
   Comm& m = it->second;
@@ -220,12 +268,24 @@ void Sink::takeRecordLocked(const CollRecord& r, Context* c) {
   double bus = busBwGBs(r.func, r.bytes, r.nRanks, r.execNs);
   bool p2p = (r.flags & kRecP2p) != 0;
   writeLineLocked(fmt::format(
-      R"({{"v":{},"type":"{}","host":"{}","pid":{},"comm":"{}","rank":{},"nranks":{},"nnodes":{},"seq":{},"func":"{}","dtype":"{}","count":{},"bytes":{},"root":{},"peer":{},"algo":"{}","proto":"{}","channels":{},"warps":{},"start_ns":{},"enqueued_ns":{},"end_ns":{},"gpu_ns":{},"exec_ns":{},"timing":"{}","channels_timed":{},"algbw_gbs":{:.4f},"busbw_gbs":{:.4f},"graph":{},"partial":{}}})",
+      R"({{"v":{},"type":"{}","host":"{}","pid":{},"comm":"{}","rank":{},"nranks":{},"nnodes":{},"seq":{},"func":"{}","dtype":"{}","count":{},"bytes":{},"root":{},"peer":{},"algo":"{}","proto":"{}","channels":{},"warps":{},"start_ns":{},"enqueued_ns":{},"end_ns":{},"gpu_ns":{},"exec_ns":{},"timing":"{}","channels_timed":{},"algbw_gbs":{:.4f},"busbw_gbs":{:.4f},"graph":{},"partial":{},"tag":{}{}{}}})",
       kRecordSchema, p2p ? "p2p" : "coll", jsonEscape(host_), getpid(), hex(r.commHash), r.rank, r.nRanks, r.nNodes, r.seq,
       funcName(r.func), typeName(r.dtype), r.count, r.bytes, r.root, r.peer, p2p ? "" : algoName(r.algo),
       p2p ? "" : protoName(r.proto), r.nChannels, r.nWarps, r.startNs, r.enqueuedNs, r.endNs, r.gpuNs, r.execNs,
       timingSourceName(r.timing), r.channelsTimed, alg, bus, (r.flags & kRecGraphCaptured) ? "true" : "false",
-      (r.flags & kRecPartial) ? "true" : "false"));
+      (r.flags & kRecPartial) ? "true" : "false", r.userTag, tagNameField(r.userTag), phasesField(r)));
+  if (r.userTag != 0) {
+    uint64_t key = r.userTag;
+    if (m.tags.find(key) == m.tags.end() && m.tags.size() >= kMaxTagsTracked) key = kOtherTag;
+    TagAgg& t = m.tags[key];
+    ++t.count;
+    t.bytes += r.bytes;
+    t.execNs += r.execNs;
+    if (r.channelsPhased > 0) {
+      ++t.phased;
+      t.syncNs += syncWaitNs(r);
+    }
+  }
   Agg& a = m.aggs[AggKey{static_cast<int>(r.func), p2p ? 1 : 0, octaveBucket(r.bytes), p2p ? 255 : r.algo,
                          p2p ? 255 : r.proto}];
   ++a.count;
@@ -399,6 +459,54 @@ void Sink::connRecord(ConnStats* c, bool final) {
 
 // ---- Prometheus textfile ------------------------------------------------------------------------------------
 
+std::string Sink::TagLines::text() const {
+  if (!any) return std::string();
+  return "# HELP weft_tag_operations_total Operations completed per user tag (NCCL 2.32+: the tag of the call); the "
+         "WEFT_PROM_TAGS tags that took the most time, the rest as tag=\"other\".\n"
+         "# TYPE weft_tag_operations_total counter\n" + ops +
+         "# HELP weft_tag_bytes_total Message bytes of those operations.\n# TYPE weft_tag_bytes_total counter\n" +
+         bytes +
+         "# HELP weft_tag_exec_seconds_total Execution time of those operations (GPU time where NCCL gives it).\n"
+         "# TYPE weft_tag_exec_seconds_total counter\n" + exec +
+         "# HELP weft_tag_sync_wait_seconds_total Time their kernels spent in the sync phases, waiting for the other "
+         "ranks (operations whose kernels report phases).\n# TYPE weft_tag_sync_wait_seconds_total counter\n" + sync;
+}
+
+// The tags of one communicator: the promTags_ that took the most execution time so far get a label each, the rest
+// one "other" line (so a job with thousands of tags still writes promTags_ + 1 series per communicator).
+void Sink::tagLinesLocked(const Comm& m, const std::string& base, TagLines* out) const {
+  if (m.tags.empty()) return;
+  std::vector<std::pair<uint64_t, uint64_t>> byTime;  // (execNs, tag)
+  for (const auto& [tag, t] : m.tags)
+    if (tag != kOtherTag) byTime.emplace_back(t.execNs, tag);
+  std::sort(byTime.begin(), byTime.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  });
+  TagAgg other;
+  bool anyOther = false;
+  auto fold = [&](const TagAgg& t) {
+    other.count += t.count, other.bytes += t.bytes, other.execNs += t.execNs, other.syncNs += t.syncNs;
+    other.phased += t.phased;
+    anyOther = true;
+  };
+  auto emit = [&](const std::string& label, const TagAgg& t) {
+    std::string l = fmt::format("{},tag=\"{}\"", base, promEscape(label));
+    out->ops += fmt::format("weft_tag_operations_total{{{}}} {}\n", l, t.count);
+    out->bytes += fmt::format("weft_tag_bytes_total{{{}}} {}\n", l, t.bytes);
+    out->exec += fmt::format("weft_tag_exec_seconds_total{{{}}} {:.9f}\n", l, static_cast<double>(t.execNs) / 1e9);
+    if (t.phased > 0)
+      out->sync += fmt::format("weft_tag_sync_wait_seconds_total{{{}}} {:.9f}\n", l, static_cast<double>(t.syncNs) / 1e9);
+  };
+  for (size_t i = 0; i < byTime.size(); ++i) {
+    const TagAgg& t = m.tags.at(byTime[i].second);
+    if (i < promTags_) emit(tagLabel(byTime[i].second), t);
+    else fold(t);
+  }
+  if (auto it = m.tags.find(kOtherTag); it != m.tags.end()) fold(it->second);
+  if (anyOther) emit("other", other);
+  out->any = true;
+}
+
 void Sink::writePromLocked() {
   if (promPath_.empty()) return;
   lastPromNs_ = wallNs();
@@ -411,6 +519,7 @@ void Sink::writePromLocked() {
   std::string bw = "# HELP weft_collective_busbw_gbs Median bus bandwidth (nccl-tests definition), GB/s.\n# TYPE weft_collective_busbw_gbs gauge\n";
   std::string peers = "# HELP weft_peer_bytes_total Bytes moved by NCCL's proxy to and from each peer rank.\n# TYPE weft_peer_bytes_total counter\n";
   std::string peerLat = "# HELP weft_peer_step_latency_seconds Proxy step time quantiles per peer rank.\n# TYPE weft_peer_step_latency_seconds gauge\n";
+  TagLines tagOut;
   std::string dropped = "# HELP weft_timing_not_recorded_total Operations not recorded (event pools full).\n# TYPE weft_timing_not_recorded_total counter\n";
   for (const auto& [ctx, m] : comms_) {
     std::string base = fmt::format("comm=\"{}\",comm_name=\"{}\",rank=\"{}\",nranks=\"{}\",nnodes=\"{}\"",
@@ -442,6 +551,7 @@ void Sink::writePromLocked() {
       }
     }
     dropped += fmt::format("weft_timing_not_recorded_total{{{}}} {}\n", base, ctx->dropped.load());
+    tagLinesLocked(m, base, &tagOut);
   }
   std::string conns = "# HELP weft_conn_bytes_total Bytes through each weft connection.\n# TYPE weft_conn_bytes_total counter\n";
   std::string connLat = "# HELP weft_conn_latency_seconds Post-to-completion time quantiles per weft connection.\n# TYPE weft_conn_latency_seconds gauge\n";
@@ -510,7 +620,7 @@ void Sink::writePromLocked() {
                          {"null_context", an.nullContexts}, {"foreign_parent", an.foreignParents},
                          {"unknown_type", an.unknownTypes}, {"ring_full", an.ringFull}})
     bad += fmt::format("weft_timing_anomalies_total{{kind=\"{}\"}} {}\n", kind, n);
-  out += bytes + secs + q + bw + peers + peerLat + dropped + conns + connLat + bad;
+  out += bytes + secs + q + bw + peers + peerLat + dropped + tagOut.text() + conns + connLat + bad;
   std::string tmp = promPath_ + ".tmp";
   FILE* f = std::fopen(tmp.c_str(), "w");
   if (f == nullptr) {

@@ -63,6 +63,13 @@ class Sink {
   };
   // (func, p2p, size bucket, algo, proto)
   using AggKey = std::tuple<int, int, int, int, int>;
+  // Per user tag (v7): what the tag's operations took. syncNs: time in the kernels' sync phases (waiting for the
+  // other ranks) where NCCL reported phases; phased: how many operations did.
+  struct TagAgg {
+    uint64_t count = 0, bytes = 0, execNs = 0, syncNs = 0, phased = 0;
+  };
+  static constexpr size_t kMaxTagsTracked = 1024;  // per communicator; later tags are counted as "other"
+  static constexpr uint64_t kOtherTag = UINT64_MAX;  // the tags beyond kMaxTagsTracked
   struct Comm {
     uint64_t commHash = 0;
     std::string name;
@@ -70,7 +77,10 @@ class Sink {
     Level level = Level::kOff;
     uint64_t records = 0, partial = 0;
     std::map<AggKey, Agg> aggs;
+    std::map<uint64_t, TagAgg> tags;  // tagged operations only (tag 0 is untagged)
   };
+  // The Prometheus label of a tag: its WEFT_TAG_NAMES name, else the number.
+  std::string tagLabel(uint64_t tag) const;
 
   void connRecord(ConnStats* s, bool final);
 
@@ -85,6 +95,12 @@ class Sink {
   void writePromLocked();
   void summaryLocked(const Comm& m, Context* c);
   void peerLinesLocked(const Comm& m, Context* c);
+  struct TagLines {
+    std::string ops, bytes, exec, sync;
+    bool any = false;
+    std::string text() const;
+  };
+  void tagLinesLocked(const Comm& m, const std::string& base, TagLines* out) const;
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -104,6 +120,8 @@ class Sink {
   bool jsonlTried_ = false;
   std::string promPath_;
   int promIntervalS_ = 30;
+  size_t promTags_ = 8;                      // WEFT_PROM_TAGS
+  std::map<uint64_t, std::string> tagNames_;  // WEFT_TAG_NAMES
   uint64_t lastPromNs_ = 0;
   std::string host_;
   uint32_t nextConnId_ = 1;
@@ -111,5 +129,9 @@ class Sink {
 
 // JSON string escaping (names come from users).
 std::string jsonEscape(const std::string& s);
+
+// WEFT_TAG_NAMES ("1=forward,2=backward,0x10=optimizer"): tag numbers to names. Entries that do not parse are
+// named in *bad (comma-separated) and left out; the rest are kept.
+std::map<uint64_t, std::string> parseTagNames(const std::string& spec, std::string* bad);
 
 }  // namespace weft::telemetry

@@ -107,7 +107,7 @@ Op allReduce1M(uint64_t seq) {
 
 TEST_CASE("every table version: records carry every field, GPU time and nccl-tests bandwidths", "[replay]") {
   if (level() == "0") return;  // covered by the off-switch test
-  for (int v = 1; v <= 6; ++v) {
+  for (int v = 1; v <= 7; ++v) {
     DYNAMIC_SECTION("v" << v) {
       auto p = load(v);
       REQUIRE(p->version() == v);
@@ -120,6 +120,7 @@ TEST_CASE("every table version: records carry every field, GPU time and nccl-tes
       CHECK(((c.mask & ncclProfileKernelCh) != 0) == (v >= 3));
       CHECK(((c.mask & ncclProfileProxyOp) != 0) == (level() == "proxy" || level() == "net"));
       CHECK(((c.mask & ncclProfileNetPlugin) != 0) == (level() == "net" && v >= 3));
+      CHECK(((c.mask & ncclProfileKernelPhase) != 0) == (v >= 7));
 
       std::vector<Op> ops;
       ops.push_back(allReduce1M(0));
@@ -402,7 +403,7 @@ TEST_CASE("several communicators on several threads at once: nothing lost, nothi
 
 TEST_CASE("hostile input: unknown types, NULL and garbage pointers, stop without start, double stop", "[replay]") {
   if (level() == "0") return;
-  for (int v : {1, 4, 5, 6}) {
+  for (int v : {1, 4, 5, 6, 7}) {
     DYNAMIC_SECTION("v" << v) {
       auto p = load(v);
       Comm c;
@@ -490,7 +491,7 @@ TEST_CASE("the tables inside libnccl-net-weft.so are the same profiler (NCCL 2.2
 
 TEST_CASE("WEFT_TIMING=0 turns timing off: mask 0, no context, no records", "[replay]") {
   if (level() != "0") return;
-  for (int v = 1; v <= 6; ++v) {
+  for (int v = 1; v <= 7; ++v) {
     auto p = load(v);
     Comm c;
     c.commHash = 0x0ff000 + v;
@@ -535,6 +536,171 @@ TEST_CASE("the Prometheus textfile holds the aggregates", "[replay]") {
   CHECK(text.find("weft_timing_anomalies_total{kind=\"double_stop\"} ") != std::string::npos);
 }
 
+// NCCL 2.32 (v7): the user's tag of each call reaches its record, and the kernel barrier phases of each channel
+// (children of the channel's KernelCh, fired just before it stops) become the longest channel's time per phase.
+TEST_CASE("v7: user tags and kernel phases in every record", "[replay][v7]") {
+  if (level() == "0") return;
+  auto p = load(7);
+  REQUIRE(p->version() == 7);
+  Comm c = comm4x2(0x7a6000, "tags", 2);
+  REQUIRE(p->init(c) == 0);
+  REQUIRE((c.mask & ncclProfileKernelPhase) != 0);
+  std::vector<Op> ops;
+  Op a = allReduce1M(0);  // channels 10000..61100 and 1100..51000: phases per channel
+  a.userTag = 1;
+  a.phases = {{1000, 21000, 41000, 51000}, {1100, 6100, 56100, 61100}};
+  ops.push_back(a);
+  Op b = allReduce1M(1);  // tagged, phases with a missing boundary and a zero-length one: those are not sent
+  b.userTag = 0x7000000000000001ull;  // tags are 64-bit
+  b.phases = {{1000, 1000, 41000, 51000}, {0, 6100, 56100, 0}};
+  ops.push_back(b);
+  Op u = allReduce1M(2);  // untagged, no phases (a kernel that does not time its barriers)
+  ops.push_back(u);
+  Op send;
+  send.p2p = true;
+  send.func = "Send";
+  send.dtype = "ncclInt8";
+  send.count = 4096;
+  send.peer = 3;
+  send.nChannels = 1;
+  send.pStart = {10};
+  send.pStop = {1010};
+  send.userTag = 3;
+  send.phases = {{10, 110, 910, 1010}};
+  ops.push_back(send);
+  p->run(c, ops);
+  REQUIRE(p->finalize(c) == 0);
+  std::map<uint64_t, json> bySeq;
+  for (auto& j : linesOf(c.commHash, "coll")) bySeq[j["seq"].get<uint64_t>()] = j;
+  REQUIRE(bySeq.size() == 3);
+  {
+    json j = bySeq[0];
+    INFO(j.dump());
+    CHECK(j["tag"] == 1);
+    CHECK(j["channels_phased"] == 2);
+    // initial sync: max(20000, 5000); compute: max(20000, 50000); final sync: max(10000, 5000)
+    CHECK(j["phases_ns"] == json::array({20000, 50000, 10000}));
+    CHECK(j["gpu_ns"] == 60000);  // the channels' own times are unchanged by their phases
+  }
+  {
+    json j = bySeq[1];
+    INFO(j.dump());
+    CHECK(j["tag"].get<uint64_t>() == 0x7000000000000001ull);
+    // channel 0: initial sync has no length (not sent); channel 1: only compute has both boundaries
+    CHECK(j["channels_phased"] == 2);
+    CHECK(j["phases_ns"] == json::array({0, 50000, 10000}));
+  }
+  {
+    json j = bySeq[2];
+    INFO(j.dump());
+    CHECK(j["tag"] == 0);
+    CHECK(j.contains("phases_ns") == false);
+    CHECK(j.contains("channels_phased") == false);
+    CHECK(j.contains("tag_name") == false);
+  }
+  auto p2ps = linesOf(c.commHash, "p2p");
+  REQUIRE(p2ps.size() == 1);
+  CHECK(p2ps[0]["tag"] == 3);
+  CHECK(p2ps[0]["phases_ns"] == json::array({100, 800, 100}));
+}
+
+TEST_CASE("v7 hostile input: phases of garbage or finished channels, phase stops on other events", "[replay][v7]") {
+  if (level() == "0") return;
+  auto p = load(7);
+  Comm c;
+  c.commHash = 0xbad7a5;
+  c.nRanks = 2;
+  REQUIRE(p->init(c) == 0);
+  int junk[64] = {0};
+  // a phase whose parent is garbage, NULL, or a collective (not a channel): a handle, counted nowhere
+  for (void* parent : {static_cast<void*>(junk), static_cast<void*>(nullptr)}) {
+    void* ph = nullptr;
+    CHECK(p->startRaw(c.ctx, &ph, ncclProfileKernelPhase, parent, false) == 0);
+    CHECK(p->record(ph, ncclProfilerKernelPhaseStop, 500, false) == 0);
+    CHECK(p->stop(ph) == 0);
+    CHECK(p->stop(ph) == 0);
+  }
+  void* coll = nullptr;
+  CHECK(p->startRaw(c.ctx, &coll, ncclProfileColl, nullptr, false) == 0);
+  void* ph = nullptr;
+  CHECK(p->startRaw(c.ctx, &ph, ncclProfileKernelPhase, coll, false) == 0);
+  CHECK(p->record(ph, ncclProfilerKernelPhaseStop, 500, false) == 0);
+  CHECK(p->stop(ph) == 0);
+  // a phase stop recorded on a kernel channel and on a collective: ignored, as any state that does not apply
+  void* k = nullptr;
+  CHECK(p->startRaw(c.ctx, &k, ncclProfileKernelCh, coll, false) == 0);
+  CHECK(p->record(k, ncclProfilerKernelPhaseStop, 7, false) == 0);
+  CHECK(p->record(coll, ncclProfilerKernelPhaseStop, 7, false) == 0);
+  // a phase of a channel that already stopped (out of NCCL's order): not counted
+  CHECK(p->stop(k) == 0);
+  void* late = nullptr;
+  CHECK(p->startRaw(c.ctx, &late, ncclProfileKernelPhase, k, false) == 0);
+  CHECK(p->stop(late) == 0);
+  CHECK(p->stop(coll) == 0);
+  // and a normal tagged operation afterwards is recorded in full
+  Op a = allReduce1M(9);
+  a.userTag = 42;
+  a.phases = {{1000, 2000, 50000, 51000}, {1100, 1200, 61000, 61100}};
+  p->run(c, {a});
+  CHECK(p->finalize(c) == 0);
+  std::map<uint64_t, json> bySeq;
+  for (auto& j : linesOf(c.commHash, "coll")) bySeq[j["seq"].get<uint64_t>()] = j;
+  REQUIRE(bySeq.count(9) == 1);
+  CHECK(bySeq[9]["tag"] == 42);
+  CHECK(bySeq[9]["phases_ns"] == json::array({1000, 59800, 1000}));
+  REQUIRE(bySeq.count(0) == 1);  // the raw collective: its channel had no timers and its phases did not count
+  CHECK(bySeq[0].contains("phases_ns") == false);
+}
+
+TEST_CASE("v7: the Prometheus file has the top WEFT_PROM_TAGS tags by time, the rest as other, with names", "[replay][v7]") {
+  if (level() == "0") return;
+  auto p = load(7);
+  Comm c;
+  c.commHash = 0x7a6e0e01;
+  c.name = "tagprom";
+  c.nRanks = 4;
+  REQUIRE(p->init(c) == 0);
+  std::vector<Op> ops;
+  // tag 1 (named "forward"): 5 x 60 us; tag 2 ("backward"): 3 x 60 us; tags 5 and 6: 1 each; untagged: 2
+  uint64_t seq = 0;
+  auto add = [&](uint64_t tag, int n) {
+    for (int i = 0; i < n; ++i) {
+      Op o = allReduce1M(seq++);
+      o.userTag = tag;
+      o.phases = {{1000, 11000, 41000, 51000}, {1100, 3100, 59100, 61100}};  // sync 10000 + 10000 (channel 0)
+      ops.push_back(o);
+    }
+  };
+  add(1, 5);
+  add(2, 3);
+  add(5, 1);
+  add(6, 1);
+  add(0, 2);
+  p->run(c, ops);
+  REQUIRE(p->finalize(c) == 0);
+  std::ifstream in(gDir + "/weft.prom");
+  REQUIRE(in.good());
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  INFO(text);
+  std::string base = "comm=\"" + hex(c.commHash) + "\",comm_name=\"tagprom\",rank=\"0\",nranks=\"4\",nnodes=\"1\"";
+  // WEFT_PROM_TAGS=2 and WEFT_TAG_NAMES=1=forward,2=backward (main() sets them)
+  CHECK(text.find("weft_tag_operations_total{" + base + ",tag=\"forward\"} 5\n") != std::string::npos);
+  CHECK(text.find("weft_tag_operations_total{" + base + ",tag=\"backward\"} 3\n") != std::string::npos);
+  CHECK(text.find("weft_tag_operations_total{" + base + ",tag=\"other\"} 2\n") != std::string::npos);
+  CHECK(text.find(",tag=\"5\"") == std::string::npos);
+  CHECK(text.find("weft_tag_exec_seconds_total{" + base + ",tag=\"forward\"} 0.000300000\n") != std::string::npos);
+  CHECK(text.find("weft_tag_bytes_total{" + base + ",tag=\"backward\"} 3145728\n") != std::string::npos);
+  // sync wait per operation: the longest channel's initial sync (10000) + final sync (10000) = 20 us
+  CHECK(text.find("weft_tag_sync_wait_seconds_total{" + base + ",tag=\"forward\"} 0.000100000\n") != std::string::npos);
+  CHECK(text.find("# TYPE weft_tag_operations_total counter") != std::string::npos);
+  // the records carry the names too
+  std::map<uint64_t, json> bySeq;
+  for (auto& j : linesOf(c.commHash, "coll")) bySeq[j["seq"].get<uint64_t>()] = j;
+  CHECK(bySeq[0]["tag_name"] == "forward");
+  CHECK(bySeq[5]["tag_name"] == "backward");
+  CHECK(bySeq[8].contains("tag_name") == false);
+}
+
 int main(int argc, char** argv) {
   // The plugin reads its environment at first use: point it at a fresh directory before anything loads it.
   char tmpl[] = "/tmp/weft-profiler-test-XXXXXX";
@@ -542,6 +708,8 @@ int main(int argc, char** argv) {
   gDir = tmpl;
   setenv("WEFT_TELEMETRY_DIR", gDir.c_str(), 1);
   setenv("WEFT_PROM_FILE", (gDir + "/weft.prom").c_str(), 1);
+  setenv("WEFT_PROM_TAGS", "2", 1);
+  setenv("WEFT_TAG_NAMES", "1=forward,2=backward,junk,0=zero", 1);  // the bad entries: a warning, ignored
   int rc = Catch::Session().run(argc, argv);
   if (rc == 0 && std::getenv("WEFT_KEEP_TELEMETRY") == nullptr) {
     std::string cmd = "rm -rf '" + gDir + "'";

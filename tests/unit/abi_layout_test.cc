@@ -103,7 +103,13 @@ const std::vector<Layout>& ourLayouts() {
       WEFT_TUNER4(ncclTuner_v1_t, destroy), WEFT_TUNER4(ncclTuner_v2_t, destroy), WEFT_TUNER4(ncclTuner_v3_t, destroy),
       WEFT_TUNER4(ncclTuner_v4_t, destroy), WEFT_TUNER4(ncclTuner_v5_t, finalize),
       WEFT_TUNER4(ncclTuner_v6_t, finalize), WEFT_F(ncclTuner_v6_t, getChunkSize),
+      WEFT_TUNER4(ncclTuner_v7_t, finalize), WEFT_F(ncclTuner_v7_t, getChunkSize),
 #undef WEFT_TUNER4
+      WEFT_S(ncclTunerConstants_v7_t), WEFT_A(ncclTunerConstants_v7_t, baseLatencies, 7][3),
+      WEFT_A(ncclTunerConstants_v7_t, hwLatencies, 3][7][3), WEFT_A(ncclTunerConstants_v7_t, llMaxBws, 5][3),
+      WEFT_A(ncclTunerConstants_v7_t, perChMaxRingLL128Bws, 5][3),
+      WEFT_A(ncclTunerConstants_v7_t, perChMaxTreeLL128Bws, 5][3),
+      WEFT_A(ncclTunerConstants_v7_t, perChMaxTreeBws, 5][3), WEFT_A(ncclTunerConstants_v7_t, perChMaxNVLSTreeBws, 5][3),
       WEFT_S(ncclTunerConstants_v5_t), WEFT_A(ncclTunerConstants_v5_t, baseLatencies, 7][3),
       WEFT_A(ncclTunerConstants_v5_t, hwLatencies, 3][7][3), WEFT_A(ncclTunerConstants_v5_t, llMaxBws, 4][3),
       WEFT_A(ncclTunerConstants_v5_t, perChMaxRingLL128Bws, 4][3),
@@ -226,6 +232,36 @@ const std::vector<Layout>& ourLayouts() {
       WEFT_F(ncclProfiler_v6_t, name), WEFT_F(ncclProfiler_v6_t, init), WEFT_F(ncclProfiler_v6_t, startEvent),
       WEFT_F(ncclProfiler_v6_t, stopEvent), WEFT_F(ncclProfiler_v6_t, recordEventState), WEFT_F(ncclProfiler_v6_t, finalize),
       WEFT_S(ncclProfiler_v6_t),
+      // v7 (NCCL 2.32)
+#define D7(f) WEFT_F(ncclProfilerEventDescr_v7_t, f)
+      D7(type), D7(parentObj), D7(rank), D7(groupApi), D7(groupApi.graphCaptured), D7(groupApi.groupDepth),
+      D7(collApi), D7(collApi.func), D7(collApi.count), D7(collApi.datatype), D7(collApi.root), D7(collApi.stream),
+      D7(collApi.graphCaptured), D7(collApi.userTag),
+      D7(p2pApi), D7(p2pApi.func), D7(p2pApi.count), D7(p2pApi.datatype), D7(p2pApi.stream), D7(p2pApi.graphCaptured),
+      D7(p2pApi.userTag), D7(kernelLaunch), D7(kernelLaunch.stream),
+      D7(coll), D7(coll.seqNumber), D7(coll.func), D7(coll.sendBuff), D7(coll.recvBuff), D7(coll.count), D7(coll.root),
+      D7(coll.datatype), D7(coll.nChannels), D7(coll.nWarps), D7(coll.algo), D7(coll.proto), D7(coll.parentGroup),
+      D7(coll.kernelVariant), D7(coll.isSymColl), D7(coll.userTag),
+      D7(p2p), D7(p2p.func), D7(p2p.buff), D7(p2p.datatype), D7(p2p.count), D7(p2p.peer), D7(p2p.nChannels),
+      D7(p2p.parentGroup), D7(p2p.userTag),
+      D7(proxyOp), D7(proxyOp.pid), D7(proxyOp.channelId), D7(proxyOp.peer), D7(proxyOp.nSteps), D7(proxyOp.chunkSize),
+      D7(proxyOp.isSend), D7(proxyStep), D7(proxyStep.step), D7(kernelCh), D7(kernelCh.channelId), D7(kernelCh.pTimer),
+      D7(netPlugin), D7(netPlugin.id), D7(netPlugin.data),
+      D7(ceColl), D7(ceColl.seqNumber), D7(ceColl.func), D7(ceColl.sendBuff), D7(ceColl.recvBuff), D7(ceColl.count),
+      D7(ceColl.root), D7(ceColl.datatype), D7(ceColl.syncStrategy), D7(ceColl.intraBatchSync), D7(ceColl.batchSize),
+      D7(ceColl.numBatches), D7(ceColl.ceSeqNum), D7(ceColl.stream), D7(ceColl.userTag),
+      D7(ceCollSync), D7(ceCollSync.isComplete), D7(ceCollSync.nRanks),
+      D7(ceCollBatch), D7(ceCollBatch.numOps), D7(ceCollBatch.totalBytes), D7(ceCollBatch.useIntraSync),
+      D7(kernelPhase), D7(kernelPhase.channelId), D7(kernelPhase.phaseId), D7(kernelPhase.phaseName),
+      D7(kernelPhase.pTimer), WEFT_S(ncclProfilerEventDescr_v7_t),
+#undef D7
+#define SA7(f) WEFT_F(ncclProfilerEventStateArgs_v7_t, f)
+      SA7(proxyStep), SA7(proxyStep.transSize), SA7(proxyCtrl), SA7(proxyCtrl.appendedProxyOps), SA7(netPlugin),
+      SA7(netPlugin.data), SA7(kernelCh), SA7(kernelCh.pTimer), WEFT_S(ncclProfilerEventStateArgs_v7_t),
+#undef SA7
+      WEFT_F(ncclProfiler_v7_t, name), WEFT_F(ncclProfiler_v7_t, init), WEFT_F(ncclProfiler_v7_t, startEvent),
+      WEFT_F(ncclProfiler_v7_t, stopEvent), WEFT_F(ncclProfiler_v7_t, recordEventState), WEFT_F(ncclProfiler_v7_t, finalize),
+      WEFT_S(ncclProfiler_v7_t),
   };
   return kAll;
 }
@@ -255,7 +291,9 @@ std::vector<Layout> readTsv(const std::string& path) {
 }  // namespace
 
 TEST_CASE("every field of every NCCL struct we declare has NCCL's offset and size", "[abi]") {
-  const auto nccl = readTsv(WEFT_LAYOUTS_TSV);
+  auto nccl = readTsv(WEFT_LAYOUTS_TSV);
+  // NCCL 2.32's v7 tables, measured from its headers (tests/abi/README.md says how).
+  for (const auto& r : readTsv(WEFT_LAYOUTS_232_TSV)) nccl.push_back(r);
   std::map<std::pair<std::string, std::string>, Layout> ncclByKey;
   for (const auto& r : nccl) ncclByKey[{r.type, r.field}] = r;
 

@@ -24,12 +24,12 @@ std::string run(const std::string& cmd) {
 void quietLogger(ncclDebugLogLevel, unsigned long, const char*, int, const char*, ...) {}
 }  // namespace
 
-TEST_CASE("the plugin exports the net tables v7..v12, the profiler tables v1..v6, the tuner tables v2..v6, "
+TEST_CASE("the plugin exports the net tables v7..v12, the profiler tables v1..v7, the tuner tables v2..v7, "
           "weftNetStat and no other symbol of ours", "[plugin]") {
   std::string syms = run(std::string("nm -D --defined-only ") + WEFT_PLUGIN_PATH + " | awk '{print $3}'");
   for (int v = 7; v <= 12; ++v) CHECK(syms.find("ncclNetPlugin_v" + std::to_string(v) + "\n") != std::string::npos);
-  for (int v = 1; v <= 6; ++v) CHECK(syms.find("ncclProfiler_v" + std::to_string(v) + "\n") != std::string::npos);
-  for (int v = 2; v <= 6; ++v) CHECK(syms.find("ncclTunerPlugin_v" + std::to_string(v) + "\n") != std::string::npos);
+  for (int v = 1; v <= 7; ++v) CHECK(syms.find("ncclProfiler_v" + std::to_string(v) + "\n") != std::string::npos);
+  for (int v = 2; v <= 7; ++v) CHECK(syms.find("ncclTunerPlugin_v" + std::to_string(v) + "\n") != std::string::npos);
   CHECK(syms.find("weftNetStat\n") != std::string::npos);  // weft's own figures for tools (weft conformance)
   size_t lines = 0, pos = 0;
   while ((pos = syms.find('\n', pos)) != std::string::npos) {
@@ -37,21 +37,21 @@ TEST_CASE("the plugin exports the net tables v7..v12, the profiler tables v1..v6
     ++pos;
   }
   INFO(syms);
-  CHECK(lines == 18);  // nothing of fmt, libstdc++ or weft's internals leaks out
+  CHECK(lines == 20);  // nothing of fmt, libstdc++ or weft's internals leaks out
 }
 
-TEST_CASE("libnccl-tuner-weft.so exports the tuner tables v2..v6 only", "[plugin]") {
+TEST_CASE("libnccl-tuner-weft.so exports the tuner tables v2..v7 only", "[plugin]") {
   std::string syms = run(std::string("nm -D --defined-only ") + WEFT_TUNER_LIB_PATH + " | awk '{print $3}'");
   INFO(syms);
-  CHECK(syms == "ncclTunerPlugin_v2\nncclTunerPlugin_v3\nncclTunerPlugin_v4\nncclTunerPlugin_v5\nncclTunerPlugin_v6\n");
+  CHECK(syms == "ncclTunerPlugin_v2\nncclTunerPlugin_v3\nncclTunerPlugin_v4\nncclTunerPlugin_v5\nncclTunerPlugin_v6\nncclTunerPlugin_v7\n");
   void* lib = dlopen(WEFT_TUNER_LIB_PATH, RTLD_NOW | RTLD_LOCAL);
   REQUIRE(lib != nullptr);
 }
 
-TEST_CASE("libnccl-profiler-weft.so exports the profiler tables v1..v6 only and needs no libfabric", "[plugin]") {
+TEST_CASE("libnccl-profiler-weft.so exports the profiler tables v1..v7 only and needs no libfabric", "[plugin]") {
   std::string syms = run(std::string("nm -D --defined-only ") + WEFT_PROFILER_LIB_PATH + " | awk '{print $3}'");
   INFO(syms);
-  CHECK(syms == "ncclProfiler_v1\nncclProfiler_v2\nncclProfiler_v3\nncclProfiler_v4\nncclProfiler_v5\nncclProfiler_v6\n");
+  CHECK(syms == "ncclProfiler_v1\nncclProfiler_v2\nncclProfiler_v3\nncclProfiler_v4\nncclProfiler_v5\nncclProfiler_v6\nncclProfiler_v7\n");
   std::string deps = run(std::string("objdump -p ") + WEFT_PROFILER_LIB_PATH + " | grep NEEDED");
   INFO(deps);
   CHECK(deps.find("fabric") == std::string::npos);

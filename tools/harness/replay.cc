@@ -54,6 +54,7 @@ template <> struct Types<3> { using T = ncclProfiler_v3_t; using D = ncclProfile
 template <> struct Types<4> { using T = ncclProfiler_v4_t; using D = ncclProfilerEventDescr_v4_t; using A = ncclProfilerEventStateArgs_v4_t; };
 template <> struct Types<5> { using T = ncclProfiler_v5_t; using D = ncclProfilerEventDescr_v5_t; using A = ncclProfilerEventStateArgs_v5_t; };
 template <> struct Types<6> { using T = ncclProfiler_v6_t; using D = ncclProfilerEventDescr_v6_t; using A = ncclProfilerEventStateArgs_v6_t; };
+template <> struct Types<7> { using T = ncclProfiler_v7_t; using D = ncclProfilerEventDescr_v7_t; using A = ncclProfilerEventStateArgs_v7_t; };
 
 std::mutex gLogMu;
 std::vector<std::string> gLog;
@@ -149,6 +150,7 @@ class Impl : public Profiler {
             d.p2pApi.datatype = op.dtype.c_str();
             d.p2pApi.stream = nullptr;
             d.p2pApi.graphCaptured = op.graphCaptured;
+            if constexpr (V >= 7) d.p2pApi.userTag = op.userTag;
           });
         } else {
           api = start(c, ncclProfileCollApi, groupApi, [&](D& d) {
@@ -158,6 +160,7 @@ class Impl : public Profiler {
             d.collApi.root = op.root;
             d.collApi.stream = nullptr;
             d.collApi.graphCaptured = op.graphCaptured;
+            if constexpr (V >= 7) d.collApi.userTag = op.userTag;
           });
         }
         recordArgs(groupApi, ncclProfilerGroupEndApiStart, nullptr);
@@ -220,8 +223,10 @@ class Impl : public Profiler {
     bool always = type == ncclProfileGroup || type == ncclProfileGroupApi || type == ncclProfileCollApi ||
                   type == ncclProfileP2pApi || type == ncclProfileKernelLaunch;
     if (!always && (c.mask & type) == 0) {
-      bool ancestor = (type == ncclProfileColl || type == ncclProfileP2p) &&
-                      (c.mask & (ncclProfileProxyOp | ncclProfileProxyStep | ncclProfileKernelCh | ncclProfileNetPlugin));
+      bool ancestor = ((type == ncclProfileColl || type == ncclProfileP2p) &&
+                       (c.mask & (ncclProfileProxyOp | ncclProfileProxyStep | ncclProfileKernelCh |
+                                  ncclProfileNetPlugin | ncclProfileKernelPhase))) ||
+                      (type == ncclProfileKernelCh && (c.mask & ncclProfileKernelPhase));  // 2.32 turns it on
       if (!ancestor) return nullptr;
     }
     D d;
@@ -289,6 +294,11 @@ class Impl : public Profiler {
         d.coll.algo = op.algo.c_str();
         d.coll.proto = op.proto.c_str();
         if constexpr (V >= 5) d.coll.parentGroup = group;
+        if constexpr (V >= 7) {
+          d.coll.kernelVariant = nullptr;
+          d.coll.isSymColl = !op.phases.empty();
+          d.coll.userTag = op.userTag;
+        }
       }
     });
   }
@@ -316,6 +326,7 @@ class Impl : public Profiler {
         d.p2p.peer = op.peer;
         d.p2p.nChannels = static_cast<uint8_t>(op.nChannels);
         if constexpr (V >= 5) d.p2p.parentGroup = group;
+        if constexpr (V >= 7) d.p2p.userTag = op.userTag;
       }
     });
   }
@@ -383,6 +394,25 @@ class Impl : public Profiler {
           d.kernelCh.channelId = static_cast<uint8_t>(ch);
           if constexpr (V >= 4) d.kernelCh.pTimer = p0;
         });
+        if constexpr (V >= 7) {
+          // NCCL 2.32 fires a channel's phases just before its KernelCh stops: each started, its stop time recorded
+          // in the kernelCh arm of the state arguments, stopped.
+          if (kh != nullptr && ch < static_cast<int>(op.phases.size())) {
+            static const char* const kPhaseNames[] = {"initial_sync", "compute", "final_sync"};
+            const auto& b = op.phases[ch];
+            for (int ph = 0; ph < 3; ++ph) {
+              if (b[ph] == 0 || b[ph + 1] == 0 || b[ph] == b[ph + 1]) continue;
+              void* phH = start(c, ncclProfileKernelPhase, kh, [&](D& d) {
+                d.kernelPhase.channelId = static_cast<uint8_t>(ch);
+                d.kernelPhase.phaseId = static_cast<uint8_t>(ph);
+                d.kernelPhase.phaseName = kPhaseNames[ph];
+                d.kernelPhase.pTimer = b[ph];
+              });
+              recordArgs(phH, ncclProfilerKernelPhaseStop, [&](A& a) { a.kernelCh.pTimer = b[ph + 1]; });
+              stopH(phH);
+            }
+          }
+        }
         if constexpr (V >= 4) recordArgs(kh, ncclProfilerKernelChStop, [&](A& a) { a.kernelCh.pTimer = p1; });
         stopH(kh);
       }
@@ -413,9 +443,10 @@ std::unique_ptr<Profiler> Profiler::load(const std::string& path, int version) {
   void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) throw std::runtime_error("cannot load " + path + ": " + dlerror());
   std::unique_ptr<Profiler> p;
-  for (int v = 6; v >= 1 && p == nullptr; --v) {
+  for (int v = 7; v >= 1 && p == nullptr; --v) {
     if (version != 0 && v != version) continue;
     switch (v) {
+      case 7: p = make<7>(lib); break;
       case 6: p = make<6>(lib); break;
       case 5: p = make<5>(lib); break;
       case 4: p = make<4>(lib); break;
@@ -426,7 +457,7 @@ std::unique_ptr<Profiler> Profiler::load(const std::string& path, int version) {
   }
   if (p == nullptr) {
     throw std::runtime_error(path + " exports no ncclProfiler_v" +
-                             (version != 0 ? std::to_string(version) : std::string("1..6")));
+                             (version != 0 ? std::to_string(version) : std::string("1..7")));
   }
   return p;
 }

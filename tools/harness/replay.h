@@ -3,12 +3,14 @@
 // arguments (one context per communicator), then per operation the event tree NCCL builds
 // (docs/nccl-semantics.md §profiler-events): on the application thread the group (v1-v4) or GroupApi -> CollApi/P2pApi (v5+), the Coll/P2p event started and
 // stopped at enqueue; on a separate proxy thread, afterwards, the ProxyOp -> ProxyStep -> NetPlugin events with
-// their states and the KernelCh events with GPU timers (v4+); then finalize. Every descriptor is built in the
+// their states and the KernelCh events with GPU timers (v4+), each preceded by its barrier phases (v7); then
+// finalize. Every descriptor is built in the
 // exact layout of its version.
 #pragma once
 
 #include <sys/types.h>
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -31,6 +33,11 @@ struct Op {
   bool graphCaptured = false;
   // kernel channels: GPU timer start and stop (v4+), per channel
   std::vector<uint64_t> pStart, pStop;
+  // v7: the user's tag of the call (on CollApi/P2pApi and Coll/P2p), and per channel the kernel's barrier phase
+  // boundaries (GPU timer): initial sync [b0,b1], compute [b1,b2], final sync [b2,b3]. As NCCL 2.32 does, a phase
+  // with a zero boundary or no length is not sent; phases go only where the mask asks for ncclProfileKernelPhase.
+  uint64_t userTag = 0;
+  std::vector<std::array<uint64_t, 4>> phases;
   // proxy ops: one per peer; each moves nSteps steps of stepBytes
   std::vector<int> proxyPeers;
   int nSteps = 2;

@@ -127,7 +127,7 @@ int replayCommand(int argc, char** argv, const std::string& defaultProfiler) {
   while (a.next()) {
     const std::string& f = a.flag();
     if (f == "--profiler") o.profiler = a.value();
-    else if (f == "--table") o.table = a.number(1, 6);
+    else if (f == "--table") o.table = a.number(1, 7);
     else if (f == "--ranks") o.ranks = a.number(1, 64);
     else if (f == "--nodes") o.nodes = a.number(1, 64);
     else if (f == "--steps") o.colls = a.number(1, 1000000);

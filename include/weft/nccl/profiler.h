@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Our own declarations of NCCL's profiler plugin ABI, versions v1 to v6 (NCCL 2.23 -> 2.30).
+// Our own declarations of NCCL's profiler plugin ABI, versions v1 to v7 (NCCL 2.23 -> 2.32).
+// v7 layouts: tests/abi/layouts-nccl-2.32.tsv (measured from NCCL 2.32's profiler_v7.h).
 // Semantics: docs/nccl-semantics.md §net-events and §profiler-events. Layouts: tests/abi/layouts.tsv; every struct
 // here is checked field by field against that table by tests/unit/abi_layout_test.cc.
 #pragma once
@@ -27,6 +28,7 @@ enum {
   ncclProfileCeColl = 1 << 12,      // v6 (2.29)
   ncclProfileCeSync = 1 << 13,      // v6
   ncclProfileCeBatch = 1 << 14,     // v6
+  ncclProfileKernelPhase = 1 << 15, // v7 (2.32): a kernel channel's barrier phase, child of its kernelCh event
 };
 
 // Event states (stable numbering across versions).
@@ -57,6 +59,7 @@ typedef enum {
   ncclProfilerGroupStartApiStop = 23,
   ncclProfilerGroupEndApiStart = 24,
   // 25..30: copy-engine collective states (v6)
+  ncclProfilerKernelPhaseStop = 31,  // v7: stop time in eStateArgs->kernelCh.pTimer
 } ncclProfilerEventState_t;
 typedef ncclProfilerEventState_t ncclProfilerEventState_v1_t;
 typedef ncclProfilerEventState_t ncclProfilerEventState_v2_t;
@@ -64,6 +67,7 @@ typedef ncclProfilerEventState_t ncclProfilerEventState_v3_t;
 typedef ncclProfilerEventState_t ncclProfilerEventState_v4_t;
 typedef ncclProfilerEventState_t ncclProfilerEventState_v5_t;
 typedef ncclProfilerEventState_t ncclProfilerEventState_v6_t;
+typedef ncclProfilerEventState_t ncclProfilerEventState_v7_t;
 
 // Net-plugin event callback types (§4): 0 start, 1 stop, 2 update (2.27+), 3 update then stop (2.27+).
 enum { ncclProfilerNetEventStart = 0, ncclProfilerNetEventStop = 1, ncclProfilerNetEventUpdate = 2,
@@ -342,6 +346,91 @@ typedef struct {
     } ceCollBatch;
   };
 } ncclProfilerEventDescr_v6_t;
+
+// v7 (2.32): userTag on the API, coll, p2p and ceColl arms (0 = untagged; the userProfilerTag of the
+// ncclCollConfig_t the application gave ncclAllReduceConfig & co., copied by NCCL into every event of the call; values
+// with the top bit set are NCCL's own), kernel-variant metadata on coll, and the kernelPhase arm.
+#define WEFT_KERNEL_PHASE_INITIAL_SYNC 0
+#define WEFT_KERNEL_PHASE_COMPUTE 1
+#define WEFT_KERNEL_PHASE_FINAL_SYNC 2
+typedef struct {
+  uint64_t type;
+  void* parentObj;
+  int rank;
+  union {
+    struct {
+      bool graphCaptured;
+      int groupDepth;
+    } groupApi;
+    struct {
+      const char* func;
+      size_t count;
+      const char* datatype;
+      int root;
+      void* stream;
+      bool graphCaptured;
+      uint64_t userTag;
+    } collApi;
+    struct {
+      const char* func;
+      size_t count;
+      const char* datatype;
+      void* stream;
+      bool graphCaptured;
+      uint64_t userTag;
+    } p2pApi;
+    struct {
+      void* stream;
+    } kernelLaunch;
+    struct {
+      WEFT_PROFILER_COLL_V4;
+      void* parentGroup;
+      const char* kernelVariant;
+      bool isSymColl;
+      uint64_t userTag;
+    } coll;
+    struct {
+      WEFT_PROFILER_P2P_V4;
+      void* parentGroup;
+      uint64_t userTag;
+    } p2p;
+    ncclProfilerProxyOpArm proxyOp;
+    ncclProfilerProxyStepArm proxyStep;
+    ncclProfilerKernelChArmV4 kernelCh;
+    ncclProfilerNetPluginArm netPlugin;
+    struct {
+      uint64_t seqNumber;
+      const char* func;
+      void const* sendBuff;
+      void* recvBuff;
+      size_t count;
+      int root;
+      const char* datatype;
+      const char* syncStrategy;
+      bool intraBatchSync;
+      uint32_t batchSize;
+      uint32_t numBatches;
+      uint32_t ceSeqNum;
+      void* stream;
+      uint64_t userTag;
+    } ceColl;
+    struct {
+      bool isComplete;
+      int nRanks;
+    } ceCollSync;
+    struct {
+      int numOps;
+      size_t totalBytes;
+      bool useIntraSync;
+    } ceCollBatch;
+    struct {
+      uint8_t channelId;
+      uint8_t phaseId;        // WEFT_KERNEL_PHASE_*
+      const char* phaseName;
+      uint64_t pTimer;        // start, GPU globaltimer (ns)
+    } kernelPhase;
+  };
+} ncclProfilerEventDescr_v7_t;
 #undef WEFT_PROFILER_ARMS_V5
 #undef WEFT_PROFILER_COLL_V4
 #undef WEFT_PROFILER_P2P_V4
@@ -379,6 +468,7 @@ static_assert(sizeof(ncclProfilerEventStateArgs_v4_t) == 8,
               "v4+ state args are 8 bytes (docs/nccl-semantics.md §profiler-events)");
 typedef ncclProfilerEventStateArgs_v4_t ncclProfilerEventStateArgs_v5_t;
 typedef ncclProfilerEventStateArgs_v4_t ncclProfilerEventStateArgs_v6_t;
+typedef ncclProfilerEventStateArgs_v4_t ncclProfilerEventStateArgs_v7_t;  // kernelCh.pTimer: KernelPhaseStop too
 
 // ---- function tables (48 bytes each; every member returns ncclResult_t) ----------------------------------------
 
@@ -389,7 +479,7 @@ typedef ncclProfilerEventStateArgs_v4_t ncclProfilerEventStateArgs_v6_t;
                                    ncclProfilerEventStateArgs_v##N##_t* eStateArgs);                          \
   ncclResult_t (*finalize)(void* context)
 
-// init's three signatures: v1-v3 (no communicator), v4 (commHash), v5/v6 (commId second).
+// init's three signatures: v1-v3 (no communicator), v4 (commHash), v5-v7 (commId second).
 typedef ncclResult_t (*ncclProfilerInitV1_t)(void** context, int* eActivationMask);
 typedef ncclResult_t (*ncclProfilerInitV4_t)(void** context, int* eActivationMask, const char* commName,
                                              uint64_t commHash, int nNodes, int nranks, int rank,
@@ -409,6 +499,7 @@ WEFT_PROFILER_TABLE(3, ncclProfilerInitV1_t);
 WEFT_PROFILER_TABLE(4, ncclProfilerInitV4_t);
 WEFT_PROFILER_TABLE(5, ncclProfilerInitV5_t);
 WEFT_PROFILER_TABLE(6, ncclProfilerInitV5_t);
+WEFT_PROFILER_TABLE(7, ncclProfilerInitV5_t);
 #undef WEFT_PROFILER_TABLE
 #undef WEFT_PROFILER_TAIL
 

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Our own declarations of NCCL's tuner plugin ABI, versions v1 to v6 (NCCL 2.19 -> 2.30).
+// Our own declarations of NCCL's tuner plugin ABI, versions v1 to v7 (NCCL 2.19 -> 2.32).
+// v7 layouts: tests/abi/layouts-nccl-2.32.tsv (measured from NCCL 2.32's tuner_v7.h).
 // Semantics: docs/nccl-semantics.md §tuner. Layouts: tests/abi/layouts.tsv (offsets measured from NCCL's headers);
 // every struct here is checked field by field against that table by tests/unit/abi_layout_test.cc.
 #pragma once
@@ -40,7 +41,8 @@ typedef enum {
 #define NCCL_HW_PCI 1
 #define NCCL_HW_NET 2
 #define NCCL_NUM_HW_LINKS 3
-#define NCCL_NUM_COMPCAPS 4
+#define NCCL_NUM_COMPCAPS 4     // v5/v6: Volta, Ampere, Hopper, Blackwell
+#define NCCL_NUM_COMPCAPS_V7 5  // v7 (2.32) adds a fifth row (Rubin); the first four rows are v5's
 #define NCCL_NUM_TUNING_SCALES 3
 
 typedef struct {
@@ -62,6 +64,18 @@ typedef struct {
   double perChMaxNVLSTreeBws[NCCL_NUM_COMPCAPS][NCCL_NUM_TUNING_SCALES];
 } ncclTunerConstants_v5_t;
 typedef ncclTunerConstants_v5_t ncclTunerConstants_v6_t;
+typedef ncclNvlDomainInfo_v5_t ncclNvlDomainInfo_v7_t;
+
+// v7: the same tables with a row per compute capability for five of them (1272 bytes).
+typedef struct {
+  double baseLatencies[NCCL_NUM_ALGORITHMS][NCCL_NUM_PROTOCOLS];
+  double hwLatencies[NCCL_NUM_HW_LINKS][NCCL_NUM_ALGORITHMS][NCCL_NUM_PROTOCOLS];
+  double llMaxBws[NCCL_NUM_COMPCAPS_V7][NCCL_NUM_TUNING_SCALES];
+  double perChMaxRingLL128Bws[NCCL_NUM_COMPCAPS_V7][NCCL_NUM_TUNING_SCALES];
+  double perChMaxTreeLL128Bws[NCCL_NUM_COMPCAPS_V7][NCCL_NUM_TUNING_SCALES];
+  double perChMaxTreeBws[NCCL_NUM_COMPCAPS_V7][NCCL_NUM_TUNING_SCALES];
+  double perChMaxNVLSTreeBws[NCCL_NUM_COMPCAPS_V7][NCCL_NUM_TUNING_SCALES];
+} ncclTunerConstants_v7_t;
 
 // getCollInfo of v3+: collCostTable points to a contiguous float[numAlgo][numProto] (not an array of pointers).
 typedef ncclResult_t (*ncclTunerGetCollInfoV3_t)(void* context, ncclFunc_t collType, size_t nBytes, int numPipeOps,
@@ -118,5 +132,16 @@ typedef struct {
   ncclResult_t (*getChunkSize)(void* context, ncclFunc_t collType, size_t nBytes, int algo, int proto,
                                int nChannels, size_t* chunkSize);
 } ncclTuner_v6_t;
+
+// v7 (2.32): v6 with the five-capability constants.
+typedef struct {
+  const char* name;
+  ncclResult_t (*init)(void** ctx, uint64_t commId, size_t nRanks, size_t nNodes, ncclDebugLogger_t logFunction,
+                       ncclNvlDomainInfo_v7_t* nvlDomainInfo, ncclTunerConstants_v7_t* constants);
+  ncclTunerGetCollInfoV4_t getCollInfo;
+  ncclResult_t (*finalize)(void* context);
+  ncclResult_t (*getChunkSize)(void* context, ncclFunc_t collType, size_t nBytes, int algo, int proto,
+                               int nChannels, size_t* chunkSize);
+} ncclTuner_v7_t;
 
 }  // extern "C"

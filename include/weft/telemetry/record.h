@@ -68,7 +68,16 @@ struct CollRecord {
   uint8_t channelsTimed = 0;
   TimingSource timing = TimingSource::kCollectiveCpu;
   uint8_t flags = 0;
+  uint8_t channelsPhased = 0;  // kernel channels that reported barrier phases (v7)
+  uint64_t userTag = 0;        // the user's tag of the call (v7; 0 untagged)
+  // Per kernel phase (initial sync, compute, final sync: NCCL's phase ids 0/1/2), the longest of the channels' (GPU
+  // %globaltimer, ns); 0 where no channel reported it. The sync phases are time spent waiting for the other ranks.
+  uint64_t phaseNs[3] = {0, 0, 0};
 };
+constexpr int kNumKernelPhases = 3;
+const char* kernelPhaseName(int phase) noexcept;  // "initial_sync", "compute", "final_sync"
+// Time waiting for the other ranks: the two sync phases.
+inline uint64_t syncWaitNs(const CollRecord& r) noexcept { return r.phaseNs[0] + r.phaseNs[2]; }
 
 // nccl-tests' bandwidth arithmetic (its PERFORMANCE.md): algBw = traffic / time, busBw = algBw × factor.
 // AllReduce: traffic = bytes, factor 2(n−1)/n. AllGather(V), ReduceScatter, AllToAll, Gather, Scatter: traffic =

@@ -19,6 +19,10 @@ struct OpRecord {
   int pid = 0, rank = -1, nRanks = 0, nNodes = 0, peer = -1;
   uint64_t seq = 0, bytes = 0, startNs = 0, endNs = 0, execNs = 0;
   bool partial = false;
+  uint64_t tag = 0;          // the user's tag (NCCL 2.32+; 0 untagged or an older record)
+  std::string tagName;       // WEFT_TAG_NAMES's name for it, where the writer had one
+  uint64_t phaseNs[3] = {};  // kernel phases (initial sync, compute, final sync), longest channel's
+  int channelsPhased = 0;    // 0: no phases recorded
 };
 
 // A weft connection's closing record ("type": "conn"): what the tools use, with its rails where it had several.
