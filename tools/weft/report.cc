@@ -2,8 +2,10 @@
 // weft report DIR: reads the timing records of every rank of a job (the JSON lines weft writes under
 // WEFT_TELEMETRY_DIR), joins them by communicator and sequence number, and says what they mean:
 //   - bus bandwidth per collective and message size, against the best seen for that size, per algorithm/protocol;
-//   - stragglers: who starts late, who finishes late, and whom the others wait for (from execution times, which
-//     needs no clock agreement between hosts: a rank that arrives late spends the least time in the collective);
+//   - stragglers: who starts late, who finishes late, and whom the others wait for (from the kernels' sync phases
+//     where NCCL 2.32+ reports them, else execution times; neither needs clock agreement between hosts: a rank that
+//     arrives late spends the least time waiting, and in the collective);
+//   - per user tag (NCCL 2.32+): time share, bandwidth, time waiting for other ranks, and whom they wait for;
 //   - the traffic mix (data-parallel large collectives, tensor-parallel small ones, pipeline send/recv,
 //     all-to-all) and the share of time each takes;
 //   - with --plot DIR: busbw_vs_size.svg and timeline.svg.
@@ -238,68 +240,161 @@ void printBandwidth(const Loaded& L) {
 }
 
 // Collectives joined across ranks by communicator, function and sequence number: who the others waited for.
-void printStragglers(const Loaded& L, double stragglerMinUs) {
-  std::printf("\n== stragglers (collectives joined across ranks by communicator and sequence number)\n");
-  struct Who {
-    std::vector<double> lateStart, lateEnd, waited;
-    int lastToStart = 0, joined = 0;
-    std::string where;
-  };
+struct Who {
+  std::vector<double> lateStart, lateEnd, waited;
+  int lastToStart = 0, joined = 0;
+  std::string where;
+};
+struct Stragglers {
   std::map<std::pair<std::string, int>, Who> who;
+  size_t joined = 0;    // collectives seen on every rank that recorded them (at least two)
+  size_t byPhases = 0;  // of which every rank's record had kernel phases
+};
+
+// The time a rank spent waiting for the others in a collective: its kernels' sync phases where NCCL reported them
+// (2.32+), else nothing (the execution time stands in).
+double syncUs(const Rec& r) { return (r.phaseNs[0] + r.phaseNs[2]) / 1e3; }
+
+// Over the collectives `keep` selects. Whom the others waited for: with kernel phases on every rank, the longest
+// sync wait minus this rank's (a late rank hardly waits, the others wait for it); else the same from execution
+// times (a rank that arrives late spends the least time in the collective). Neither needs agreeing clocks.
+template <typename Keep>
+Stragglers stragglers(const Loaded& L, Keep&& keep) {
+  Stragglers out;
   std::map<std::tuple<std::string, std::string, uint64_t>, std::vector<const Rec*>> groups;
   for (const auto& r : L.recs)
-    if (r.type == "coll") groups[{r.comm, r.func, r.seq}].push_back(&r);
-  size_t joinedGroups = 0;
+    if (r.type == "coll" && keep(r)) groups[{r.comm, r.func, r.seq}].push_back(&r);
   for (const auto& [k, g] : groups) {
     std::set<int> ranks;
-    for (auto* r : g) ranks.insert(r->rank);
+    bool phases = true;
+    for (auto* r : g) {
+      ranks.insert(r->rank);
+      phases = phases && r->channelsPhased > 0;
+    }
     if (ranks.size() < 2 || ranks.size() != g.size()) continue;  // one record per rank, at least two ranks
-    ++joinedGroups;
-    uint64_t minStart = UINT64_MAX, maxStart = 0, minEnd = UINT64_MAX, maxExec = 0;
+    ++out.joined;
+    if (phases) ++out.byPhases;
+    uint64_t minStart = UINT64_MAX, maxStart = 0, minEnd = UINT64_MAX;
+    double maxWait = 0;
     for (auto* r : g) {
       minStart = std::min(minStart, r->startNs);
       maxStart = std::max(maxStart, r->startNs);
       minEnd = std::min(minEnd, r->endNs);
-      maxExec = std::max(maxExec, r->execNs);
+      maxWait = std::max(maxWait, phases ? syncUs(*r) : r->execNs / 1e3);
     }
     for (auto* r : g) {
-      Who& w = who[{r->comm, r->rank}];
+      Who& w = out.who[{r->comm, r->rank}];
       w.where = r->host + ":" + std::to_string(r->pid);
       ++w.joined;
       w.lateStart.push_back((r->startNs - minStart) / 1e3);
       w.lateEnd.push_back((r->endNs - minEnd) / 1e3);
-      w.waited.push_back((maxExec - r->execNs) / 1e3);
+      w.waited.push_back(maxWait - (phases ? syncUs(*r) : r->execNs / 1e3));
       if (r->startNs == maxStart) ++w.lastToStart;
     }
   }
-  if (joinedGroups == 0) {
-    std::printf("  no collective was recorded on more than one rank: nothing to compare\n");
-  } else {
-    std::printf("  %zu collectives joined. Per rank: median late start and late finish (wall clock, needs synchronized"
-                " clocks across hosts),\n  and how long the others waited for it (from execution times: needs no clock"
-                " agreement).\n",
-                joinedGroups);
-    std::printf("  %-20s %5s %-22s %11s %11s %11s %9s\n", "communicator", "rank", "process", "late start",
-                "late end", "others wait", "last in");
-    std::vector<double> allWaited;
-    for (const auto& [k, w] : who) allWaited.push_back(median(w.waited));
-    double typical = median(allWaited);
-    std::vector<std::string> flagged;
-    for (const auto& [k, w] : who) {
-      double waited = median(w.waited);
-      std::printf("  %-20s %5d %-22s %11s %11s %11s %8.0f%%\n", k.first.c_str(), k.second, w.where.c_str(),
-                  fmtUs(median(w.lateStart)).c_str(), fmtUs(median(w.lateEnd)).c_str(), fmtUs(waited).c_str(),
-                  100.0 * w.lastToStart / std::max(1, w.joined));
-      if (waited >= stragglerMinUs && waited > 5 * typical)
-        flagged.push_back(fmt::format("STRAGGLER comm {} rank {} ({}): the others waited a median {} for it in {} "
-                                      "collectives; it started last in {:.0f}% of them",
-                                      k.first, k.second, w.where, fmtUs(waited), w.joined,
-                                      100.0 * w.lastToStart / std::max(1, w.joined)));
-    }
-    if (flagged.empty()) std::printf("  no straggler: no rank is waited for more than 5x the typical rank\n");
-    for (const auto& f : flagged) std::printf("  %s\n", f.c_str());
-  }
+  return out;
+}
 
+// The ranks the others waited for: at least minUs, and more than 5x the typical rank.
+std::vector<std::string> flagged(const Stragglers& st, double minUs, const std::string& what) {
+  std::vector<double> all;
+  for (const auto& [k, w] : st.who) all.push_back(median(w.waited));
+  double typical = median(all);
+  std::vector<std::string> out;
+  for (const auto& [k, w] : st.who) {
+    double waited = median(w.waited);
+    if (waited >= minUs && waited > 5 * typical)
+      out.push_back(fmt::format("STRAGGLER {}comm {} rank {} ({}): the others waited a median {} for it in {} "
+                                "collectives; it started last in {:.0f}% of them",
+                                what, k.first, k.second, w.where, fmtUs(waited), w.joined,
+                                100.0 * w.lastToStart / std::max(1, w.joined)));
+  }
+  return out;
+}
+
+void printStragglers(const Loaded& L, double stragglerMinUs) {
+  std::printf("\n== stragglers (collectives joined across ranks by communicator and sequence number)\n");
+  const Stragglers st = stragglers(L, [](const Rec&) { return true; });
+  if (st.joined == 0) {
+    std::printf("  no collective was recorded on more than one rank: nothing to compare\n");
+    return;
+  }
+  std::printf("  %zu collectives joined. Per rank: median late start and late finish (wall clock, needs synchronized"
+              " clocks across hosts),\n  and how long the others waited for it (%s: needs no clock agreement).\n",
+              st.joined,
+              st.byPhases == st.joined ? "from the kernels' sync phases"
+              : st.byPhases > 0        ? "from the kernels' sync phases where every rank had them, else execution times"
+                                       : "from execution times");
+  std::printf("  %-20s %5s %-22s %11s %11s %11s %9s\n", "communicator", "rank", "process", "late start", "late end",
+              "others wait", "last in");
+  for (const auto& [k, w] : st.who)
+    std::printf("  %-20s %5d %-22s %11s %11s %11s %8.0f%%\n", k.first.c_str(), k.second, w.where.c_str(),
+                fmtUs(median(w.lateStart)).c_str(), fmtUs(median(w.lateEnd)).c_str(), fmtUs(median(w.waited)).c_str(),
+                100.0 * w.lastToStart / std::max(1, w.joined));
+  const auto f = flagged(st, stragglerMinUs, "");
+  if (f.empty()) std::printf("  no straggler: no rank is waited for more than 5x the typical rank\n");
+  for (const auto& x : f) std::printf("  %s\n", x.c_str());
+}
+
+// A tag as the user knows it: the name the writer had for it (WEFT_TAG_NAMES), else its number.
+std::string tagLabel(uint64_t tag, const std::map<uint64_t, std::string>& names) {
+  if (tag == 0) return "untagged";
+  auto it = names.find(tag);
+  return it != names.end() ? it->second : std::to_string(tag);
+}
+
+// Per user tag (NCCL 2.32+: the userProfilerTag of the application's ncclCollConfig_t): which part of the step
+// takes the time, how fast it moves data, how long its kernels wait for other ranks, and whom they wait for.
+void printTags(const Loaded& L, double stragglerMinUs) {
+  struct Tag {
+    uint64_t count = 0, bytes = 0, ns = 0, phasedNs = 0;
+    double syncUs = 0;
+    std::vector<double> bw;
+  };
+  std::map<uint64_t, Tag> tags;
+  std::map<uint64_t, std::string> names;
+  uint64_t totalNs = 0;
+  bool anyTagged = false;
+  for (const auto& r : L.recs) {
+    Tag& t = tags[r.tag];
+    ++t.count;
+    t.bytes += r.bytes;
+    t.ns += r.execNs;
+    if (r.execNs > 0) t.bw.push_back(r.busBw);
+    if (r.channelsPhased > 0) {
+      t.syncUs += syncUs(r);
+      t.phasedNs += r.execNs;
+    }
+    totalNs += r.execNs;
+    if (r.tag != 0) anyTagged = true;
+    if (r.tag != 0 && !r.tagName.empty()) names[r.tag] = r.tagName;
+  }
+  if (!anyTagged) return;
+  std::printf("\n== user tags (NCCL 2.32+: the userProfilerTag of each call; time is execution time summed over ranks;\n"
+              "   sync wait: the share of the kernels' time spent waiting for other ranks, where they report phases)\n");
+  std::printf("  %-16s %8s %12s %12s %6s %13s %10s  %s\n", "tag", "count", "bytes", "time", "share", "median busbw",
+              "sync wait", "waited for most (median)");
+  std::vector<std::string> notes;
+  for (const auto& [tag, t] : tags) {
+    const std::string label = tagLabel(tag, names);
+    const Stragglers st = stragglers(L, [tag = tag](const Rec& r) { return r.tag == tag; });
+    std::string most = "-";
+    double mostWait = 0;
+    for (const auto& [k, w] : st.who) {
+      double m = median(w.waited);
+      if (m > mostWait) {
+        mostWait = m;
+        most = fmt::format("rank {} of {} ({})", k.second, k.first, fmtUs(m));
+      }
+    }
+    std::printf("  %-16s %8llu %12s %12s %5.1f%% %8.2f GB/s %9s  %s\n", label.c_str(),
+                static_cast<unsigned long long>(t.count), humanBytes(static_cast<double>(t.bytes)).c_str(),
+                fmtUs(t.ns / 1e3).c_str(), totalNs ? 100.0 * t.ns / totalNs : 0.0, median(t.bw),
+                t.phasedNs > 0 ? fmt::format("{:.1f}%", 100.0 * t.syncUs * 1e3 / t.phasedNs).c_str() : "-",
+                most.c_str());
+    for (auto& f : flagged(st, stragglerMinUs, "tag " + label + ": ")) notes.push_back(std::move(f));
+  }
+  for (const auto& n : notes) std::printf("  %s\n", n.c_str());
 }
 
 void printTrafficMix(const Loaded& L) {
@@ -400,6 +495,7 @@ int reportCommand(int argc, char** argv) {
   const uint64_t t0 = prepareRecords(L);
   printBandwidth(L);
   printStragglers(L, stragglerMinUs);
+  printTags(L, stragglerMinUs);
   printTrafficMix(L);
   printRails(L);
   if (!plotDir.empty() && !writePlots(L, plotDir, t0)) return 1;
