@@ -3,6 +3,9 @@
 // version-independent entry points every exported table calls (the table adapters add a descriptor copy).
 //   BM_CollectiveLifecycle: one collective as NCCL 2.27+ reports it with WEFT_TIMING=coll: Coll start/stop and
 //     two kernel channels (start, KernelChStop state, stop), the record handed to the writer's ring.
+//   BM_CollectiveTagged: the same collective carrying a user tag (NCCL 2.32, profiler v7).
+//   BM_CollectiveTaggedPhases: ... and each channel's three barrier phases (start, KernelPhaseStop state, stop)
+//     before the channel stops, as NCCL 2.32 reports kernels that time their barriers: 25 calls.
 //   BM_ProxyStep: one proxy step (start, state with transSize, stop) with WEFT_TIMING=proxy.
 //   BM_StartStopSentinel: an event weft does not time (group, API events).
 // Run: build/bin/weft_telemetry_bench [--benchmark_repetitions=5]
@@ -51,33 +54,53 @@ EventDesc collDesc() {
   return d;
 }
 
-void BM_CollectiveLifecycle(benchmark::State& state) {
+// One collective: Coll start/stop, two kernel channels (start, [three phases,] KernelChStop state, stop).
+void collective(benchmark::State& state, bool tagged, bool phases) {
   void* ctx = context(5);
   EventDesc coll = collDesc();
   EventDesc kch;
   kch.type = EvType::kKernelCh;
+  EventDesc ph;
+  ph.type = EvType::kKernelPhase;
   uint64_t seq = 0;
   for (auto _ : state) {
     coll.seq = seq++;
+    coll.userTag = tagged ? 1 + (seq & 3) : 0;
     void* h = startEvent(ctx, coll);
     stopEvent(h);
     for (int ch = 0; ch < 2; ++ch) {
       kch.parent = h;
       kch.pTimer = 1000;
       void* k = startEvent(ctx, kch);
+      if (phases) {
+        static const uint64_t kBounds[4] = {1000, 3000, 48000, 50000};
+        for (int p = 0; p < 3; ++p) {
+          ph.parent = k;
+          ph.phaseId = static_cast<uint8_t>(p);
+          ph.pTimer = kBounds[p];
+          void* x = startEvent(ctx, ph);
+          recordState(x, ncclProfilerKernelPhaseStop, kBounds[p + 1], true);
+          stopEvent(x);
+        }
+      }
       recordState(k, ncclProfilerKernelChStop, 50000, true);
       stopEvent(k);
     }
     benchmark::DoNotOptimize(h);
     if ((seq & 1023) == 0) {
       state.PauseTiming();
-      Sink::instance().flush();  // the writer's work, off the measured path
+      Sink::instance().flush();
       state.ResumeTiming();
     }
   }
-  state.counters["events_per_op"] = 7;  // 1 Coll (start+stop) + 2 kernel channels (start, state, stop)
+  state.counters["events_per_op"] = phases ? 25 : 7;  // 1 Coll (start+stop) + 2 channels (+3 phases each)
 }
+void BM_CollectiveLifecycle(benchmark::State& state) { collective(state, false, false); }
+void BM_CollectiveTagged(benchmark::State& state) { collective(state, true, false); }
+void BM_CollectiveTaggedPhases(benchmark::State& state) { collective(state, true, true); }
 BENCHMARK(BM_CollectiveLifecycle);
+BENCHMARK(BM_CollectiveTagged);
+BENCHMARK(BM_CollectiveTaggedPhases);
 
 void BM_ProxyStep(benchmark::State& state) {
   void* ctx = context(5);

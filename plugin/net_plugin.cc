@@ -9,6 +9,7 @@
 #include <exception>
 #include <mutex>
 #include <new>
+#include <type_traits>
 #include <unordered_set>
 #include <utility>
 
@@ -156,8 +157,8 @@ ncclResult_t getPropertiesImpl(int dev, P* props) {
     if constexpr (requires { props->regIsGlobal; }) props->regIsGlobal = d.regIsGlobal ? 1 : 0;
     if constexpr (requires { props->forceFlush; }) {
       props->forceFlush = d.forceFlush ? 1 : 0;
-      // A fused device lists its members; NCCL (2.28+ shims) copies only ndevs entries, and a pre-v12 table
-      // holds 4, which makeVDevice below never exceeds.
+      // A fused device lists its members; NCCL (2.28+ shims) copies only ndevs entries: a pre-v12 table holds 4,
+      // v12 8, and makeVDevice below never makes more than the table in use holds.
       constexpr int kCap = static_cast<int>(sizeof(props->vProps.devs) / sizeof(props->vProps.devs[0]));
       if (d.vdevCount > 0 && d.vdevCount <= kCap) {
         props->vProps.ndevs = d.vdevCount;
@@ -428,8 +429,12 @@ ncclResult_t closeListenImpl(void* listenComm) {
 
 // ---- per-version adapters --------------------------------------------------------------------------------------
 
-ncclResult_t init_v7(ncclDebugLogger_t logger) { return initImpl(logger); }
+ncclResult_t init_v7(ncclDebugLogger_t logger) {  // the v7, v8 and v9 tables
+  setNetTableVersion(9);
+  return initImpl(logger);
+}
 ncclResult_t init_v10(ncclDebugLogger_t logger, ncclProfilerCallback_t prof) {
+  setNetTableVersion(10);
   if (prof != nullptr) setProfilerCallback(prof);
   return initImpl(logger);
 }
@@ -437,6 +442,8 @@ ncclResult_t init_v10(ncclDebugLogger_t logger, ncclProfilerCallback_t prof) {
 template <typename Config>
 ncclResult_t init_v11(void** ctx, uint64_t commId, Config* config, ncclDebugLogger_t logger,
                       ncclProfilerCallback_t prof) {
+  // v12's config type is its own: NCCL fuses up to 8 NICs a device there, 4 before.
+  setNetTableVersion(std::is_same_v<Config, ncclNetCommConfig_v12_t> ? 12 : 11);
   if (prof != nullptr) setProfilerCallback(prof);
   if (ctx != nullptr) *ctx = nullptr;
   ncclResult_t r = initImpl(logger);

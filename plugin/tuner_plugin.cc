@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The exported ncclTunerPlugin_v2 ... _v6 tables (in libnccl-net-weft.so, where NCCL 2.21+ finds them when
+// The exported ncclTunerPlugin_v2 ... _v7 tables (in libnccl-net-weft.so, where NCCL 2.21+ finds them when
 // NCCL_TUNER_PLUGIN is unset, and alone in libnccl-tuner-weft.so). Every entry returns ncclSuccess: an error from
 // init fails communicator creation and one from getCollInfo fails the collective (docs/nccl-semantics.md §tuner), so
 // a problem (no profile, a malformed one, another topology) turns this communicator's tuner into a pass-through with one
@@ -11,6 +11,7 @@
 #include <cmath>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,8 @@ struct TunerContext {
   std::atomic<uint8_t> forcedUnavailable[kNumColls][kBuckets];  // sweep mode: buckets where the forced entry was IGNORE
   std::atomic<uint64_t> calls{0}, changed{0};
   std::string recordPath;
+  // NCCL's tuning constants as init received them (v5+), for the recorded profile (the reference model's numbers).
+  std::optional<model::Constants> constants;
   // Record mode: NCCL's cost table at the first call of each (collective, size bucket), for the profile's model.
   struct SeenTable {
     std::atomic<uint8_t> seen{0};
@@ -248,6 +251,7 @@ void writeRecord(const TunerContext* c) {
   p.sig.nRanks = c->nRanks;
   p.sig.nNodes = c->nNodes;
   p.sig.nvlDomains = c->nvlDomains;
+  p.constants = c->constants;
   for (int i = 0; i < kNumColls; ++i) p.sig.masks[i] = c->masksSeen[i].load(std::memory_order_relaxed);
   p.source["tool"] = "weft tuner record (WEFT_TUNER_RECORD)";
   std::string fu;
@@ -314,10 +318,36 @@ ncclResult_t initV2(size_t nRanks, size_t nNodes, ncclDebugLogger_t logger, void
   return guardedInit(ctx, [&] { return makeContext(0, nRanks, nNodes, -1, logger); });
 }
 
+// NCCL's constants, read (never changed: NCCL reads them back after init). v5/v6 carry 4 compute capabilities, v7
+// 5; a row NCCL did not pass keeps the model's default.
+template <typename C>
+model::Constants readConstants(const C& in) {
+  constexpr int rows = static_cast<int>(sizeof(in.llMaxBws) / sizeof(in.llMaxBws[0]));
+  static_assert(rows <= model::kNumCompCaps, "more compute capabilities than the model knows");
+  model::Constants k = model::kNcclDefaults;
+  k.compCaps = rows;
+  std::memcpy(k.baseLat, in.baseLatencies, sizeof(k.baseLat));
+  std::memcpy(k.hwLat, in.hwLatencies, sizeof(k.hwLat));
+  std::memcpy(k.llMaxBws, in.llMaxBws, sizeof(in.llMaxBws));
+  std::memcpy(k.perChMaxRingLL128Bws, in.perChMaxRingLL128Bws, sizeof(in.perChMaxRingLL128Bws));
+  std::memcpy(k.perChMaxTreeLL128Bws, in.perChMaxTreeLL128Bws, sizeof(in.perChMaxTreeLL128Bws));
+  std::memcpy(k.perChMaxTreeBws, in.perChMaxTreeBws, sizeof(in.perChMaxTreeBws));
+  std::memcpy(k.perChMaxNvlsTreeBws, in.perChMaxNVLSTreeBws, sizeof(in.perChMaxNVLSTreeBws));
+  return k;
+}
+static_assert(sizeof(model::Constants::baseLat) == sizeof(ncclTunerConstants_v7_t::baseLatencies) &&
+                  sizeof(model::Constants::hwLat) == sizeof(ncclTunerConstants_v7_t::hwLatencies) &&
+                  sizeof(model::Constants::llMaxBws) == sizeof(ncclTunerConstants_v7_t::llMaxBws),
+              "the model's constants have tuner v7's shape");
+
 template <typename Domain, typename Constants>
 ncclResult_t initV5(void** ctx, uint64_t commId, size_t nRanks, size_t nNodes, ncclDebugLogger_t logger,
-                    Domain* nvl, Constants* /*left as NCCL set them*/) noexcept {
-  return guardedInit(ctx, [&] { return makeContext(commId, nRanks, nNodes, nvl ? nvl->nNvlDomains : -1, logger); });
+                    Domain* nvl, Constants* constants /*read only: NCCL reads them back*/) noexcept {
+  return guardedInit(ctx, [&] {
+    TunerContext* c = makeContext(commId, nRanks, nNodes, nvl ? nvl->nNvlDomains : -1, logger);
+    if (constants != nullptr && !c->recordPath.empty()) c->constants = readConstants(*constants);
+    return c;
+  });
 }
 
 // v2 (NCCL 2.21 natively) has no cost table: NCCL would take a returned pair without checking NCCL_ALGO/PROTO or

@@ -123,7 +123,8 @@ const std::vector<Def> kDefs = {
   {"WEFT_RAILS", Kind::kString, "auto", 0, 0, nullptr,
    "Which NICs form one NCCL device (rails): auto = NICs of equal speed below the same PCI root port as a GPU; "
    "off = every NIC its own device; or groups such as eth0+eth1,eth2+eth3 (NICs joined by '+', groups by ','; "
-   "at most 4 per device; NICs not named stay alone). Both ends of a connection use the rails both have."},
+   "at most 8 per device with NCCL's v12 net table (NCCL 2.30+), 4 with older ones; NICs not named stay alone). "
+   "Both ends of a connection use the rails both have."},
   {"WEFT_NIC_RAILS", Kind::kString, "", 0, 0, nullptr,
    "libfabric NICs' rail and plane for NCCL 2.30's rail-aware search (v12 railId/planeId): NIC:rail[:plane],... "
    "(e.g. rdmap16s27:0,rdmap32s27:1); NICs not named, and fused devices whose NICs differ, leave them undefined. "

@@ -157,10 +157,10 @@ Status FabricBackend::makeVDevice(const int* devs, int n, int* out) {
       rails.push_back(r);
     }
   }
-  if (static_cast<int>(rails.size()) > kMaxRails) {
-    WEFT_WARN("makeVDevice: fusing these {} devices gives {} NICs; weft drives at most {} per device "
-              "(NCCL_NET_FORCE_MERGE / NCCL_NET_MERGE_LEVEL choose smaller groups)",
-              n, rails.size(), kMaxRails);
+  if (static_cast<int>(rails.size()) > maxDevsPerNic()) {
+    WEFT_WARN("makeVDevice: fusing these {} devices gives {} NICs; a device holds at most {} on this net table "
+              "(8 on v12, 4 before; NCCL_NET_FORCE_MERGE / NCCL_NET_MERGE_LEVEL choose smaller groups)",
+              n, rails.size(), maxDevsPerNic());
     return Status::kInvalidUsage;
   }
   if (!addGroup(std::move(rails), devs, n)) return Status::kInternal;

@@ -521,12 +521,12 @@ void Endpoint::refuse(const ConnectRequest& r, uint16_t status) {
   // address vector without bound.
   if (++refusals_ > 16) return;
   fi_addr_t to;
-  // A connector of version 4 or later waits for its answer under its comm id, an older one under id 0; one before
-  // version 5 reads the shorter reply.
+  // A connector of version 4 or later waits for its answer under its comm id, an older one under id 0; an older
+  // one reads a shorter reply (wire::replyBytesFor).
   const uint32_t id = wire::requestComm(r);
   const uint32_t toComm = id <= wire::kMaxCommId ? id : 0;
   if (insert(wire::requestAddr(r), r.addrLen, &to) == Status::kOk) {
-    sendReply(to, toComm, status, r.token, 0, nullptr, 0, nullptr, r.version < ConnectRequest::kVersion);
+    sendReply(to, toComm, status, r.token, 0, nullptr, 0, nullptr, r.version);
   }
 }
 
@@ -644,7 +644,7 @@ bool Endpoint::replyDone(const ReplyTicket& t) const {
 }
 
 Status Endpoint::sendReply(fi_addr_t to, uint32_t toComm, uint16_t status, uint64_t token, uint32_t flags,
-                           const RailAddrs* rails, uint32_t commId, ReplyTicket* ticket, bool olderPeer) {
+                           const RailAddrs* rails, uint32_t commId, ReplyTicket* ticket, uint16_t peerVersion) {
   if (ticket != nullptr) *ticket = ReplyTicket{};
   int slot = -1;
   for (int i = 0; i < kReplySlots; ++i) {
@@ -656,7 +656,7 @@ Status Endpoint::sendReply(fi_addr_t to, uint32_t toComm, uint16_t status, uint6
   if (slot < 0) return Status::kOk;  // refusals are best effort; the connector times out instead
   ctl_->replyOut[slot] = ConnectReply{ConnectReply::kMagic, ConnectRequest::kVersion, status, token, flags, commId,
                                       rails != nullptr ? *rails : RailAddrs{}, transport::localDigest()};
-  replyLen_[slot] = olderPeer ? wire::kReplyBytesV4 : sizeof(ConnectReply);
+  replyLen_[slot] = wire::replyBytesFor(peerVersion);
   replyTo_[slot] = to;
   replyComm_[slot] = toComm;
   replySendCtx_[slot].kind = OpKind::kCtrlSend;

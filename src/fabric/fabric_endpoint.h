@@ -152,7 +152,7 @@ class Endpoint {
   // toComm: the connecting comm's id (its reply receive is tagged with it; 0 for a version-3 connector).
   Status sendReply(fi_addr_t to, uint32_t toComm, uint16_t status, uint64_t token, uint32_t flags = 0,
                    const RailAddrs* rails = nullptr, uint32_t commId = 0, ReplyTicket* ticket = nullptr,
-                   bool olderPeer = false);  // olderPeer: a connector before version 5 (the shorter reply)
+                   uint16_t peerVersion = ConnectRequest::kVersion);  // an older connector gets its own, shorter reply
   // True once that reply has left this process (its send completed, or failed).
   bool replyDone(const ReplyTicket& t) const;
 

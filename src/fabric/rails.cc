@@ -85,9 +85,10 @@ bool parseRailSpec(const std::string& text, RailSpec* out, std::string* error) {
         return false;
       }
     }
-    if (static_cast<int>(names.size()) > kMaxRails) {
+    if (static_cast<int>(names.size()) > maxDevsPerNic()) {
       *error = "group '" + g + "' names " + std::to_string(names.size()) + " NICs; a device holds at most " +
-               std::to_string(kMaxRails);
+               std::to_string(maxDevsPerNic()) +
+               (maxDevsPerNic() < kMaxDevsPerNic ? " with NCCL's net tables before v12 (8 on v12, NCCL 2.30+)" : "");
       return false;
     }
     out->groups.push_back(std::move(names));
@@ -139,7 +140,7 @@ std::vector<std::vector<int>> groupRails(const std::vector<NicInfo>& nics, const
       const auto gchain = pciChain(gpu);
       if (gchain.size() < 2) continue;  // a GPU straight on a root complex: nothing shares its switch
       std::vector<int> members;
-      for (int i = 0; i < n && static_cast<int>(members.size()) < kMaxRails; ++i) {
+      for (int i = 0; i < n && static_cast<int>(members.size()) < maxDevsPerNic(); ++i) {
         if (groupOf[i] != -1 || nics[i].pciPath.empty()) continue;
         const auto nchain = pciChain(nics[i].pciPath);
         // Below the same root port, but not the GPU itself (a NIC on the GPU's own function would be odd).

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "weft/common/sysfs.h"
+#include "weft/transport/net.h"
 
 #include <map>
 #include <string>
@@ -11,7 +12,9 @@
 
 namespace weft::fabric {
 
-constexpr int kMaxRails = 4;  // NICs per device (NCCL's vDevices hold 4 before v12)
+// NICs per device: arrays hold 8 (NCCL's v12 vDevices); how many a device may have depends on the table NCCL uses
+// (weft::maxDevsPerNic(): 4 before v12).
+constexpr int kMaxRails = kMaxDevsPerNic;
 
 struct RailSpec {
   enum class Mode { kAuto, kOff, kExplicit } mode = Mode::kAuto;

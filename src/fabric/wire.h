@@ -83,30 +83,36 @@ inline uint8_t ctrlTagKind(uint64_t tag) { return static_cast<uint8_t>(tag); }
 //
 // Version 4 added the listen id and the comm ids. Version 5 moved the comm id of offers, probes and close
 // notices from the tag into the body (no receive uses an ignore mask; tags, above), and added the tuner's digest
-// (weft/transport/agreement.h) to request and reply. The first fields (magic, version) never move, so a peer of
-// another version is recognised and refused naming both versions (ConnectRequestV3 and V4 find an older request's
-// address; a reply to an older connector is sent in its own, shorter layout).
+// (weft/transport/agreement.h) to request and reply. Version 6 gave request, reply and offers room for 8 rails
+// (NCCL 2.30's v12 devices fuse up to 8 NICs; 4 before), which moved the address in the request and the digest in
+// the reply. The first fields (magic, version) never move, so a peer of another version is recognised and refused
+// naming both versions (ConnectRequestV3, V4 and V5 find an older request's address; a reply to an older connector
+// is sent in its own, shorter layout). A version-5 listener cannot take a version-6 request whole (it is longer than
+// its buffer): the connector then fails after WEFT_CONNECT_TIMEOUT, naming no version.
 
 // The addresses of a multi-rail device's further endpoints (rail 0's travels in the handle or the request).
-struct RailAddrs {
+template <int N>
+struct RailAddrsOf {
   static constexpr size_t kMaxAddr = 64;
   uint8_t count = 1;  // rails of the sender of this message (1: a single NIC)
-  uint8_t len[kMaxRails] = {};
+  uint8_t len[N] = {};
   uint8_t reserved[3] = {};
-  uint8_t addr[kMaxRails][kMaxAddr] = {};  // addr[0] unused
+  uint8_t addr[N][kMaxAddr] = {};  // addr[0] unused
   bool valid() const {
-    if (count < 1 || count > kMaxRails) return false;
+    if (count < 1 || count > N) return false;
     for (int k = 1; k < count; ++k) {
       if (len[k] == 0 || len[k] > kMaxAddr) return false;
     }
     return true;
   }
 };
+using RailAddrs = RailAddrsOf<kMaxRails>;  // version 6
+using RailAddrsV5 = RailAddrsOf<4>;        // versions 3 to 5
 
 struct ConnectRequest {
   static constexpr uint32_t kMagic = 0x57465251;  // "WFRQ"
-  static constexpr uint16_t kVersion = 5;
-  static constexpr uint16_t kLayoutSince = 5;  // versions from this one on share this layout
+  static constexpr uint16_t kVersion = 6;
+  static constexpr uint16_t kLayoutSince = 6;  // versions from this one on share this layout
   static constexpr uint32_t kFlagRdma = 1;
   static constexpr uint32_t kFlagImm4 = 2;  // this end needs the 4-byte completion-data form
   // The listener's provider reports a write's length at the target: the 4-byte form carries the comm id
@@ -137,6 +143,22 @@ struct ConnectRequest {
   uint8_t addr[256];  // last: sent only up to addrLen
 };
 
+// Version 5's request, as far as a refusal needs it (its comm id and address).
+struct ConnectRequestV5 {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t addrLen;
+  uint64_t token;
+  uint32_t flags;
+  uint32_t eagerMax;
+  uint32_t listenId;
+  uint32_t commId;
+  uint32_t reserved;
+  uint64_t tunerDigest;
+  RailAddrsV5 rails;
+  uint8_t addr[256];
+};
+
 // Version 4's request, as far as a refusal needs it (its comm id and address).
 struct ConnectRequestV4 {
   uint32_t magic;
@@ -147,7 +169,7 @@ struct ConnectRequestV4 {
   uint32_t eagerMax;
   uint32_t listenId;
   uint32_t commId;
-  RailAddrs rails;
+  RailAddrsV5 rails;
   uint8_t addr[256];
 };
 
@@ -159,7 +181,7 @@ struct ConnectRequestV3 {
   uint64_t token;
   uint32_t flags;
   uint32_t eagerMax;
-  RailAddrs rails;
+  RailAddrsV5 rails;
   uint8_t addr[256];
 };
 
@@ -185,23 +207,46 @@ struct ConnectReply {
   RailAddrs rails;  // the listener's further rails; rails.count = the rails both ends use
   uint64_t tunerDigest;  // version 5: the listener's tuner decision state (0: not checked); not sent to older peers
 };
-// What a version-3 or -4 connector receives (its reply buffer ends there).
-constexpr size_t kReplyBytesV4 = offsetof(ConnectReply, tunerDigest);
+// Version 5's reply (4 rails); versions 3 and 4 end before its digest.
+struct ConnectReplyV5 {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t status;
+  uint64_t token;
+  uint32_t flags;
+  uint32_t commId;
+  RailAddrsV5 rails;
+  uint64_t tunerDigest;
+};
+// What a connector of an older version receives (its reply buffer ends there): a refusal needs only the fields
+// before the rails, which sit where they always did.
+constexpr size_t kReplyBytesV5 = sizeof(ConnectReplyV5);
+constexpr size_t kReplyBytesV4 = offsetof(ConnectReplyV5, tunerDigest);
+static_assert(offsetof(ConnectReply, rails) == offsetof(ConnectReplyV5, rails), "a refusal's fields never move");
+inline size_t replyBytesFor(uint16_t peerVersion) {
+  return peerVersion >= ConnectRequest::kVersion ? sizeof(ConnectReply) : peerVersion == 5 ? kReplyBytesV5 : kReplyBytesV4;
+}
 
 // The address in a request of either version (version 3's sits 8 bytes earlier): a refusal goes back to it.
 inline const uint8_t* requestAddr(const ConnectRequest& r) {
   if (r.version >= ConnectRequest::kLayoutSince) return r.addr;
-  const size_t at = r.version == 4 ? offsetof(ConnectRequestV4, addr) : offsetof(ConnectRequestV3, addr);
+  const size_t at = r.version == 5   ? offsetof(ConnectRequestV5, addr)
+                    : r.version == 4 ? offsetof(ConnectRequestV4, addr)
+                                     : offsetof(ConnectRequestV3, addr);
   return reinterpret_cast<const uint8_t*>(&r) + at;
 }
 // The comm id a connector of any version waits for its reply under (0 before version 4).
 inline uint32_t requestComm(const ConnectRequest& r) {
   if (r.version < 4) return 0;
-  return r.commId;  // at the same place in versions 4 and 5
+  return r.commId;  // at the same place in versions 4 to 6
 }
 
 // The receive buffer for a request of any version.
-constexpr size_t kRequestBufBytes = std::max({sizeof(ConnectRequest), sizeof(ConnectRequestV3), sizeof(ConnectRequestV4)});
+constexpr size_t kRequestBufBytes = std::max({sizeof(ConnectRequest), sizeof(ConnectRequestV3),
+                                              sizeof(ConnectRequestV4), sizeof(ConnectRequestV5)});
+static_assert(offsetof(ConnectRequest, commId) == offsetof(ConnectRequestV5, commId) &&
+                  offsetof(ConnectRequest, commId) == offsetof(ConnectRequestV4, commId),
+              "requestComm reads the comm id where versions 4 to 6 keep it");
 
 // ---- probes and close notices: tag ctrlTag(kProbe), a 16-byte body {kind, comm id} ----
 //

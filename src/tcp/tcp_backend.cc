@@ -120,8 +120,9 @@ TcpBackend::~TcpBackend() = default;
 
 Status TcpBackend::makeVDevice(const int* devs, int n, int* out) {
   if (devs == nullptr || out == nullptr || n < 1) return Status::kInternal;
-  if (n > kMaxRails) {
-    WEFT_WARN("makeVDevice: {} interfaces asked for; the TCP backend fuses at most {}", n, kMaxRails);
+  if (n > maxDevsPerNic()) {
+    WEFT_WARN("makeVDevice: {} interfaces asked for; a device holds at most {} on this net table (8 on v12, 4 "
+              "before)", n, maxDevsPerNic());
     return Status::kInvalidUsage;
   }
   std::lock_guard<std::mutex> lock(slots_.mutex());
@@ -139,6 +140,16 @@ Status TcpBackend::makeVDevice(const int* devs, int n, int* out) {
     }
   }
   if (count >= kMaxDevices) return Status::kInternal;
+  // The listen handle carries every member's address (1 byte, then 7 per IPv4 and 19 per IPv6 interface): eight
+  // IPv4 interfaces fit its 100 bytes, at most five IPv6 ones.
+  size_t handleBytes = 1;
+  for (int j = 0; j < n; ++j)
+    handleBytes += slots_.device(devs[j]).rails[0].addr.ss_family == AF_INET ? 7 : 19;
+  if (handleBytes > WireHandle::kMaxAddr) {
+    WEFT_WARN("makeVDevice: the addresses of these {} interfaces take {} bytes; NCCL's handle leaves {} for them "
+              "(at most 5 IPv6 interfaces a device)", n, handleBytes, WireHandle::kMaxAddr);
+    return Status::kInvalidUsage;
+  }
   if (n == 1) {
     *out = slots_.addMemberView(devs[0]);
     return Status::kOk;
@@ -152,8 +163,10 @@ Status TcpBackend::makeVDevice(const int* devs, int n, int* out) {
   p.speedMbps = 0;
   p.name.clear();
   p.fabric.clear();
-  // WEFT_TCP_SOCKETS per interface where kMaxRails allows, one at least
-  const int per = std::max(1, std::min(socketsPerInterface_, kMaxRails / n));
+  // WEFT_TCP_SOCKETS per interface while the connection has at most 4 sockets in all (kSocketsForStriping), one
+  // per interface at least: 8 interfaces (v12) give 8 sockets.
+  constexpr int kSocketsForStriping = 4;
+  const int per = std::max(1, std::min(socketsPerInterface_, kSocketsForStriping / n));
   for (int j = 0; j < n; ++j) {
     const TcpDevice& m = slots_.device(devs[j]);
     for (int k = 0; k < per; ++k) d->rails.push_back(m.rails[0]);

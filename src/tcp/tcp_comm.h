@@ -79,7 +79,7 @@ Counters& counters();
 
 // What every comm of one device shares: its props (for names) and the registration cache. Registration is
 // bookkeeping only (TCP needs none), kept so handles behave as on the other backends.
-constexpr int kMaxRails = 4;
+constexpr int kMaxRails = kMaxDevsPerNic;  // sockets a connection may have; per table: weft::maxDevsPerNic()
 
 struct RailAddr {
   std::string ifname;

@@ -129,7 +129,11 @@ struct alignas(64) SmallSlot {
   std::atomic<Context*> ctx{nullptr};  // read by finalize's sweep of other threads' slots
   OpSlot* op = nullptr;       // KernelCh, ProxyOp: the operation they belong to (null when not ours)
   SmallSlot* up = nullptr;    // ProxyStep -> its ProxyOp, NetPlugin -> its ProxyStep, KernelPhase -> its KernelCh
-  uint8_t phase = 0;          // KernelPhase: NCCL's phase id; KernelCh: 1 once a phase of it was timed
+  uint8_t phase = 0;          // KernelCh: 1 once a phase of it was timed
+  // KernelCh (v7): its barrier phases. A phase event's handle is &phaseTag[id] of its channel's slot (checked by
+  // address, as every handle): phases cost no slot of their own, only the start timer kept here.
+  char phaseTag[kNumKernelPhases] = {};
+  uint64_t phaseStart[kNumKernelPhases] = {};
   PeerStats* peer = nullptr;  // ProxyOp, ProxyStep, NetPlugin
   uint64_t startNs = 0;
   uint64_t startPTimer = 0;
@@ -171,6 +175,16 @@ Context* asContext(void* p) noexcept {
   if (a < base || a >= base + sizeof(gContexts) || (a - base) % sizeof(Context) != 0) return nullptr;
   auto* c = static_cast<Context*>(p);
   return c->live.load(std::memory_order_acquire) == 1 && c->magic == kCtxMagic ? c : nullptr;
+}
+
+// A kernel phase's handle: its channel's slot and the phase id, or null when the pointer is not one.
+SmallSlot* asPhase(Pools* pools, void* p, int* phase) noexcept {
+  auto a = reinterpret_cast<uintptr_t>(p), base = reinterpret_cast<uintptr_t>(pools->small.get());
+  if (a < base || a >= base + kSmallSlots * sizeof(SmallSlot)) return nullptr;
+  const size_t off = (a - base) % sizeof(SmallSlot), tags = offsetof(SmallSlot, phaseTag);
+  if (off < tags || off >= tags + kNumKernelPhases) return nullptr;
+  *phase = static_cast<int>(off - tags);
+  return reinterpret_cast<SmallSlot*>(a - off);
 }
 
 OpSlot* asOp(Pools* pools, void* p) noexcept {
@@ -252,6 +266,7 @@ SmallSlot* allocSmall(Pools* pools, Context* c, EvType t, uint64_t now) noexcept
   s.stopPTimer = 0;
   s.bytes = 0;
   s.phase = 0;
+  for (auto& t : s.phaseStart) t = 0;
   s.state.store(kActive, std::memory_order_release);
   return &s;
 }
@@ -618,7 +633,7 @@ void* startEvent(void* context, const EventDesc& d) noexcept {
   }
   Pools* pools = gPools.load(std::memory_order_acquire);
   bool timed = d.type == EvType::kColl || d.type == EvType::kP2p || d.type == EvType::kKernelCh ||
-               d.type == EvType::kKernelPhase || d.type == EvType::kProxyOp || d.type == EvType::kProxyStep || d.type == EvType::kNetPlugin;
+               d.type == EvType::kProxyOp || d.type == EvType::kProxyStep || d.type == EvType::kNetPlugin;
   uint64_t now = timed ? wallNs() : 0;
   switch (d.type) {
     case EvType::kColl:
@@ -635,16 +650,14 @@ void* startEvent(void* context, const EventDesc& d) noexcept {
       return s;
     }
     case EvType::kKernelPhase: {
-      // A channel's barrier phase, reported just before its KernelCh stops (parent: that KernelCh event).
-      SmallSlot* s = allocSmall(pools, c, EvType::kKernelPhase, now);
-      if (s == nullptr) return nullptr;
-      SmallSlot* up = asSmall(pools, d.parent);
-      if (up != nullptr && up->type == EvType::kKernelCh && up->ctx.load(std::memory_order_relaxed) == c &&
-          up->state.load(std::memory_order_acquire) == kActive)
-        s->up = up;
-      s->phase = d.phaseId;
-      s->startPTimer = d.pTimer;
-      return s;
+      // A channel's barrier phase, reported just before its KernelCh stops (parent: that KernelCh event). A phase
+      // of anything else (garbage, a channel that stopped, another communicator's) is an event weft does not time.
+      SmallSlot* ch = asSmall(pools, d.parent);
+      if (ch == nullptr || ch->type != EvType::kKernelCh || ch->ctx.load(std::memory_order_relaxed) != c ||
+          ch->state.load(std::memory_order_acquire) != kActive || d.phaseId >= kNumKernelPhases)
+        return kSentinelGeneric;
+      ch->phaseStart[d.phaseId] = d.pTimer;
+      return &ch->phaseTag[d.phaseId];
     }
     case EvType::kProxyOp: {
       SmallSlot* s = allocSmall(pools, c, EvType::kProxyOp, now);
@@ -706,6 +719,8 @@ void stopEvent(void* handle) noexcept {
     gBadHandles.fetch_add(1, std::memory_order_relaxed);
     return;
   }
+  int phase = 0;
+  if (asPhase(pools, handle, &phase) != nullptr) return;  // a kernel phase: its stop time came with its state
   uint64_t now = wallNs();
   if (OpSlot* op = asOp(pools, handle)) {
     uint32_t expect = kActive;
@@ -745,16 +760,6 @@ void stopEvent(void* handle) noexcept {
         finishIfComplete(pools, op, now);
       }
       break;
-    case EvType::kKernelPhase: {
-      // Counted only while its channel is still running (NCCL stops the phases first) and only with both timers.
-      SmallSlot* ch = s->up;
-      if (ch != nullptr && ch->state.load(std::memory_order_acquire) == kActive && ch->type == EvType::kKernelCh &&
-          ch->op != nullptr && s->phase < kNumKernelPhases && s->startPTimer != 0 && s->stopPTimer >= s->startPTimer) {
-        atomicMax(ch->op->maxPhaseNs[s->phase], s->stopPTimer - s->startPTimer);
-        ch->phase = 1;
-      }
-      break;
-    }
     case EvType::kProxyOp:
       if (PeerStats* p = s->peer) {  // v1-v3 report bytes on the op (transSize)
         if (s->bytes != 0) (s->isSend ? p->sendBytes : p->recvBytes).fetch_add(s->bytes, std::memory_order_relaxed);
@@ -792,6 +797,18 @@ void recordState(void* handle, int state, uint64_t arg, bool hasArg) noexcept {
     return;
   }
   if (asOp(pools, handle) != nullptr) return;  // NCCL records no states on Coll/P2p
+  int phase = 0;
+  if (SmallSlot* ch = asPhase(pools, handle, &phase)) {
+    // A kernel phase's end: counted only while its channel still runs (NCCL stops the phases first), with both
+    // GPU timers, as the longest of the operation's channels for that phase.
+    const uint64_t start = ch->phaseStart[phase];
+    if (state == ncclProfilerKernelPhaseStop && hasArg && ch->state.load(std::memory_order_acquire) == kActive &&
+        ch->type == EvType::kKernelCh && ch->op != nullptr && start != 0 && arg >= start) {
+      atomicMax(ch->op->maxPhaseNs[phase], arg - start);
+      ch->phase = 1;
+    }
+    return;
+  }
   SmallSlot* s = asSmall(pools, handle);
   if (s == nullptr) {
     gBadHandles.fetch_add(1, std::memory_order_relaxed);
@@ -801,9 +818,6 @@ void recordState(void* handle, int state, uint64_t arg, bool hasArg) noexcept {
   switch (s->type) {
     case EvType::kKernelCh:
       if (state == ncclProfilerKernelChStop) s->stopPTimer = arg;
-      break;
-    case EvType::kKernelPhase:
-      if (state == ncclProfilerKernelPhaseStop) s->stopPTimer = arg;
       break;
     case EvType::kProxyOp:
     case EvType::kProxyStep:

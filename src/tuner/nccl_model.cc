@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 namespace weft::tuner::model {
 namespace {
@@ -11,22 +12,10 @@ enum { kTree = 0, kRing = 1, kCollNetD = 2, kCollNetC = 3, kNvls = 4, kNvlsTree 
 enum { kLL = 0, kLL128 = 1, kSimple = 2 };
 enum { kBroadcast = 0, kReduce = 1, kAllGather = 2, kReduceScatter = 3, kAllReduce = 4 };
 
-// NCCL's default constants (spec: tuning-research §1.2). Protocol order LL / LL128 / Simple.
-constexpr double kBaseLat[7][3] = {{6.8, 14, 8.4}, {6.6, 14, 8.4}, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, {8, 8, 8}};
-constexpr double kHwLatNvlink[7][3] = {{.6, 1.25, 4}, {.6, 1.9, 3.4}, {0, 0, 3.7}, {0, 0, 2.8},
-                                       {0, 0, 25},   {0, 0, 25},    {0, 0, 4}};
-// PCI: not listed in the spec; NCCL's PCI row is close to the NVLink one with slower Simple (approximation).
-constexpr double kHwLatPci[7][3] = {{1.0, 1.9, 4.0}, {1.0, 2.5, 5.7}, {0, 0, 5.5}, {0, 0, 5.5},
-                                    {0, 0, 25},      {0, 0, 25},      {0, 0, 5.7}};
-constexpr double kHwLatNet[7][3] = {{5, 8.5, 14}, {2.7, 4, 14}, {0, 0, 31}, {0, 0, 30},
-                                    {0, 0, 18},   {0, 0, 20.9}, {0, 0, 14}};
-// Per-channel caps [compute capability][1 / 2 / >=3 nodes]. Hopper from the spec; the others approximations.
-constexpr double kPerChMaxRingLL128[4][3] = {{20, 20, 20}, {20, 20, 20}, {36.7, 36.7, 36.7}, {36.7, 36.7, 36.7}};
-constexpr double kPerChMaxTree[4][3] = {{26.5, 18.5, 10.0}, {24.0, 22.5, 16.0}, {38.7, 41.4, 36.0}, {38.7, 41.4, 36.0}};
-constexpr double kPerChMaxTreeLL128[4][3] = {{20, 20, 20}, {20, 20, 20}, {36.7, 36.7, 29}, {36.7, 36.7, 29}};
-constexpr double kPerChMaxNvlsTree[4][3] = {{0, 0, 0}, {0, 0, 0}, {0, 57.7, 45.5}, {0, 57.7, 45.5}};
-constexpr double kLlMaxBwOneNode[4] = {39.0, 87.7, 141.0, 141.0};
-constexpr double kNvlsEfficiency[4] = {0, 0, 0.85, 0.74};
+// NVLS efficiency by compute capability (not among the constants a tuner gets; Rubin: Blackwell's).
+constexpr double kNvlsEfficiency[kNumCompCaps] = {0, 0, 0.85, 0.74, 0.74};
+const Constants& K(const Topology& t) { return t.constants != nullptr ? *t.constants : kNcclDefaults; }
+int ccOf(const Topology& t) { return t.cc < 0 ? 0 : t.cc >= kNumCompCaps ? kNumCompCaps - 1 : t.cc; }
 // Tree bandwidth correction, powers of two from 64 B (spec: 0.4-1.0 with a dip at medium sizes).
 constexpr float kTreeCorrection[3][23] = {
     {1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0},
@@ -67,14 +56,28 @@ int maxThreads(const Topology& t, int algo, int proto) {
 
 }  // namespace
 
+const Constants& ncclDefaults() noexcept { return kNcclDefaults; }
+
+const char* compCapName(int cc) noexcept {
+  static const char* const kNames[kNumCompCaps] = {"volta", "ampere", "hopper", "blackwell", "rubin"};
+  return cc >= 0 && cc < kNumCompCaps ? kNames[cc] : "unknown";
+}
+
+int compCapFromName(const char* s) noexcept {
+  if (s == nullptr) return -1;
+  for (int i = 0; i < kNumCompCaps; ++i)
+    if (std::strcmp(s, compCapName(i)) == 0 || (s[0] == '0' + i && s[1] == 0)) return i;
+  return -1;
+}
+
 double latencyUs(const Topology& t, int coll, int algo, int proto) {
   if (!enabled(t, coll, algo, proto)) return -1;
-  const double(*intraHw)[3] = t.nvlinkIntra ? kHwLatNvlink : kHwLatPci;
-  double intraLat = intraHw[algo][proto];
+  const Constants& k = K(t);
+  double intraLat = k.hwLat[t.nvlinkIntra ? 0 : 1][algo][proto];
   int ppn = t.ppn();
-  double interLat = kHwLatNet[ppn == 1 ? kTree : algo][proto] + t.latencyInter * (proto == kSimple ? 2 : 1);
+  double interLat = k.hwLat[2][ppn == 1 ? kTree : algo][proto] + t.latencyInter * (proto == kSimple ? 2 : 1);
   double netOverhead = (t.amdCpu ? 2.0 : 1.0) * (proto == kSimple ? 3.0 : 1.0);
-  double base = kBaseLat[algo][proto];
+  double base = k.baseLat[algo][proto];
   int l2n = log2i(static_cast<uint64_t>(t.nNodes));
   switch (algo) {
     case kRing: {
@@ -99,16 +102,19 @@ double busBwGBs(const Topology& t, int coll, int algo, int proto, uint64_t nByte
                                                   : t.nChannels;
   double bw = nCh * (t.nNodes <= 2 ? t.bwIntra : t.bwInter);
   int sc = scale(t);
-  double llMax = t.nNodes == 1 ? kLlMaxBwOneNode[t.cc] : (t.amdCpu ? (sc == 1 ? 22.5 : 19.0) : (sc == 1 ? 39.0 : 20.4));
+  const Constants& k = K(t);
+  const int cc = ccOf(t);
+  // LL: on one node by the GPU, across nodes by the CPU (NCCL's index1).
+  double llMax = k.llMaxBws[t.nNodes == 1 ? cc : (t.amdCpu ? 1 : 0)][sc];
   switch (algo) {
     case kRing:
       if (proto == kLL) bw = std::min(llMax, 0.5 * bw);
-      if (proto == kLL128) bw = std::min(0.92 * bw, nCh * kPerChMaxRingLL128[t.cc][sc]);
+      if (proto == kLL128) bw = std::min(0.92 * bw, nCh * k.perChMaxRingLL128Bws[cc][sc]);
       break;
     case kTree:
-      if (proto == kSimple) bw = std::min(0.92 * bw, nCh * kPerChMaxTree[t.cc][sc]);
+      if (proto == kSimple) bw = std::min(0.92 * bw, nCh * k.perChMaxTreeBws[cc][sc]);
       if (proto == kLL) bw = std::min(bw / 3.8, llMax);
-      if (proto == kLL128) bw = std::min(bw * (t.nNodes == 1 ? 7.0 / 9.0 : 120.0 / 128.0), nCh * kPerChMaxTreeLL128[t.cc][sc]);
+      if (proto == kLL128) bw = std::min(bw * (t.nNodes == 1 ? 7.0 / 9.0 : 120.0 / 128.0), nCh * k.perChMaxTreeLL128Bws[cc][sc]);
       if (coll == kAllReduce) {
         int i = std::clamp(log2i(nBytes >> 6), 0, 22);
         bw *= kTreeCorrection[proto][i];
@@ -118,12 +124,12 @@ double busBwGBs(const Topology& t, int coll, int algo, int proto, uint64_t nByte
     case kNvls:
     case kNvlsTree: {
       int ppn = t.ppn();
-      double eff = kNvlsEfficiency[t.cc] > 0 ? kNvlsEfficiency[t.cc] : 0.85;
+      double eff = kNvlsEfficiency[cc] > 0 ? kNvlsEfficiency[cc] : 0.85;
       double intra = t.bwIntra * nCh * eff * (nCh - 1.0) / nCh * (coll == kAllReduce ? 2.0 : (ppn - 1.0) / ppn);
       bw = intra;
       if (t.nNodes > 1) {
         bw = std::min(bw, t.bwInter * nCh * (algo == kNvlsTree && t.nNodes <= 2 ? 2.0 : 1.0));
-        if (kPerChMaxNvlsTree[t.cc][sc] > 0) bw = std::min(bw, nCh * kPerChMaxNvlsTree[t.cc][sc]);
+        if (k.perChMaxNvlsTreeBws[cc][sc] > 0) bw = std::min(bw, nCh * k.perChMaxNvlsTreeBws[cc][sc]);
       }
       break;
     }

@@ -10,10 +10,51 @@
 
 namespace weft::tuner::model {
 
+constexpr int kNumCompCaps = 5;  // NCCL 2.32's tuner v7: 0 Volta, 1 Ampere, 2 Hopper, 3 Blackwell, 4 Rubin
+const char* compCapName(int cc) noexcept;
+int compCapFromName(const char* s) noexcept;  // "volta".."rubin" or "0".."4"; -1 when neither
+
+// NCCL's tuning constants, in the shape of tuner v7's (ncclTunerConstants_v7_t): what NCCL hands a v5+ tuner at
+// init. Protocol order LL / LL128 / Simple; the per-channel caps by compute capability and node scale (1, 2, >2).
+struct Constants {
+  double baseLat[7][3];
+  double hwLat[3][7][3];  // NVLink, PCI, network
+  double llMaxBws[kNumCompCaps][3];  // one node: by compute capability; across nodes rows 0/1 by CPU (Intel/AMD)
+  double perChMaxRingLL128Bws[kNumCompCaps][3];
+  double perChMaxTreeLL128Bws[kNumCompCaps][3];
+  double perChMaxTreeBws[kNumCompCaps][3];
+  double perChMaxNvlsTreeBws[kNumCompCaps][3];
+  int compCaps = kNumCompCaps;  // rows that came from NCCL (4 from a v5/v6 tuner's init); the rest are defaults
+};
+// NCCL's own defaults (ncclTunerConstantsDefaults, src/graph/tuning.cc of 2.30.7, the same in 2.31's
+// src/tuning/cost_model.cc). Rubin's row is not in the sources read so far: Blackwell's stands in for it, so a
+// profile or topology of compute capability 4 is modelled (as Blackwell) rather than refused; NCCL 2.32's own
+// numbers reach the model through a profile recorded by a v7 tuner (Profile::constants).
+const Constants& ncclDefaults() noexcept;
+inline constexpr Constants kNcclDefaults = {
+    // baseLat: Tree, Ring, CollNetDirect, CollNetChain, NVLS, NVLSTree, PAT
+    {{6.8, 14.0, 8.4}, {6.6, 14.0, 8.4}, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, {8.0, 8.0, 8.0}},
+    // hwLat
+    {{{0.6, 1.25, 4.0}, {0.6, 1.9, 3.4}, {0, 0, 3.7}, {0, 0, 2.8}, {0, 0, 25}, {0, 0, 25}, {0, 0, 4.0}},   // NVLink
+     {{1.0, 1.9, 4.0}, {1.0, 2.5, 5.7}, {0, 0, 3.7}, {0, 0, 2.8}, {0, 0, 0}, {0, 0, 0}, {0, 0, 4.0}},      // PCI
+     {{5.0, 8.5, 14}, {2.7, 4.0, 14.0}, {0, 0, 31}, {0, 0, 30}, {0, 0, 18}, {0, 0, 20.9}, {0, 0, 14}}},  // network
+    // llMaxBws
+    {{39.0, 39.0, 20.4}, {87.7, 22.5, 19.0}, {141.0, 45.0, 35.0}, {282.0, 90.0, 70.0}, {282.0, 90.0, 70.0}},
+    // perChMaxRingLL128Bws
+    {{20.0, 20.0, 20.0}, {20.0, 20.0, 20.0}, {36.7, 36.7, 36.7}, {40.0, 40.0, 40.0}, {40.0, 40.0, 40.0}},
+    // perChMaxTreeLL128Bws
+    {{20.0, 20.0, 20.0}, {20.0, 20.0, 20.0}, {36.7, 36.7, 29.0}, {55.6, 31.67, 20.0}, {55.6, 31.67, 20.0}},
+    // perChMaxTreeBws
+    {{26.5, 18.5, 10.0}, {24.0, 23.6, 17.8}, {38.7, 41.4, 36.0}, {70.0, 42.8, 24.0}, {70.0, 42.8, 24.0}},
+    // perChMaxNvlsTreeBws
+    {{26.5, 18.5, 10.0}, {24.0, 23.6, 17.8}, {0.0, 57.7, 45.5}, {0.0, 96.0, 80.0}, {0.0, 96.0, 80.0}},
+    kNumCompCaps};
+
 struct Topology {
   int nRanks = 16;
   int nNodes = 2;
-  int cc = 2;              // compute capability index: 0 Volta, 1 Ampere, 2 Hopper, 3 Blackwell
+  int cc = 2;              // compute capability index (kNumCompCaps): 0 Volta, 1 Ampere, 2 Hopper, 3 Blackwell, 4 Rubin
+  const Constants* constants = nullptr;  // NCCL's as a tuner received them (a recorded profile's), else ncclDefaults()
   bool amdCpu = false;     // net overhead 2 µs instead of 1, lower LL bandwidth caps across nodes
   int nChannels = 16;      // ring/tree graph channels (comm->nChannels)
   double bwIntra = 20.0;   // graph bandwidth per channel inside a node, GB/s

@@ -148,6 +148,87 @@ bool parseArm(const json& j, Arm* a, std::string* err, const std::string& where)
 
 static std::optional<Profile> parseProfileChecked(const std::string& text, std::string* error);
 
+// NCCL's tuning constants ("nccl_constants"): every table of its shape, numbers finite and not negative; the
+// compute-capability tables have `compcaps` rows (4 from a v5/v6 tuner, 5 from v7), the rest keep NCCL's defaults.
+namespace {
+struct ConstTable {
+  const char* key;
+  double* data;
+  int rows, cols;  // rows of cols numbers; rows < 0: compcaps rows
+};
+
+bool readMatrix(const json& j, const ConstTable& t, int rows, std::string* err) {
+  auto a = j.find(t.key);
+  if (a == j.end() || !a->is_array() || static_cast<int>(a->size()) != rows) {
+    *err = fmt::format("nccl_constants.{}: want an array of {} rows", t.key, rows);
+    return false;
+  }
+  for (int r = 0; r < rows; ++r) {
+    const json& row = (*a)[static_cast<size_t>(r)];
+    if (!row.is_array() || static_cast<int>(row.size()) != t.cols) {
+      *err = fmt::format("nccl_constants.{}[{}]: want {} numbers", t.key, r, t.cols);
+      return false;
+    }
+    for (int c = 0; c < t.cols; ++c) {
+      const json& v = row[static_cast<size_t>(c)];
+      if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < 0) {
+        *err = fmt::format("nccl_constants.{}[{}][{}]: not a finite number >= 0", t.key, r, c);
+        return false;
+      }
+      t.data[r * t.cols + c] = v.get<double>();
+    }
+  }
+  return true;
+}
+
+std::vector<ConstTable> constTables(model::Constants& k) {
+  return {{"base_latencies", &k.baseLat[0][0], 7, 3},
+          {"hw_latencies", &k.hwLat[0][0][0], 21, 3},  // [link][algo]: 3 x 7 rows
+          {"ll_max_bws", &k.llMaxBws[0][0], -1, 3},
+          {"per_ch_max_ring_ll128_bws", &k.perChMaxRingLL128Bws[0][0], -1, 3},
+          {"per_ch_max_tree_ll128_bws", &k.perChMaxTreeLL128Bws[0][0], -1, 3},
+          {"per_ch_max_tree_bws", &k.perChMaxTreeBws[0][0], -1, 3},
+          {"per_ch_max_nvls_tree_bws", &k.perChMaxNvlsTreeBws[0][0], -1, 3}};
+}
+
+bool parseConstants(const json& j, model::Constants* out, std::string* err) {
+  if (!j.is_object()) {
+    *err = "nccl_constants is not an object";
+    return false;
+  }
+  int n = 0;
+  if (!getNum(j, "compcaps", &n, err, "nccl_constants")) return false;
+  if (n != 4 && n != model::kNumCompCaps) {
+    *err = fmt::format("nccl_constants.compcaps: {} (NCCL's tuners pass 4, or {} from v7)", n, model::kNumCompCaps);
+    return false;
+  }
+  model::Constants k = model::kNcclDefaults;
+  k.compCaps = n;
+  for (const ConstTable& t : constTables(k)) {
+    if (!readMatrix(j, t, t.rows < 0 ? n : t.rows, err)) return false;
+  }
+  *out = k;
+  return true;
+}
+
+json writeConstants(const model::Constants& in) {
+  model::Constants k = in;
+  json j;
+  j["compcaps"] = k.compCaps;
+  for (const ConstTable& t : constTables(k)) {
+    const int rows = t.rows < 0 ? k.compCaps : t.rows;
+    json a = json::array();
+    for (int r = 0; r < rows; ++r) {
+      json row = json::array();
+      for (int c = 0; c < t.cols; ++c) row.push_back(t.data[r * t.cols + c]);
+      a.push_back(row);
+    }
+    j[t.key] = a;
+  }
+  return j;
+}
+}  // namespace
+
 // Total: a field of an unexpected JSON type (which nlohmann reports by throwing) is refused like any other flaw.
 std::optional<Profile> parseProfile(const std::string& text, std::string* error) {
   try {
@@ -189,6 +270,12 @@ static std::optional<Profile> parseProfileChecked(const std::string& text, std::
     return std::nullopt;
   }
   if (!getNum(*sig, "nvl_domains", &p.sig.nvlDomains, err, "signature", false)) return std::nullopt;
+  if (!getNum(*sig, "cc", &p.sig.cc, err, "signature", false)) return std::nullopt;
+  if (p.sig.cc < -1 || p.sig.cc >= model::kNumCompCaps) {
+    *err = fmt::format("signature.cc: {} is not a compute capability index (0 Volta .. {} Rubin)", p.sig.cc,
+                       model::kNumCompCaps - 1);
+    return std::nullopt;
+  }
   if (sig->contains("nccl") && (*sig)["nccl"].is_string()) p.sig.ncclVersion = (*sig)["nccl"].get<std::string>();
   if (auto m = sig->find("masks"); m != sig->end()) {
     if (!m->is_object()) {
@@ -210,6 +297,11 @@ static std::optional<Profile> parseProfileChecked(const std::string& text, std::
       }
       p.sig.masks[c] = static_cast<uint32_t>(x);
     }
+  }
+  if (auto k = j.find("nccl_constants"); k != j.end()) {
+    model::Constants c;
+    if (!parseConstants(*k, &c, err)) return std::nullopt;
+    p.constants = c;
   }
   if (auto s = j.find("source"); s != j.end() && s->is_object()) {
     for (auto& [k, v] : s->items()) p.source[k] = v.is_string() ? v.get<std::string>() : v.dump();
@@ -295,6 +387,7 @@ std::string writeProfile(const Profile& p) {
   sig["nranks"] = p.sig.nRanks;
   sig["nnodes"] = p.sig.nNodes;
   if (p.sig.nvlDomains >= 0) sig["nvl_domains"] = p.sig.nvlDomains;
+  if (p.sig.cc >= 0) sig["cc"] = p.sig.cc;
   if (!p.sig.ncclVersion.empty()) sig["nccl"] = p.sig.ncclVersion;
   json masks = json::object();
   for (int c = 0; c < kNumColls; ++c)
@@ -302,6 +395,7 @@ std::string writeProfile(const Profile& p) {
   if (!masks.empty()) sig["masks"] = masks;
   j["signature"] = sig;
   j["source"] = p.source;
+  if (p.constants) j["nccl_constants"] = writeConstants(*p.constants);
   // An array of entries, each starting with its collective's name (measurements always, the others when any).
   auto array = [&](const char* key, const auto& items, bool always, auto&& fill) {
     if (items.empty() && !always) return;

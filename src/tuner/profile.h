@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "tuner/nccl_model.h"
+
 namespace weft::tuner {
 
 constexpr int kNumColls = 5;  // ncclFunc_t Broadcast..AllReduce: the collectives NCCL asks the tuner about
@@ -58,6 +60,7 @@ struct Signature {
   int nRanks = 0;
   int nNodes = 0;
   int nvlDomains = -1;       // v5+: nNvlDomains; -1 unknown
+  int cc = -1;               // the GPUs' compute capability index (model::kNumCompCaps; 4 Rubin); -1 unknown
   std::string ncclVersion;   // informational
   // Per collective: which (algo, proto) entries NCCL's cost table offered (bit algo*3+proto), 0 = not recorded.
   // A table whose entries differ at run time means a changed NCCL, topology or NCCL_ALGO/PROTO: pass-through.
@@ -90,6 +93,9 @@ struct Profile {
   std::vector<ModelPoint> model;
   std::vector<Rule> rules;
   std::map<std::string, std::string> source;  // tool, command, environment, created ...
+  // NCCL's tuning constants as the tuner received them at init (WEFT_TUNER_RECORD, v5+; v7 has the fifth compute
+  // capability's row): the reference model's numbers for this profile's tools (weft tune show, eval).
+  std::optional<model::Constants> constants;
 };
 
 // JSON (format "weft-tuner-profile", version 1). On failure: nullopt and *error says where and why.

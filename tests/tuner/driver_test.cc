@@ -125,9 +125,16 @@ struct Api {
       r = static_cast<const ncclTuner_v4_t*>(sym)->init(nRanks, nNodes, quietLog, &ctx);
     } else {
       ncclNvlDomainInfo_v5_t nvl{static_cast<int>(nNodes), 8, 8};
+      // NCCL passes its constants in and reads them back after init (a tuner may edit them): weft leaves them.
       ncclTunerConstants_v5_t constants{};
-      r = version == 5 ? static_cast<const ncclTuner_v5_t*>(sym)->init(&ctx, commId, nRanks, nNodes, quietLog, &nvl, &constants)
-                       : static_cast<const ncclTuner_v6_t*>(sym)->init(&ctx, commId, nRanks, nNodes, quietLog, &nvl, &constants);
+      ncclTunerConstants_v7_t constants7{};  // 2.32: a fifth compute-capability row
+      for (int i = 0; i < NCCL_NUM_COMPCAPS_V7; ++i) constants7.llMaxBws[i][0] = 10.0 * (i + 1);
+      constants.llMaxBws[3][2] = 7.0;
+      if (version == 5) r = static_cast<const ncclTuner_v5_t*>(sym)->init(&ctx, commId, nRanks, nNodes, quietLog, &nvl, &constants);
+      else if (version == 6) r = static_cast<const ncclTuner_v6_t*>(sym)->init(&ctx, commId, nRanks, nNodes, quietLog, &nvl, &constants);
+      else r = static_cast<const ncclTuner_v7_t*>(sym)->init(&ctx, commId, nRanks, nNodes, quietLog, &nvl, &constants7);
+      CHECK(constants.llMaxBws[3][2] == 7.0);
+      for (int i = 0; i < NCCL_NUM_COMPCAPS_V7; ++i) CHECK(constants7.llMaxBws[i][0] == 10.0 * (i + 1));
     }
     CHECK(r == ncclSuccess);  // never fails communicator creation
     return ctx;
@@ -139,13 +146,15 @@ struct Api {
       case 3: return static_cast<const ncclTuner_v3_t*>(sym)->getCollInfo(ctx, static_cast<ncclFunc_t>(coll), nBytes, pipe, t, 7, 3, nChannels);
       case 4: return static_cast<const ncclTuner_v4_t*>(sym)->getCollInfo(ctx, static_cast<ncclFunc_t>(coll), nBytes, pipe, t, 7, 3, regBuff, nChannels);
       case 5: return static_cast<const ncclTuner_v5_t*>(sym)->getCollInfo(ctx, static_cast<ncclFunc_t>(coll), nBytes, pipe, t, 7, 3, regBuff, nChannels);
-      default: return static_cast<const ncclTuner_v6_t*>(sym)->getCollInfo(ctx, static_cast<ncclFunc_t>(coll), nBytes, pipe, t, 7, 3, regBuff, nChannels);
+      case 6: return static_cast<const ncclTuner_v6_t*>(sym)->getCollInfo(ctx, static_cast<ncclFunc_t>(coll), nBytes, pipe, t, 7, 3, regBuff, nChannels);
+      default: return static_cast<const ncclTuner_v7_t*>(sym)->getCollInfo(ctx, static_cast<ncclFunc_t>(coll), nBytes, pipe, t, 7, 3, regBuff, nChannels);
     }
   }
   ncclResult_t fin(void* ctx) const {
     if (version <= 4) return static_cast<const ncclTuner_v4_t*>(sym)->destroy(ctx);
     if (version == 5) return static_cast<const ncclTuner_v5_t*>(sym)->finalize(ctx);
-    return static_cast<const ncclTuner_v6_t*>(sym)->finalize(ctx);
+    if (version == 6) return static_cast<const ncclTuner_v6_t*>(sym)->finalize(ctx);
+    return static_cast<const ncclTuner_v7_t*>(sym)->finalize(ctx);
   }
 };
 
@@ -172,7 +181,7 @@ TEST_CASE("every table version, called as enqueue.cc does: success, IGNORE never
     REQUIRE(p);
     expected = Policy::build(*p, PolicyOptions{});
   }
-  for (int v = 3; v <= 6; ++v) {
+  for (int v = 3; v <= 7; ++v) {
     DYNAMIC_SECTION("v" << v) {
       Api api = Api::load(v);
       void* ctx = api.init(0xc0ffee + v, 16, 2);
@@ -223,7 +232,7 @@ TEST_CASE("every table version, called as enqueue.cc does: success, IGNORE never
 TEST_CASE("consistency: ranks with identical NCCL inputs but their own regBuff decide bit-identically", "[driver]") {
   // 8 ranks x 3 communicators (16 ranks/2 nodes, a split of 8 ranks/1 node, and another 16/2 one), one random call
   // sequence per communicator (the same on every rank, as NCCL requires), per-rank random regBuff and interleaving.
-  Api api = Api::load(6);
+  Api api = Api::load(7);  // the newest table (2.32)
   const int kRanks = 8;
   struct CommDesc {
     uint64_t id;
@@ -310,6 +319,57 @@ TEST_CASE("getCollInfo allocates nothing, takes no lock and logs nothing in any 
   api.fin(ctx);
 }
 
+// WEFT_TUNER_RECORD: NCCL's constants as init gave them reach the recorded profile (the reference model's numbers
+// for tools): five compute-capability rows from v7 (NCCL 2.32), four from v6; NCCL's own are left as they were.
+TEST_CASE("record mode: the constants NCCL passes at init are in the recorded profile", "[driver][record]") {
+  if (gMode != "record") return;
+  const std::string path = gDir + "/record.json";
+  auto read = [&] {
+    std::ifstream in(path);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::string err;
+    auto p = parseProfile(text, &err);
+    INFO(err);
+    REQUIRE(p);
+    return *p;
+  };
+  void* lib = dlopen(WEFT_TUNER_LIB_PATH, RTLD_NOW | RTLD_LOCAL);
+  REQUIRE(lib != nullptr);
+  ncclNvlDomainInfo_v5_t nvl{2, 8, 8};
+  {
+    auto* t = static_cast<const ncclTuner_v7_t*>(dlsym(lib, "ncclTunerPlugin_v7"));
+    REQUIRE(t != nullptr);
+    ncclTunerConstants_v7_t k{};
+    for (int i = 0; i < NCCL_NUM_COMPCAPS_V7; ++i)
+      for (int s = 0; s < 3; ++s) k.perChMaxTreeBws[i][s] = 10.0 * i + s + 0.5;
+    k.hwLatencies[NCCL_HW_NET][NCCL_ALGO_RING][NCCL_PROTO_SIMPLE] = 15.59;
+    void* ctx = nullptr;
+    REQUIRE(t->init(&ctx, 0x7c0, 16, 2, quietLog, &nvl, &k) == ncclSuccess);
+    CHECK(k.perChMaxTreeBws[4][2] == 42.5);  // untouched
+    REQUIRE(t->finalize(ctx) == ncclSuccess);
+    Profile p = read();
+    REQUIRE(p.constants);
+    CHECK(p.constants->compCaps == 5);
+    CHECK(p.constants->perChMaxTreeBws[4][2] == 42.5);  // Rubin's row, as NCCL 2.32 gave it
+    CHECK(p.constants->perChMaxTreeBws[1][0] == 10.5);
+    CHECK(p.constants->hwLat[NCCL_HW_NET][NCCL_ALGO_RING][NCCL_PROTO_SIMPLE] == 15.59);
+  }
+  {
+    auto* t = static_cast<const ncclTuner_v6_t*>(dlsym(lib, "ncclTunerPlugin_v6"));
+    REQUIRE(t != nullptr);
+    ncclTunerConstants_v5_t k{};
+    k.llMaxBws[3][0] = 300.0;
+    void* ctx = nullptr;
+    REQUIRE(t->init(&ctx, 0x6c0, 16, 2, quietLog, &nvl, &k) == ncclSuccess);
+    REQUIRE(t->finalize(ctx) == ncclSuccess);
+    Profile p = read();
+    REQUIRE(p.constants);
+    CHECK(p.constants->compCaps == 4);
+    CHECK(p.constants->llMaxBws[3][0] == 300.0);
+    CHECK(p.constants->llMaxBws[4][0] == model::ncclDefaults().llMaxBws[4][0]);  // not NCCL's: the default
+  }
+}
+
 int main(int argc, char** argv) {
   const char* mode = std::getenv("WEFT_TUNER_TEST_MODE");
   gMode = mode ? mode : "none";
@@ -329,6 +389,7 @@ int main(int argc, char** argv) {
   }
   if (gMode == "off") setenv("WEFT_TUNER", "0", 1);
   if (gMode == "explore") setenv("WEFT_TUNER_EXPLORE", "1", 1);
+  if (gMode == "record") setenv("WEFT_TUNER_RECORD", (gDir + "/record.json").c_str(), 1);
   int rc = Catch::Session().run(argc, argv);
   std::string cmd = "rm -rf '" + gDir + "'";
   if (std::system(cmd.c_str()) != 0) return 3;

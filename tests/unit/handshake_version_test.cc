@@ -171,6 +171,25 @@ TEST_CASE("a peer speaking handshake version 4 gets its refusal in its own layou
   CHECK(t.bufs->reply.version == wire::ConnectRequest::kVersion);
 }
 
+TEST_CASE("a peer speaking handshake version 5 (four rails) gets its refusal in its own layout, under its comm id",
+          "[fabric][handshake]") {
+  weft::testing::FabricTestEnv env;
+  WEFT_REQUIRE_FABRIC(env);
+  Setup t(env.backend());
+  auto* r = t.request<wire::ConnectRequestV5>(5);
+  r->listenId = t.h.listenId;
+  r->commId = 5151;
+  // Version 5's reply receive is its own ConnectReply: four rails, then the digest.
+  Exchange x = t.send(r, wire::ctrlTag(wire::CtrlKind::kConnReply, 5151), wire::kReplyBytesV5);
+  REQUIRE(x.replied);
+  CHECK_FALSE(x.connected);
+  CHECK(x.replyLen == wire::kReplyBytesV5);
+  CHECK(t.bufs->reply.magic == wire::ConnectReply::kMagic);
+  CHECK(t.bufs->reply.status == wire::kBadVersion);
+  CHECK(t.bufs->reply.version == wire::ConnectRequest::kVersion);
+  CHECK(t.bufs->reply.token == t.h.token);
+}
+
 TEST_CASE("a peer whose tuner would decide differently is refused naming both digests, and accept fails",
           "[fabric][handshake][agreement]") {
   weft::testing::FabricTestEnv env;

@@ -34,12 +34,45 @@ TEST_CASE("WEFT_RAILS parses auto, off and explicit groups, and refuses malforme
   CHECK(s.mode == RailSpec::Mode::kExplicit);
   REQUIRE(s.groups.size() == 2);
   CHECK(s.groups[1] == std::vector<std::string>{"eth2", "eth3"});
-  for (const char* bad : {"eth0+", "+eth1", "eth0++eth1", "a+b,,c+d", "a+b+c+d+e", "eth 0+eth1"}) {
+  for (const char* bad : {"eth0+", "+eth1", "eth0++eth1", "a+b,,c+d", "a+b+c+d+e+f+g+h+i", "eth 0+eth1"}) {
     INFO(bad);
     err.clear();
     CHECK_FALSE(parseRailSpec(bad, &s, &err));
     CHECK_FALSE(err.empty());
   }
+}
+
+TEST_CASE("WEFT_RAILS: eight NICs a device with NCCL's v12 table, four with the older ones", "[rails]") {
+  RailSpec s;
+  std::string err;
+  weft::setNetTableVersion(12);
+  CHECK(weft::maxDevsPerNic() == 8);
+  REQUIRE(parseRailSpec("a+b+c+d+e+f+g+h", &s, &err));
+  CHECK(s.groups[0].size() == 8);
+  weft::setNetTableVersion(11);
+  CHECK(weft::maxDevsPerNic() == 4);
+  CHECK_FALSE(parseRailSpec("a+b+c+d+e", &s, &err));
+  CHECK(err.find("at most 4") != std::string::npos);
+  CHECK(err.find("v12") != std::string::npos);
+  REQUIRE(parseRailSpec("a+b+c+d", &s, &err));
+  weft::setNetTableVersion(9);
+  CHECK(weft::maxDevsPerNic() == 4);
+  // Grouping by PCI locality stops at the table's limit too: six NICs under one switch make one device of 4.
+  std::vector<NicInfo> nics;
+  for (int i = 0; i < 6; ++i) {
+    NicInfo n;
+    n.name = "n" + std::to_string(i);
+    n.pciPath = kSw0 + "0000:01:1" + std::to_string(i) + ".0/0000:0" + std::to_string(i + 1) + ":00.0";
+    n.speedMbps = 100000;
+    nics.push_back(n);
+  }
+  std::vector<std::string> warnings;
+  auto groups4 = groupRails(nics, {kGpus[0]}, RailSpec{}, &warnings);
+  CHECK(groups4[0].size() == 4);
+  weft::setNetTableVersion(12);
+  auto groups8 = groupRails(nics, {kGpus[0]}, RailSpec{}, &warnings);
+  CHECK(groups8[0].size() == 6);
+  weft::setNetTableVersion(0);
 }
 
 TEST_CASE("WEFT_NIC_RAILS gives NICs NCCL 2.30's rail and plane, and refuses malformed text", "[rails]") {

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <random>
 
+#include <nlohmann/json.hpp>
+
 #include "tuner/nccl_model.h"
 #include "tuner/nccl_env.h"
 #include "tuner/policy.h"
@@ -602,4 +604,91 @@ TEST_CASE("held-out sizes: never below 0.99x where the world is as assumed; each
       CHECK(h.below99 == 0);
       CHECK(h.geoSpeedup >= 1.04);
     }
+}
+
+TEST_CASE("reference model: five compute capabilities (tuner v7), NCCL's constants in place of the defaults",
+          "[tuner][model]") {
+  // NCCL 2.30.7's defaults, as src/graph/tuning.cc has them.
+  const model::Constants& d = model::ncclDefaults();
+  CHECK(d.compCaps == model::kNumCompCaps);
+  CHECK(d.llMaxBws[3][0] == 282.0);
+  CHECK(d.perChMaxTreeBws[1][1] == 23.6);
+  CHECK(d.perChMaxNvlsTreeBws[3][2] == 80.0);
+  CHECK(d.hwLat[1][6][2] == 4.0);  // PCI, PAT, Simple
+  CHECK(std::string(model::compCapName(4)) == "rubin");
+  CHECK(model::compCapFromName("rubin") == 4);
+  CHECK(model::compCapFromName("4") == 4);
+  CHECK(model::compCapFromName("5") == -1);
+  CHECK(model::compCapFromName("pascal") == -1);
+  // Rubin (4) is modelled like the others: every entry NCCL would offer has a cost, the same as Blackwell's until
+  // NCCL's own Rubin numbers come in through a profile.
+  for (int nodes : {1, 2, 4}) {
+    model::Topology rubin = hopper(nodes), blackwell = hopper(nodes);
+    rubin.cc = 4;
+    blackwell.cc = 3;
+    for (uint64_t n : {uint64_t{4096}, uint64_t{1} << 20, uint64_t{1} << 28}) {
+      model::Table a = model::costTable(rubin, 4, n), b = model::costTable(blackwell, 4, n);
+      for (int i = 0; i < 21; ++i) CHECK(a.flat()[i] == b.flat()[i]);
+      CHECK(model::pick(a).algo >= 0);
+    }
+  }
+  // Constants given to the topology replace the defaults: a lower tree cap for Hopper lowers tree bandwidth.
+  model::Constants k = d;
+  k.perChMaxTreeBws[2][1] = 1.0;
+  model::Topology t = hopper(2);
+  double before = model::busBwGBs(t, 4, 0, 2, 1u << 28);
+  t.constants = &k;
+  double after = model::busBwGBs(t, 4, 0, 2, 1u << 28);
+  CHECK(after < before);
+  CHECK(after == Approx(1.0 * t.nChannels * 0.9).epsilon(0.2));  // the cap times channels, times the correction
+}
+
+TEST_CASE("profiles carry NCCL's constants (4 or 5 compute capabilities) and the compute capability", "[tuner][profile]") {
+  Profile p;
+  p.sig.nRanks = 16;
+  p.sig.nNodes = 2;
+  p.sig.cc = 4;
+  model::Constants k = model::ncclDefaults();
+  k.llMaxBws[4][0] = 512.5;  // what a v7 tuner was given for Rubin
+  k.hwLat[2][1][2] = 9.25;
+  p.constants = k;
+  std::string err;
+  auto back = parseProfile(writeProfile(p), &err);
+  REQUIRE(back);
+  CHECK(back->sig.cc == 4);
+  REQUIRE(back->constants);
+  CHECK(back->constants->compCaps == 5);
+  CHECK(back->constants->llMaxBws[4][0] == 512.5);
+  CHECK(back->constants->hwLat[2][1][2] == 9.25);
+  // From a v5/v6 tuner: four rows; the fifth keeps the default.
+  k = model::ncclDefaults();
+  k.compCaps = 4;
+  k.perChMaxTreeBws[3][0] = 71.5;
+  p.constants = k;
+  const std::string four = writeProfile(p);
+  back = parseProfile(four, &err);
+  REQUIRE(back);
+  CHECK(back->constants->compCaps == 4);
+  CHECK(back->constants->perChMaxTreeBws[3][0] == 71.5);
+  CHECK(back->constants->perChMaxTreeBws[4][0] == model::ncclDefaults().perChMaxTreeBws[4][0]);
+  // Malformed: each refused with a reason naming the field.
+  using nlohmann::json;
+  const json base = json::parse(four);
+  auto refused = [&](const char* what, auto&& mutate, const char* named) {
+    json j = base;
+    mutate(j);
+    std::string e;
+    INFO(what);
+    CHECK_FALSE(parseProfile(j.dump(), &e));
+    INFO(e);
+    CHECK(e.find(named) != std::string::npos);
+  };
+  refused("six compute capabilities", [](json& j) { j["nccl_constants"]["compcaps"] = 6; }, "compcaps");
+  refused("compute capability 5", [](json& j) { j["signature"]["cc"] = 5; }, "signature.cc");
+  refused("a negative cap", [](json& j) { j["nccl_constants"]["per_ch_max_tree_bws"][3][0] = -71.5; },
+          "per_ch_max_tree_bws[3][0]");
+  refused("a string", [](json& j) { j["nccl_constants"]["ll_max_bws"][0][1] = "fast"; }, "ll_max_bws[0][1]");
+  refused("a row missing", [](json& j) { j["nccl_constants"]["ll_max_bws"].erase(3); }, "ll_max_bws");
+  refused("a short row", [](json& j) { j["nccl_constants"]["hw_latencies"][20].erase(2); }, "hw_latencies[20]");
+  refused("not an object", [](json& j) { j["nccl_constants"] = 3; }, "nccl_constants");
 }

@@ -137,7 +137,7 @@ TEST_CASE("the handshake keeps the fields a peer of another version reads", "[wi
   CHECK(offsetof(ConnectReply, token) == 8);
   CHECK(offsetof(ConnectReply, commId) == 20);
   CHECK(offsetof(ConnectReply, rails) == 24);
-  CHECK(ConnectRequest::kVersion == 5);
+  CHECK(ConnectRequest::kVersion == 6);
   // An older request's address and comm id are found where its own layout has them, so the refusal reaches it
   // under the tag it waits on; an older connector gets the reply in its own, shorter layout.
   ConnectRequest r{};
@@ -148,11 +148,24 @@ TEST_CASE("the handshake keeps the fields a peer of another version reads", "[wi
   CHECK(offsetof(ConnectRequest, commId) == offsetof(ConnectRequestV4, commId));
   r.commId = 77;
   CHECK(requestComm(r) == 77);
+  r.version = 5;  // four rails: its address sits earlier
+  CHECK(requestAddr(r) == reinterpret_cast<const uint8_t*>(&r) + offsetof(ConnectRequestV5, addr));
+  CHECK(offsetof(ConnectRequestV5, addr) < offsetof(ConnectRequest, addr));
+  CHECK(requestComm(r) == 77);
   r.version = 3;
   CHECK(requestAddr(r) == reinterpret_cast<const uint8_t*>(&r) + offsetof(ConnectRequestV3, addr));
   CHECK(requestComm(r) == 0);
   CHECK(kRequestBufBytes >= sizeof(ConnectRequestV4));
-  CHECK(kReplyBytesV4 == offsetof(ConnectReply, rails) + sizeof(RailAddrs));  // version 4's whole reply
+  CHECK(kRequestBufBytes >= sizeof(ConnectRequestV5));
+  CHECK(kReplyBytesV4 == offsetof(ConnectReply, rails) + sizeof(RailAddrsV5));  // version 4's whole reply
+  CHECK(kReplyBytesV5 == kReplyBytesV4 + 8);                                     // version 5's: and its digest
+  CHECK(replyBytesFor(3) == kReplyBytesV4);
+  CHECK(replyBytesFor(4) == kReplyBytesV4);
+  CHECK(replyBytesFor(5) == kReplyBytesV5);
+  CHECK(replyBytesFor(ConnectRequest::kVersion) == sizeof(ConnectReply));
+  // Version 6: eight rails (NCCL 2.30's v12 devices)
+  CHECK(sizeof(RailAddrs::len) == 8);
+  CHECK(sizeof(OfferEntry::addr) / sizeof(OfferEntry::addr[0]) == 8);
   CHECK(offsetof(ConnectReply, tunerDigest) % 8 == 0);
 }
 

@@ -95,7 +95,10 @@ void usage() {
                "  tune eval --profile F         score a profile in a simulated world\n"
                "  tune check LOG... [--expect N]  the tuner decision state every rank logged (NCCL_DEBUG=INFO): one\n"
                "                                state, or which processes differ (exit 1)\n"
-               "  profile merge DIR --out F     a profile from the timing records of every rank (WEFT_TELEMETRY_DIR)\n");
+               "  profile merge DIR --out F     a profile from the timing records of every rank (WEFT_TELEMETRY_DIR)\n"
+               "  [topology] of the tune commands: --ranks N --nodes M --channels N --bw-intra GBs --bw-inter GBs\n"
+               "      --cc volta|ampere|hopper|blackwell|rubin (or 0-4) --amd --nvls --no-ll128 --pci; a profile's\n"
+               "      recorded NCCL constants and compute capability are used where it has them\n");
 }
 
 

@@ -16,6 +16,7 @@
 #include <cstdarg>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -48,6 +49,8 @@ std::vector<uint64_t> powersOfTwo(uint64_t lo, uint64_t hi) {
   return v;
 }
 
+bool gCcGiven = false;  // --cc was given (a profile's own compute capability then does not replace it)
+
 bool topoOption(harness::Args& a, model::Topology& t) {
   const std::string& f = a.flag();
   if (f == "--ranks") t.nRanks = a.number(1, 1 << 20);
@@ -55,13 +58,28 @@ bool topoOption(harness::Args& a, model::Topology& t) {
   else if (f == "--channels") t.nChannels = a.number(1, 64);
   else if (f == "--bw-intra") t.bwIntra = a.number(1, 10000);
   else if (f == "--bw-inter") t.bwInter = a.number(1, 10000);
-  else if (f == "--cc") t.cc = a.number(0, 3);
+  else if (f == "--cc") {
+    const std::string v = a.value();
+    t.cc = model::compCapFromName(v.c_str());
+    gCcGiven = true;
+    if (t.cc < 0) {
+      std::fprintf(stderr, "weft tune: --cc '%s': want volta, ampere, hopper, blackwell, rubin or 0 to 4\n", v.c_str());
+      std::exit(2);
+    }
+  }
   else if (f == "--amd") t.amdCpu = true;
   else if (f == "--nvls") t.nvls = true;
   else if (f == "--no-ll128") t.ll128 = false;
   else if (f == "--pci") t.nvlinkIntra = false;
   else return false;
   return true;
+}
+
+// A profile recorded by the tuner carries NCCL's own constants (and may name the GPUs' compute capability): the
+// reference model uses them, unless --cc chose the capability.
+void modelFromProfile(const Profile& p, model::Topology* t) {
+  if (p.constants) t->constants = &*p.constants;
+  if (p.sig.cc >= 0 && !gCcGiven) t->cc = p.sig.cc;
 }
 
 std::string sizeLabel(uint64_t n) { return svg::bytesLabel(static_cast<double>(n)); }
@@ -193,6 +211,7 @@ int showCommand(int argc, char** argv) {
     std::printf("weft tune show: %s: the tuner would pass NCCL's choices through\n", why.c_str());
     return 0;
   }
+  modelFromProfile(*prof, &topo);
   auto pol = Policy::build(*prof, PolicyOptions{});
   auto sizes = powersOfTwo(1 << 10, 1u << 30);
   std::set<std::pair<int, uint64_t>> measured;
@@ -616,6 +635,7 @@ int evalCommand(int argc, char** argv) {
     std::fprintf(stderr, "weft tune eval: %s: %s\n", profilePath.c_str(), err.c_str());
     return 1;
   }
+  modelFromProfile(*prof, &topo);
   sim::WorldOptions wo;
   wo.seed = static_cast<uint64_t>(seed);
   sim::World w(topo, wo);

@@ -53,29 +53,24 @@ typedef struct {
 typedef ncclNvlDomainInfo_v5_t ncclNvlDomainInfo_v6_t;
 static_assert(sizeof(ncclNvlDomainInfo_v5_t) == 12, "docs/nccl-semantics.md §tuner: 12 bytes");
 
-// NCCL's model constants a v5+ tuner may edit at init (1152 bytes in the core).
-typedef struct {
-  double baseLatencies[NCCL_NUM_ALGORITHMS][NCCL_NUM_PROTOCOLS];
-  double hwLatencies[NCCL_NUM_HW_LINKS][NCCL_NUM_ALGORITHMS][NCCL_NUM_PROTOCOLS];
-  double llMaxBws[NCCL_NUM_COMPCAPS][NCCL_NUM_TUNING_SCALES];
-  double perChMaxRingLL128Bws[NCCL_NUM_COMPCAPS][NCCL_NUM_TUNING_SCALES];
-  double perChMaxTreeLL128Bws[NCCL_NUM_COMPCAPS][NCCL_NUM_TUNING_SCALES];
-  double perChMaxTreeBws[NCCL_NUM_COMPCAPS][NCCL_NUM_TUNING_SCALES];
-  double perChMaxNVLSTreeBws[NCCL_NUM_COMPCAPS][NCCL_NUM_TUNING_SCALES];
-} ncclTunerConstants_v5_t;
+// NCCL's model constants a v5+ tuner may edit at init, for N compute capabilities.
+#define WEFT_TUNER_CONSTANTS(N)                                                     \
+  struct {                                                                          \
+    double baseLatencies[NCCL_NUM_ALGORITHMS][NCCL_NUM_PROTOCOLS];                  \
+    double hwLatencies[NCCL_NUM_HW_LINKS][NCCL_NUM_ALGORITHMS][NCCL_NUM_PROTOCOLS]; \
+    double llMaxBws[N][NCCL_NUM_TUNING_SCALES];                                     \
+    double perChMaxRingLL128Bws[N][NCCL_NUM_TUNING_SCALES];                         \
+    double perChMaxTreeLL128Bws[N][NCCL_NUM_TUNING_SCALES];                         \
+    double perChMaxTreeBws[N][NCCL_NUM_TUNING_SCALES];                              \
+    double perChMaxNVLSTreeBws[N][NCCL_NUM_TUNING_SCALES];                          \
+  }
+typedef WEFT_TUNER_CONSTANTS(NCCL_NUM_COMPCAPS) ncclTunerConstants_v5_t;  // 1152 bytes in the core
 typedef ncclTunerConstants_v5_t ncclTunerConstants_v6_t;
 typedef ncclNvlDomainInfo_v5_t ncclNvlDomainInfo_v7_t;
 
 // v7: the same tables with a row per compute capability for five of them (1272 bytes).
-typedef struct {
-  double baseLatencies[NCCL_NUM_ALGORITHMS][NCCL_NUM_PROTOCOLS];
-  double hwLatencies[NCCL_NUM_HW_LINKS][NCCL_NUM_ALGORITHMS][NCCL_NUM_PROTOCOLS];
-  double llMaxBws[NCCL_NUM_COMPCAPS_V7][NCCL_NUM_TUNING_SCALES];
-  double perChMaxRingLL128Bws[NCCL_NUM_COMPCAPS_V7][NCCL_NUM_TUNING_SCALES];
-  double perChMaxTreeLL128Bws[NCCL_NUM_COMPCAPS_V7][NCCL_NUM_TUNING_SCALES];
-  double perChMaxTreeBws[NCCL_NUM_COMPCAPS_V7][NCCL_NUM_TUNING_SCALES];
-  double perChMaxNVLSTreeBws[NCCL_NUM_COMPCAPS_V7][NCCL_NUM_TUNING_SCALES];
-} ncclTunerConstants_v7_t;
+typedef WEFT_TUNER_CONSTANTS(NCCL_NUM_COMPCAPS_V7) ncclTunerConstants_v7_t;
+#undef WEFT_TUNER_CONSTANTS
 
 // getCollInfo of v3+: collCostTable points to a contiguous float[numAlgo][numProto] (not an array of pointers).
 typedef ncclResult_t (*ncclTunerGetCollInfoV3_t)(void* context, ncclFunc_t collType, size_t nBytes, int numPipeOps,

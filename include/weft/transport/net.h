@@ -22,6 +22,13 @@ namespace weft {
 constexpr size_t kHandleSize = 128;   // NCCL_NET_HANDLE_MAXSIZE
 constexpr int kMaxRecvs = 8;          // largest maxRecvs we ever report
 constexpr int kMaxRequests = 32;      // NCCL_NET_MAX_REQUESTS (v7+)
+// NICs one device may fuse: NCCL_NET_MAX_DEVS_PER_NIC of the net table NCCL uses, 8 on v12 (NCCL 2.30+: NCCL itself
+// fuses up to 8 through makeVDevice there), 4 on the older tables. kMaxDevsPerNic sizes every per-rail array.
+constexpr int kMaxDevsPerNic = 8;
+constexpr int kMaxDevsPerNicBeforeV12 = 4;
+// Each table's init says which it is before the first discovery (the v7-v9 tables share an init: "before v12").
+void setNetTableVersion(int version) noexcept;
+int maxDevsPerNic() noexcept;  // for the table in use: 8 on v12, else 4
 
 struct DeviceProps {
   std::string name;      // unique per device, stable
