@@ -16,6 +16,14 @@ cmd="$weft tune nccl-sim --tuner $tuner --coll AllReduce --seed 3"
 grep -q '"nranks": 16' "$dir/p.json" || fail "the signature did not come from the tuner's record"
 grep -q '"masks"' "$dir/p.json" || fail "no availability masks recorded"
 grep -q '"done"' "$dir/p.json" || fail "no resume state"
+# NCCL's constants as the tuner's v7 init received them (nccl-sim passes the model's, as NCCL 2.32 passes its own)
+grep -q '"compcaps": 5' "$dir/p.json" || fail "the recorded profile has no five-capability constants"
+"$weft" tune show --profile "$dir/p.json" --ranks 16 --nodes 2 --cc rubin >"$dir/rubin.txt"
+grep -q measured "$dir/rubin.txt" || fail "tune show --cc rubin: no decision table"
+if "$weft" tune show --profile "$dir/p.json" --ranks 16 --nodes 2 --cc pascal 2>"$dir/cc.err"; then
+  fail "--cc pascal accepted"
+fi
+grep -q "want volta, ampere, hopper, blackwell, rubin" "$dir/cc.err" || fail "--cc pascal: no clear error"
 # NCCL's cost table at every swept size, as the tuner saw it (the policy interpolates measured/model ratios)
 python3 - "$dir/p.json" <<'PY' || fail "the profile has no model from the tuner's record"
 import json, sys

@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -418,6 +419,7 @@ void foldRecord(const std::string& recordPath, int coll, const std::map<uint64_t
   std::string rerr;
   if (auto rec = loadProfile(recordPath, 0, 0, &rerr)) {
     if (prof->sig.nRanks == 0) prof->sig = rec->sig;
+    if (rec->constants && !prof->constants) prof->constants = rec->constants;  // NCCL's, as its init gave them
     for (int c = 0; c < kNumColls; ++c)
       if (rec->sig.masks[c] && !prof->sig.masks[c]) prof->sig.masks[c] = rec->sig.masks[c];
     // NCCL's model at the swept sizes (the first run that saw an entry gives it).
@@ -577,15 +579,37 @@ int ncclSimCommand(int argc, char** argv) {
     return 2;
   }
   void* lib = dlopen(tunerPath.c_str(), RTLD_NOW | RTLD_LOCAL);
+  // As NCCL 2.32 does: the v7 table where the file has one (constants for five compute capabilities), else v5.
+  // v5, v6 and v7 share getCollInfo's and finalize's places; only init's constants differ.
+  auto* tuner7 = lib ? static_cast<const ncclTuner_v7_t*>(dlsym(lib, "ncclTunerPlugin_v7")) : nullptr;
   auto* tuner = lib ? static_cast<const ncclTuner_v5_t*>(dlsym(lib, "ncclTunerPlugin_v5")) : nullptr;
-  if (tuner == nullptr) {
-    std::fprintf(stderr, "weft tune nccl-sim: %s has no ncclTunerPlugin_v5\n", tunerPath.c_str());
+  if (tuner == nullptr && tuner7 == nullptr) {
+    std::fprintf(stderr, "weft tune nccl-sim: %s has neither ncclTunerPlugin_v7 nor _v5\n", tunerPath.c_str());
     return 1;
   }
   void* ctx = nullptr;
   ncclNvlDomainInfo_v5_t nvl{topo.nNodes, topo.ppn(), topo.ppn()};
-  ncclTunerConstants_v5_t consts{};
-  tuner->init(&ctx, 0x51111, topo.nRanks, topo.nNodes, simLogger, &nvl, &consts);
+  // The constants NCCL would pass: the model's (NCCL's defaults unless a profile gave others).
+  const model::Constants& mk = topo.constants ? *topo.constants : model::ncclDefaults();
+  ncclTunerConstants_v7_t consts7{};
+  static_assert(sizeof(consts7) == sizeof(mk.baseLat) + sizeof(mk.hwLat) + 5 * sizeof(mk.llMaxBws),
+                "the model's constants have tuner v7's shape");
+  std::memcpy(&consts7, &mk, sizeof(consts7));
+  ncclTunerConstants_v5_t consts5{};
+  std::memcpy(consts5.baseLatencies, mk.baseLat, sizeof(mk.baseLat));
+  std::memcpy(consts5.hwLatencies, mk.hwLat, sizeof(mk.hwLat));
+  for (int r = 0; r < 4; ++r)
+    for (int s = 0; s < 3; ++s) {
+      consts5.llMaxBws[r][s] = mk.llMaxBws[r][s];
+      consts5.perChMaxRingLL128Bws[r][s] = mk.perChMaxRingLL128Bws[r][s];
+      consts5.perChMaxTreeLL128Bws[r][s] = mk.perChMaxTreeLL128Bws[r][s];
+      consts5.perChMaxTreeBws[r][s] = mk.perChMaxTreeBws[r][s];
+      consts5.perChMaxNVLSTreeBws[r][s] = mk.perChMaxNvlsTreeBws[r][s];
+    }
+  ncclTunerGetCollInfoV4_t getCollInfo = tuner7 ? tuner7->getCollInfo : tuner->getCollInfo;
+  auto finalize = tuner7 ? tuner7->finalize : tuner->finalize;
+  if (tuner7 != nullptr) tuner7->init(&ctx, 0x51111, topo.nRanks, topo.nNodes, simLogger, &nvl, &consts7);
+  else tuner->init(&ctx, 0x51111, topo.nRanks, topo.nNodes, simLogger, &nvl, &consts5);
   sim::WorldOptions wo;
   wo.seed = static_cast<uint64_t>(seed);
   sim::World w(topo, wo);
@@ -598,7 +622,7 @@ int ncclSimCommand(int argc, char** argv) {
   for (uint64_t n = lo; n <= hi; n *= 2) {
     model::Table after = model::costTable(topo, coll, n, 1);  // the tuner changes the costs in place
     int nch = 0;
-    tuner->getCollInfo(ctx, static_cast<ncclFunc_t>(coll), n, 1, reinterpret_cast<float**>(after.flat()), 7, 3, 0,
+    getCollInfo(ctx, static_cast<ncclFunc_t>(coll), n, 1, reinterpret_cast<float**>(after.flat()), 7, 3, 0,
                        &nch);
     model::Pick pk = model::pick(after);
     Arm arm;
@@ -611,7 +635,7 @@ int ncclSimCommand(int argc, char** argv) {
                 static_cast<unsigned long long>(n), static_cast<unsigned long long>(n / 4), us, alg, alg, us2,
                 n / 1000.0 / us2, n / 1000.0 / us2);
   }
-  tuner->finalize(ctx);
+  finalize(ctx);
   std::printf("# Out of bounds values : 0 OK\n");
   return 0;
 }
