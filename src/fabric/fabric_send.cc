@@ -255,9 +255,12 @@ int planWrite(uint64_t size, int nRails, uint64_t stripeMin, bool imm4, int sing
               uint64_t* len, uint32_t* field, uint8_t* rail, const uint8_t* railIds) {
   int stripes = 1;
   uint64_t segLen = size;
-  if (nRails > 1 && size >= stripeMin) {
+  // The compact completion data counts at most kMaxPieces pieces a write, and its last stripe may take two (every
+  // other stripe is one piece): with 8 rails (v12) such writes stripe over 7 of them.
+  const int maxStripes = imm4 ? std::min(nRails, wire::kMaxPieces - 1) : nRails;
+  if (maxStripes > 1 && size >= stripeMin) {
     constexpr uint64_t kAlign = 4096;
-    segLen = ((size + nRails - 1) / nRails + kAlign - 1) / kAlign * kAlign;  // never more stripes than rails
+    segLen = ((size + maxStripes - 1) / maxStripes + kAlign - 1) / kAlign * kAlign;  // never more stripes than rails
     if (imm4) {  // a segment length of the form m * 2^e leaves only the last segment to split
       int e = std::max(12, static_cast<int>(std::bit_width(segLen)) - 14);
       e = std::min(e, WriteImm32::kMaxE);
