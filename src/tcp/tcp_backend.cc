@@ -140,11 +140,15 @@ Status TcpBackend::makeVDevice(const int* devs, int n, int* out) {
     }
   }
   if (count >= kMaxDevices) return Status::kInternal;
-  // The listen handle carries every member's address (1 byte, then 7 per IPv4 and 19 per IPv6 interface): eight
-  // IPv4 interfaces fit its 100 bytes, at most five IPv6 ones.
+  // WEFT_TCP_SOCKETS per interface while the connection has at most 4 sockets in all (kSocketsForStriping), one
+  // per interface at least: 8 interfaces (v12) give 8 sockets.
+  constexpr int kSocketsForStriping = 4;
+  const int per = std::max(1, std::min(socketsPerInterface_, kSocketsForStriping / n));
+  // The listen handle carries every socket's address (1 byte, then 7 per IPv4 and 19 per IPv6 one): eight IPv4
+  // interfaces fit its 100 bytes, at most five IPv6 ones.
   size_t handleBytes = 1;
   for (int j = 0; j < n; ++j)
-    handleBytes += slots_.device(devs[j]).rails[0].addr.ss_family == AF_INET ? 7 : 19;
+    handleBytes += static_cast<size_t>(per) * (slots_.device(devs[j]).rails[0].addr.ss_family == AF_INET ? 7 : 19);
   if (handleBytes > WireHandle::kMaxAddr) {
     WEFT_WARN("makeVDevice: the addresses of these {} interfaces take {} bytes; NCCL's handle leaves {} for them "
               "(at most 5 IPv6 interfaces a device)", n, handleBytes, WireHandle::kMaxAddr);
@@ -163,10 +167,6 @@ Status TcpBackend::makeVDevice(const int* devs, int n, int* out) {
   p.speedMbps = 0;
   p.name.clear();
   p.fabric.clear();
-  // WEFT_TCP_SOCKETS per interface while the connection has at most 4 sockets in all (kSocketsForStriping), one
-  // per interface at least: 8 interfaces (v12) give 8 sockets.
-  constexpr int kSocketsForStriping = 4;
-  const int per = std::max(1, std::min(socketsPerInterface_, kSocketsForStriping / n));
   for (int j = 0; j < n; ++j) {
     const TcpDevice& m = slots_.device(devs[j]);
     for (int k = 0; k < per; ++k) d->rails.push_back(m.rails[0]);
