@@ -26,7 +26,7 @@ declare -A srcs=(
   [profile]="src/tuner/profile.cc src/tuner/policy.cc"
   [csv]="src/tuner/profile.cc src/tuner/policy.cc"
   [decide]="src/tuner/profile.cc src/tuner/policy.cc"
-  [rails]="src/fabric/rails.cc src/common/sysfs.cc src/common/params.cc src/common/log.cc"
+  [rails]="src/fabric/rails.cc src/transport/backend.cc src/common/sysfs.cc src/common/params.cc src/common/log.cc"
   [params]="src/common/params.cc src/common/log.cc"
 )
 scratch=$(mktemp -d /tmp/weft-fuzz-XXXXXX)
