@@ -4,19 +4,24 @@
 # streaming and NCCL's bidirectional step pattern (--quick sizes), over loopback, each configuration once per
 # round, the rounds alternating, medians over rounds and ratios to NCCL's own Socket transport run the same way.
 #
-#   bench/transports.sh [--rounds 5] [--lf2 build/libfabric-2] [--out FILE]
+#   bench/transports.sh [--rounds 5] [--lf2 build/libfabric-2] [--out FILE] [--numa]
+#
+# --numa: the A/B of NUMA placement and thread binding instead (docs/topology.md): weft's TCP backend (with
+# WEFT_TIMING=1, so the record writer thread runs, bound or not) and tcp;ofi_rxm, each with WEFT_NUMA=off and =on;
+# the ratio of an "+numa" configuration is to the same configuration without it.
 #
 # Configurations: weft over libfabric 1.17 (tcp;ofi_rxm, shm), over libfabric 2.x (tcp;ofi_rxm, 2.x's own tcp
 # endpoint, shm), weft's TCP backend, NCCL Socket (the shim under build/nccl-builtin). A configuration whose
 # library is missing is left out and said so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-rounds=5 lf2=build/libfabric-2 out=""
+rounds=5 lf2=build/libfabric-2 out="" numa=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) rounds=${2:?}; shift 2 ;;
     --lf2) lf2=${2:?}; shift 2 ;;
     --out) out=${2:?}; shift 2 ;;
+    --numa) numa=1; shift ;;
     *) echo "transports.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -31,7 +36,14 @@ configs=(
   "rxm-1.17||$so|WEFT_PROVIDER=tcp;ofi_rxm WEFT_IFACE=lo"
   "shm-1.17||$so|WEFT_PROVIDER=shm"
 )
-if [ -n "$lf2lib" ]; then
+if [ $numa = 1 ]; then
+  configs=(
+    "weft-tcp||$so|WEFT_BACKEND=tcp WEFT_IFACE=lo WEFT_TIMING=1 WEFT_NUMA=off"
+    "weft-tcp+numa||$so|WEFT_BACKEND=tcp WEFT_IFACE=lo WEFT_TIMING=1 WEFT_NUMA=on"
+    "rxm-1.17||$so|WEFT_PROVIDER=tcp;ofi_rxm WEFT_IFACE=lo WEFT_NUMA=off"
+    "rxm-1.17+numa||$so|WEFT_PROVIDER=tcp;ofi_rxm WEFT_IFACE=lo WEFT_NUMA=on"
+  )
+elif [ -n "$lf2lib" ]; then
   configs+=("rxm-2.x|$lf2lib|$so|WEFT_PROVIDER=tcp;ofi_rxm WEFT_IFACE=lo"
             "tcp-2.x|$lf2lib|$so|WEFT_PROVIDER=tcp WEFT_IFACE=lo"
             "shm-2.x|$lf2lib|$so|WEFT_PROVIDER=shm")
@@ -48,7 +60,7 @@ for r in $(seq 1 "$rounds"); do
     args=()
     for e in $envs; do args+=(--env "$e"); done
     LD_LIBRARY_PATH="$lp" timeout 300 "$weft" bench --plugin "$plugin" --quick --rounds 1 --patterns lat,bw,steps \
-      --no-raw "${args[@]}" >"$raw/$label.$r" 2>&1 || echo "transports.sh: $label round $r failed" >&2
+      --no-raw "${args[@]}" >"$raw/$label.$r" 2>&1 </dev/null || echo "transports.sh: $label round $r failed" >&2
   done
   echo "round $r of $rounds done" >&2
 done
@@ -72,17 +84,22 @@ for path in sorted(glob.glob(os.path.join(raw, "*.*"))):
         m = re.match(r"\s+(\d+)\s+([\d.]+)\s*$", line)
         if section == "steps" and m:
             data.setdefault(label, {}).setdefault(f"steps {m.group(1)} conns", []).append(float(m.group(2)))
-pref = ["socket", "weft-tcp", "rxm-1.17", "rxm-2.x", "tcp-2.x", "shm-1.17", "shm-2.x"]
+pref = ["socket", "weft-tcp", "weft-tcp+numa", "rxm-1.17", "rxm-1.17+numa", "rxm-2.x", "tcp-2.x", "shm-1.17",
+        "shm-2.x"]
 order = [l for l in pref if l in order] + [l for l in order if l not in pref]
 base = order[0]
 metrics = list(data.get(base, {}).keys())
 print(f"weft bench --quick, loopback, {rounds} alternating rounds, medians; latency in us (lower is better), "
-      f"bandwidth in Gb/s; (ratio to {base}: >1 is better for both)")
+      f"bandwidth in Gb/s; (ratio to {base}, or of X+numa to X: >1 is better for both)")
 print(f"{'metric':18}" + "".join(f"{l:>18}" for l in order))
 for m in metrics:
     row = f"{m:18}"
-    b = statistics.median(data[base][m])
     for l in order:
+        ref = l[:-len("+numa")] if l.endswith("+numa") and l[:-len("+numa")] in data else base
+        if not data.get(ref, {}).get(m):
+            row += f"{'-':>18}"
+            continue
+        b = statistics.median(data[ref][m])
         v = data.get(l, {}).get(m)
         if not v:
             row += f"{'-':>18}"

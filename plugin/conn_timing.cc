@@ -7,6 +7,9 @@
 
 #include "telemetry/profiler_core.h"
 #include "telemetry/sink.h"
+#include "weft/common/cuda_shim.h"
+#include "weft/common/topology.h"
+#include "weft/nccl/net.h"
 #include "weft/nccl/profiler.h"
 
 namespace weft {
@@ -41,7 +44,25 @@ uint64_t monoNs() {
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
 }
 
+void locate(telemetry::ConnStats* s, const Comm* c, const std::string& gpu) {
+  const DeviceProps* p = c->deviceProps();
+  if (p == nullptr) return;
+  const topo::Locality l = topo::localityOf(topo::Topology::host(), p->name, p->pciPath, p->numaNode, gpu);
+  s->numa = l.numa;
+  s->gpu = l.gpu;
+  s->gpuPath = l.path == topo::Path::kUnknown ? "" : topo::pathName(l.path);
+}
+
 }  // namespace
+
+void timingRegMr(Comm* c, const void* data, int type) {
+  auto* s = static_cast<telemetry::ConnStats*>(c->timingRecord);
+  if (s == nullptr || type != NCCL_PTR_CUDA || !s->gpu.empty()) return;
+  try {
+    locate(s, c, cuda::busIdOf(data));  // no current context at connect: the GPU its buffers are on
+  } catch (...) {
+  }
+}
 
 void setProfilerCallback(ncclProfilerCallback_t cb) { gProfCallback.store(cb, std::memory_order_relaxed); }
 
@@ -50,7 +71,11 @@ void timingOpen(Comm* c, bool isSend) {
   try {
     int nRails = 0;
     const RailHealth* rails = c->rails(&nRails);
-    c->timingRecord = telemetry::registerConn(isSend, c->peerName(), c->deviceName(), rails, nRails);
+    auto* s = telemetry::registerConn(isSend, c->peerName(), c->deviceName(), rails, nRails);
+    c->timingRecord = s;
+    // Where it runs: its NIC's NUMA node, and the GPU of the thread that made it (NCCL's proxy threads have their
+    // rank's GPU current) with the path between them.
+    locate(s, c, cuda::busIdOf(nullptr));
   } catch (...) {
     c->timingRecord = nullptr;  // no record for this comm; the data path is unaffected
   }

@@ -21,6 +21,8 @@ void timingClose(Comm* c);
 // After a successful post. phandles: one per buffer (NULL entries, or NULL altogether, open no event: NCCL
 // dereferences them unchecked, docs/nccl-semantics.md §net-events).
 void timingPost(Comm* c, Request* r, uint64_t bytes, bool isSend, int n, void* const* phandles);
+// A registration on the comm: the first of GPU memory names the connection's GPU where its open could not.
+void timingRegMr(Comm* c, const void* data, int type);
 // The request was posted with timing on and test() has not yet reported it.
 bool timingPending(Request* r);
 // When test() reported the request done (or failed).

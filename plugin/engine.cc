@@ -8,7 +8,9 @@
 #include "tcp/tcp_backend.h"
 #include "verbs/verbs_backend.h"
 #include "weft/common/log.h"
+#include "weft/common/numa.h"
 #include "weft/common/params.h"
+#include "weft/common/topology.h"
 #include "weft/version.h"
 
 namespace weft {
@@ -45,6 +47,12 @@ Status Engine::init(ncclDebugLogger_t logger) {
   if (backend_) {
     WEFT_INFO(NCCL_INIT | NCCL_NET, "transport: {} (WEFT_BACKEND={})", backend_->name(),
               params::getString("WEFT_BACKEND"));
+    // weft's own thread (the telemetry writer) goes near the first device's NIC; comms' memory near their own.
+    if (backend_->deviceCount() > 0) numa::setHomeNode(backend_->props(0).numaNode);
+    WEFT_INFO(NCCL_INIT, "NET/weft : NUMA placement {} (WEFT_NUMA={}, {} NUMA node{}), first device's NIC on node {}",
+              numa::placementOn() ? "on" : "off", params::getString("WEFT_NUMA"),
+              topo::Topology::host().numa().size(), topo::Topology::host().numa().size() == 1 ? "" : "s",
+              numa::homeNode());
   } else {
     WEFT_WARN("not offering any device: {}; NCCL will use its own transports", declineReason_);
   }

@@ -261,6 +261,7 @@ ncclResult_t regMrImpl(void* comm, void* data, size_t size, int type, void** mha
     if (st == Status::kOk) {
       *mhandle = static_cast<Object*>(mh);
       live().add(*mhandle);
+      timingRegMr(c, data, type);
     }
     return st;
   });
@@ -281,6 +282,7 @@ ncclResult_t regMrDmaBufImpl(void* comm, void* data, size_t size, int type, uint
     if (st == Status::kOk) {
       *mhandle = static_cast<Object*>(mh);
       live().add(*mhandle);
+      timingRegMr(c, data, type);
     }
     return st;
   });

@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 
 #include <atomic>
+#include <cctype>
 #include <mutex>
 
 #ifdef WEFT_HAVE_CUDA
@@ -58,6 +59,44 @@ int deviceOfPointer(const void* ptr, const char** why) {
   (void)ptr;
   *why = "weft was built without CUDA support";
   return -1;
+#endif
+}
+
+std::string busIdOf(const void* ptr) {
+#ifdef WEFT_HAVE_CUDA
+  struct Api {
+    CUresult (*ctxGetDevice)(CUdevice*) = nullptr;
+    CUresult (*deviceGet)(CUdevice*, int) = nullptr;
+    CUresult (*busId)(char*, int, CUdevice) = nullptr;
+  };
+  static Api api;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) return;
+    api.ctxGetDevice = reinterpret_cast<decltype(api.ctxGetDevice)>(dlsym(lib, "cuCtxGetDevice"));
+    api.deviceGet = reinterpret_cast<decltype(api.deviceGet)>(dlsym(lib, "cuDeviceGet"));
+    api.busId = reinterpret_cast<decltype(api.busId)>(dlsym(lib, "cuDeviceGetPCIBusId"));
+  });
+  if (api.busId == nullptr) return {};
+  CUdevice dev = 0;
+  if (ptr != nullptr) {
+    const char* why = nullptr;
+    const int ordinal = deviceOfPointer(ptr, &why);
+    if (ordinal < 0 || api.deviceGet == nullptr || api.deviceGet(&dev, ordinal) != CUDA_SUCCESS) return {};
+  } else if (api.ctxGetDevice == nullptr || api.ctxGetDevice(&dev) != CUDA_SUCCESS) {
+    return {};
+  }
+  char bus[32] = {};
+  if (api.busId(bus, sizeof(bus), dev) != CUDA_SUCCESS) return {};
+  std::string out(bus);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  // CUDA writes the domain with 8 digits ("00000000:18:00.0"); sysfs and hwloc with 4.
+  if (out.size() == 16 && out.compare(0, 4, "0000") == 0) out.erase(0, 4);
+  return out;
+#else
+  (void)ptr;
+  return {};
 #endif
 }
 

@@ -121,10 +121,22 @@ const std::vector<Def> kDefs = {
    "With the rdma protocol, messages up to this many bytes are sent at once as tagged messages, without "
    "waiting for the receiver's buffer offer. -1: the built-in default (16384); 0: never."},
   {"WEFT_RAILS", Kind::kString, "auto", 0, 0, nullptr,
-   "Which NICs form one NCCL device (rails): auto = NICs of equal speed below the same PCI root port as a GPU; "
+   "Which NICs form one NCCL device (rails): auto = from the machine's layout (hwloc): NICs of equal speed on the "
+   "same PCIe switch or root port as their nearest GPUs, divided among those GPUs, each GPU's share of two or more "
+   "one device (p5-class: four EFA a GPU; one NIC a GPU stays alone; docs/topology.md); "
    "off = every NIC its own device; or groups such as eth0+eth1,eth2+eth3 (NICs joined by '+', groups by ','; "
    "at most 8 per device with NCCL's v12 net table (NCCL 2.30+), 4 with older ones; NICs not named stay alone). "
    "Both ends of a connection use the rails both have."},
+  {"WEFT_TOPOLOGY_XML", Kind::kString, "", 0, 0, nullptr,
+   "The machine's layout from this hwloc XML file (lstopo --of xml) instead of the running system: GPUs, NICs, "
+   "PCIe switches, NUMA nodes and their cores (hwloc's own HWLOC_XMLFILE works too). A file from another machine "
+   "informs WEFT_RAILS=auto, the map in weft info and the records, but binds no memory or thread. A file hwloc "
+   "cannot read gives a warning and weft goes on without a layout."},
+  {"WEFT_NUMA", Kind::kChoice, "auto", 0, 0, "auto|on|off",
+   "Host memory on the NIC's NUMA node (comms, their requests, staging buffers; mbind, preferred) and weft's own "
+   "thread (the telemetry writer) on cores near the first NIC that no other thread of the process is pinned to. "
+   "auto = on a machine of several NUMA nodes whose layout hwloc read from the running system; on = wherever the "
+   "layout is this system's, one node too (tests, benchmarks); off = neither."},
   {"WEFT_NIC_RAILS", Kind::kString, "", 0, 0, nullptr,
    "libfabric NICs' rail and plane for NCCL 2.30's rail-aware search (v12 railId/planeId): NIC:rail[:plane],... "
    "(e.g. rdmap16s27:0,rdmap32s27:1); NICs not named, and fused devices whose NICs differ, leave them undefined. "

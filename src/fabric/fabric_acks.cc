@@ -32,7 +32,7 @@ void FabricDataComm::flushAcks() {
     return;
   }
   if (!ackMsg_) {
-    ackMsg_.reset(new (std::nothrow) wire::AckMsg[kAckSlots]);
+    ackMsg_ = numa::makeArray<wire::AckMsg>(kAckSlots, pool_.node());
     if (!ackMsg_) return;  // tried again at the next progress call
     if (Status st = dev_.registerInternal(ackMsg_.get(), sizeof(wire::AckMsg) * kAckSlots,
                                           "acknowledgement buffers", &ackMr_, &ackDesc_);

@@ -86,8 +86,8 @@ std::unique_ptr<FabricBackend> FabricBackend::discover(std::string* why) {
     spec.mode = RailSpec::Mode::kOff;
   }
   std::vector<std::string> warnings;
-  auto groups = groupRails(nics, spec.mode == RailSpec::Mode::kAuto ? findGpuPciPaths() : std::vector<std::string>{},
-                           spec, &warnings);
+  auto groups = groupRails(nics, spec.mode == RailSpec::Mode::kAuto ? topo::Topology::host() : topo::Topology(), spec,
+                           &warnings);
   for (const auto& w : warnings) WEFT_WARN("{}", w);
   for (const auto& g : groups) {
     std::vector<FabricDevice*> rails;
@@ -369,8 +369,10 @@ Status FabricBackend::pollConnect(PendingConnect& pc, SendComm** out) {
     WEFT_INFO(NCCL_NET, "connected to {} on {} via {} ({} protocol, eager up to {} B, {} rail{}{}{})", pc.peerName,
               p.name, p.provider, protocolName(proto), proto.eagerMax, nRails, nRails == 1 ? "" : "s",
               proto.acks ? ", delivery acknowledgements" : "", proto.failover ? ", rail failover" : "");
-    auto sc = std::make_unique<FabricSendComm>(std::move(pc.group), std::move(rails), pc.peerName, maxRecvs_, proto,
-                                               std::move(pc.id), reply.commId);
+    const int node = rails[0].ep->device().props().numaNode;
+    std::unique_ptr<FabricSendComm> sc(numa::make<FabricSendComm>(node, std::move(pc.group), std::move(rails),
+                                                                   pc.peerName, maxRecvs_, proto, std::move(pc.id),
+                                                                   reply.commId));
     if (Status st = sc->start(); st != Status::kOk) return st;
     *out = sc.release();
     return Status::kOk;

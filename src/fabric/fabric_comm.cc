@@ -33,7 +33,7 @@ FabricDataComm::FabricDataComm(std::shared_ptr<EndpointGroup> group, std::vector
       peerName_(std::move(peerName)),
       proto_(proto),
       recvSide_(recvSide),
-      pool_(static_cast<size_t>(poolSize)),
+      pool_(static_cast<size_t>(poolSize), dev_.props().numaNode),
       probeIntervalMs_(params::getInt("WEFT_PROBE_INTERVAL")),
       peerTimeoutMs_(params::getInt("WEFT_PEER_TIMEOUT") * 1000) {
   health_ = std::make_unique<RailHealth[]>(rails_.size());
@@ -72,13 +72,13 @@ bool FabricDataComm::makeChunk(Chunk& chunk, size_t base) {
   if (fatal_ != Status::kOk) return false;
   constexpr int kChunk = Pool::kChunk;
   if (recvSide_) {
-    chunk.recvs.reset(new (std::nothrow) FabricRecvRequest[kChunk]);
+    chunk.recvs = numa::makeArray<FabricRecvRequest>(kChunk, pool_.node());
   } else {
-    chunk.sends.reset(new (std::nothrow) FabricSendRequest[kChunk]);
+    chunk.sends = numa::makeArray<FabricSendRequest>(kChunk, pool_.node());
   }
   if (!chunk.recvs && !chunk.sends) return false;
   if (wantOffers_) {
-    chunk.offers.reset(new (std::nothrow) OfferMsg[kChunk]);
+    chunk.offers = numa::makeArray<OfferMsg>(kChunk, pool_.node());
     if (!chunk.offers) return false;
     std::memset(static_cast<void*>(chunk.offers.get()), 0, sizeof(OfferMsg) * kChunk);
     Status st = dev_.registerInternal(chunk.offers.get(), sizeof(OfferMsg) * kChunk, "offer buffers",

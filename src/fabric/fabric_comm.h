@@ -36,6 +36,7 @@
 #include "fabric/endpoint_group.h"
 #include "fabric/fabric_endpoint.h"
 #include "weft/common/clock.h"
+#include "weft/common/numa.h"
 #include "weft/transport/comm_adaptor.h"
 #include "weft/transport/comm_ids.h"
 #include "weft/transport/offer_table.h"
@@ -156,8 +157,9 @@ struct Rail {
   OpContext noteCtx;
 };
 
-// What send and receive comms share: the endpoints, the peer, the request pool, progress and completion.
-class FabricDataComm : public DataSink {
+// What send and receive comms share: the endpoints, the peer, the request pool, progress and completion. A comm
+// and its requests live on the NUMA node of its first rail's NIC (numa::make, docs/topology.md).
+class FabricDataComm : public DataSink, public numa::Placed {
  public:
   // group: the endpoints `rails` name (one per rail, in order); localId: this comm's id (messages to it carry it,
   // and the group's comm table routes by it); peerId: the peer comm's.
@@ -212,6 +214,7 @@ class FabricDataComm : public DataSink {
   Status registerMr(void* data, size_t size, int type, int fd, uint64_t offset, MemHandle** out);
   Status deregisterMr(MemHandle* mh);
   std::string commDeviceName() const;  // its rails' NICs: "eth0+eth1"
+  const DeviceProps& commDeviceProps() const { return dev_.props(); }  // rail 0's NIC
   Status checkHandle(const MemHandle* mh, const char* op) const;
   // The rail of a tagged message: count % rails (its count among the messages of its tag), both ends alike; a rail
   // failed over (failed_) sends its share to the control rail instead, and so does one re-admitted for the messages
@@ -253,9 +256,9 @@ class FabricDataComm : public DataSink {
   // request i sends offer(i) (one memory registration per chunk where the provider needs them: at most 16 for
   // a receive comm's 64 requests, and only as deep as NCCL ever went on it).
   struct Chunk {  // a send comm's chunk holds send requests, a receive comm's receive requests
-    std::unique_ptr<FabricSendRequest[]> sends;
-    std::unique_ptr<FabricRecvRequest[]> recvs;
-    std::unique_ptr<OfferMsg[]> offers;
+    numa::ArrayPtr<FabricSendRequest> sends;  // on the NUMA node of rail 0's NIC
+    numa::ArrayPtr<FabricRecvRequest> recvs;
+    numa::ArrayPtr<OfferMsg> offers;
     MrPtr offersMr;
     void* offersDesc = nullptr;
   };
@@ -322,7 +325,7 @@ class FabricDataComm : public DataSink {
   // provider by then. Send side: sendDone/onAck complete a send once both have happened.
   static constexpr int kAckSlots = 4;
   std::vector<uint64_t> ackQ_;
-  std::unique_ptr<wire::AckMsg[]> ackMsg_;
+  numa::ArrayPtr<wire::AckMsg> ackMsg_;
   MrPtr ackMr_;
   void* ackDesc_ = nullptr;
   uint8_t ackBusy_ = 0;  // slots in flight (bit per slot)

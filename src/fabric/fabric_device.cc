@@ -17,6 +17,7 @@
 #include "weft/common/cuda_shim.h"
 #include "weft/common/netif.h"
 #include "weft/common/params.h"
+#include "weft/common/topology.h"
 #include "weft/nccl/net.h"
 #include "weft/transport/handle.h"
 
@@ -80,7 +81,7 @@ std::string pciPathOf(const fi_info* info) {
   }
   // tcp/sockets: the domain is a network interface; a physical one has a PCI device behind it.
   if (info->domain_attr != nullptr && info->domain_attr->name != nullptr) {
-    std::string p = sysfs::netdevPciPath(info->domain_attr->name);
+    std::string p = topo::nicPciPath(info->domain_attr->name, false);
     if (!p.empty()) return p;
   }
   return {};
@@ -189,6 +190,7 @@ std::vector<Candidate> candidatesFrom(const fi_info* list, const std::string& pr
     p.provider = i->fabric_attr->prov_name;
     p.fabric = i->fabric_attr->name ? i->fabric_attr->name : "";
     p.pciPath = pciPathOf(i);
+    p.numaNode = topo::numaNodeOfNic(p.name, p.pciPath);
     p.speedMbps = speedMbpsOf(i);
     p.guid = fnv1a64(p.pciPath.empty() ? p.provider + "/" + p.name : p.pciPath);
     p.port = 0;

@@ -839,9 +839,14 @@ void Endpoint::flushControl() {
 
 Status Endpoint::ensureOfferPool(int n) {
   if (offerPoolSize_ > 0) return Status::kOk;
-  offerPool_.reset(new wire::OfferMsg[static_cast<size_t>(n)]);
+  // On the NIC's NUMA node, as the comms' requests (docs/topology.md).
+  offerPool_ = numa::makeArray<wire::OfferMsg>(static_cast<size_t>(n), dev_.props().numaNode);
+  offerPoolCtx_ = numa::makeArray<OpContext>(static_cast<size_t>(n), dev_.props().numaNode);
+  if (!offerPool_ || !offerPoolCtx_) {
+    WEFT_WARN("{}: no memory for {} offer receive buffers", dev_.props().name, n);
+    return Status::kSystem;
+  }
   std::memset(static_cast<void*>(offerPool_.get()), 0, sizeof(wire::OfferMsg) * static_cast<size_t>(n));
-  offerPoolCtx_.reset(new OpContext[static_cast<size_t>(n)]);
   if (Status st = dev_.registerInternal(offerPool_.get(), sizeof(wire::OfferMsg) * static_cast<size_t>(n),
                                         "offer receive buffers", &offerPoolMr_, &offerPoolDesc_);
       st != Status::kOk) {

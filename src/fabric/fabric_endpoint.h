@@ -28,6 +28,7 @@
 #include "fabric/op_context.h"
 #include "fabric/rails.h"
 #include "fabric/wire.h"
+#include "weft/common/numa.h"
 
 namespace weft::fabric {
 
@@ -275,8 +276,8 @@ class Endpoint {
   std::unordered_map<std::string, fi_addr_t> peers_;  // addresses inserted into av_
   std::unordered_map<fi_addr_t, uint64_t> resetGens_;  // resetPeer, per peer address
   fi_addr_t self_ = FI_ADDR_UNSPEC;                    // this endpoint in its own AV (read-back flushes)
-  std::unique_ptr<wire::OfferMsg[]> offerPool_;
-  std::unique_ptr<OpContext[]> offerPoolCtx_;
+  numa::ArrayPtr<wire::OfferMsg> offerPool_;
+  numa::ArrayPtr<OpContext> offerPoolCtx_;
   MrPtr offerPoolMr_;
   void* offerPoolDesc_ = nullptr;
   int offerPoolSize_ = 0;

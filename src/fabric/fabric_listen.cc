@@ -134,8 +134,9 @@ Status FabricListenComm::handOut(RecvComm** recvComm) {
     rails[k].ep = &group_->rail(k);
     rails[k].peer = peers_[k];
   }
-  auto rc = std::make_unique<FabricRecvComm>(std::move(group_), std::move(rails), peerName_, maxRecvs_, proto_,
-                                             std::move(id_), peerId_);
+  const int node = rails[0].ep->device().props().numaNode;
+  std::unique_ptr<FabricRecvComm> rc(numa::make<FabricRecvComm>(node, std::move(group_), std::move(rails), peerName_,
+                                                                maxRecvs_, proto_, std::move(id_), peerId_));
   if (Status st = rc->start(); st != Status::kOk) return st;
   *recvComm = rc.release();
   return Status::kOk;

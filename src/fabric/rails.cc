@@ -1,16 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "fabric/rails.h"
 
-#include <dirent.h>
-#include <limits.h>
-#include <stdlib.h>
-
 #include <algorithm>
 #include <cctype>
-#include <fstream>
+#include <map>
 
 #include "weft/common/params.h"
-#include "weft/common/sysfs.h"
 
 namespace weft::fabric {
 
@@ -28,11 +23,6 @@ std::vector<std::string> splitOn(const std::string& s, char sep) {
   }
 }
 
-size_t commonPrefix(const std::vector<std::string>& a, const std::vector<std::string>& b) {
-  size_t n = 0;
-  while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
-  return n;
-}
 
 
 }  // namespace
@@ -96,15 +86,7 @@ bool parseRailSpec(const std::string& text, RailSpec* out, std::string* error) {
   return true;
 }
 
-std::vector<std::string> pciChain(const std::string& sysfsPath) {
-  std::vector<std::string> out;
-  for (const auto& c : splitOn(sysfsPath, '/')) {
-    if (isPciBusId(c)) out.push_back(c);
-  }
-  return out;
-}
-
-std::vector<std::vector<int>> groupRails(const std::vector<NicInfo>& nics, const std::vector<std::string>& gpuPaths,
+std::vector<std::vector<int>> groupRails(const std::vector<NicInfo>& nics, const topo::Topology& topology,
                                          const RailSpec& spec, std::vector<std::string>* warnings) {
   const int n = static_cast<int>(nics.size());
   std::vector<int> groupOf(n, -1);
@@ -136,21 +118,31 @@ std::vector<std::vector<int>> groupRails(const std::vector<NicInfo>& nics, const
       groups.push_back(std::move(members));
     }
   } else if (spec.mode == RailSpec::Mode::kAuto) {
-    for (const auto& gpu : gpuPaths) {
-      const auto gchain = pciChain(gpu);
-      if (gchain.size() < 2) continue;  // a GPU straight on a root complex: nothing shares its switch
-      std::vector<int> members;
-      for (int i = 0; i < n && static_cast<int>(members.size()) < maxDevsPerNic(); ++i) {
-        if (groupOf[i] != -1 || nics[i].pciPath.empty()) continue;
-        const auto nchain = pciChain(nics[i].pciPath);
-        // Below the same root port, but not the GPU itself (a NIC on the GPU's own function would be odd).
-        if (commonPrefix(gchain, nchain) < 1 || nchain == gchain) continue;
-        if (!members.empty() && nics[members[0]].speedMbps != nics[i].speedMbps) continue;
-        members.push_back(i);
+    // NICs sharing their nearest GPUs (PIX or PXB) and their speed, in discovery order.
+    std::map<std::pair<std::vector<int>, int>, std::vector<int>> shares;
+    for (int i = 0; i < n; ++i) {
+      const int pci = topology.pciOfNic(nics[i].name, nics[i].pciPath);
+      if (pci < 0) {
+        if (!nics[i].pciPath.empty() && !topology.empty() && topology.error().empty()) {
+          warnings->push_back("NIC " + nics[i].name + " (" + nics[i].pciPath + ") is not in hwloc's view of this "
+                              "machine (" + topology.source() + "): it stays a device of its own");
+        }
+        continue;
       }
-      if (members.size() < 2) continue;
-      for (int m : members) groupOf[m] = static_cast<int>(groups.size());
-      groups.push_back(std::move(members));
+      topo::Path path;
+      std::vector<int> gpus = topology.nearestGpus(pci, &path);
+      if (gpus.empty() || path > topo::Path::kPciTree) continue;
+      shares[{gpus, nics[i].speedMbps}].push_back(i);
+    }
+    for (const auto& [key, members] : shares) {
+      const size_t perGpu = members.size() / key.first.size();
+      if (perGpu < 2) continue;
+      const size_t take = std::min<size_t>(perGpu, static_cast<size_t>(maxDevsPerNic()));
+      for (size_t g = 0; g < key.first.size(); ++g) {
+        std::vector<int> group(members.begin() + g * perGpu, members.begin() + g * perGpu + take);
+        for (int m : group) groupOf[m] = static_cast<int>(groups.size());
+        groups.push_back(std::move(group));
+      }
     }
   }
   // Every NIC appears once: fused groups at the position of their first NIC, the rest alone.
@@ -164,25 +156,6 @@ std::vector<std::vector<int>> groupRails(const std::vector<NicInfo>& nics, const
       out.push_back(groups[groupOf[i]]);
     }
   }
-  return out;
-}
-
-std::vector<std::string> findGpuPciPaths() {
-  std::vector<std::string> out;
-  const std::string root = "/sys/bus/pci/devices";
-  DIR* d = opendir(root.c_str());
-  if (d == nullptr) return out;
-  while (dirent* e = readdir(d)) {
-    std::string dev = root + "/" + e->d_name;
-    std::string cls = sysfs::readLine(dev + "/class");       // 0x030200: 3D controller, 0x030000: VGA
-    std::string vendor = sysfs::readLine(dev + "/vendor");   // 0x10de NVIDIA, 0x1002 AMD
-    if (cls.rfind("0x0302", 0) != 0 && cls.rfind("0x0300", 0) != 0) continue;
-    if (vendor != "0x10de" && vendor != "0x1002") continue;
-    char buf[PATH_MAX];
-    if (::realpath(dev.c_str(), buf) != nullptr) out.push_back(buf);
-  }
-  closedir(d);
-  std::sort(out.begin(), out.end());
   return out;
 }
 

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // Rails: one NCCL device spanning several NICs. Which NICs form a device is decided here, from WEFT_RAILS or
-// from PCI locality; pure functions over names and sysfs paths, so the rules are unit-tested without hardware.
+// from the machine's layout; pure functions over names and a topology, so the rules are unit-tested on fixtures.
 #pragma once
 
-#include "weft/common/sysfs.h"
+#include "weft/common/topology.h"
 #include "weft/transport/net.h"
 
 #include <map>
@@ -38,21 +38,15 @@ struct NicInfo {
   int speedMbps = 0;
 };
 
-// The PCI bus ids from the root port down to the device: "/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0"
-// gives {"0000:00:01.0", "0000:01:00.0"}.
-std::vector<std::string> pciChain(const std::string& sysfsPath);
-
 // Devices made of `nics` (indices into nics; every NIC exactly once, in discovery order of each group's first
-// NIC). kAuto fuses NICs of equal speed that sit below the same PCI root port as a GPU (the layout of
-// multi-NIC GPU servers, where NCCL would otherwise see each NIC alone), at most kMaxRails per device.
-// Problems with an explicit spec (unknown or repeated names, too many NICs) are appended to `warnings` and
-// the offending group is left unfused.
-std::vector<std::vector<int>> groupRails(const std::vector<NicInfo>& nics, const std::vector<std::string>& gpuPaths,
+// NIC). kAuto reads the machine's layout (hwloc, weft/common/topology.h): NICs of equal speed whose nearest GPUs
+// are the same, below the same PCIe switch or root port as them (PIX or PXB), are divided among those GPUs, each
+// GPU's share one device when it is two or more (at most maxDevsPerNic(); the rest stay alone). A DGX-class
+// server, one NIC a GPU, keeps its NICs apart; a p5-class one, four EFA NICs a GPU, gets one device of four per
+// GPU. NICs the topology does not place, or with no GPU under their root port, stay alone; a NIC with a PCI path
+// that hwloc does not see is said in `warnings`. Problems with an explicit spec (unknown or repeated names, too
+// many NICs) are appended to `warnings` and the offending group is left unfused.
+std::vector<std::vector<int>> groupRails(const std::vector<NicInfo>& nics, const topo::Topology& topology,
                                          const RailSpec& spec, std::vector<std::string>* warnings);
-
-using sysfs::isPciBusId;  // weft/common/sysfs.h
-
-// sysfs paths of the GPUs in this machine (PCI display/3D controllers of NVIDIA or AMD).
-std::vector<std::string> findGpuPciPaths();
 
 }  // namespace weft::fabric

@@ -12,6 +12,7 @@
 #include "weft/common/netif.h"
 #include "weft/common/params.h"
 #include "weft/common/sysfs.h"
+#include "weft/common/topology.h"
 #include "weft/nccl/net.h"
 #include "weft/transport/agreement.h"
 #include "weft/transport/handle.h"
@@ -101,7 +102,8 @@ std::unique_ptr<TcpBackend> TcpBackend::discover(std::string* why) {
     d->cache = std::make_unique<MrCache>(d->registrar.get());
     DeviceProps& p = d->props;
     p.name = i.name;
-    p.pciPath = sysfs::netdevPciPath(i.name);
+    p.pciPath = topo::nicPciPath(i.name, false);
+    p.numaNode = topo::numaNodeOfNic(i.name, p.pciPath);
     p.provider = "tcp (native)";
     p.fabric = sockaddrString(reinterpret_cast<const sockaddr*>(&i.addr), false);
     p.guid = fnv1a64(p.pciPath.empty() ? "weft-tcp/" + i.name : p.pciPath);
@@ -454,7 +456,7 @@ Status TcpBackend::pollConnect(int dev, PendingConnect& pc, SendComm** out) {
     fds.push_back(ps.fd);
     ps.fd = -1;  // the comm owns it now
   }
-  *out = new TcpSendComm(d, std::move(fds), pc.peerName, opts_);
+  *out = numa::make<TcpSendComm>(d.props.numaNode, d, std::move(fds), pc.peerName, opts_);
   WEFT_INFO(NCCL_NET, "connected to {} on {} (tcp{})", pc.peerName, d.props.name,
             rails > 1 ? ", " + std::to_string(rails) + " rails" : std::string());
   return Status::kOk;

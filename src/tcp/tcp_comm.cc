@@ -97,7 +97,8 @@ Status TcpRequest::test(bool* done, int* sizes) {
 }
 
 TcpDataComm::TcpDataComm(TcpDevice& dev, std::vector<int> fds, std::string peerName)
-    : dev_(dev), nRails_(static_cast<int>(fds.size())), peerName_(std::move(peerName)) {
+    : dev_(dev), nRails_(static_cast<int>(fds.size())), peerName_(std::move(peerName)),
+      pool_(kMaxPool, dev.props.numaNode) {
   for (int k = 0; k < nRails_; ++k) {
     rails_[k].fd = fds[k];
     health_[k].setDevice(static_cast<size_t>(k) < dev_.rails.size() ? dev_.rails[k].ifname.c_str()
@@ -334,8 +335,9 @@ void TcpSendComm::forget(TcpRequest* r) {
 // ---- receiving --------------------------------------------------------------------------------------------------
 
 TcpRecvComm::TcpRecvComm(TcpDevice& dev, std::vector<int> fds, std::string peerName, const SocketOptions& opts)
-    : TcpComm<RecvComm>(dev, std::move(fds), std::move(peerName)), stage_(new uint8_t[kStage]),
+    : TcpComm<RecvComm>(dev, std::move(fds), std::move(peerName)), stage_(numa::makeArray<uint8_t>(kStage, dev.props.numaNode)),
       stripeMin_(opts.stripeMin) {
+  if (!stage_) throw std::bad_alloc();
   for (int k = 1; k < nRails_; ++k) rails_[k].pieces.reset(new Rail::Piece[Rail::kPieces]);
 }
 
@@ -735,7 +737,7 @@ Status TcpListenComm::accept(RecvComm** recvComm) {
     }
     used_ = true;
     for (int fd : fds) opts_.applyConnected(fd);
-    *recvComm = new TcpRecvComm(dev_, fds, peer, opts_);
+    *recvComm = numa::make<TcpRecvComm>(dev_.props.numaNode, dev_, fds, peer, opts_);
     WEFT_INFO(NCCL_NET, "accepted {} on {} (tcp{})", peer, dev_.props.name,
               fds.size() > 1 ? ", " + std::to_string(fds.size()) + " rails" : std::string());
     return Status::kOk;

@@ -38,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "weft/common/numa.h"
 #include "weft/transport/comm_adaptor.h"
 #include "weft/transport/mr_cache.h"
 #include "weft/transport/net.h"
@@ -178,7 +179,8 @@ struct Rail {
   size_t hdrGot = 0;
 };
 
-class TcpDataComm {
+// A comm, its requests and its staging buffer live on the NUMA node of its interface (numa::make, docs/topology.md).
+class TcpDataComm : public numa::Placed {
  public:
   TcpDataComm(TcpDevice& dev, std::vector<int> fds, std::string peerName);
   virtual ~TcpDataComm();
@@ -190,6 +192,7 @@ class TcpDataComm {
   Status registerMr(void* data, size_t size, int type, int fd, uint64_t offset, MemHandle** out);
   Status deregisterMr(MemHandle* mh);
   std::string commDeviceName() const { return dev_.props.name; }
+  const DeviceProps& commDeviceProps() const { return dev_.props; }
   void refreshRailHealth() {}  // a socket's failure is recorded when it happens
   int railCount() const { return nRails_; }
   const RailHealth* railHealth(int* n) const {
@@ -218,8 +221,8 @@ class TcpDataComm {
  private:
   // Requests (weft/transport/request_pool.h), up to kMaxPool in flight.
   static constexpr int kMaxPool = 512;
-  using Pool = RequestPool<std::unique_ptr<TcpRequest[]>>;
-  Pool pool_{kMaxPool};
+  using Pool = RequestPool<numa::ArrayPtr<TcpRequest>>;
+  Pool pool_;
 };
 
 template <typename Iface>
@@ -264,7 +267,7 @@ class TcpRecvComm final : public TcpComm<RecvComm> {
   TcpRequest* head_ = nullptr;  // posted receives, in order; completed ones leave from anywhere
   TcpRequest* tail_ = nullptr;
   int unmatched_ = 0;  // posted buffers whose message's header has not come yet
-  std::unique_ptr<uint8_t[]> stage_;
+  numa::ArrayPtr<uint8_t> stage_;
   size_t begin_ = 0, end_ = 0;  // unread bytes of the staging buffer
   // rail 0's payload in progress: request, buffer, where it goes, bytes left
   TcpRequest* cur_ = nullptr;

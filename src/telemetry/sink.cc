@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "weft/common/log.h"
+#include "weft/common/numa.h"
 #include "weft/common/params.h"
 #include "weft/telemetry/record_reader.h"
 
@@ -308,6 +309,12 @@ void Sink::flush() {
 }
 
 void Sink::run() {
+  // Near the first NIC weft offers NCCL, on cores no other thread of the process is pinned to (docs/topology.md).
+  if (const int node = numa::homeNode(); node >= 0) {
+    std::string what;
+    const bool bound = numa::bindThisThreadNear(node, &what);
+    WEFT_INFO(NCCL_INIT, "timing: the record writer thread {}{}", bound ? "runs on " : "stays where it is: ", what);
+  }
   std::unique_lock<std::mutex> lock(mu_);
   size_t last = 0;
   while (!stop_) {
@@ -448,12 +455,18 @@ void Sink::connRecord(ConnStats* c, bool final) {
         h.moved.load(std::memory_order_relaxed), h.readmits.load(std::memory_order_relaxed), h.msgsSinceReadmit());
   }
   if (!rails.empty()) rails += "]";
+  std::string where;
+  if (c->numa >= 0) where += fmt::format(R"(,"numa":{})", c->numa);
+  if (!c->gpu.empty()) {
+    where += fmt::format(R"(,"gpu":"{}")", jsonEscape(c->gpu));
+    if (!c->gpuPath.empty()) where += fmt::format(R"(,"gpu_path":"{}")", jsonEscape(c->gpuPath));
+  }
   addRailTotals(*c, &railsClosed_);
   writeLineLocked(fmt::format(
-      R"({{"v":{},"type":"conn","host":"{}","pid":{},"conn":{},"dir":"{}","peer":"{}","device":"{}","msgs":{},"bytes":{},"lat_p50_us":{:.3f},"lat_p99_us":{:.3f}{},"time_ns":{}}})",
+      R"({{"v":{},"type":"conn","host":"{}","pid":{},"conn":{},"dir":"{}","peer":"{}","device":"{}","msgs":{},"bytes":{},"lat_p50_us":{:.3f},"lat_p99_us":{:.3f}{}{},"time_ns":{}}})",
       kRecordSchema, jsonEscape(host_), getpid(), c->id, c->isSend ? "send" : "recv", jsonEscape(c->peer), jsonEscape(c->device),
-      c->msgs.load(), c->bytes.load(), c->latency.quantileNs(0.5) / 1e3, c->latency.quantileNs(0.99) / 1e3, rails,
-      wallNs()));
+      c->msgs.load(), c->bytes.load(), c->latency.quantileNs(0.5) / 1e3, c->latency.quantileNs(0.99) / 1e3, where,
+      rails, wallNs()));
   flushLocked();
 }
 

@@ -29,6 +29,10 @@ struct ConnStats {
   // A multi-rail comm's rails (the comm's, valid while the connection is registered; NULL for one rail).
   const RailHealth* rails = nullptr;
   int nRails = 0;
+  // Where it runs (docs/topology.md): its NIC's NUMA node (-1 unknown), its GPU's bus id ("" unknown) and the path
+  // between them ("PIX" ... "SYS", "" unknown). Set by the plugin layer before the first message, read at close.
+  int numa = -1;
+  std::string gpu, gpuPath;
 };
 ConnStats* registerConn(bool isSend, std::string peer, std::string device, const RailHealth* rails = nullptr,
                         int nRails = 0);  // never null

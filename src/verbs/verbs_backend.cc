@@ -200,7 +200,8 @@ Status VerbsBackend::pollConnect(int dev, PendingConnect& pc, SendComm** out) {
       WEFT_WARN("connect to {} on {}: {}", pc.peerName, d.props().name, why);
       return st;
     }
-    auto sc = std::make_unique<VerbsSendComm>(std::move(pc.qps), pc.peerName, maxRecvs_);
+    std::unique_ptr<VerbsSendComm> sc(numa::make<VerbsSendComm>(d.props().numaNode, std::move(pc.qps), pc.peerName,
+                                                                 maxRecvs_));
     if (Status st = sc->start(); st != Status::kOk) return st;  // offer receives posted before "ready" leaves
     pc.comm = std::move(sc);
     const char ready = 'R';

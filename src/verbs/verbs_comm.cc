@@ -241,7 +241,7 @@ Status QpSet::connect(const QpInfo& peer, int trafficClass, std::string* why) {
 Status VerbsRequest::test(bool* done, int* sizes) { return comm->testRequest(this, done, sizes); }
 
 VerbsDataComm::VerbsDataComm(std::unique_ptr<QpSet> qps, std::string peerName, int poolSize)
-    : q_(std::move(qps)), dev_(q_->dev), peerName_(std::move(peerName)), pool_(static_cast<size_t>(poolSize)) {
+    : q_(std::move(qps)), dev_(q_->dev), peerName_(std::move(peerName)), pool_(static_cast<size_t>(poolSize), dev_.props().numaNode) {
   probeIntervalMs_ = static_cast<int>(params::getInt("WEFT_PROBE_INTERVAL"));
   peerTimeoutMs_ = params::getInt("WEFT_PEER_TIMEOUT") * 1000;
   stripeMin_ = static_cast<uint64_t>(params::getInt("WEFT_STRIPE_MIN"));
@@ -502,7 +502,8 @@ VerbsSendComm::~VerbsSendComm() {
 }
 
 Status VerbsSendComm::start() {
-  offers_.reset(new VerbsOfferMsg[kOfferRecvs]());
+  offers_ = numa::makeArray<VerbsOfferMsg>(kOfferRecvs, pool_.node());
+  if (!offers_) return Status::kSystem;
   offersMr_ = registerLocal(offers_.get(), sizeof(VerbsOfferMsg) * kOfferRecvs, "offer buffers");
   if (offersMr_ == nullptr) return Status::kSystem;
   for (int i = 0; i < kOfferRecvs; ++i) {
@@ -664,7 +665,8 @@ VerbsRecvComm::~VerbsRecvComm() {
 }
 
 Status VerbsRecvComm::start() {
-  offers_.reset(new VerbsOfferMsg[kMaxRequests]());
+  offers_ = numa::makeArray<VerbsOfferMsg>(kMaxRequests, pool_.node());
+  if (!offers_) return Status::kSystem;
   offersMr_ = registerLocal(offers_.get(), sizeof(VerbsOfferMsg) * kMaxRequests, "offer buffers");
   if (offersMr_ == nullptr) return Status::kSystem;
   for (int qp = 0; qp < q_->nQps; ++qp) {
@@ -993,7 +995,7 @@ Status VerbsListenComm::accept(RecvComm** out) {
   }
   if (!arrived(1, "confirmation")) return Status::kOk;
   sock_->take(nullptr, 1);
-  auto rc = std::make_unique<VerbsRecvComm>(std::move(qps_), peerName_);
+  std::unique_ptr<VerbsRecvComm> rc(numa::make<VerbsRecvComm>(dev_.props().numaNode, std::move(qps_), peerName_));
   if (Status st = rc->start(); st != Status::kOk) return st;
   WEFT_INFO(NCCL_NET, "accepted a connection from {} on {} ({} QP{})", peerName_, dev_.props().name,
             rc->qpCount(), rc->qpCount() == 1 ? "" : "s");

@@ -29,6 +29,7 @@
 
 #include "verbs/verbs_device.h"
 #include "weft/common/netif.h"
+#include "weft/common/numa.h"
 #include "weft/transport/comm_adaptor.h"
 #include "weft/transport/offer_table.h"
 #include "weft/transport/request_pool.h"
@@ -165,7 +166,8 @@ class VerbsRequest final : public Request {
   int ops = 0;  // work requests of this request still owned by the NIC (writes, the offer, a flush read)
 };
 
-class VerbsDataComm {
+// A comm, its requests and its offer buffers live on the NUMA node of its NIC (numa::make, docs/topology.md).
+class VerbsDataComm : public numa::Placed {
  public:
   VerbsDataComm(std::unique_ptr<QpSet> qps, std::string peerName, int poolSize);
   virtual ~VerbsDataComm();
@@ -173,6 +175,7 @@ class VerbsDataComm {
   Status registerMr(void* data, size_t size, int type, int fd, uint64_t offset, MemHandle** out);
   Status deregisterMr(MemHandle* mh);
   std::string commDeviceName() const;
+  const DeviceProps& commDeviceProps() const { return dev_.props(); }
   // One QP set per connection: no rails to report (CommAdaptor).
   const RailHealth* railHealth(int* n) const {
     *n = 0;
@@ -209,7 +212,7 @@ class VerbsDataComm {
   VerbsDevice& dev_;
   std::string peerName_;
   // Requests (weft/transport/request_pool.h): request i is reqAt(i), which stays where it is.
-  using Pool = RequestPool<std::unique_ptr<VerbsRequest[]>>;
+  using Pool = RequestPool<numa::ArrayPtr<VerbsRequest>>;
   Pool pool_;
   VerbsRequest* reqAt(size_t i) const {
     return i < pool_.allocated() ? &pool_.chunkOf(i)[Pool::slotOf(i)] : nullptr;
@@ -250,7 +253,7 @@ class VerbsSendComm final : public VerbsComm<SendComm> {
   static constexpr int kOfferRecvs = 64;
   void onCompletion(const ibv_wc& wc) override;
   bool postOfferRecv(int i);
-  std::unique_ptr<VerbsOfferMsg[]> offers_;
+  numa::ArrayPtr<VerbsOfferMsg> offers_;
   ibv_mr* offersMr_ = nullptr;
   OfferTable<VerbsOffer> table_;
   TagSequence seqs_;
@@ -275,7 +278,7 @@ class VerbsRecvComm final : public VerbsComm<RecvComm> {
   void onCompletion(const ibv_wc& wc) override;
   bool postImmRecv(int qp);
   Status ensureFlushQp();
-  std::unique_ptr<VerbsOfferMsg[]> offers_;
+  numa::ArrayPtr<VerbsOfferMsg> offers_;
   ibv_mr* offersMr_ = nullptr;
   TagSequence seqs_;
   // GPU buffers: an RDMA read of one byte over a QP connected to itself makes the NIC's earlier writes visible

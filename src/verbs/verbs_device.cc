@@ -20,6 +20,7 @@
 #include "weft/common/log.h"
 #include "weft/common/params.h"
 #include "weft/common/sysfs.h"
+#include "weft/common/topology.h"
 
 namespace weft::verbs {
 namespace {
@@ -270,8 +271,8 @@ void VerbsDevice::fillProps(const std::string& name, int port, const ibv_port_at
   const IbvApi& api = ibv();
   relaxedOrdering_ = api.regMrIova2 != nullptr;
   props_.name = name + ":" + std::to_string(port);
-  props_.pciPath = realPath("/sys/class/infiniband/" + name + "/device");
-  if (props_.pciPath.find("/devices/virtual") != std::string::npos) props_.pciPath.clear();
+  props_.pciPath = topo::nicPciPath(name, true);
+  props_.numaNode = topo::numaNodeOfNic(name, props_.pciPath);
   props_.provider = roce_ ? "verbs (RoCE)" : "verbs (InfiniBand)";
   props_.fabric = roce_ ? "roce" : "ib";
   props_.guid = api.getDeviceGuid(ctx_->device);

@@ -26,9 +26,10 @@ declare -A srcs=(
   [profile]="src/tuner/profile.cc src/tuner/policy.cc"
   [csv]="src/tuner/profile.cc src/tuner/policy.cc"
   [decide]="src/tuner/profile.cc src/tuner/policy.cc"
-  [rails]="src/fabric/rails.cc src/transport/backend.cc src/common/sysfs.cc src/common/params.cc src/common/log.cc"
+  [rails]="src/fabric/rails.cc src/transport/backend.cc src/common/sysfs.cc src/common/topology.cc src/common/params.cc src/common/log.cc"
   [params]="src/common/params.cc src/common/log.cc"
 )
+declare -A libs=([rails]="-lhwloc")
 scratch=$(mktemp -d /tmp/weft-fuzz-XXXXXX)
 trap 'rm -rf "$scratch"' EXIT
 for t in "${targets[@]}"; do
@@ -36,7 +37,7 @@ for t in "${targets[@]}"; do
   bin=$out/fuzz_$t
   # shellcheck disable=SC2086
   if [ ! -x "$bin" ] || [ -n "$(find tests/fuzz/fuzz_$t.cc ${srcs[$t]} include src/tuner src/fabric/rails.h -newer "$bin" 2>/dev/null | head -1)" ]; then
-    "$cxx" "${flags[@]}" "tests/fuzz/fuzz_$t.cc" ${srcs[$t]} -o "$bin" 2>"$scratch/$t.build" || {
+    "$cxx" "${flags[@]}" "tests/fuzz/fuzz_$t.cc" ${srcs[$t]} ${libs[$t]:-} -o "$bin" 2>"$scratch/$t.build" || {
       cat "$scratch/$t.build"; echo "fuzz: building $t failed"; exit 1; }
   fi
   mkdir -p "$scratch/$t"

@@ -127,3 +127,24 @@ TEST_CASE("mock CUDA driver: device memory faults on CPU access, copies and attr
   CHECK(release(d) == 1);  // freed twice
   CHECK(owns(reinterpret_cast<const void*>(d), &base, &bytes) == 0);
 }
+
+TEST_CASE("weft's CUDA shim names a GPU by its PCI bus id: the current context's, or a device pointer's",
+          "[mock_cuda][topology]") {
+  Mock m;
+  REQUIRE(m.lib != nullptr);
+  auto init = m.fn<int (*)(unsigned)>("cuInit");
+  auto alloc = m.fn<int (*)(unsigned long long*, size_t)>("cuMemAlloc_v2");
+  auto release = m.fn<int (*)(unsigned long long)>("cuMemFree_v2");
+  REQUIRE(init(0) == 0);
+  // The driver writes an 8-digit domain; weft keeps hwloc's and sysfs's 4, lower case.
+  setenv("MOCK_CUDA_PCI_BUS_ID", "0000:1B:00.0", 1);
+  CHECK(weft::cuda::busIdOf(nullptr) == "0000:1b:00.0");
+  unsigned long long d = 0;
+  REQUIRE(alloc(&d, 4096) == 0);
+  CHECK(weft::cuda::busIdOf(reinterpret_cast<const void*>(d + 100)) == "0000:1b:00.0");
+  uint8_t host[16];
+  CHECK(weft::cuda::busIdOf(host).empty());  // host memory: no GPU
+  unsetenv("MOCK_CUDA_PCI_BUS_ID");
+  CHECK(weft::cuda::busIdOf(nullptr) == "0000:01:00.0");
+  CHECK(release(d) == 0);
+}

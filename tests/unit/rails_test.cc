@@ -7,18 +7,50 @@
 using namespace weft::fabric;
 
 namespace {
-const std::string kRoot = "/sys/devices/pci0000:00/";
-// A GPU server: two PCIe switches, each with a GPU and two NICs; one NIC straight on a root port.
-const std::string kSw0 = kRoot + "0000:00:01.0/0000:01:00.0/";
-const std::string kSw1 = kRoot + "0000:00:02.0/0000:02:00.0/";
+using weft::topo::PciDevice;
+using weft::topo::Topology;
+const std::string kRoot = "/sys/devices/pci0000:00/0000:00:01.0/";
+
+// A made-up GPU server, as the topology sees it: two PCIe switches (units: host bridge 0, root port, switch), each
+// with a GPU and two NICs; one NIC on a root port of its own.
+PciDevice device(const std::string& bus, bool gpu, std::vector<int> units) {
+  PciDevice d;
+  d.busId = bus;
+  d.classId = gpu ? 0x0302 : 0x0200;
+  d.vendorId = gpu ? 0x10de : 0x1d0f;
+  d.units = std::move(units);
+  d.numa = 0;
+  return d;
+}
+Topology server(int nicsOnSwitch0 = 2) {
+  Topology t;
+  auto& pci = t.mutablePci();
+  pci.push_back(device("0000:07:00.0", true, {0, 1, 2}));
+  pci.push_back(device("0000:08:00.0", true, {0, 3, 4}));
+  for (int i = 0; i < nicsOnSwitch0; ++i) {
+    char bus[16];
+    std::snprintf(bus, sizeof(bus), "0000:%02x:00.0", 0x10 + i);
+    pci.push_back(device(bus, false, {0, 1, 2}));
+  }
+  pci.push_back(device("0000:05:00.0", false, {0, 3, 4}));
+  pci.push_back(device("0000:06:00.0", false, {0, 3, 4}));
+  pci.push_back(device("0000:00:03.0", false, {0, 5}));
+  t.finish();
+  return t;
+}
 std::vector<NicInfo> serverNics() {
-  return {{"efa0", kSw0 + "0000:01:08.0/0000:03:00.0", 100000},
-          {"efa1", kSw0 + "0000:01:09.0/0000:04:00.0", 100000},
-          {"efa2", kSw1 + "0000:02:08.0/0000:05:00.0", 100000},
-          {"efa3", kSw1 + "0000:02:09.0/0000:06:00.0", 100000},
+  return {{"efa0", kRoot + "0000:10:00.0", 100000},
+          {"efa1", kRoot + "0000:11:00.0", 100000},
+          {"efa2", kRoot + "0000:05:00.0", 100000},
+          {"efa3", kRoot + "0000:06:00.0", 100000},
           {"eth0", kRoot + "0000:00:03.0", 25000}};
 }
-const std::vector<std::string> kGpus = {kSw0 + "0000:01:10.0/0000:07:00.0", kSw1 + "0000:02:10.0/0000:08:00.0"};
+// The NICs of a fixture as a backend would list them, every one at `speed`.
+std::vector<NicInfo> nicsOf(const Topology& t, int speed) {
+  std::vector<NicInfo> out;
+  for (const auto& n : t.nics()) out.push_back({n.name(), "/sys/devices/pci0000:00/" + t.pci()[n.pci].busId, speed});
+  return out;
+}
 }  // namespace
 
 TEST_CASE("WEFT_RAILS parses auto, off and explicit groups, and refuses malformed text", "[rails]") {
@@ -57,20 +89,16 @@ TEST_CASE("WEFT_RAILS: eight NICs a device with NCCL's v12 table, four with the 
   REQUIRE(parseRailSpec("a+b+c+d", &s, &err));
   weft::setNetTableVersion(9);
   CHECK(weft::maxDevsPerNic() == 4);
-  // Grouping by PCI locality stops at the table's limit too: six NICs under one switch make one device of 4.
+  // Grouping by locality stops at the table's limit too: six NICs under one GPU's switch make one device of 4.
+  const Topology t = server(6);
   std::vector<NicInfo> nics;
-  for (int i = 0; i < 6; ++i) {
-    NicInfo n;
-    n.name = "n" + std::to_string(i);
-    n.pciPath = kSw0 + "0000:01:1" + std::to_string(i) + ".0/0000:0" + std::to_string(i + 1) + ":00.0";
-    n.speedMbps = 100000;
-    nics.push_back(n);
-  }
+  for (int i = 0; i < 6; ++i) nics.push_back({"n" + std::to_string(i), kRoot + t.pci()[2 + i].busId, 100000});
   std::vector<std::string> warnings;
-  auto groups4 = groupRails(nics, {kGpus[0]}, RailSpec{}, &warnings);
+  auto groups4 = groupRails(nics, t, RailSpec{}, &warnings);
   CHECK(groups4[0].size() == 4);
+  CHECK(groups4.size() == 3);
   weft::setNetTableVersion(12);
-  auto groups8 = groupRails(nics, {kGpus[0]}, RailSpec{}, &warnings);
+  auto groups8 = groupRails(nics, t, RailSpec{}, &warnings);
   CHECK(groups8[0].size() == 6);
   weft::setNetTableVersion(0);
 }
@@ -94,44 +122,77 @@ TEST_CASE("WEFT_NIC_RAILS gives NICs NCCL 2.30's rail and plane, and refuses mal
   }
 }
 
-TEST_CASE("pciChain lists bus ids from the root port down", "[rails]") {
-  CHECK(pciChain(kSw0 + "0000:01:08.0/0000:03:00.0") ==
-        std::vector<std::string>{"0000:00:01.0", "0000:01:00.0", "0000:01:08.0", "0000:03:00.0"});
-  CHECK(pciChain("/sys/devices/virtual/net/veth0").empty());
-  CHECK(pciChain("").empty());
-}
-
 TEST_CASE("auto fuses the NICs that share a GPU's switch, at equal speed", "[rails]") {
   std::vector<std::string> warnings;
-  auto g = groupRails(serverNics(), kGpus, RailSpec{}, &warnings);
+  const Topology t = server();
+  auto g = groupRails(serverNics(), t, RailSpec{}, &warnings);
   CHECK(warnings.empty());
   CHECK(g == std::vector<std::vector<int>>{{0, 1}, {2, 3}, {4}});
-  // Without GPUs (or with rails off) every NIC stays alone.
-  CHECK(groupRails(serverNics(), {}, RailSpec{}, &warnings) ==
+  // Without a topology (hwloc could not read one) or with rails off, every NIC stays alone.
+  CHECK(groupRails(serverNics(), Topology(), RailSpec{}, &warnings) ==
         std::vector<std::vector<int>>{{0}, {1}, {2}, {3}, {4}});
   RailSpec off;
   off.mode = RailSpec::Mode::kOff;
-  CHECK(groupRails(serverNics(), kGpus, off, &warnings).size() == 5);
+  CHECK(groupRails(serverNics(), t, off, &warnings).size() == 5);
   // A slower NIC under the same switch is not fused with the fast ones.
   auto nics = serverNics();
   nics[1].speedMbps = 25000;
-  CHECK(groupRails(nics, kGpus, RailSpec{}, &warnings) == std::vector<std::vector<int>>{{0}, {1}, {2, 3}, {4}});
-  // Virtual NICs (no PCI path) are never fused automatically.
+  CHECK(groupRails(nics, t, RailSpec{}, &warnings) == std::vector<std::vector<int>>{{0}, {1}, {2, 3}, {4}});
+  // Virtual NICs (no PCI path, not in the topology) are never fused, and expected there: no warning.
   std::vector<NicInfo> veths = {{"veth0", "", 10000}, {"veth1", "", 10000}};
-  CHECK(groupRails(veths, kGpus, RailSpec{}, &warnings).size() == 2);
+  CHECK(groupRails(veths, t, RailSpec{}, &warnings).size() == 2);
+  CHECK(warnings.empty());
+}
+
+TEST_CASE("auto leaves alone, with a warning, a NIC whose PCI device hwloc does not see", "[rails]") {
+  std::vector<std::string> warnings;
+  auto nics = serverNics();
+  nics[1].pciPath = kRoot + "0000:7f:00.0";
+  nics[1].name = "hidden0";
+  auto g = groupRails(nics, server(), RailSpec{}, &warnings);
+  CHECK(g == std::vector<std::vector<int>>{{0}, {1}, {2, 3}, {4}});
+  REQUIRE(warnings.size() == 1);
+  CHECK(warnings[0].find("hidden0") != std::string::npos);
+  CHECK(warnings[0].find("not in hwloc's view") != std::string::npos);
 }
 
 TEST_CASE("auto never puts more than kMaxRails NICs in one device", "[rails]") {
+  const Topology t = server(kMaxRails + 2);
   std::vector<NicInfo> nics;
-  for (int i = 0; i < kMaxRails + 2; ++i) {
-    char bdf[32];
-    std::snprintf(bdf, sizeof(bdf), "0000:01:%02x.0/0000:%02x:00.0", 8 + i, 0x10 + i);
-    nics.push_back({"nic" + std::to_string(i), kSw0 + bdf, 100000});
-  }
+  for (int i = 0; i < kMaxRails + 2; ++i) nics.push_back({"nic" + std::to_string(i), kRoot + t.pci()[2 + i].busId, 100000});
   std::vector<std::string> warnings;
-  auto g = groupRails(nics, {kGpus[0]}, RailSpec{}, &warnings);
+  auto g = groupRails(nics, t, RailSpec{}, &warnings);
   REQUIRE(g.size() == 3);
   CHECK(static_cast<int>(g[0].size()) == kMaxRails);
+}
+
+TEST_CASE("auto on real machine classes: one NIC a GPU stays apart, four EFA NICs a GPU make one device",
+          "[rails]") {
+  std::vector<std::string> warnings;
+  for (const char* apart : {"dgx-h100.xml", "efa-4-per-socket.xml", "roce-2s.xml", "roce-far-nic.xml"}) {
+    INFO(apart);
+    const Topology t = Topology::fromXml(std::string(WEFT_TOPOLOGY_FIXTURES) + "/" + apart);
+    REQUIRE(t.error().empty());
+    const auto nics = nicsOf(t, 400000);
+    CHECK(groupRails(nics, t, RailSpec{}, &warnings).size() == nics.size());
+  }
+  const Topology p5 = Topology::fromXml(std::string(WEFT_TOPOLOGY_FIXTURES) + "/efa-4-per-gpu.xml");
+  const auto nics = nicsOf(p5, 100000);
+  for (int table : {9, 12}) {
+    weft::setNetTableVersion(table);
+    auto g = groupRails(nics, p5, RailSpec{}, &warnings);
+    REQUIRE(g.size() == 8);
+    for (const auto& d : g) {
+      REQUIRE(d.size() == 4);
+      // The four NICs of a device are those of one GPU's switch.
+      weft::topo::Path p;
+      const auto gpus = p5.nearestGpus(p5.pciOfNic(nics[d[0]].name, nics[d[0]].pciPath), &p);
+      CHECK(gpus.size() == 1);
+      for (int i : d) CHECK(p5.nearestGpus(p5.pciOfNic(nics[i].name, nics[i].pciPath), &p) == gpus);
+    }
+  }
+  weft::setNetTableVersion(0);
+  CHECK(warnings.empty());
 }
 
 TEST_CASE("explicit groups fuse named NICs; unknown or repeated names are warned about and left alone", "[rails]") {

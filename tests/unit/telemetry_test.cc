@@ -121,6 +121,15 @@ TEST_CASE("connection records are read back with their rails, and skipped by rea
   CHECK(c.rails[1].msgsSinceReadmit == 7);
   CHECK(c.rails[0].readmits == 0);
   CHECK(parseRecordLine(line, &op, &comm, &name, &err) == LineKind::kOther);
+  CHECK(c.numa == -1);  // written before weft recorded locality
+  CHECK(c.gpu.empty());
+  // Where the connection ran: the NIC's NUMA node, the GPU and the path between them.
+  REQUIRE(parseRecordLine(R"({"v":1,"type":"conn","host":"h","pid":7,"device":"mlx5_0","numa":1,)"
+                          R"("gpu":"0000:01:00.0","gpu_path":"SYS","msgs":1})",
+                          &op, &comm, &name, &err, &c) == LineKind::kConn);
+  CHECK(c.numa == 1);
+  CHECK(c.gpu == "0000:01:00.0");
+  CHECK(c.gpuPath == "SYS");
   // A single-rail connection has no rails; a malformed rail is a malformed line.
   CHECK(parseRecordLine(R"({"v":1,"type":"conn","host":"h","msgs":1})", &op, &comm, &name, &err, &c) ==
         LineKind::kConn);

@@ -77,6 +77,7 @@ WorkerArgs parseWorkerArgs(int argc, char** argv) {
     else if (f == "--quick") w.quick = true;
     else if (f == "--mem") w.mem = a.value();
     else if (f == "--no-dmabuf") w.noDmabuf = true;
+    else if (f == "--cuda-context") w.cudaContext = true;
     else if (f == "--soak") w.soakMessages = a.number(1, 2000000000);
     else if (f == "--cycles") w.cycles = a.number(1, 10000000);
     else if (f == "--conns") w.conns = a.number(1, 1000000);

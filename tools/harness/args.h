@@ -42,6 +42,7 @@ struct WorkerArgs {
   bool isolate = false;
   std::string mem = "host";  // host | cuda (device buffers from the CUDA driver the loader finds)
   bool noDmabuf = false;     // as NCCL_DMABUF_ENABLE=0
+  bool cudaContext = false;  // as in NCCL's process: the CUDA driver initialised, device 0's context current
   int64_t soakMessages = 0;  // soak.random: messages in all (0: the check's default)
   int cycles = 0;            // hygiene.*: cycles (0: the checks' defaults)
   int conns = 0;             // comms.scale: connections held at once (0: the check's default)

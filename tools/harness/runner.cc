@@ -201,6 +201,7 @@ int runConformance(const RunOptions& o) {
   if (o.quick) args.push_back("--quick");
   if (o.mem != "host") args.insert(args.end(), {"--mem", o.mem});
   if (o.noDmabuf) args.push_back("--no-dmabuf");
+  if (o.cudaContext) args.push_back("--cuda-context");
   if (o.soakMessages > 0) args.insert(args.end(), {"--soak", std::to_string(o.soakMessages)});
   if (o.cycles > 0) args.insert(args.end(), {"--cycles", std::to_string(o.cycles)});
   if (o.conns > 0) args.insert(args.end(), {"--conns", std::to_string(o.conns)});
@@ -317,6 +318,10 @@ int runWorker(int argc, char** argv) {
   std::printf("INFO\tdevice %d of %d: %s (speed %d Mb/s, maxRecvs %d, ptrSupport %#x%s%s)\n", env.dev,
               session.deviceCount(), env.props.name.c_str(), env.props.speed, env.props.maxRecvs,
               env.props.ptrSupport, env.props.pciPath.empty() ? "" : ", pci ", env.props.pciPath.c_str());
+  if (wa.cudaContext) {  // what the plugin sees in NCCL's threads (the connection's GPU, docs/topology.md)
+    std::string why;
+    if (CudaDriver::get(&why) == nullptr) std::printf("INFO\t--cuda-context: %s\n", why.c_str());
+  }
   std::string noDevice;  // --mem cuda: why device buffers cannot be used (every check is then skipped)
   if (wa.mem == "cuda") {
     CudaDriver* cuda = CudaDriver::get(&noDevice);

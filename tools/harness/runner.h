@@ -31,6 +31,7 @@ struct RunOptions {
   int callLimitMs = 10000;  // backstop: a connect/accept/listen call taking longer has blocked
   std::string mem = "host";  // "cuda": the data checks run between device buffers (Check::device), others left out
   bool noDmabuf = false;     // --mem cuda: register with regMr even where NCCL_PTR_DMABUF is advertised
+  bool cudaContext = false;  // the workers make device 0's context current first, as NCCL's threads have (host buffers)
   PairOptions pair;  // this executable, namespaces and environments of the two workers
 };
 

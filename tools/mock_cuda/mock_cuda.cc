@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <mutex>
 
 namespace {
@@ -147,6 +148,27 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext* ctx, CUdevice d) {
 }
 
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { return d == 0 ? kSuccess : kInvalidDevice; }
+
+// The one device's PCI bus id, as the driver writes it (8-digit domain): MOCK_CUDA_PCI_BUS_ID (a GPU of a topology
+// fixture, for tests of locality), else 0000:01:00.0.
+CUresult cuDeviceGetPCIBusId(char* out, int len, CUdevice d) {
+  if (!gInit) return kNotInitialized;
+  if (out == nullptr || len <= 0) return kInvalidValue;
+  if (d != 0) return kInvalidDevice;
+  const char* set = getenv("MOCK_CUDA_PCI_BUS_ID");
+  std::string bus = set != nullptr && *set != '\0' ? set : "0000:01:00.0";
+  if (bus.size() == 12) bus = "0000" + bus;
+  if (static_cast<int>(bus.size()) >= len) return kInvalidValue;
+  std::memcpy(out, bus.c_str(), bus.size() + 1);
+  return kSuccess;
+}
+// The current context's device: the mock's one context is device 0's, current on every thread once cuInit ran.
+CUresult cuCtxGetDevice(CUdevice* d) {
+  if (!gInit) return kNotInitialized;
+  if (d == nullptr) return kInvalidValue;
+  *d = 0;
+  return kSuccess;
+}
 CUresult cuCtxSetCurrent(CUcontext) { return gInit ? kSuccess : kNotInitialized; }
 CUresult cuCtxGetCurrent(CUcontext* ctx) {
   if (ctx == nullptr) return kInvalidValue;

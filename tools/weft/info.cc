@@ -6,6 +6,7 @@
 #include "plugin/engine.h"
 #include "plugin_loader.h"
 #include "weft/common/params.h"
+#include "weft/common/topology.h"
 #include "weft/version.h"
 
 namespace weft::tool {
@@ -70,6 +71,14 @@ int markdownVariables() {
 int info(int argc, char** argv) {
   for (int i = 2; i < argc; ++i)
     if (std::string(argv[i]) == "--markdown") return markdownVariables();
+  for (int i = 2; i < argc; ++i) {
+    // The machine's layout alone (WEFT_TOPOLOGY_XML or HWLOC_XMLFILE for another machine's): 1 when there is none.
+    if (std::string(argv[i]) == "--topology") {
+      const auto& t = topo::Topology::host();
+      std::printf("%s", t.map().c_str());
+      return t.error().empty() ? 0 : 1;
+    }
+  }
   for (int i = 2; i + 1 < argc; ++i) {
     if (std::string(argv[i]) == "--plugin") return pluginInfo(argv[i + 1]);
   }
@@ -88,6 +97,7 @@ int info(int argc, char** argv) {
     const std::string more = chosen->describe(d);
     std::printf("%s%s\n", more.empty() ? "" : "  ", more.c_str());
   }
+  std::printf("\n%s", topo::Topology::host().map().c_str());
   std::printf("\nvariables:\n");
   for (const auto& val : params::values()) {
     std::printf("  %-22s = %-14s (%s%s)\n      %s\n", val.def->name, ("'" + val.raw + "'").c_str(),

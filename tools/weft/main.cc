@@ -50,6 +50,7 @@ void usage() {
                "      [--soak N]                messages for soak.random (default 20,000; 2,000 with --quick)\n"
                "      [--mem cuda] [--no-dmabuf] the data checks between GPU buffers from libcuda.so.1 (a GPU, or the\n"
                "                                mock: LD_LIBRARY_PATH=build/mock-cuda); DMA-BUF where advertised\n"
+               "      [--cuda-context]          host buffers, with device 0's CUDA context current in the workers\n"
                "      [--cycles N]              cycles for hygiene.* (default 2,000 connects, 10,000 registrations)\n"
                "      [--conns N]               connections held at once by comms.scale (default 1,024; 256 with --quick)\n"
                "      [--max-endpoints N]       comms.scale fails if a worker holds more libfabric endpoints open\n"
@@ -142,6 +143,7 @@ int conformance(int argc, char** argv) {
     else if (f == "--fuse") o.fuse = a.value();
     else if (f == "--mem") o.mem = a.value();
     else if (f == "--no-dmabuf") o.noDmabuf = true;
+    else if (f == "--cuda-context") o.cudaContext = true;
     else a.unknown();
   }
   if (o.plugin.empty()) {

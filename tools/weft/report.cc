@@ -6,6 +6,8 @@
 //     where NCCL 2.32+ reports them, else execution times; neither needs clock agreement between hosts: a rank that
 //     arrives late spends the least time waiting, and in the collective);
 //   - per user tag (NCCL 2.32+): time share, bandwidth, time waiting for other ranks, and whom they wait for;
+//   - locality: where each process's NICs sit against its GPU (connection records), flagging traffic that crosses
+//     sockets or a NIC far from its GPU, named as the likely cause when that process is a straggler;
 //   - the traffic mix (data-parallel large collectives, tensor-parallel small ones, pipeline send/recv,
 //     all-to-all) and the share of time each takes;
 //   - with --plot DIR: busbw_vs_size.svg and timeline.svg.
@@ -43,6 +45,7 @@ struct Loaded {
   size_t files = 0, lines = 0, malformed = 0, otherSchema = 0;
   std::vector<std::string> problems;
   std::vector<telemetry::ConnRecord> conns;
+  std::map<std::string, std::string> farCause;  // host:pid -> why its NIC is far from its GPU (locality())
 };
 
 void loadFile(const std::string& path, Loaded& L) {
@@ -168,6 +171,77 @@ void printRails(const Loaded& L) {
                 static_cast<unsigned long long>(n.failovers), static_cast<unsigned long long>(n.moved),
                 static_cast<unsigned long long>(n.readmits), why.empty() ? "-" : why.c_str());
   }
+}
+
+// ---- locality (docs/topology.md §records) ----------------------------------------------------------------------
+
+int pathRank(const std::string& p) {
+  static const char* const kOrder[] = {"PIX", "PXB", "PHB", "NODE", "SYS"};
+  for (int i = 0; i < 5; ++i)
+    if (p == kOrder[i]) return i;
+  return -1;
+}
+
+// Per process (host:pid): its connections' NICs and NUMA nodes, its GPUs, and the farthest NIC-GPU path.
+struct Placement {
+  std::set<std::string> nics, gpus;
+  std::set<int> numa;
+  std::string worst, worstNic, worstGpu;
+  size_t conns = 0;
+};
+
+std::map<std::string, Placement> placements(const Loaded& L) {
+  std::map<std::string, Placement> out;
+  for (const auto& c : L.conns) {
+    if (c.numa < 0 && c.gpu.empty()) continue;  // written before weft recorded locality
+    Placement& p = out[c.host + ":" + std::to_string(c.pid)];
+    ++p.conns;
+    p.nics.insert(c.device);
+    if (c.numa >= 0) p.numa.insert(c.numa);
+    if (!c.gpu.empty()) p.gpus.insert(c.gpu);
+    if (pathRank(c.gpuPath) > pathRank(p.worst)) {
+      p.worst = c.gpuPath;
+      p.worstNic = c.device;
+      p.worstGpu = c.gpu;
+    }
+  }
+  return out;
+}
+
+// Why a process's traffic is slowed by where its NIC sits ("" when it is not): across sockets (SYS), or through the
+// CPU's host bridge (PHB, NODE) instead of a PCIe switch the GPU shares.
+std::string farCause(const Placement& p) {
+  if (p.worst == "SYS")
+    return fmt::format("its NIC {} is on the other socket from its GPU {} (SYS): every message crosses the socket "
+                       "link", p.worstNic, p.worstGpu);
+  if (p.worst == "PHB" || p.worst == "NODE")
+    return fmt::format("its NIC {} is far from its GPU {} ({}: through the CPU's PCIe host bridge, not a switch they "
+                       "share)", p.worstNic, p.worstGpu, p.worst);
+  return {};
+}
+
+void printLocality(Loaded& L) {
+  const auto all = placements(L);
+  if (all.empty()) return;
+  std::printf("\n== locality (connection records: each process's NICs, their NUMA node, and the path to its GPU)\n");
+  std::printf("  %-24s %-20s %-6s %-14s %-5s %6s\n", "process", "nic", "numa", "gpu", "path", "conns");
+  size_t far = 0;
+  for (const auto& [where, p] : all) {
+    std::string nics, numa, gpus;
+    for (const auto& n : p.nics) nics += (nics.empty() ? "" : ",") + n;
+    for (int n : p.numa) numa += (numa.empty() ? "" : ",") + std::to_string(n);
+    for (const auto& g : p.gpus) gpus += (gpus.empty() ? "" : ",") + g;
+    std::printf("  %-24s %-20s %-6s %-14s %-5s %6zu\n", where.c_str(), nics.c_str(), numa.empty() ? "-" : numa.c_str(),
+                gpus.empty() ? "-" : gpus.c_str(), p.worst.empty() ? "-" : p.worst.c_str(), p.conns);
+    const std::string cause = farCause(p);
+    if (cause.empty()) continue;
+    L.farCause[where] = cause;
+    ++far;
+  }
+  for (const auto& [where, cause] : L.farCause)
+    std::printf("  %s %s: %s\n", all.at(where).worst == "SYS" ? "CROSS-SOCKET" : "FAR-NIC", where.c_str(),
+                cause.c_str());
+  if (far == 0) std::printf("  every NIC is under a PCIe switch or root port its GPU shares (or its GPU is unknown)\n");
 }
 
 // Completes what older profilers do not record (nRanks: the ranks seen in the communicator) and the bandwidths,
@@ -296,18 +370,22 @@ Stragglers stragglers(const Loaded& L, Keep&& keep) {
 }
 
 // The ranks the others waited for: at least minUs, and more than 5x the typical rank.
-std::vector<std::string> flagged(const Stragglers& st, double minUs, const std::string& what) {
+std::vector<std::string> flagged(const Stragglers& st, double minUs, const std::string& what,
+                                 const std::map<std::string, std::string>& farCause) {
   std::vector<double> all;
   for (const auto& [k, w] : st.who) all.push_back(median(w.waited));
   double typical = median(all);
   std::vector<std::string> out;
   for (const auto& [k, w] : st.who) {
     double waited = median(w.waited);
-    if (waited >= minUs && waited > 5 * typical)
+    if (waited >= minUs && waited > 5 * typical) {
+      const auto cause = farCause.find(w.where);
       out.push_back(fmt::format("STRAGGLER {}comm {} rank {} ({}): the others waited a median {} for it in {} "
-                                "collectives; it started last in {:.0f}% of them",
+                                "collectives; it started last in {:.0f}% of them{}",
                                 what, k.first, k.second, w.where, fmtUs(waited), w.joined,
-                                100.0 * w.lastToStart / std::max(1, w.joined)));
+                                100.0 * w.lastToStart / std::max(1, w.joined),
+                                cause == farCause.end() ? "" : "; likely cause: " + cause->second));
+    }
   }
   return out;
 }
@@ -331,7 +409,7 @@ void printStragglers(const Loaded& L, double stragglerMinUs) {
     std::printf("  %-20s %5d %-22s %11s %11s %11s %8.0f%%\n", k.first.c_str(), k.second, w.where.c_str(),
                 fmtUs(median(w.lateStart)).c_str(), fmtUs(median(w.lateEnd)).c_str(), fmtUs(median(w.waited)).c_str(),
                 100.0 * w.lastToStart / std::max(1, w.joined));
-  const auto f = flagged(st, stragglerMinUs, "");
+  const auto f = flagged(st, stragglerMinUs, "", L.farCause);
   if (f.empty()) std::printf("  no straggler: no rank is waited for more than 5x the typical rank\n");
   for (const auto& x : f) std::printf("  %s\n", x.c_str());
 }
@@ -392,7 +470,7 @@ void printTags(const Loaded& L, double stragglerMinUs) {
                 fmtUs(t.ns / 1e3).c_str(), totalNs ? 100.0 * t.ns / totalNs : 0.0, median(t.bw),
                 t.phasedNs > 0 ? fmt::format("{:.1f}%", 100.0 * t.syncUs * 1e3 / t.phasedNs).c_str() : "-",
                 most.c_str());
-    for (auto& f : flagged(st, stragglerMinUs, "tag " + label + ": ")) notes.push_back(std::move(f));
+    for (auto& f : flagged(st, stragglerMinUs, "tag " + label + ": ", L.farCause)) notes.push_back(std::move(f));
   }
   for (const auto& n : notes) std::printf("  %s\n", n.c_str());
 }
@@ -489,11 +567,13 @@ int reportCommand(int argc, char** argv) {
   if (L.recs.empty()) {  // connections only (a run of weft conformance or bench, no NCCL profiler)
     std::printf("weft report: no collective or p2p records; %zu connection records from %zu files\n", L.conns.size(),
                 L.files);
+    printLocality(L);
     printRails(L);
     return 0;
   }
   const uint64_t t0 = prepareRecords(L);
   printBandwidth(L);
+  printLocality(L);  // before the stragglers: they name its findings as likely causes
   printStragglers(L, stragglerMinUs);
   printTags(L, stragglerMinUs);
   printTrafficMix(L);

@@ -36,6 +36,8 @@ struct RailRecord {
 struct ConnRecord {
   std::string host, dir, peer, device;
   int pid = 0;
+  int numa = -1;                // the NIC's NUMA node (-1: not recorded)
+  std::string gpu, gpuPath;     // the GPU's bus id and its path to the NIC ("PIX" ... "SYS"), where recorded
   uint64_t msgs = 0, bytes = 0;
   std::vector<RailRecord> rails;
 };

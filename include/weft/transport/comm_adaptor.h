@@ -20,6 +20,7 @@ class CommAdaptor : public Iface, public Data {
 
   std::string peerName() const override { return this->peerName_; }
   std::string deviceName() const override { return Data::commDeviceName(); }
+  const DeviceProps* deviceProps() const override { return &Data::commDeviceProps(); }
   const RailHealth* rails(int* n) const override { return Data::railHealth(n); }
   void refreshRails() override { Data::refreshRailHealth(); }
   Status regMr(void* data, size_t size, int type, MemHandle** out) override {

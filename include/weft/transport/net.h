@@ -33,6 +33,7 @@ int maxDevsPerNic() noexcept;  // for the table in use: 8 on v12, else 4
 struct DeviceProps {
   std::string name;      // unique per device, stable
   std::string pciPath;   // sysfs path ending in the PCI bus id, or empty for a virtual NIC
+  int numaNode = -1;     // the NIC's NUMA node in the machine's layout (weft/common/topology.h); -1: unknown
   std::string provider;  // e.g. "tcp;ofi_rxm"
   std::string fabric;    // provider's fabric name (e.g. the subnet for tcp)
   uint64_t guid = 0;
@@ -95,6 +96,8 @@ class Comm : public Object {
   // For logs and per-connection records: the peer's address, this end's device.
   virtual std::string peerName() const { return {}; }
   virtual std::string deviceName() const { return {}; }
+  // The properties of the NIC it runs on (its first rail's): where it sits in the machine (numaNode, pciPath).
+  virtual const DeviceProps* deviceProps() const { return nullptr; }
   // The plugin's timing record of this connection (plugin/conn_timing.cc, a telemetry::ConnStats); no backend
   // reads or writes it.
   void* timingRecord = nullptr;

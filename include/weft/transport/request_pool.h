@@ -15,6 +15,8 @@
 #include <utility>
 #include <vector>
 
+#include "weft/common/numa.h"
+
 namespace weft {
 
 template <typename Chunk, int kChunkSize = 4>
@@ -22,7 +24,8 @@ class RequestPool {
  public:
   static constexpr int kChunk = kChunkSize;
 
-  explicit RequestPool(size_t capacity) : capacity_(std::min<size_t>(capacity, UINT16_MAX)) {}
+  // `node`: the NUMA node of the comm's NIC, where chunks of plain requests (numa::ArrayPtr) are made; -1 anywhere.
+  explicit RequestPool(size_t capacity, int node = -1) : capacity_(std::min<size_t>(capacity, UINT16_MAX)), node_(node) {}
 
   // A free index, making one more chunk first when none is free: make(Chunk&, base) fills a chunk for indexes
   // [base, base + kChunk) and says whether it could (false: no memory, or what goes with it failed). -1 when every
@@ -34,13 +37,18 @@ class RequestPool {
     free_.pop_back();
     return i;
   }
-  // For a pool whose chunks are plain arrays of requests (Chunk = std::unique_ptr<T[]>): a free request (nullptr:
-  // none), its chunk made on the way where needed, init(T&, index) run once for each request made.
+  // For a pool whose chunks are plain arrays of requests (Chunk = numa::ArrayPtr<T>, on the pool's node, or
+  // std::unique_ptr<T[]>): a free request (nullptr: none), its chunk made on the way where needed, init(T&, index)
+  // run once for each request made.
   template <typename Init>
   auto* takeRequest(Init&& init) {
     using T = std::remove_reference_t<decltype(std::declval<Chunk&>()[0])>;
     const int i = take([&](Chunk& c, size_t base) {
-      c.reset(new (std::nothrow) T[kChunk]);
+      if constexpr (std::is_same_v<Chunk, numa::ArrayPtr<T>>) {
+        c = numa::makeArray<T>(kChunk, node_);
+      } else {
+        c.reset(new (std::nothrow) T[kChunk]);
+      }
       if (!c) return false;
       for (int j = 0; j < kChunk; ++j) init(c[j], base + static_cast<size_t>(j));
       return true;
@@ -53,6 +61,7 @@ class RequestPool {
   static size_t slotOf(size_t i) { return i % kChunk; }
   size_t allocated() const { return allocated_; }
   size_t capacity() const { return capacity_; }
+  int node() const { return node_; }
 
  private:
   template <typename Make>
@@ -76,6 +85,7 @@ class RequestPool {
   }
 
   size_t capacity_;
+  int node_;
   size_t allocated_ = 0;
   std::vector<Chunk> chunks_;
   std::vector<uint16_t> free_;
