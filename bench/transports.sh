@@ -8,7 +8,9 @@
 #
 # --numa: the A/B of NUMA placement and thread binding instead (docs/topology.md): weft's TCP backend (with
 # WEFT_TIMING=1, so the record writer thread runs, bound or not) and tcp;ofi_rxm, each with WEFT_NUMA=off and =on;
-# the ratio of an "+numa" configuration is to the same configuration without it.
+# the ratio of an "+numa" configuration is to the same configuration without it. Over the first interface with a
+# PCI device and an IPv4 address (a NIC hwloc places on a NUMA node; the kernel still loops the traffic back):
+# on lo, a virtual interface, nothing would be placed.
 #
 # Configurations: weft over libfabric 1.17 (tcp;ofi_rxm, shm), over libfabric 2.x (tcp;ofi_rxm, 2.x's own tcp
 # endpoint, shm), weft's TCP backend, NCCL Socket (the shim under build/nccl-builtin). A configuration whose
@@ -37,11 +39,17 @@ configs=(
   "shm-1.17||$so|WEFT_PROVIDER=shm"
 )
 if [ $numa = 1 ]; then
+  nic=""
+  for d in /sys/class/net/*; do
+    if [ -e "$d/device" ] && ip -4 -o addr show "${d##*/}" 2>/dev/null | grep -q inet; then nic=${d##*/}; break; fi
+  done
+  [ -n "$nic" ] || { echo "transports.sh --numa: no interface with a PCI device and an IPv4 address" >&2; exit 3; }
+  echo "transports.sh --numa: over $nic" >&2
   configs=(
-    "weft-tcp||$so|WEFT_BACKEND=tcp WEFT_IFACE=lo WEFT_TIMING=1 WEFT_NUMA=off"
-    "weft-tcp+numa||$so|WEFT_BACKEND=tcp WEFT_IFACE=lo WEFT_TIMING=1 WEFT_NUMA=on"
-    "rxm-1.17||$so|WEFT_PROVIDER=tcp;ofi_rxm WEFT_IFACE=lo WEFT_NUMA=off"
-    "rxm-1.17+numa||$so|WEFT_PROVIDER=tcp;ofi_rxm WEFT_IFACE=lo WEFT_NUMA=on"
+    "weft-tcp||$so|WEFT_BACKEND=tcp WEFT_IFACE=$nic WEFT_TIMING=1 WEFT_NUMA=off"
+    "weft-tcp+numa||$so|WEFT_BACKEND=tcp WEFT_IFACE=$nic WEFT_TIMING=1 WEFT_NUMA=on"
+    "rxm-1.17||$so|WEFT_PROVIDER=tcp;ofi_rxm WEFT_IFACE=$nic WEFT_NUMA=off"
+    "rxm-1.17+numa||$so|WEFT_PROVIDER=tcp;ofi_rxm WEFT_IFACE=$nic WEFT_NUMA=on"
   )
 elif [ -n "$lf2lib" ]; then
   configs+=("rxm-2.x|$lf2lib|$so|WEFT_PROVIDER=tcp;ofi_rxm WEFT_IFACE=lo"

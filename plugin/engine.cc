@@ -49,7 +49,7 @@ Status Engine::init(ncclDebugLogger_t logger) {
               params::getString("WEFT_BACKEND"));
     // weft's own thread (the telemetry writer) goes near the first device's NIC; comms' memory near their own.
     if (backend_->deviceCount() > 0) numa::setHomeNode(backend_->props(0).numaNode);
-    WEFT_INFO(NCCL_INIT, "NET/weft : NUMA placement {} (WEFT_NUMA={}, {} NUMA node{}), first device's NIC on node {}",
+    WEFT_INFO(NCCL_INIT, "NUMA placement {} (WEFT_NUMA={}, {} NUMA node{}), first device's NIC on node {}",
               numa::placementOn() ? "on" : "off", params::getString("WEFT_NUMA"),
               topo::Topology::host().numa().size(), topo::Topology::host().numa().size() == 1 ? "" : "s",
               numa::homeNode());

@@ -300,7 +300,7 @@ const Topology& Topology::host() {
       WEFT_WARN("{}; weft goes on without the machine's layout (no NUMA placement, rails from WEFT_RAILS only)",
                 host->error());
     } else if (host->pci().empty()) {
-      WEFT_INFO(NCCL_INIT, "NET/weft : topology from {}: no PCI devices seen (a container without /sys?); NICs "
+      WEFT_INFO(NCCL_INIT, "topology from {}: no PCI devices seen (a container without /sys?); NICs "
                 "and GPUs get no locality", host->source());
     }
   });
