@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -295,13 +296,19 @@ const Topology& Topology::host() {
   static std::once_flag once;
   std::call_once(once, [] {
     const std::string& xml = params::getString("WEFT_TOPOLOGY_XML");
+    const auto start = std::chrono::steady_clock::now();
     host = new Topology(load(xml));
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     if (!host->error().empty()) {
       WEFT_WARN("{}; weft goes on without the machine's layout (no NUMA placement, rails from WEFT_RAILS only)",
                 host->error());
     } else if (host->pci().empty()) {
       WEFT_INFO(NCCL_INIT, "topology from {}: no PCI devices seen (a container without /sys?); NICs "
                 "and GPUs get no locality", host->source());
+    } else {
+      WEFT_INFO(NCCL_INIT, "topology from {} (hwloc, {:.1f} ms): {} NUMA node{}, {} GPU{}, {} NIC{}", host->source(), ms,
+                host->numa().size(), host->numa().size() == 1 ? "" : "s", host->gpus().size(),
+                host->gpus().size() == 1 ? "" : "s", host->nics().size(), host->nics().size() == 1 ? "" : "s");
     }
   });
   return *host;

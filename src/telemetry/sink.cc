@@ -309,15 +309,22 @@ void Sink::flush() {
 }
 
 void Sink::run() {
-  // Near the first NIC weft offers NCCL, on cores no other thread of the process is pinned to (docs/topology.md).
-  if (const int node = numa::homeNode(); node >= 0) {
+  // Near the first NIC weft offers NCCL, on cores no other thread of the process is pinned to (docs/topology.md):
+  // once that NIC is known (the profiler may start this thread before the net plugin found its devices).
+  bool placed = false;
+  auto place = [&placed] {
+    const int node = numa::homeNode();
+    if (placed || node < 0) return;
+    placed = true;
     std::string what;
     const bool bound = numa::bindThisThreadNear(node, &what);
     WEFT_INFO(NCCL_INIT, "timing: the record writer thread {}{}", bound ? "runs on " : "stays where it is: ", what);
-  }
+  };
+  place();
   std::unique_lock<std::mutex> lock(mu_);
   size_t last = 0;
   while (!stop_) {
+    if (!placed) place();
     // Asleep between rounds; while records are streaming in, rounds come every few milliseconds.
     auto interval = last > 256 ? kBusyRound : kRound;
     cv_.wait_for(lock, interval, [&] { return stop_ || wakeRequested_.load(std::memory_order_acquire); });

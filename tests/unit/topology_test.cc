@@ -4,8 +4,11 @@
 // an empty topology with a reason.
 #include <catch2/catch.hpp>
 
+#include <dirent.h>
+
 #include <fstream>
 
+#include "weft/common/sysfs.h"
 #include "weft/common/topology.h"
 
 using weft::topo::Path;
@@ -199,4 +202,26 @@ TEST_CASE("topology: a connection's locality is its NIC's NUMA node and the path
   const std::string gpu0 = dgx.pci()[dgx.gpus()[0].pci].busId;
   CHECK(weft::topo::localityOf(dgx, "mlx5_0", "", -1, gpu0).path == Path::kSwitch);
   CHECK(weft::topo::localityOf(dgx, "mlx5_0-rdm", "", -1, gpu0).path == Path::kSwitch);
+}
+
+TEST_CASE("topology: the PCI path NCCL gets for a NIC is the exact sysfs path, through hwloc where it sees the NIC",
+          "[topology]") {
+  int physical = 0;
+  if (DIR* d = opendir("/sys/class/net")) {
+    while (dirent* e = readdir(d)) {
+      const std::string name = e->d_name;
+      if (name[0] == '.') continue;
+      INFO(name);
+      const std::string viaSysfs = weft::sysfs::netdevPciPath(name);
+      CHECK(weft::topo::nicPciPath(name, false) == viaSysfs);  // virtual ones: "" both ways
+      if (!viaSysfs.empty()) {
+        ++physical;
+        // hwloc sees it, and places it (on a machine of one NUMA node: node 0).
+        CHECK(Topology::host().nicIndex(name) >= 0);
+        if (Topology::host().numa().size() == 1) CHECK(weft::topo::numaNodeOfNic(name, viaSysfs) == 0);
+      }
+    }
+    closedir(d);
+  }
+  if (physical == 0) WARN("no network interface with a PCI device here: only virtual ones compared");
 }
