@@ -2,6 +2,7 @@
 #include "weft/common/numa.h"
 
 #include <dirent.h>
+#include <pthread.h>
 #include <linux/mempolicy.h>
 #include <sched.h>
 #include <sys/mman.h>
@@ -86,6 +87,9 @@ class Arena {
     return true;
   }
 
+  void lockForFork() { mu_.lock(); }
+  void unlockAfterFork() { mu_.unlock(); }
+
   Stats stats() {
     std::lock_guard<std::mutex> lock(mu_);
     Stats s;
@@ -150,7 +154,14 @@ class Arena {
 };
 
 Arena& arena() {
-  static Arena* a = new Arena();  // never destroyed: blocks may be freed by static destructors after main
+  // Never destroyed: blocks may be freed by static destructors after main. A fork while another thread holds the
+  // arena's lock would leave the child's copy locked forever: the lock is taken around fork, as malloc's is.
+  static Arena* a = [] {
+    auto* made = new Arena();
+    pthread_atfork([] { arena().lockForFork(); }, [] { arena().unlockAfterFork(); },
+                   [] { arena().unlockAfterFork(); });
+    return made;
+  }();
   return *a;
 }
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdlib>
+#include <atomic>
 #include <mutex>
 
 #include "weft/common/status.h"
@@ -239,6 +240,9 @@ const std::vector<ForeignDefault> kForeignDefaults = {
 std::mutex gMutex;  // guards gValues during load/reload (values are read-only afterwards)
 std::vector<Value> gValues;
 bool gLoaded = false;
+// Set once the values are loaded: readers after that take no lock (so that a fork while another thread reads a
+// value cannot leave the child's lock held; reads come from connection set-up too, numa::allocate).
+std::atomic<bool> gReady{false};
 
 bool parseChoice(std::string_view text, const char* choices, std::string* error) {
   std::string_view rest(choices);
@@ -299,8 +303,10 @@ const Value& find(std::string_view name) {
 const std::vector<Def>& definitions() { return kDefs; }
 
 const std::vector<Value>& values() {
+  if (gReady.load(std::memory_order_acquire)) return gValues;
   std::lock_guard<std::mutex> lock(gMutex);
   if (!gLoaded) loadLocked();
+  gReady.store(true, std::memory_order_release);
   return gValues;
 }
 

@@ -5,8 +5,12 @@
 #include <catch2/catch.hpp>
 
 #include <sched.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <thread>
 
@@ -157,4 +161,34 @@ TEST_CASE("numa: binding this thread near node 0 here, and a clear no for a node
   NumaMode off("off");
   CHECK_FALSE(numa::bindThisThreadNear(0, &what));
   CHECK(what.find("placement off") != std::string::npos);
+}
+
+TEST_CASE("numa: a fork while another thread allocates leaves the child's arena usable", "[numa]") {
+  NumaMode on("on");
+  std::atomic<bool> stop{false};
+  std::thread churn([&] {
+    while (!stop.load()) numa::deallocate(numa::allocate(256, 0));
+  });
+  int stuck = 0;
+  for (int i = 0; i < 20; ++i) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      void* p = numa::allocate(256, 0);  // would wait forever on a lock held at fork time
+      numa::deallocate(p);
+      _exit(p != nullptr ? 0 : 1);
+    }
+    REQUIRE(pid > 0);
+    int status = -1;
+    for (int ms = 0; ms < 5000 && waitpid(pid, &status, WNOHANG) == 0; ++ms) usleep(1000);
+    if (waitpid(pid, &status, WNOHANG) == 0) {
+      ++stuck;
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+    } else {
+      CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+    }
+  }
+  stop = true;
+  churn.join();
+  CHECK(stuck == 0);
 }
