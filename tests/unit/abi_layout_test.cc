@@ -14,6 +14,7 @@
 
 #include "weft/nccl/net.h"
 #include "weft/nccl/profiler.h"
+#include "weft/nccl/rma.h"
 #include "weft/nccl/tuner.h"
 
 namespace {
@@ -262,6 +263,67 @@ const std::vector<Layout>& ourLayouts() {
       WEFT_F(ncclProfiler_v7_t, name), WEFT_F(ncclProfiler_v7_t, init), WEFT_F(ncclProfiler_v7_t, startEvent),
       WEFT_F(ncclProfiler_v7_t, stopEvent), WEFT_F(ncclProfiler_v7_t, recordEventState), WEFT_F(ncclProfiler_v7_t, finalize),
       WEFT_S(ncclProfiler_v7_t),
+      // The device API's proxy tables (layouts-rma.tsv).
+      WEFT_F(ncclGinConfig_v13_t, nSignals), WEFT_F(ncclGinConfig_v13_t, nCounters),
+      WEFT_F(ncclGinConfig_v13_t, nContexts), WEFT_F(ncclGinConfig_v13_t, queueDepth),
+      WEFT_F(ncclGinConfig_v13_t, trafficClass), WEFT_S(ncclGinConfig_v13_t), WEFT_F(ncclRmaConfig_v14_t, nContexts),
+      WEFT_F(ncclRmaConfig_v14_t, trafficClass), WEFT_F(ncclRmaConfig_v14_t, rankStride),
+      WEFT_S(ncclRmaConfig_v14_t), WEFT_F(ncclRmaConfig_v17_t, nContexts), WEFT_F(ncclRmaConfig_v17_t, trafficClass),
+      WEFT_F(ncclRmaConfig_v17_t, peerArray), WEFT_F(ncclRmaConfig_v17_t, peerArrayCount),
+      WEFT_S(ncclRmaConfig_v17_t), WEFT_F(ncclRmaProperties_v16_t, flushesAllPutsOnAnySignal),
+      WEFT_S(ncclRmaProperties_v16_t), WEFT_F(ncclGin_v11_t, name), WEFT_F(ncclGin_v11_t, init),
+      WEFT_F(ncclGin_v11_t, devices), WEFT_F(ncclGin_v11_t, getProperties), WEFT_F(ncclGin_v11_t, listen),
+      WEFT_F(ncclGin_v11_t, connect), WEFT_F(ncclGin_v11_t, createContext), WEFT_F(ncclGin_v11_t, regMrSym),
+      WEFT_F(ncclGin_v11_t, regMrSymDmaBuf), WEFT_F(ncclGin_v11_t, deregMrSym),
+      WEFT_F(ncclGin_v11_t, destroyContext), WEFT_F(ncclGin_v11_t, closeColl), WEFT_F(ncclGin_v11_t, closeListen),
+      WEFT_F(ncclGin_v11_t, iput), WEFT_F(ncclGin_v11_t, iputSignal), WEFT_F(ncclGin_v11_t, test),
+      WEFT_F(ncclGin_v11_t, ginProgress), WEFT_F(ncclGin_v11_t, queryLastError), WEFT_F(ncclGin_v11_t, finalize),
+      WEFT_S(ncclGin_v11_t), WEFT_F(ncclGin_v12_t, name), WEFT_F(ncclGin_v12_t, init),
+      WEFT_F(ncclGin_v12_t, devices), WEFT_F(ncclGin_v12_t, getProperties), WEFT_F(ncclGin_v12_t, listen),
+      WEFT_F(ncclGin_v12_t, connect), WEFT_F(ncclGin_v12_t, createContext), WEFT_F(ncclGin_v12_t, regMrSym),
+      WEFT_F(ncclGin_v12_t, regMrSymDmaBuf), WEFT_F(ncclGin_v12_t, deregMrSym),
+      WEFT_F(ncclGin_v12_t, destroyContext), WEFT_F(ncclGin_v12_t, closeColl), WEFT_F(ncclGin_v12_t, closeListen),
+      WEFT_F(ncclGin_v12_t, iput), WEFT_F(ncclGin_v12_t, iputSignal), WEFT_F(ncclGin_v12_t, test),
+      WEFT_F(ncclGin_v12_t, ginProgress), WEFT_F(ncclGin_v12_t, queryLastError), WEFT_F(ncclGin_v12_t, finalize),
+      WEFT_S(ncclGin_v12_t), WEFT_F(ncclGin_v13_t, name), WEFT_F(ncclGin_v13_t, init),
+      WEFT_F(ncclGin_v13_t, devices), WEFT_F(ncclGin_v13_t, getProperties), WEFT_F(ncclGin_v13_t, listen),
+      WEFT_F(ncclGin_v13_t, connect), WEFT_F(ncclGin_v13_t, createContext), WEFT_F(ncclGin_v13_t, regMrSym),
+      WEFT_F(ncclGin_v13_t, regMrSymDmaBuf), WEFT_F(ncclGin_v13_t, deregMrSym),
+      WEFT_F(ncclGin_v13_t, destroyContext), WEFT_F(ncclGin_v13_t, closeColl), WEFT_F(ncclGin_v13_t, closeListen),
+      WEFT_F(ncclGin_v13_t, iput), WEFT_F(ncclGin_v13_t, iputSignal), WEFT_F(ncclGin_v13_t, iget),
+      WEFT_F(ncclGin_v13_t, iflush), WEFT_F(ncclGin_v13_t, test), WEFT_F(ncclGin_v13_t, ginProgress),
+      WEFT_F(ncclGin_v13_t, queryLastError), WEFT_F(ncclGin_v13_t, finalize), WEFT_S(ncclGin_v13_t),
+      WEFT_F(ncclRma_v14_t, name), WEFT_F(ncclRma_v14_t, init), WEFT_F(ncclRma_v14_t, devices),
+      WEFT_F(ncclRma_v14_t, getProperties), WEFT_F(ncclRma_v14_t, listen), WEFT_F(ncclRma_v14_t, connect),
+      WEFT_F(ncclRma_v14_t, createContext), WEFT_F(ncclRma_v14_t, regMrSym), WEFT_F(ncclRma_v14_t, regMrSymDmaBuf),
+      WEFT_F(ncclRma_v14_t, deregMrSym), WEFT_F(ncclRma_v14_t, destroyContext), WEFT_F(ncclRma_v14_t, closeColl),
+      WEFT_F(ncclRma_v14_t, closeListen), WEFT_F(ncclRma_v14_t, iput), WEFT_F(ncclRma_v14_t, iputSignal),
+      WEFT_F(ncclRma_v14_t, iget), WEFT_F(ncclRma_v14_t, iflush), WEFT_F(ncclRma_v14_t, test),
+      WEFT_F(ncclRma_v14_t, rmaProgress), WEFT_F(ncclRma_v14_t, queryLastError), WEFT_F(ncclRma_v14_t, finalize),
+      WEFT_S(ncclRma_v14_t), WEFT_F(ncclRma_v15_t, name), WEFT_F(ncclRma_v15_t, init),
+      WEFT_F(ncclRma_v15_t, devices), WEFT_F(ncclRma_v15_t, getProperties), WEFT_F(ncclRma_v15_t, listen),
+      WEFT_F(ncclRma_v15_t, connect), WEFT_F(ncclRma_v15_t, createContext), WEFT_F(ncclRma_v15_t, regMrSym),
+      WEFT_F(ncclRma_v15_t, regMrSymDmaBuf), WEFT_F(ncclRma_v15_t, deregMrSym),
+      WEFT_F(ncclRma_v15_t, destroyContext), WEFT_F(ncclRma_v15_t, closeColl), WEFT_F(ncclRma_v15_t, closeListen),
+      WEFT_F(ncclRma_v15_t, iput), WEFT_F(ncclRma_v15_t, iputSignal), WEFT_F(ncclRma_v15_t, iget),
+      WEFT_F(ncclRma_v15_t, iflush), WEFT_F(ncclRma_v15_t, test), WEFT_F(ncclRma_v15_t, rmaProgress),
+      WEFT_F(ncclRma_v15_t, queryLastError), WEFT_F(ncclRma_v15_t, finalize), WEFT_S(ncclRma_v15_t),
+      WEFT_F(ncclRma_v16_t, name), WEFT_F(ncclRma_v16_t, init), WEFT_F(ncclRma_v16_t, devices),
+      WEFT_F(ncclRma_v16_t, getRmaProperties), WEFT_F(ncclRma_v16_t, getProperties), WEFT_F(ncclRma_v16_t, listen),
+      WEFT_F(ncclRma_v16_t, connect), WEFT_F(ncclRma_v16_t, createContext), WEFT_F(ncclRma_v16_t, regMrSym),
+      WEFT_F(ncclRma_v16_t, regMrSymDmaBuf), WEFT_F(ncclRma_v16_t, deregMrSym),
+      WEFT_F(ncclRma_v16_t, destroyContext), WEFT_F(ncclRma_v16_t, closeColl), WEFT_F(ncclRma_v16_t, closeListen),
+      WEFT_F(ncclRma_v16_t, iput), WEFT_F(ncclRma_v16_t, iputSignal), WEFT_F(ncclRma_v16_t, iget),
+      WEFT_F(ncclRma_v16_t, iflush), WEFT_F(ncclRma_v16_t, test), WEFT_F(ncclRma_v16_t, rmaProgress),
+      WEFT_F(ncclRma_v16_t, queryLastError), WEFT_F(ncclRma_v16_t, finalize), WEFT_S(ncclRma_v16_t),
+      WEFT_F(ncclRma_v17_t, name), WEFT_F(ncclRma_v17_t, init), WEFT_F(ncclRma_v17_t, devices),
+      WEFT_F(ncclRma_v17_t, getRmaProperties), WEFT_F(ncclRma_v17_t, getProperties), WEFT_F(ncclRma_v17_t, listen),
+      WEFT_F(ncclRma_v17_t, connect), WEFT_F(ncclRma_v17_t, createContext), WEFT_F(ncclRma_v17_t, regMrSym),
+      WEFT_F(ncclRma_v17_t, regMrSymDmaBuf), WEFT_F(ncclRma_v17_t, deregMrSym),
+      WEFT_F(ncclRma_v17_t, destroyContext), WEFT_F(ncclRma_v17_t, closeColl), WEFT_F(ncclRma_v17_t, closeListen),
+      WEFT_F(ncclRma_v17_t, iput), WEFT_F(ncclRma_v17_t, iputSignal), WEFT_F(ncclRma_v17_t, iget),
+      WEFT_F(ncclRma_v17_t, iflush), WEFT_F(ncclRma_v17_t, test), WEFT_F(ncclRma_v17_t, rmaProgress),
+      WEFT_F(ncclRma_v17_t, queryLastError), WEFT_F(ncclRma_v17_t, finalize), WEFT_S(ncclRma_v17_t),
   };
   return kAll;
 }
@@ -294,6 +356,8 @@ TEST_CASE("every field of every NCCL struct we declare has NCCL's offset and siz
   auto nccl = readTsv(WEFT_LAYOUTS_TSV);
   // NCCL 2.32's v7 tables, measured from its headers (tests/abi/README.md says how).
   for (const auto& r : readTsv(WEFT_LAYOUTS_232_TSV)) nccl.push_back(r);
+  // The GIN (v11-v13) and RMA (v14-v17) tables, measured from NCCL's headers (tests/abi/README.md).
+  for (const auto& r : readTsv(WEFT_LAYOUTS_RMA_TSV)) nccl.push_back(r);
   std::map<std::pair<std::string, std::string>, Layout> ncclByKey;
   for (const auto& r : nccl) ncclByKey[{r.type, r.field}] = r;
 
