@@ -100,4 +100,108 @@ std::string busIdOf(const void* ptr) {
 #endif
 }
 
+namespace {
+
+#ifdef WEFT_HAVE_CUDA
+struct CopyApi {
+  CUresult (*htod)(CUdeviceptr, const void*, size_t) = nullptr;
+  CUresult (*dtoh)(void*, CUdeviceptr, size_t) = nullptr;
+  CUresult (*ctxGetCurrent)(CUcontext*) = nullptr;
+  CUresult (*ctxSetCurrent)(CUcontext) = nullptr;
+  CUresult (*ctxSynchronize)() = nullptr;
+  CUresult (*pointerGetAttribute)(void*, CUpointer_attribute, CUdeviceptr) = nullptr;
+  CUresult (*errorString)(CUresult, const char**) = nullptr;
+};
+
+const CopyApi& copyApi() {
+  static CopyApi api;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) return;
+    auto sym = [lib](const char* name) { return dlsym(lib, name); };
+    api.htod = reinterpret_cast<decltype(api.htod)>(sym("cuMemcpyHtoD_v2"));
+    api.dtoh = reinterpret_cast<decltype(api.dtoh)>(sym("cuMemcpyDtoH_v2"));
+    api.ctxGetCurrent = reinterpret_cast<decltype(api.ctxGetCurrent)>(sym("cuCtxGetCurrent"));
+    api.ctxSetCurrent = reinterpret_cast<decltype(api.ctxSetCurrent)>(sym("cuCtxSetCurrent"));
+    api.ctxSynchronize = reinterpret_cast<decltype(api.ctxSynchronize)>(sym("cuCtxSynchronize"));
+    api.pointerGetAttribute = reinterpret_cast<decltype(api.pointerGetAttribute)>(sym("cuPointerGetAttribute"));
+    api.errorString = reinterpret_cast<decltype(api.errorString)>(sym("cuGetErrorString"));
+  });
+  return api;
+}
+
+bool failed(const CopyApi& api, CUresult r, const char* what, std::string* err) {
+  if (r == CUDA_SUCCESS) return false;
+  const char* s = nullptr;
+  if (api.errorString != nullptr) api.errorString(r, &s);
+  if (err != nullptr) *err = std::string(what) + " failed: " + (s != nullptr ? s : "CUDA error " + std::to_string(r));
+  return true;
+}
+
+// A thread without a current context gets the one that owns `dptr` (NCCL's proxy threads have theirs already).
+bool ensureContext(const CopyApi& api, const void* dptr, std::string* err) {
+  if (api.ctxGetCurrent == nullptr || api.ctxSetCurrent == nullptr) return true;
+  CUcontext cur = nullptr;
+  if (api.ctxGetCurrent(&cur) == CUDA_SUCCESS && cur != nullptr) return true;
+  if (api.pointerGetAttribute == nullptr) return true;
+  CUcontext owner = nullptr;
+  if (failed(api, api.pointerGetAttribute(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, reinterpret_cast<CUdeviceptr>(dptr)),
+             "cuPointerGetAttribute(CONTEXT)", err)) {
+    return false;
+  }
+  return !failed(api, api.ctxSetCurrent(owner), "cuCtxSetCurrent", err);
+}
+#endif
+
+}  // namespace
+
+bool copyToDevice(void* dst, const void* src, size_t n, std::string* err) {
+#ifdef WEFT_HAVE_CUDA
+  const CopyApi& api = copyApi();
+  if (api.htod == nullptr) {
+    if (err != nullptr) *err = "libcuda.so.1 (the CUDA driver) could not be loaded";
+    return false;
+  }
+  if (n == 0) return true;
+  if (!ensureContext(api, dst, err)) return false;
+  return !failed(api, api.htod(reinterpret_cast<CUdeviceptr>(dst), src, n), "cuMemcpyHtoD", err);
+#else
+  (void)dst, (void)src, (void)n;
+  if (err != nullptr) *err = "weft was built without CUDA support";
+  return false;
+#endif
+}
+
+bool copyFromDevice(void* dst, const void* src, size_t n, std::string* err) {
+#ifdef WEFT_HAVE_CUDA
+  const CopyApi& api = copyApi();
+  if (api.dtoh == nullptr) {
+    if (err != nullptr) *err = "libcuda.so.1 (the CUDA driver) could not be loaded";
+    return false;
+  }
+  if (n == 0) return true;
+  if (!ensureContext(api, src, err)) return false;
+  return !failed(api, api.dtoh(dst, reinterpret_cast<CUdeviceptr>(src), n), "cuMemcpyDtoH", err);
+#else
+  (void)dst, (void)src, (void)n;
+  if (err != nullptr) *err = "weft was built without CUDA support";
+  return false;
+#endif
+}
+
+bool synchronize(std::string* err) {
+#ifdef WEFT_HAVE_CUDA
+  const CopyApi& api = copyApi();
+  if (api.ctxSynchronize == nullptr) {
+    if (err != nullptr) *err = "libcuda.so.1 (the CUDA driver) could not be loaded";
+    return false;
+  }
+  return !failed(api, api.ctxSynchronize(), "cuCtxSynchronize", err);
+#else
+  if (err != nullptr) *err = "weft was built without CUDA support";
+  return false;
+#endif
+}
+
 }  // namespace weft::cuda

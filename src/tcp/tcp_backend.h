@@ -35,6 +35,9 @@ class TcpBackend final : public SlottedBackend<TcpDevice> {
   std::string describe(int dev) const override;
 
   static uint32_t providerHash();
+  // A device's interfaces and their addresses (the RMA transport listens on the first one's).
+  const TcpDevice& device(int dev) const { return slots_.device(dev); }
+  const SocketOptions& socketOptions() const { return opts_; }
 
  private:
   struct PendingConnect {

@@ -25,11 +25,14 @@ void quietLogger(ncclDebugLogLevel, unsigned long, const char*, int, const char*
 }  // namespace
 
 TEST_CASE("the plugin exports the net tables v7..v12, the profiler tables v1..v7, the tuner tables v2..v7, "
-          "weftNetStat and no other symbol of ours", "[plugin]") {
+          "the device API's GIN v11..v13 and RMA v13..v17 tables, weftNetStat and no other symbol of ours",
+          "[plugin]") {
   std::string syms = run(std::string("nm -D --defined-only ") + WEFT_PLUGIN_PATH + " | awk '{print $3}'");
   for (int v = 7; v <= 12; ++v) CHECK(syms.find("ncclNetPlugin_v" + std::to_string(v) + "\n") != std::string::npos);
   for (int v = 1; v <= 7; ++v) CHECK(syms.find("ncclProfiler_v" + std::to_string(v) + "\n") != std::string::npos);
   for (int v = 2; v <= 7; ++v) CHECK(syms.find("ncclTunerPlugin_v" + std::to_string(v) + "\n") != std::string::npos);
+  for (int v = 11; v <= 13; ++v) CHECK(syms.find("ncclGinPlugin_v" + std::to_string(v) + "\n") != std::string::npos);
+  for (int v = 13; v <= 17; ++v) CHECK(syms.find("ncclRmaPlugin_v" + std::to_string(v) + "\n") != std::string::npos);
   CHECK(syms.find("weftNetStat\n") != std::string::npos);  // weft's own figures for tools (weft conformance)
   size_t lines = 0, pos = 0;
   while ((pos = syms.find('\n', pos)) != std::string::npos) {
@@ -37,7 +40,7 @@ TEST_CASE("the plugin exports the net tables v7..v12, the profiler tables v1..v7
     ++pos;
   }
   INFO(syms);
-  CHECK(lines == 20);  // nothing of fmt, libstdc++ or weft's internals leaks out
+  CHECK(lines == 28);  // nothing of fmt, libstdc++ or weft's internals leaks out
 }
 
 TEST_CASE("libnccl-tuner-weft.so exports the tuner tables v2..v7 only", "[plugin]") {

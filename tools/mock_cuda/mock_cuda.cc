@@ -61,7 +61,7 @@ struct Allocation {
 Allocation gAlloc[kMaxAllocations];
 std::mutex gMutex;
 std::atomic<int> gUsed{0};  // slots [0, gUsed) may be in use
-std::atomic<uint64_t> gLive{0}, gDmabufs{0}, gFlushes{0}, gWindows{0}, gRuntimeCopies{0};
+std::atomic<uint64_t> gLive{0}, gDmabufs{0}, gFlushes{0}, gWindows{0}, gRuntimeCopies{0}, gSynchronizes{0};
 const size_t gPage = static_cast<size_t>(sysconf(_SC_PAGESIZE));
 
 // The allocation holding [p, p + len), or nullptr. Caller holds gMutex or only reads base/size.
@@ -173,6 +173,13 @@ CUresult cuCtxSetCurrent(CUcontext) { return gInit ? kSuccess : kNotInitialized;
 CUresult cuCtxGetCurrent(CUcontext* ctx) {
   if (ctx == nullptr) return kInvalidValue;
   *ctx = &gContext;
+  return kSuccess;
+}
+
+// Every copy of the mock is complete when it returns: a synchronize has nothing to wait for, and is counted.
+CUresult cuCtxSynchronize() {
+  if (!gInit) return kNotInitialized;
+  ++gSynchronizes;
   return kSuccess;
 }
 
@@ -479,6 +486,7 @@ void weftMockCudaGetStats(WeftMockCudaStats* out) {
   out->flushes = gFlushes.load();
   out->cpuWindows = gWindows.load();
   out->runtimeCopies = gRuntimeCopies.load();
+  out->synchronizes = gSynchronizes.load();
 }
 
 }  // extern "C"

@@ -10,7 +10,7 @@
 //   no path of the plugin (inline sends, inject, bounce copies, fills, logging) reads device memory.
 // - cuPointerGetAttribute/cuMemGetAddressRange answer for those allocations (device 0) and fail for host memory.
 // - cuMemGetHandleForAddressRange exports a real dma-buf (udmabuf over the memfd) where /dev/udmabuf exists.
-// - cuFlushGPUDirectRDMAWrites is counted.
+// - cuFlushGPUDirectRDMAWrites and cuCtxSynchronize are counted.
 // - The runtime entry points libfabric 2.x's CUDA memory support opens (libcudart.so: this same file under that
 //   name beside it): one device, cudaMalloc/cudaFree over cuMemAlloc, cudaMemcpy through the mock's own mapping,
 //   no CUDA IPC (libfabric's shm then copies).
@@ -32,6 +32,7 @@ struct WeftMockCudaStats {
   uint64_t flushes;         // cuFlushGPUDirectRDMAWrites calls
   uint64_t cpuWindows;      // registration windows opened
   uint64_t runtimeCopies;   // cudaMemcpy calls (the runtime's entry points, for libfabric's CUDA memory support)
+  uint64_t synchronizes;    // cuCtxSynchronize calls
 };
 
 // Opens (on != 0) or closes the CPU's access to the device allocation holding [ptr, ptr + len). Windows nest.

@@ -19,6 +19,7 @@
 
 #include "args.h"
 #include "bench.h"
+#include "rma_conformance.h"
 #include "runner.h"
 #include "weft/common/log.h"
 #include "weft/common/params.h"
@@ -43,6 +44,8 @@ void usage() {
                "      [--table N [--table M]] [--quick] [--groups N] [--a-env K=V] [--b-env K=V] and the --env\n"
                "      options below (--a-env/--b-env: for one plugin's run only)\n"
                "  conformance --plugin FILE     run the NCCL-faithful conformance checks against FILE\n"
+               "  conformance --rma --plugin FILE [--ranks N] [--mem host|cuda] [--symbol S --rma-table V]\n"
+               "                                drive FILE's device-API proxy table (GIN/RMA) as NCCL's proxy does\n"
                "      [--table N]               table version to drive (default: the newest exported)\n"
                "      [--only NAME]             run only this check (name or prefix; repeatable; see --list)\n"
                "      [--skip NAME]             report a check as skipped instead of running it (repeatable)\n"
@@ -119,7 +122,43 @@ std::string defaultPlugin() {
   return dir + "/../lib/libnccl-net-weft.so";
 }
 
+// weft conformance --rma: the device API's proxy table (tools/harness/rma_conformance.h).
+int rmaConformance(int argc, char** argv) {
+  weft::harness::RmaOptions o;
+  weft::harness::Args a("weft conformance --rma", argc, argv, 2);
+  while (a.next()) {
+    const std::string& f = a.flag();
+    if (f == "--rma") continue;
+    if (f == "--plugin") o.plugin = a.value();
+    else if (f == "--symbol") o.symbol = a.value();
+    else if (f == "--rma-table") o.table = a.number(11, 17);
+    else if (f == "--ranks") o.ranks = a.number(1, 8);
+    else if (f == "--dev") o.dev = a.number(0, 1023);
+    else if (f == "--mem") o.mem = a.value();
+    else if (f == "--only") o.only.push_back(a.value());
+    else if (f == "--skip") o.skip.push_back(a.value());
+    else if (f == "--soak") o.soakOps = a.number(1, 2000000000);
+    else if (f == "--timeout") o.timeoutSec = a.number(1, 86400);
+    else if (f == "--dead-bound") o.deadBoundSec = a.number(1, 3600);
+    else if (f == "--verbose") o.verbose = true;
+    else if (f == "--list") return weft::harness::listRmaChecks();
+    else a.unknown();
+  }
+  if (o.plugin.empty()) {
+    std::fprintf(stderr, "weft conformance --rma: --plugin FILE is required\n");
+    return 2;
+  }
+  if (o.mem != "host" && o.mem != "cuda") {
+    std::fprintf(stderr, "weft conformance --rma: --mem wants host or cuda, got '%s'\n", o.mem.c_str());
+    return 2;
+  }
+  return weft::harness::runRmaConformance(o);
+}
+
 int conformance(int argc, char** argv) {
+  for (int i = 2; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--rma") == 0) return rmaConformance(argc, argv);
+  }
   weft::harness::RunOptions o;
   o.pair.self = selfPath();
   weft::harness::Args a("weft conformance", argc, argv, 2);

@@ -18,4 +18,14 @@ int deviceOfPointer(const void* ptr, const char** why);
 // driver, no context, not a device pointer).
 std::string busIdOf(const void* ptr);
 
+// Copies between host memory and device memory through the driver (the RMA core's way into GPU windows: never a CPU
+// load or store through a device pointer). They run on the calling thread's current context; where the thread has
+// none (a thread NCCL did not set up), the context that owns the device pointer is made current first. Synchronous
+// as the driver's cuMemcpyHtoD/DtoH are: a copy to the device returns once the source may be reused, its bytes
+// land before any later copy on the same context does (the legacy stream's order). false and `err` on failure.
+bool copyToDevice(void* dst, const void* src, size_t n, std::string* err);
+bool copyFromDevice(void* dst, const void* src, size_t n, std::string* err);
+// Waits until every copy issued to the device before has landed (cuCtxSynchronize): what a flush guarantees.
+bool synchronize(std::string* err);
+
 }  // namespace weft::cuda

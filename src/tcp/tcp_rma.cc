@@ -1,0 +1,982 @@
+// SPDX-License-Identifier: Apache-2.0
+// The device API's RMA over weft's TCP sockets: the data path (tcp_rma.h says how it works).
+#include "tcp/tcp_rma.h"
+
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include "weft/common/cuda_shim.h"
+#include "weft/common/log.h"
+#include "weft/common/params.h"
+
+namespace weft::tcp {
+namespace {
+
+constexpr size_t kOpChunk = 64;
+constexpr size_t kMaxOps = size_t{1} << 20;       // far above NCCL's bound (32 x maxRecvs a context and rank)
+constexpr size_t kInBuffer = 16 << 10;             // a socket's staging buffer: frames and small payloads
+constexpr size_t kGpuStage = 256 << 10;            // a GPU payload's chunks, each way
+constexpr size_t kDirectMin = 4096;                // host payloads from this size are received in place
+constexpr size_t kRecvBudget = 4 << 20;            // bytes one pump reads from a socket before moving on
+constexpr int kMaxIov = 64;
+
+uint64_t tokenOf(const Op* op) { return (uint64_t{op->gen} << 32) | op->index; }
+
+const char* frameName(uint8_t t) {
+  switch (t) {
+    case RmaFrame::kPut: return "put";
+    case RmaFrame::kGetRequest: return "get";
+    case RmaFrame::kGetAnswer: return "get answer";
+    case RmaFrame::kRegister: return "registration";
+    case RmaFrame::kError: return "error";
+    default: return "unknown frame";
+  }
+}
+
+}  // namespace
+
+TcpRmaComm::TcpRmaComm(int rank, int nranks, std::vector<RmaPeer> peers, const DeviceProps& props, size_t writeMax)
+    : rank_(rank), nranks_(nranks), props_(props), writeMax_(writeMax), peers_(std::move(peers)) {
+  for (auto& p : peers_) {
+    if (p.fd >= 0) p.in.resize(kInBuffer);
+  }
+}
+
+TcpRmaComm::~TcpRmaComm() {
+  for (auto& p : peers_) {
+    if (p.fd >= 0) ::close(p.fd);
+  }
+  for (auto* w : windows_) delete w;
+  for (auto* c : contexts_) delete c;
+}
+
+size_t TcpRmaComm::opsInUse() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return inUse_;
+}
+
+// ---- requests ------------------------------------------------------------------------------------------------------
+
+Op* TcpRmaComm::takeOp() {
+  if (free_.empty()) {
+    if (chunks_.size() * kOpChunk >= kMaxOps) return nullptr;
+    auto chunk = std::make_unique<Op[]>(kOpChunk);
+    const uint32_t base = static_cast<uint32_t>(chunks_.size() * kOpChunk);
+    for (size_t i = 0; i < kOpChunk; ++i) {
+      chunk[i].index = base + static_cast<uint32_t>(i);
+      chunk[i].comm = this;
+    }
+    for (size_t i = kOpChunk; i-- > 0;) free_.push_back(&chunk[i]);
+    chunks_.push_back(std::move(chunk));
+  }
+  Op* op = free_.back();
+  free_.pop_back();
+  const uint32_t index = op->index, gen = op->gen;
+  *op = Op{};
+  op->index = index;
+  op->gen = gen;
+  op->comm = this;
+  op->magic = rma::kRequestMagic;
+  ++inUse_;
+  return op;
+}
+
+void TcpRmaComm::freeOp(Op* op) {
+  op->magic = 0;
+  op->state = Op::kFree;
+  ++op->gen;  // an answer still on its way for it finds no one
+  free_.push_back(op);
+  --inUse_;
+}
+
+// ---- checks ---------------------------------------------------------------------------------------------------------
+
+Status TcpRmaComm::checkContext(rma::Context* ctx, int context, uint32_t rank, const char* what) const {
+  if (ctx == nullptr || ctx->magic_ != rma::kContextMagic || ctx->comm != this) {
+    WEFT_WARN("RMA {}: {} is not a live context of this comm", what, static_cast<void*>(ctx));
+    return Status::kInternal;
+  }
+  if (context < 0 || context >= ctx->nContexts) {
+    WEFT_WARN("RMA {}: context {} outside the block's {}", what, context, ctx->nContexts);
+    return Status::kInternal;
+  }
+  if (rank >= static_cast<uint32_t>(nranks_)) {
+    WEFT_WARN("RMA {}: rank {} outside the communicator's {}", what, rank, nranks_);
+    return Status::kInvalidUsage;
+  }
+  return Status::kOk;
+}
+
+Status TcpRmaComm::checkWindow(const rma::Window* w, const char* what) const {
+  if (w == nullptr || w->magic_ != rma::kWindowMagic || w->owner != this) {
+    WEFT_WARN("RMA: {} {} is not a live window of this comm (deregistered, or not weft's)", what,
+              static_cast<const void*>(w));
+    return Status::kInvalidUsage;
+  }
+  return Status::kOk;
+}
+
+rma::Window* TcpRmaComm::windowById(uint32_t id) const {
+  if (id == 0 || id > windows_.size()) return nullptr;
+  return windows_[id - 1];
+}
+
+void TcpRmaComm::fail(const std::string& why, Status st) {
+  if (hasError_.load(std::memory_order_relaxed)) return;
+  hasError_.store(true, std::memory_order_release);
+  firstError_ = why;
+  firstErrorStatus_ = st;
+  WEFT_WARN("RMA (rank {} of {}): {}", rank_, nranks_, why);
+}
+
+bool TcpRmaComm::hasError(std::string* why) const {
+  if (!hasError_.load(std::memory_order_acquire)) return false;
+  if (why != nullptr) {
+    std::lock_guard<std::mutex> lock(mu_);
+    *why = firstError_;
+  }
+  return true;
+}
+
+// ---- set-up -----------------------------------------------------------------------------------------------------------
+
+Status TcpRmaComm::waitFor(const char* what, const std::function<bool()>& ready) {
+  const int64_t timeoutSec = params::getInt("WEFT_CONNECT_TIMEOUT");
+  const auto start = std::chrono::steady_clock::now();
+  auto pause = std::chrono::microseconds(20);
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (uint32_t p = 0; p < peers_.size(); ++p) pump(p);
+      if (ready()) return Status::kOk;
+    }
+    if (timeoutSec > 0 && std::chrono::steady_clock::now() - start > std::chrono::seconds(timeoutSec)) {
+      WEFT_WARN("RMA (rank {} of {}): {} did not complete within WEFT_CONNECT_TIMEOUT={} s", rank_, nranks_, what,
+                timeoutSec);
+      return Status::kRemote;
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(1000));
+  }
+}
+
+Status TcpRmaComm::regMrSym(void* data, size_t size, int type, uint64_t flags, int dmabufFd, rma::Window** out) {
+  (void)dmabufFd;  // the driver's copies reach the memory whatever form NCCL also offers it in
+  if (out == nullptr || (data == nullptr && size > 0) || (type != rma::kPtrHost && type != rma::kPtrCuda)) {
+    WEFT_WARN("RMA regMrSym: {} bytes at {} of type {}: not host or CUDA memory weft can register", size, data, type);
+    return Status::kInvalidUsage;
+  }
+  if (type == rma::kPtrCuda) {
+    const char* why = nullptr;
+    if (cuda::deviceOfPointer(data, &why) < 0) {
+      WEFT_WARN("RMA regMrSym: {} is said to be GPU memory, but {}", data, why);
+      return Status::kInvalidUsage;
+    }
+  }
+  if ((flags & rma::kFlagSignalNeverReset) && size % 8 != 0) {
+    WEFT_WARN("RMA regMrSym: a signal region of {} bytes (SIGNAL_NEVER_RESET) is not a whole number of signals", size);
+    return Status::kInvalidUsage;
+  }
+  auto w = std::make_unique<rma::Window>();
+  w->base = static_cast<char*>(data);
+  w->size = size;
+  w->cuda = type == rma::kPtrCuda;
+  w->flags = flags;
+  w->owner = this;
+  w->peerSize.assign(static_cast<size_t>(nranks_), UINT64_MAX);
+  if (w->cuda && (flags & rma::kFlagSignalNeverReset)) w->shadow.assign(size / 8, 0);
+  rma::Window* win = w.get();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    win->id = nextWindow_++;
+    win->peerSize[static_cast<size_t>(rank_)] = size;
+    if (auto it = announced_.find(win->id); it != announced_.end()) {
+      for (size_t r = 0; r < it->second.size(); ++r) {
+        if (it->second[r] >= 0) win->peerSize[r] = static_cast<uint64_t>(it->second[r]);
+      }
+      announced_.erase(it);
+    }
+    windows_.push_back(w.release());
+    for (uint32_t p = 0; p < peers_.size(); ++p) {
+      if (static_cast<int>(p) == rank_ || peers_[p].lost) continue;
+      Op* op = takeOp();
+      if (op == nullptr) return Status::kSystem;
+      op->internal = true;
+      op->peer = p;
+      op->frame.type = RmaFrame::kRegister;
+      op->frame.window = win->id;
+      op->frame.size = size;
+      op->frame.aux = (uint64_t{win->cuda} << 8) | flags;
+      enqueue(peers_[p], op);
+    }
+  }
+  const uint32_t id = win->id;
+  Status st = waitFor("the registration exchange of a window", [&] {
+    for (size_t r = 0; r < peers_.size(); ++r) {
+      if (peers_[r].lost) return true;  // reported below
+      if (win->peerSize[r] == UINT64_MAX) return false;
+    }
+    return true;
+  });
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t r = 0; r < peers_.size() && st == Status::kOk; ++r) {
+    if (peers_[r].lost) {
+      WEFT_WARN("RMA regMrSym (rank {}): {} is lost; window {} cannot be registered with it", rank_, peers_[r].name, id);
+      st = Status::kRemote;
+    }
+  }
+  if (st != Status::kOk) {
+    windows_[id - 1] = nullptr;
+    win->magic_ = 0;
+    delete win;
+    return st;
+  }
+  WEFT_INFO(NCCL_NET | NCCL_REG, "RMA: window {} registered: {} bytes of {} memory at {}{}", id, size,
+            win->cuda ? "GPU" : "host", data, (flags & rma::kFlagSignalNeverReset) ? " (signals, never reset)" : "");
+  *out = win;
+  return Status::kOk;
+}
+
+Status TcpRmaComm::deregMrSym(rma::Window* w) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (w == nullptr || std::find(windows_.begin(), windows_.end(), w) == windows_.end()) {
+      WEFT_WARN("RMA deregMrSym: {} is not a registered window of this comm", static_cast<void*>(w));
+      return Status::kInvalidUsage;
+    }
+  }
+  // A window still read by a put on its way out, written by a get or a put arriving now, waits until that is over:
+  // its memory is NCCL's to free once this returns.
+  auto busy = [&] {
+    if (w->inflight > 0) return true;
+    for (auto& p : peers_) {
+      if (p.inPayload && (p.dst == w || (p.cur.type == RmaFrame::kPut && p.cur.sigWindow == w->id))) return true;
+    }
+    return false;
+  };
+  Status st = waitFor("deregistering a window still in use", [&] { return !busy() || hasError_; });
+  std::lock_guard<std::mutex> lock(mu_);
+  if (busy()) {
+    WEFT_WARN("RMA deregMrSym: window {} is still used by {} operation(s); not deregistered", w->id, w->inflight);
+    return st == Status::kOk ? Status::kInvalidUsage : st;
+  }
+  windows_[w->id - 1] = nullptr;
+  w->magic_ = 0;
+  delete w;
+  return Status::kOk;
+}
+
+Status TcpRmaComm::createContext(int nContexts, std::vector<int> peers, rma::Context** out) {
+  if (out == nullptr || nContexts < 1 || nContexts > 65535) {
+    WEFT_WARN("RMA createContext: {} contexts asked (1 to 65535)", nContexts);
+    return Status::kInternal;
+  }
+  for (int p : peers) {
+    if (p < 0 || p >= nranks_) {
+      WEFT_WARN("RMA createContext: peer {} outside the communicator's {} ranks", p, nranks_);
+      return Status::kInternal;
+    }
+  }
+  auto* c = new rma::Context;
+  c->comm = this;
+  c->nContexts = nContexts;
+  c->peers = std::move(peers);
+  std::lock_guard<std::mutex> lock(mu_);
+  contexts_.push_back(c);
+  *out = c;
+  return Status::kOk;
+}
+
+Status TcpRmaComm::destroyContext(rma::Context* ctx) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ctx == nullptr || std::find(contexts_.begin(), contexts_.end(), ctx) == contexts_.end()) {
+      WEFT_WARN("RMA destroyContext: {} is not a live context of this comm", static_cast<void*>(ctx));
+      return Status::kInternal;
+    }
+    // Operations not started are dropped; a frame partly written must be finished (the stream would break).
+    for (auto& p : peers_) {
+      Op** link = &p.head;
+      Op* prev = nullptr;
+      while (*link != nullptr) {
+        Op* op = *link;
+        if (op->ctx == ctx && op->frameSent == 0) {
+          *link = op->next;
+          if (p.tail == op) p.tail = prev;
+          --p.queued;
+          if (op->src != nullptr) --op->src->inflight;
+          freeOp(op);
+          continue;
+        }
+        prev = op;
+        link = &op->next;
+      }
+    }
+  }
+  Status st = waitFor("finishing a destroyed context's operations", [&] {
+    for (auto& p : peers_) {
+      for (Op* op = p.head; op != nullptr; op = op->next) {
+        if (op->ctx == ctx && !p.lost) return false;
+      }
+    }
+    return true;
+  });
+  std::lock_guard<std::mutex> lock(mu_);
+  // Gets still waiting for their answer: forgotten (the answer is read and dropped when it comes).
+  for (auto& chunk : chunks_) {
+    for (size_t i = 0; i < kOpChunk; ++i) {
+      Op& op = chunk[i];
+      if (op.state != Op::kFree && op.ctx == ctx) {
+        if (op.src != nullptr && (op.state == Op::kQueued || op.state == Op::kWaiting)) --op.src->inflight;
+        for (auto& p : peers_) {
+          if (p.getOp == &op) p.getOp = nullptr, p.dst = nullptr;
+        }
+        bool queued = false;
+        for (auto& p : peers_) {
+          for (Op* q = p.head; q != nullptr; q = q->next) queued |= q == &op;
+        }
+        if (!queued) freeOp(&op);
+      }
+    }
+  }
+  contexts_.erase(std::find(contexts_.begin(), contexts_.end(), ctx));
+  ctx->magic_ = 0;
+  delete ctx;
+  return st;
+}
+
+void TcpRmaComm::close() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto* w : windows_) {
+      if (w != nullptr) {
+        WEFT_INFO(NCCL_NET, "RMA: window {} still registered when its comm closed; released with it", w->id);
+      }
+    }
+  }
+  delete this;
+}
+
+// ---- operations -------------------------------------------------------------------------------------------------------
+
+void TcpRmaComm::enqueue(RmaPeer& p, Op* op) {
+  op->state = Op::kQueued;
+  op->next = nullptr;
+  if (p.tail != nullptr) {
+    p.tail->next = op;
+  } else {
+    p.head = op;
+  }
+  p.tail = op;
+  ++p.queued;
+}
+
+Status TcpRmaComm::putLocal(rma::Window* src, uint64_t srcOff, size_t size, rma::Window* dst, uint64_t dstOff,
+                            const rma::Signal* signal) {
+  std::string err;
+  if (size > 0) {
+    if (!src->cuda && !dst->cuda) {
+      std::memmove(dst->base + dstOff, src->base + srcOff, size);
+    } else {
+      std::vector<char> bounce(std::min<size_t>(size, kGpuStage));
+      for (size_t done = 0; done < size;) {
+        const size_t n = std::min(bounce.size(), size - done);
+        if (!rma::readWindow(bounce.data(), *src, srcOff + done, n, &err) ||
+            !rma::writeWindow(*dst, dstOff + done, bounce.data(), n, &err)) {
+          fail("a put to itself failed: " + err, Status::kSystem);
+          return Status::kSystem;
+        }
+        done += n;
+      }
+    }
+  }
+  if (signal != nullptr && !rma::applySignal(*signal->window, signal->off, signal->op, signal->value, &err)) {
+    fail("a signal to itself failed: " + err, Status::kSystem);
+    return Status::kSystem;
+  }
+  return Status::kOk;
+}
+
+Status TcpRmaComm::iput(rma::Context* ctx, int context, rma::Window* src, uint64_t srcOff, size_t size,
+                        rma::Window* dst, uint64_t dstOff, uint32_t rank, const rma::Signal* signal,
+                        uint32_t optFlags, void** request) {
+  if (request == nullptr) return Status::kInternal;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (Status st = checkContext(ctx, context, rank, signal ? "iputSignal" : "iput"); st != Status::kOk) return st;
+  if (size > 0) {
+    if (Status st = checkWindow(src, "source"); st != Status::kOk) return st;
+    if (Status st = checkWindow(dst, "destination"); st != Status::kOk) return st;
+    if (!rma::inRange(src->size, srcOff, size) || !rma::inRange(dst->peerSize[rank], dstOff, size)) {
+      WEFT_WARN("RMA iput: {} bytes from offset {} of window {} ({} bytes) to offset {} of rank {}'s part ({} bytes): "
+                "outside the windows",
+                size, srcOff, src->id, src->size, dstOff, rank, dst->peerSize[rank]);
+      return Status::kInvalidUsage;
+    }
+  }
+  if (signal != nullptr) {
+    if (Status st = checkWindow(signal->window, "signal"); st != Status::kOk) return st;
+    if (signal->op != rma::SignalOp::kInc && signal->op != rma::SignalOp::kAdd) {
+      WEFT_WARN("RMA iputSignal: signal operation {} is neither INC nor ADD", static_cast<int>(signal->op));
+      return Status::kInvalidUsage;
+    }
+    if (signal->off % 8 != 0 || !rma::inRange(signal->window->peerSize[rank], signal->off, 8)) {
+      WEFT_WARN("RMA iputSignal: signal at offset {} of window {} (rank {}'s part: {} bytes): not an aligned 8-byte "
+                "slot inside it",
+                signal->off, signal->window->id, rank, signal->window->peerSize[rank]);
+      return Status::kInvalidUsage;
+    }
+  }
+  Op* op = takeOp();
+  if (op == nullptr) {
+    WEFT_WARN("RMA iput: more than {} operations in flight on one comm", kMaxOps);
+    return Status::kSystem;
+  }
+  op->ctx = ctx;
+  op->peer = rank;
+  *request = op;
+  if (static_cast<int>(rank) == rank_) {
+    const Status st = putLocal(src, srcOff, size, dst, dstOff, signal);
+    op->state = st == Status::kOk ? Op::kDone : Op::kFailed;
+    op->status = st;
+    return Status::kOk;
+  }
+  RmaPeer& p = peers_[rank];
+  if (p.lost || (size == 0 && signal == nullptr)) {
+    op->state = p.lost ? Op::kFailed : Op::kDone;
+    op->status = p.lost ? Status::kRemote : Status::kOk;
+    return Status::kOk;
+  }
+  RmaFrame& f = op->frame;
+  f.type = RmaFrame::kPut;
+  f.context = static_cast<uint16_t>(context);
+  f.window = size > 0 ? dst->id : 0;
+  f.off = dstOff;
+  f.size = size;
+  if (signal != nullptr) {
+    f.signalOp = static_cast<uint8_t>(signal->op);
+    f.sigWindow = signal->window->id;
+    f.sigOff = signal->off;
+    f.value = signal->value;
+  }
+  if (size > 0) {
+    op->src = src;
+    op->srcOff = srcOff;
+    ++src->inflight;
+  }
+  enqueue(p, op);
+  if ((optFlags & 1u) == 0) pumpSend(p);
+  return Status::kOk;
+}
+
+Status TcpRmaComm::iget(rma::Context* ctx, int context, rma::Window* remote, uint64_t remoteOff, size_t size,
+                        rma::Window* local, uint64_t localOff, uint32_t rank, uint32_t optFlags, void** request) {
+  if (request == nullptr) return Status::kInternal;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (Status st = checkContext(ctx, context, rank, "iget"); st != Status::kOk) return st;
+  if (Status st = checkWindow(remote, "remote"); st != Status::kOk) return st;
+  if (Status st = checkWindow(local, "local"); st != Status::kOk) return st;
+  if (!rma::inRange(remote->peerSize[rank], remoteOff, size) || !rma::inRange(local->size, localOff, size)) {
+    WEFT_WARN("RMA iget: {} bytes from offset {} of rank {}'s part of window {} ({} bytes) to offset {} of window {} "
+              "({} bytes): outside the windows",
+              size, remoteOff, rank, remote->id, remote->peerSize[rank], localOff, local->id, local->size);
+    return Status::kInvalidUsage;
+  }
+  Op* op = takeOp();
+  if (op == nullptr) return Status::kSystem;
+  op->ctx = ctx;
+  op->peer = rank;
+  *request = op;
+  if (static_cast<int>(rank) == rank_ || size == 0) {
+    const Status st = size == 0 ? Status::kOk : putLocal(remote, remoteOff, size, local, localOff, nullptr);
+    if (local->cuda && size > 0) cudaGetsSinceFlush_ = true;
+    op->state = st == Status::kOk ? Op::kDone : Op::kFailed;
+    op->status = st;
+    return Status::kOk;
+  }
+  RmaPeer& p = peers_[rank];
+  if (p.lost) {
+    op->state = Op::kFailed;
+    op->status = Status::kRemote;
+    return Status::kOk;
+  }
+  RmaFrame& f = op->frame;
+  f.type = RmaFrame::kGetRequest;
+  f.context = static_cast<uint16_t>(context);
+  f.window = remote->id;
+  f.off = remoteOff;
+  f.size = size;
+  f.value = tokenOf(op);
+  op->src = local;  // where the answer goes
+  op->srcOff = localOff;
+  ++local->inflight;
+  enqueue(p, op);
+  if ((optFlags & 1u) == 0) pumpSend(p);
+  return Status::kOk;
+}
+
+Status TcpRmaComm::iflush(rma::Context* ctx, int context, rma::Window* w, uint32_t rank, void** request) {
+  if (request == nullptr) return Status::kInternal;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (Status st = checkContext(ctx, context, rank, "iflush"); st != Status::kOk) return st;
+  if (Status st = checkWindow(w, "flushed"); st != Status::kOk) return st;
+  Op* op = takeOp();
+  if (op == nullptr) return Status::kSystem;
+  op->ctx = ctx;
+  op->peer = rank;
+  op->state = Op::kDone;
+  // Every completed get's bytes were handed to the driver before its request completed; a copy to the device may
+  // still be on its way (from pageable memory the driver returns once it has the bytes), so wait for them to land.
+  if (cudaGetsSinceFlush_) {
+    std::string err;
+    if (!cuda::synchronize(&err)) {
+      fail("a flush could not wait for the GPU: " + err, Status::kSystem);
+      op->state = Op::kFailed;
+      op->status = Status::kSystem;
+    }
+    cudaGetsSinceFlush_ = false;
+  }
+  *request = op;
+  return Status::kOk;
+}
+
+Status TcpRmaComm::test(void* request, bool* done) {
+  auto* op = static_cast<Op*>(request);
+  if (done == nullptr || op == nullptr || op->magic != rma::kRequestMagic || op->comm != this) {
+    WEFT_WARN("RMA test: {} is not a pending request of this comm (completed already, or not weft's)", request);
+    return Status::kInternal;
+  }
+  *done = false;
+  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+  if (!lock.owns_lock()) return Status::kOk;  // set-up holds the comm for a moment: NCCL calls again
+  if (op->state == Op::kQueued || op->state == Op::kWaiting) pump(op->peer);
+  if (op->state == Op::kDone) {
+    freeOp(op);
+    *done = true;
+    return Status::kOk;
+  }
+  if (op->state == Op::kFailed) {
+    const Status st = op->status;
+    freeOp(op);
+    return st;
+  }
+  return Status::kOk;
+}
+
+Status TcpRmaComm::progress() {
+  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+  if (!lock.owns_lock()) return Status::kOk;
+  for (uint32_t p = 0; p < peers_.size(); ++p) pump(p);
+  return Status::kOk;
+}
+
+// ---- sockets ------------------------------------------------------------------------------------------------------
+
+void TcpRmaComm::pump(uint32_t peer) {
+  RmaPeer& p = peers_[peer];
+  if (p.fd < 0 || p.lost) return;
+  // Send, read (which may queue get answers and error frames), and send those.
+  if (pumpSend(p) && pumpRecv(peer) && p.head != nullptr) pumpSend(p);
+}
+
+void TcpRmaComm::lose(uint32_t peer, const std::string& why) {
+  RmaPeer& p = peers_[peer];
+  if (p.lost) return;
+  p.lost = true;
+  if (p.fd >= 0) ::close(p.fd);
+  p.fd = -1;
+  fail(p.name + " is lost: " + why, Status::kRemote);
+  for (Op* op = p.head; op != nullptr;) {
+    Op* next = op->next;
+    if (op->src != nullptr) --op->src->inflight;
+    if (op->internal) {
+      freeOp(op);
+    } else {
+      op->state = Op::kFailed;
+      op->status = Status::kRemote;
+      op->next = nullptr;
+    }
+    op = next;
+  }
+  p.head = p.tail = nullptr;
+  p.queued = 0;
+  // Gets waiting for this peer's answers fail too.
+  for (auto& chunk : chunks_) {
+    for (size_t i = 0; i < kOpChunk; ++i) {
+      Op& op = chunk[i];
+      if (op.state == Op::kWaiting && op.peer == peer) {
+        if (op.src != nullptr) --op.src->inflight;
+        op.state = Op::kFailed;
+        op.status = Status::kRemote;
+      }
+    }
+  }
+  p.inPayload = false;
+  p.dst = nullptr;
+  p.getOp = nullptr;
+}
+
+// Writes what the peer's queue holds, several frames a call. false when the peer was lost.
+bool TcpRmaComm::pumpSend(RmaPeer& p) {
+  const uint32_t peer = static_cast<uint32_t>(&p - peers_.data());
+  while (p.head != nullptr && !p.lost) {
+    iovec iov[kMaxIov];
+    int n = 0;
+    size_t bytes = 0;
+    // Frames not started yet get the sequence numbers they will have if this write takes them; one it does not
+    // take is numbered again next time (a context destroyed meanwhile may have dropped the ones before it).
+    uint32_t seq = p.sendSeq;
+    for (Op* op = p.head; op != nullptr && n < kMaxIov - 2 && bytes < writeMax_; op = op->next) {
+      if (op->frameSent < sizeof(RmaFrame)) {
+        if (op->frameSent == 0) op->frame.check = RmaFrame::kCheck ^ seq++;
+        iov[n++] = {reinterpret_cast<char*>(&op->frame) + op->frameSent, sizeof(RmaFrame) - op->frameSent};
+        bytes += sizeof(RmaFrame) - op->frameSent;
+      }
+      const bool carries = op->frame.type == RmaFrame::kPut || op->frame.type == RmaFrame::kGetAnswer;
+      const uint64_t payload = carries ? op->frame.size : 0;
+      if (op->payloadSent >= payload) continue;
+      if (!op->src->cuda) {
+        const size_t len = static_cast<size_t>(std::min<uint64_t>(payload - op->payloadSent, writeMax_));
+        iov[n++] = {op->src->base + op->srcOff + op->payloadSent, len};
+        bytes += len;
+        if (op->payloadSent + len < payload) break;
+        continue;
+      }
+      // A GPU source goes through the peer's stage, one chunk at a time, and only for the queue's head.
+      if (op != p.head) break;
+      if (p.stageSent == p.stageLen) {
+        if (p.sendStage.empty()) p.sendStage.resize(kGpuStage);
+        const size_t len = static_cast<size_t>(std::min<uint64_t>(payload - op->payloadSent, kGpuStage));
+        std::string err;
+        if (!rma::readWindow(p.sendStage.data(), *op->src, op->srcOff + op->payloadSent, len, &err)) {
+          fail("a put could not read its GPU source: " + err, Status::kSystem);
+          lose(peer, "its stream cannot continue after a failed GPU read");
+          return false;
+        }
+        p.stageLen = len;
+        p.stageSent = 0;
+      }
+      iov[n++] = {p.sendStage.data() + p.stageSent, p.stageLen - p.stageSent};
+      bytes += p.stageLen - p.stageSent;
+      break;
+    }
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(n);
+    ssize_t sent = ::sendmsg(p.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (sent < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
+      lose(peer, std::string("send failed: ") + std::strerror(errno));
+      return false;
+    }
+    // Account the bytes to the operations in order; completed ones leave the queue.
+    size_t left = static_cast<size_t>(sent);
+    while (p.head != nullptr) {
+      Op* op = p.head;
+      if (op->frameSent < sizeof(RmaFrame)) {
+        const size_t k = std::min(left, sizeof(RmaFrame) - op->frameSent);
+        if (op->frameSent == 0 && k > 0) ++p.sendSeq;
+        op->frameSent += k;
+        left -= k;
+        if (op->frameSent < sizeof(RmaFrame)) break;
+      }
+      const bool carries = op->frame.type == RmaFrame::kPut || op->frame.type == RmaFrame::kGetAnswer;
+      const uint64_t payload = carries ? op->frame.size : 0;
+      if (op->payloadSent < payload) {
+        const size_t k = static_cast<size_t>(std::min<uint64_t>(left, payload - op->payloadSent));
+        op->payloadSent += k;
+        if (op->src->cuda) p.stageSent += k;
+        left -= k;
+        if (op->payloadSent < payload) break;
+      }
+      // Whole: off the queue.
+      p.head = op->next;
+      if (p.head == nullptr) p.tail = nullptr;
+      --p.queued;
+      op->next = nullptr;
+      if (op->frame.type == RmaFrame::kGetRequest) {
+        op->state = Op::kWaiting;  // its answer completes it
+      } else {
+        if (op->src != nullptr) --op->src->inflight;
+        if (op->internal) {
+          freeOp(op);
+        } else {
+          op->state = Op::kDone;  // every byte is in the kernel: the source may be reused
+        }
+      }
+      if (left == 0) break;
+    }
+    if (static_cast<size_t>(sent) < bytes) return true;  // the socket is full
+  }
+  return !p.lost;
+}
+
+void TcpRmaComm::sendError(uint32_t peer, const RmaFrame& refused, Status st, uint64_t token) {
+  Op* op = takeOp();
+  if (op == nullptr) return;
+  op->internal = true;
+  op->peer = peer;
+  op->frame.type = RmaFrame::kError;
+  op->frame.window = refused.window;
+  op->frame.off = refused.off;
+  op->frame.size = refused.size;
+  op->frame.value = token;
+  op->frame.aux = (uint64_t{static_cast<uint8_t>(st)} << 8) | refused.type;
+  enqueue(peers_[peer], op);
+}
+
+// Reads what the peer sent: frames, payloads into their windows, signals after their puts. false when lost.
+bool TcpRmaComm::pumpRecv(uint32_t peer) {
+  RmaPeer& p = peers_[peer];
+  size_t budget = kRecvBudget;
+  while (!p.lost && budget > 0) {
+    if (p.inPayload) {
+      size_t avail = p.inLen - p.inPos;
+      if (avail > 0) {
+        const size_t k = static_cast<size_t>(std::min<uint64_t>(avail, p.payloadLeft));
+        if (p.dst != nullptr) {
+          std::string err;
+          if (!rma::writeWindow(*p.dst, p.payloadOff, p.in.data() + p.inPos, k, &err)) {
+            fail("an arriving payload could not be written to its GPU window: " + err, Status::kSystem);
+            p.dst = nullptr;
+          }
+        }
+        p.inPos += k;
+        p.payloadLeft -= k;
+        p.payloadOff += k;
+      } else if (p.dst != nullptr && !p.dst->cuda && p.payloadLeft >= kDirectMin) {
+        // A large host payload lands in place.
+        const size_t want = static_cast<size_t>(std::min<uint64_t>(p.payloadLeft, budget));
+        ssize_t n = ::recv(p.fd, p.dst->base + p.payloadOff, want, MSG_DONTWAIT);
+        if (n == 0) {
+          lose(peer, "its socket closed (the process ended)");
+          return false;
+        }
+        if (n < 0) {
+          if (errno == EINTR) continue;
+          if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
+          lose(peer, std::string("receive failed: ") + std::strerror(errno));
+          return false;
+        }
+        p.payloadLeft -= static_cast<uint64_t>(n);
+        p.payloadOff += static_cast<uint64_t>(n);
+        budget -= std::min(budget, static_cast<size_t>(n));
+      } else if (p.dst != nullptr && p.dst->cuda && p.payloadLeft >= kDirectMin) {
+        if (p.recvStage.empty()) p.recvStage.resize(kGpuStage);
+        const size_t want = static_cast<size_t>(std::min<uint64_t>(p.payloadLeft, kGpuStage));
+        ssize_t n = ::recv(p.fd, p.recvStage.data(), want, MSG_DONTWAIT);
+        if (n == 0) {
+          lose(peer, "its socket closed (the process ended)");
+          return false;
+        }
+        if (n < 0) {
+          if (errno == EINTR) continue;
+          if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
+          lose(peer, std::string("receive failed: ") + std::strerror(errno));
+          return false;
+        }
+        std::string err;
+        if (!rma::writeWindow(*p.dst, p.payloadOff, p.recvStage.data(), static_cast<size_t>(n), &err)) {
+          fail("an arriving payload could not be written to its GPU window: " + err, Status::kSystem);
+          p.dst = nullptr;
+        }
+        p.payloadLeft -= static_cast<uint64_t>(n);
+        p.payloadOff += static_cast<uint64_t>(n);
+        budget -= std::min(budget, static_cast<size_t>(n));
+      } else {
+        p.inPos = p.inLen = 0;
+        ssize_t n = ::recv(p.fd, p.in.data(), p.in.size(), MSG_DONTWAIT);
+        if (n == 0) {
+          lose(peer, "its socket closed (the process ended)");
+          return false;
+        }
+        if (n < 0) {
+          if (errno == EINTR) continue;
+          if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
+          lose(peer, std::string("receive failed: ") + std::strerror(errno));
+          return false;
+        }
+        p.inLen = static_cast<size_t>(n);
+        budget -= std::min(budget, static_cast<size_t>(n));
+      }
+      if (p.payloadLeft == 0 && !payloadDone(peer)) return false;
+      continue;
+    }
+    if (p.inLen - p.inPos >= sizeof(RmaFrame)) {
+      std::memcpy(&p.cur, p.in.data() + p.inPos, sizeof(RmaFrame));
+      p.inPos += sizeof(RmaFrame);
+      if (!handleFrame(peer)) return false;
+      continue;
+    }
+    // Too little for a frame: keep the tail at the front and read more after it.
+    const size_t tail = p.inLen - p.inPos;
+    if (tail > 0 && p.inPos > 0) std::memmove(p.in.data(), p.in.data() + p.inPos, tail);
+    p.inPos = 0;
+    p.inLen = tail;
+    ssize_t n = ::recv(p.fd, p.in.data() + tail, p.in.size() - tail, MSG_DONTWAIT);
+    if (n == 0) {
+      lose(peer, "its socket closed (the process ended)");
+      return false;
+    }
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
+      lose(peer, std::string("receive failed: ") + std::strerror(errno));
+      return false;
+    }
+    p.inLen += static_cast<size_t>(n);
+    budget -= std::min(budget, static_cast<size_t>(n));
+  }
+  return !p.lost;
+}
+
+bool TcpRmaComm::handleFrame(uint32_t peer) {
+  RmaPeer& p = peers_[peer];
+  const RmaFrame& f = p.cur;
+  if (f.check != (RmaFrame::kCheck ^ p.recvSeq)) {
+    lose(peer, "a frame with a wrong check word (a corrupted or desynchronised stream)");
+    return false;
+  }
+  ++p.recvSeq;
+  p.refusal.clear();
+  p.dst = nullptr;
+  p.getOp = nullptr;
+  switch (f.type) {
+    case RmaFrame::kPut: {
+      rma::Window* w = f.size > 0 ? windowById(f.window) : nullptr;
+      if (f.size > 0 && w == nullptr) {
+        p.refusal = "window " + std::to_string(f.window) + " is not registered here";
+      } else if (f.size > 0 && !rma::inRange(w->size, f.off, f.size)) {
+        p.refusal = std::to_string(f.size) + " bytes at offset " + std::to_string(f.off) + " are outside window " +
+                    std::to_string(f.window) + " (" + std::to_string(w->size) + " bytes here)";
+      } else if (f.signalOp != 0) {
+        rma::Window* s = windowById(f.sigWindow);
+        if (s == nullptr || f.sigOff % 8 != 0 || !rma::inRange(s->size, f.sigOff, 8) ||
+            (f.signalOp != static_cast<uint8_t>(rma::SignalOp::kInc) &&
+             f.signalOp != static_cast<uint8_t>(rma::SignalOp::kAdd))) {
+          p.refusal = "signal at offset " + std::to_string(f.sigOff) + " of window " + std::to_string(f.sigWindow) +
+                      " is not a registered, aligned 8-byte slot";
+        }
+      }
+      p.dst = p.refusal.empty() ? w : nullptr;
+      p.payloadLeft = f.size;
+      p.payloadOff = f.off;
+      p.inPayload = true;
+      if (f.size == 0) return payloadDone(peer);
+      return true;
+    }
+    case RmaFrame::kGetRequest: {
+      rma::Window* w = windowById(f.window);
+      if (w == nullptr || !rma::inRange(w->size, f.off, f.size)) {
+        WEFT_WARN("RMA (rank {}): refused a get of {} bytes at offset {} of window {} from {}: {}", rank_, f.size, f.off,
+                  f.window, p.name, w == nullptr ? "no such window here" : "outside the window");
+        sendError(peer, f, Status::kInvalidUsage, f.value);
+        return true;
+      }
+      Op* op = takeOp();
+      if (op == nullptr) {
+        sendError(peer, f, Status::kSystem, f.value);
+        return true;
+      }
+      op->internal = true;
+      op->peer = peer;
+      op->frame.type = RmaFrame::kGetAnswer;
+      op->frame.size = f.size;
+      op->frame.value = f.value;
+      op->src = w;
+      op->srcOff = f.off;
+      ++w->inflight;
+      enqueue(p, op);
+      return true;
+    }
+    case RmaFrame::kGetAnswer: {
+      const uint32_t index = static_cast<uint32_t>(f.value), gen = static_cast<uint32_t>(f.value >> 32);
+      Op* op = index < chunks_.size() * kOpChunk ? &chunks_[index / kOpChunk][index % kOpChunk] : nullptr;
+      if (op != nullptr && op->gen == gen && op->state == Op::kWaiting && op->peer == peer &&
+          op->frame.type == RmaFrame::kGetRequest) {
+        if (f.size != op->frame.size) {
+          lose(peer, "a get answer of " + std::to_string(f.size) + " bytes for a get of " +
+                         std::to_string(op->frame.size));
+          return false;
+        }
+        p.getOp = op;
+        p.dst = op->src;
+        p.payloadOff = op->srcOff;
+      } else {
+        p.payloadOff = 0;  // a get forgotten by destroyContext: its answer is read and dropped
+      }
+      p.payloadLeft = f.size;
+      p.inPayload = true;
+      if (f.size == 0) return payloadDone(peer);
+      return true;
+    }
+    case RmaFrame::kRegister: {
+      if (rma::Window* w = windowById(f.window); w != nullptr) {
+        w->peerSize[peer] = f.size;
+      } else if (f.window >= nextWindow_) {
+        auto& sizes = announced_[f.window];
+        if (sizes.empty()) sizes.assign(static_cast<size_t>(nranks_), -1);
+        sizes[peer] = static_cast<int64_t>(f.size);
+      }
+      return true;
+    }
+    case RmaFrame::kError: {
+      const Status st = static_cast<Status>(f.aux >> 8);
+      const uint8_t what = static_cast<uint8_t>(f.aux & 0xff);
+      const std::string why = p.name + " refused a " + frameName(what) + " of " + std::to_string(f.size) +
+                              " bytes at offset " + std::to_string(f.off) + " of window " + std::to_string(f.window) +
+                              " (" + statusName(st) + ")";
+      if (f.value != 0 || what == RmaFrame::kGetRequest) {
+        const uint32_t index = static_cast<uint32_t>(f.value), gen = static_cast<uint32_t>(f.value >> 32);
+        Op* op = index < chunks_.size() * kOpChunk ? &chunks_[index / kOpChunk][index % kOpChunk] : nullptr;
+        if (op != nullptr && op->gen == gen && op->state == Op::kWaiting && op->peer == peer) {
+          if (op->src != nullptr) --op->src->inflight;
+          op->state = Op::kFailed;
+          op->status = st == Status::kOk ? Status::kRemote : st;
+        }
+      }
+      fail(why, st == Status::kOk ? Status::kRemote : st);
+      return true;
+    }
+    default:
+      lose(peer, std::string("an unknown frame type ") + std::to_string(f.type));
+      return false;
+  }
+}
+
+// The current frame's payload is all in: a put's signal is applied now (after its bytes), a get completes.
+bool TcpRmaComm::payloadDone(uint32_t peer) {
+  RmaPeer& p = peers_[peer];
+  p.inPayload = false;
+  const RmaFrame& f = p.cur;
+  if (f.type == RmaFrame::kPut) {
+    if (!p.refusal.empty()) {
+      WEFT_WARN("RMA (rank {}): refused a put from {}: {}", rank_, p.name, p.refusal);
+      sendError(peer, f, Status::kInvalidUsage, 0);
+    } else if (f.signalOp != 0) {
+      std::string err;
+      if (!rma::applySignal(*windowById(f.sigWindow), f.sigOff, static_cast<rma::SignalOp>(f.signalOp), f.value,
+                            &err)) {
+        fail("a signal could not be written to its GPU window: " + err, Status::kSystem);
+      }
+    }
+  } else if (f.type == RmaFrame::kGetAnswer && p.getOp != nullptr) {
+    Op* op = p.getOp;
+    if (op->src != nullptr) {
+      if (op->src->cuda) cudaGetsSinceFlush_ = true;
+      --op->src->inflight;
+    }
+    op->state = Op::kDone;
+  }
+  p.dst = nullptr;
+  p.getOp = nullptr;
+  return true;
+}
+
+}  // namespace weft::tcp

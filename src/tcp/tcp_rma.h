@@ -1,0 +1,204 @@
+// SPDX-License-Identifier: Apache-2.0
+// The device API's RMA over weft's own TCP sockets (WEFT_RMA, docs/device-api.md).
+//
+// A collective comm holds one socket per peer (rank i connects to every j > i and accepts from every j < i; itself
+// it reaches by local copies), carrying frames both ways: puts (the frame, then the payload, then the signal is
+// applied), get requests and their answers, the registration exchange, and errors. One ordered stream per pair:
+// every operation between two ranks lands in issue order, across contexts, which is more than a context needs
+// (and makes every signal strong).
+//
+// Progress is inline, from NCCL's calls: iput queues the frame and, unless NCCL allows it to aggregate, writes what
+// the peer's queue holds at once; test moves its peer's socket (both ways); rmaProgress moves every socket, which is
+// how a target applies what arrives. No helper thread, no poll. A put is done when its last byte is in the
+// kernel's socket buffer (its source may be reused); a get when its answer is in the local window.
+//
+// Memory: host windows are written and read in place (a large payload is received straight into the window); GPU
+// windows through the driver's copies on the calling thread's context, staged through a buffer of the peer's.
+//
+// Locking: one mutex per comm (mu_) guards everything in it. The data path takes it as NCCL's proxy thread is the
+// only one calling there (uncontended: no system call); registration and context set-up come from NCCL's service
+// thread and release it between progress passes while they wait for peers. test and rmaProgress only try it: when
+// set-up holds it they report "not yet" and NCCL calls again.
+//
+// Failures: a peer whose socket ends or resets (its process died) or stays unacknowledged past WEFT_PEER_TIMEOUT
+// (TCP_USER_TIMEOUT and keepalives, as the net comms) is lost: every operation queued or waiting on it fails with
+// ncclRemoteError, later ones to it fail at once, and queryLastError reports it. A frame the target refuses (a
+// window it does not have, a range outside its part) comes back as an error frame: the get it answers fails, and
+// the comm's error is set.
+#pragma once
+
+#include <sys/socket.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "rma/rma.h"
+#include "tcp/tcp_backend.h"
+
+namespace weft::tcp {
+
+// Every frame on an RMA socket: 64 bytes, then the payload (puts, get answers).
+struct RmaFrame {
+  static constexpr uint32_t kCheck = 0x5746524d;  // "WFRM", xor the frame's sequence number on its socket
+  enum : uint8_t { kPut = 1, kGetRequest = 2, kGetAnswer = 3, kRegister = 4, kError = 5 };
+  uint32_t check;
+  uint8_t type;
+  uint8_t signalOp;  // rma::SignalOp of a put
+  uint16_t context;
+  uint32_t window;     // put: the target's window; get request: the window read; register: the window's id
+  uint32_t sigWindow;  // put with a signal: the signal's window
+  uint64_t off;        // put: destination offset; get request: source offset
+  uint64_t size;       // payload bytes that follow (put, get answer); get request: bytes asked; register: its size
+  uint64_t sigOff;
+  uint64_t value;      // the signal's value; get request, answer and error: the initiator's token
+  uint64_t aux;        // error: status << 8 | the refused frame's type; register: cuda << 1 | flags
+  uint64_t reserved;
+};
+static_assert(sizeof(RmaFrame) == 64);
+
+// What connect() sends and answers on each new socket (32 bytes).
+struct RmaHello {
+  static constexpr uint32_t kMagic = 0x57465248;  // "WFRH"
+  static constexpr uint16_t kVersion = 1;
+  enum : uint16_t { kRequest = 0xffff, kAccepted = 0, kWrongToken = 1, kWrongComm = 2, kBadRank = 3 };
+  uint32_t magic;
+  uint16_t version;
+  uint16_t status;
+  uint64_t token;   // the listener's, from its handle
+  uint64_t commId;  // NCCL's communicator id (init's commId): two jobs on one host never cross
+  uint32_t rank;    // the connector's rank
+  uint32_t nranks;
+};
+static_assert(sizeof(RmaHello) == 32);
+
+class TcpRmaTransport final : public rma::RmaTransport {
+ public:
+  // Over the interfaces WEFT_IFACE selects; nullptr and `why` when there is none.
+  static std::unique_ptr<TcpRmaTransport> discover(std::string* why);
+  const char* name() const override { return "tcp"; }
+  int deviceCount() const override { return backend_->deviceCount(); }
+  const DeviceProps& props(int dev) const override { return backend_->props(dev); }
+  Status listen(int dev, void* handle, rma::RmaListen** out) override;
+  Status connect(void* const* handles, int nranks, int rank, rma::RmaListen* listen, uint64_t commId,
+                 rma::RmaComm** out) override;
+
+ private:
+  std::unique_ptr<TcpBackend> backend_;
+};
+
+class TcpRmaComm;
+
+// One peer's socket and both directions' state. Operations to it wait in `queue` in issue order.
+struct RmaPeer {
+  int fd = -1;
+  bool lost = false;
+  std::string name;  // "rank 3 (10.0.0.2:4711)"
+  uint32_t sendSeq = 0, recvSeq = 0;
+  // Sending: requests in order; the head's frame and payload go out first.
+  struct Op* head = nullptr;
+  struct Op* tail = nullptr;
+  size_t queued = 0;
+  std::vector<char> sendStage;  // a GPU source's bytes on their way out
+  size_t stageLen = 0, stageSent = 0;
+  // Receiving: the staging buffer, the frame being read and where its payload goes.
+  std::vector<char> in;
+  size_t inLen = 0, inPos = 0;
+  RmaFrame cur{};
+  bool inPayload = false;
+  uint64_t payloadLeft = 0, payloadOff = 0;
+  rma::Window* dst = nullptr;  // nullptr: discard (a refused put, a cancelled get)
+  struct Op* getOp = nullptr;  // the get this answer completes
+  std::vector<char> recvStage;  // a GPU destination's bytes on their way in
+  std::string refusal;        // why the current put is refused (sent back once its payload is read)
+};
+
+// A queued or pending operation (put, get, flush, or a frame of weft's own: registration, error).
+struct Op {
+  uint32_t magic = 0;  // rma::kRequestMagic while NCCL holds it
+  uint32_t index = 0, gen = 0;
+  enum : uint8_t { kFree, kQueued, kWaiting, kDone, kFailed } state = kFree;
+  bool internal = false;  // a frame of weft's own, freed once sent
+  Status status = Status::kOk;
+  uint32_t peer = 0;
+  rma::Context* ctx = nullptr;
+  RmaFrame frame{};
+  size_t frameSent = 0;
+  rma::Window* src = nullptr;  // put: the source; get: the local destination
+  uint64_t srcOff = 0;
+  uint64_t payloadSent = 0;
+  Op* next = nullptr;
+  TcpRmaComm* comm = nullptr;
+};
+
+class TcpRmaComm final : public rma::RmaComm {
+ public:
+  TcpRmaComm(int rank, int nranks, std::vector<RmaPeer> peers, const DeviceProps& props, size_t writeMax);
+  ~TcpRmaComm() override;
+  int rank() const override { return rank_; }
+  int nranks() const override { return nranks_; }
+  Status regMrSym(void* data, size_t size, int type, uint64_t flags, int dmabufFd, rma::Window** out) override;
+  Status deregMrSym(rma::Window* w) override;
+  Status createContext(int nContexts, std::vector<int> peers, rma::Context** out) override;
+  Status destroyContext(rma::Context* ctx) override;
+  Status iput(rma::Context* ctx, int context, rma::Window* src, uint64_t srcOff, size_t size, rma::Window* dst,
+              uint64_t dstOff, uint32_t rank, const rma::Signal* signal, uint32_t optFlags, void** request) override;
+  Status iget(rma::Context* ctx, int context, rma::Window* remote, uint64_t remoteOff, size_t size,
+              rma::Window* local, uint64_t localOff, uint32_t rank, uint32_t optFlags, void** request) override;
+  Status iflush(rma::Context* ctx, int context, rma::Window* w, uint32_t rank, void** request) override;
+  Status test(void* request, bool* done) override;
+  Status progress() override;
+  bool hasError(std::string* why) const override;
+  bool flushesAllPutsOnAnySignal() const override { return true; }
+  int maxRecvs() const override { return props_.maxRecvs; }
+  void close() override;
+
+  // For tests and the conformance harness: operations not yet returned to the pool.
+  size_t opsInUse() const;
+
+ private:
+  Op* takeOp();
+  void freeOp(Op* op);
+  Status checkContext(rma::Context* ctx, int context, uint32_t rank, const char* what) const;
+  Status checkWindow(const rma::Window* w, const char* what) const;
+  void enqueue(RmaPeer& p, Op* op);
+  // Moves one peer's socket both ways; a lost peer fails what waits on it.
+  void pump(uint32_t peer);
+  bool pumpSend(RmaPeer& p);
+  bool pumpRecv(uint32_t peer);
+  bool handleFrame(uint32_t peer);
+  bool payloadDone(uint32_t peer);
+  void sendError(uint32_t peer, const RmaFrame& refused, Status st, uint64_t token);
+  void lose(uint32_t peer, const std::string& why);
+  void fail(const std::string& why, Status st);
+  Status putLocal(rma::Window* src, uint64_t srcOff, size_t size, rma::Window* dst, uint64_t dstOff,
+                  const rma::Signal* signal);
+  rma::Window* windowById(uint32_t id) const;
+  Status waitFor(const char* what, const std::function<bool()>& ready);
+
+  const int rank_, nranks_;
+  const DeviceProps props_;
+  const size_t writeMax_;
+  mutable std::mutex mu_;  // guards everything below (see the file comment)
+  std::vector<RmaPeer> peers_;  // indexed by rank; our own entry has no socket
+  std::vector<std::unique_ptr<Op[]>> chunks_;
+  std::vector<Op*> free_;
+  size_t inUse_ = 0;
+  std::vector<rma::Window*> windows_;  // by id - 1; nullptr once deregistered
+  uint32_t nextWindow_ = 1;
+  // Registrations peers announced before this rank made its own: id -> (rank -> size).
+  std::unordered_map<uint32_t, std::vector<int64_t>> announced_;
+  std::vector<rma::Context*> contexts_;
+  bool cudaGetsSinceFlush_ = false;
+  std::atomic<bool> hasError_{false};  // read without the lock (queryLastError)
+  Status firstErrorStatus_ = Status::kOk;
+  std::string firstError_;
+};
+
+}  // namespace weft::tcp
