@@ -35,6 +35,7 @@ const char* frameName(uint8_t t) {
     case RmaFrame::kGetAnswer: return "get answer";
     case RmaFrame::kRegister: return "registration";
     case RmaFrame::kError: return "error";
+    case RmaFrame::kBye: return "bye";
     default: return "unknown frame";
   }
 }
@@ -359,6 +360,19 @@ void TcpRmaComm::close() {
         WEFT_INFO(NCCL_NET, "RMA: window {} still registered when its comm closed; released with it", w->id);
       }
     }
+    // A bye to every peer, so that its end of the socket reads as an orderly close; written as far as the socket
+    // takes it now (a peer already gone, or a full socket, gets none: it sees the end of the stream then).
+    for (uint32_t p = 0; p < peers_.size(); ++p) {
+      RmaPeer& peer = peers_[p];
+      if (peer.fd < 0 || peer.lost) continue;
+      Op* op = takeOp();
+      if (op == nullptr) break;
+      op->internal = true;
+      op->peer = p;
+      op->frame.type = RmaFrame::kBye;
+      enqueue(peer, op);
+      pumpSend(peer);
+    }
   }
   delete this;
 }
@@ -590,7 +604,16 @@ void TcpRmaComm::lose(uint32_t peer, const std::string& why) {
   p.lost = true;
   if (p.fd >= 0) ::close(p.fd);
   p.fd = -1;
-  fail(p.name + " is lost: " + why, Status::kRemote);
+  bool waiting = p.head != nullptr || p.inPayload;
+  for (auto& chunk : chunks_) {
+    for (size_t i = 0; i < kOpChunk && !waiting; ++i) waiting = chunk[i].state == Op::kWaiting && chunk[i].peer == peer;
+  }
+  if (p.bye && !waiting) {
+    WEFT_INFO(NCCL_NET, "RMA (rank {}): {} closed its comm", rank_, p.name);
+    return;
+  }
+  fail(p.name + " is lost: " + why + (p.bye ? " (it had closed its comm with operations still waiting on it)" : ""),
+       Status::kRemote);
   for (Op* op = p.head; op != nullptr;) {
     Op* next = op->next;
     if (op->src != nullptr) --op->src->inflight;
@@ -926,6 +949,9 @@ bool TcpRmaComm::handleFrame(uint32_t peer) {
       }
       return true;
     }
+    case RmaFrame::kBye:
+      p.bye = true;
+      return true;
     case RmaFrame::kError: {
       const Status st = static_cast<Status>(f.aux >> 8);
       const uint8_t what = static_cast<uint8_t>(f.aux & 0xff);

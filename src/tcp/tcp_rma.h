@@ -24,7 +24,8 @@
 // (TCP_USER_TIMEOUT and keepalives, as the net comms) is lost: every operation queued or waiting on it fails with
 // ncclRemoteError, later ones to it fail at once, and queryLastError reports it. A frame the target refuses (a
 // window it does not have, a range outside its part) comes back as an error frame: the get it answers fails, and
-// the comm's error is set.
+// the comm's error is set. A comm that closes says so first (a bye frame): its peers then take the end of its socket
+// as the orderly close it is, unless they still wait on it.
 #pragma once
 
 #include <sys/socket.h>
@@ -47,7 +48,7 @@ namespace weft::tcp {
 // Every frame on an RMA socket: 64 bytes, then the payload (puts, get answers).
 struct RmaFrame {
   static constexpr uint32_t kCheck = 0x5746524d;  // "WFRM", xor the frame's sequence number on its socket
-  enum : uint8_t { kPut = 1, kGetRequest = 2, kGetAnswer = 3, kRegister = 4, kError = 5 };
+  enum : uint8_t { kPut = 1, kGetRequest = 2, kGetAnswer = 3, kRegister = 4, kError = 5, kBye = 6 };
   uint32_t check;
   uint8_t type;
   uint8_t signalOp;  // rma::SignalOp of a put
@@ -99,6 +100,7 @@ class TcpRmaComm;
 struct RmaPeer {
   int fd = -1;
   bool lost = false;
+  bool bye = false;  // the peer closed its comm in order: its socket's end is no failure unless we still wait on it
   std::string name;  // "rank 3 (10.0.0.2:4711)"
   uint32_t sendSeq = 0, recvSeq = 0;
   // Sending: requests in order; the head's frame and payload go out first.

@@ -29,5 +29,8 @@ struct RmaOptions {
 // 0 all passed (skips allowed), 1 a check failed or hung, 2 the plugin could not be used.
 int runRmaConformance(const RmaOptions& o);
 int listRmaChecks();
+// weft bench --rma: put+signal round trip (ranks 0 and 1), put bandwidth (each rank to the next, 1 MiB puts, 32 in
+// flight) and signal rate (size-0 signals, 256 in flight), one line of figures.
+int runRmaBench(const RmaOptions& o);
 
 }  // namespace weft::harness

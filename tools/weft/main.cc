@@ -231,7 +231,27 @@ int diff(int argc, char** argv) {
   return weft::harness::runDiff(o, b);
 }
 
+int rmaBench(int argc, char** argv) {
+  weft::harness::RmaOptions o;
+  weft::harness::Args a("weft bench --rma", argc, argv, 2);
+  while (a.next()) {
+    const std::string& f = a.flag();
+    if (f == "--rma") continue;
+    if (f == "--plugin") o.plugin = a.value();
+    else if (f == "--symbol") o.symbol = a.value();
+    else if (f == "--rma-table") o.table = a.number(11, 17);
+    else if (f == "--ranks") o.ranks = a.number(2, 8);
+    else if (f == "--dev") o.dev = a.number(0, 1023);
+    else a.unknown();
+  }
+  if (o.plugin.empty()) o.plugin = defaultPlugin();
+  return weft::harness::runRmaBench(o);
+}
+
 int bench(int argc, char** argv) {
+  for (int i = 2; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--rma") == 0) return rmaBench(argc, argv);
+  }
   weft::harness::BenchOptions o;
   bool noRaw = false;
   o.pair.self = selfPath();
