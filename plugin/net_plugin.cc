@@ -17,6 +17,7 @@
 
 #include "plugin/conn_timing.h"
 #include "plugin/engine.h"
+#include "plugin/guarded.h"
 #include "telemetry/profiler_core.h"
 #include "telemetry/sink.h"
 #include "tuner/agreement.h"
@@ -41,25 +42,6 @@ struct NetContext {
   std::atomic<int32_t> hintSendPeers{0}, hintRecvPeers{0}, hintFlows{0};
   std::atomic<uint64_t> hints{0};
 };
-
-template <typename F>
-ncclResult_t guarded(const char* what, F&& f) noexcept {
-  try {
-    return toNccl(f());
-  } catch (const Error& e) {
-    WEFT_WARN("{}: {}", what, e.what());
-    return toNccl(e.status());
-  } catch (const std::bad_alloc&) {
-    WEFT_WARN("{}: out of memory", what);
-    return ncclSystemError;
-  } catch (const std::exception& e) {
-    WEFT_WARN("{}: {}", what, e.what());
-    return ncclInternalError;
-  } catch (...) {
-    WEFT_WARN("{}: unknown exception", what);
-    return ncclInternalError;
-  }
-}
 
 // Objects handed to NCCL by the calls that are not on the data path (listen, connect, accept, regMr), so that
 // close and deregister can refuse an object that is closed already or was never ours without touching freed

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "plugin/engine.h"
+#include "plugin/guarded.h"
 #include "rma/rma.h"
 #include "tcp/tcp_rma.h"
 #include "weft/common/log.h"
@@ -27,25 +28,6 @@ T* fromHandle(void* p) {
   return static_cast<T*>(static_cast<Object*>(p));
 }
 void* toHandle(Object* o) { return o; }
-
-template <typename F>
-ncclResult_t guarded(const char* what, F&& f) noexcept {
-  try {
-    return toNccl(f());
-  } catch (const Error& e) {
-    WEFT_WARN("RMA {}: {}", what, e.what());
-    return toNccl(e.status());
-  } catch (const std::bad_alloc&) {
-    WEFT_WARN("RMA {}: out of memory", what);
-    return ncclSystemError;
-  } catch (const std::exception& e) {
-    WEFT_WARN("RMA {}: {}", what, e.what());
-    return ncclInternalError;
-  } catch (...) {
-    WEFT_WARN("RMA {}: unknown exception", what);
-    return ncclInternalError;
-  }
-}
 
 // What init returns as ctx: the communicator's id, handed to connect so two jobs on one host never join.
 struct RmaInit {
@@ -149,7 +131,7 @@ DefaultContexts& defaults() {
 // ---- one implementation ------------------------------------------------------------------------------------------
 
 ncclResult_t initImpl(void** ctx, uint64_t commId, ncclDebugLogger_t logger) {
-  return guarded("init", [&] {
+  return guarded("RMA init", [&] {
     Status st = Engine::instance().init(logger);
     if (st != Status::kOk) return st;
     RmaState::get().transport();
@@ -163,7 +145,7 @@ ncclResult_t initImpl(void** ctx, uint64_t commId, ncclDebugLogger_t logger) {
 }
 
 ncclResult_t devicesImpl(int* ndev) {
-  return guarded("devices", [&] {
+  return guarded("RMA devices", [&] {
     if (ndev == nullptr) return Status::kInternal;
     rma::RmaTransport* t = RmaState::get().transport();
     *ndev = t != nullptr ? t->deviceCount() : 0;
@@ -173,7 +155,7 @@ ncclResult_t devicesImpl(int* ndev) {
 
 template <typename P>
 ncclResult_t getPropertiesImpl(int dev, P* props) {
-  return guarded("getProperties", [&] {
+  return guarded("RMA getProperties", [&] {
     rma::RmaTransport* t = RmaState::get().transport();
     if (t == nullptr || props == nullptr || dev < 0 || dev >= t->deviceCount()) {
       WEFT_WARN("RMA getProperties: no device {} ({})", dev, t == nullptr ? RmaState::get().declined() : "out of range");
@@ -207,7 +189,7 @@ ncclResult_t getPropertiesImpl(int dev, P* props) {
 }
 
 ncclResult_t listenImpl(int dev, void* handle, void** listenComm) {
-  return guarded("listen", [&] {
+  return guarded("RMA listen", [&] {
     rma::RmaTransport* t = RmaState::get().transport();
     if (t == nullptr || handle == nullptr || listenComm == nullptr) return Status::kInternal;
     rma::RmaListen* l = nullptr;
@@ -221,7 +203,7 @@ ncclResult_t listenImpl(int dev, void* handle, void** listenComm) {
 
 ncclResult_t connectImpl(void* ctx, void** handles, int nranks, int rank, void* listenComm, void** collComm,
                          int defaultContexts) {
-  return guarded("connect", [&] {
+  return guarded("RMA connect", [&] {
     rma::RmaTransport* t = RmaState::get().transport();
     if (t == nullptr || collComm == nullptr || listenComm == nullptr || !RmaState::get().contains(listenComm)) {
       WEFT_WARN("RMA connect: {} is not a live weft RMA listen comm", listenComm);
@@ -250,7 +232,7 @@ ncclResult_t connectImpl(void* ctx, void** handles, int nranks, int rank, void* 
 }
 
 ncclResult_t createContextImpl(void* collComm, int nContexts, std::vector<int> peers, void** out) {
-  return guarded("createContext", [&] {
+  return guarded("RMA createContext", [&] {
     rma::RmaComm* comm = asComm(collComm, "createContext");
     if (comm == nullptr || out == nullptr) return Status::kInternal;
     rma::Context* c = nullptr;
@@ -263,7 +245,7 @@ ncclResult_t createContextImpl(void* collComm, int nContexts, std::vector<int> p
 }
 
 ncclResult_t destroyContextImpl(void* rmaCtx) {
-  return guarded("destroyContext", [&] {
+  return guarded("RMA destroyContext", [&] {
     if (rmaCtx == nullptr) return Status::kOk;
     if (!RmaState::get().remove(rmaCtx)) {
       WEFT_WARN("RMA destroyContext: {} is not a live weft RMA context", rmaCtx);
@@ -276,7 +258,7 @@ ncclResult_t destroyContextImpl(void* rmaCtx) {
 
 ncclResult_t regMrSymImpl(void* collComm, void* data, size_t size, int type, uint64_t mrFlags, int fd, void** mhandle,
                           void** ginHandle) {
-  return guarded("regMrSym", [&] {
+  return guarded("RMA regMrSym", [&] {
     rma::RmaComm* comm = asComm(collComm, "regMrSym");
     if (comm == nullptr || mhandle == nullptr) return Status::kInternal;
     rma::Window* w = nullptr;
@@ -289,7 +271,7 @@ ncclResult_t regMrSymImpl(void* collComm, void* data, size_t size, int type, uin
 }
 
 ncclResult_t deregMrSymImpl(void* collComm, void* mhandle) {
-  return guarded("deregMrSym", [&] {
+  return guarded("RMA deregMrSym", [&] {
     rma::RmaComm* comm = asComm(collComm, "deregMrSym");
     if (comm == nullptr) return Status::kInternal;
     return comm->deregMrSym(static_cast<rma::Window*>(mhandle));
@@ -297,7 +279,7 @@ ncclResult_t deregMrSymImpl(void* collComm, void* mhandle) {
 }
 
 ncclResult_t closeCollImpl(void* collComm) {
-  return guarded("closeColl", [&] {
+  return guarded("RMA closeColl", [&] {
     rma::RmaComm* comm = asComm(collComm, "closeColl");
     if (comm == nullptr) return Status::kInternal;
     RmaState::get().remove(toHandle(comm));
@@ -318,7 +300,7 @@ ncclResult_t closeCollImpl(void* collComm) {
 }
 
 ncclResult_t closeListenImpl(void* listenComm) {
-  return guarded("closeListen", [&] {
+  return guarded("RMA closeListen", [&] {
     if (listenComm == nullptr || !RmaState::get().remove(listenComm)) {
       WEFT_WARN("RMA closeListen: {} is not a live weft RMA listen comm", listenComm);
       return Status::kInternal;
@@ -332,7 +314,7 @@ rma::RmaComm* commOfContext(rma::Context* c) { return c != nullptr ? static_cast
 
 ncclResult_t iputImpl(rma::Context* c, int context, uint64_t srcOff, void* srcMh, size_t size, uint64_t dstOff,
                       void* dstMh, uint32_t rank, const rma::Signal* signal, uint32_t optFlags, void** request) {
-  return guarded(signal ? "iputSignal" : "iput", [&] {
+  return guarded(signal ? "RMA iputSignal" : "RMA iput", [&] {
     rma::RmaComm* comm = commOfContext(c);
     if (comm == nullptr || comm->magic_ != rma::kCommMagic) {
       WEFT_WARN("RMA iput: {} is not a live weft RMA context", static_cast<void*>(c));
@@ -359,7 +341,7 @@ ncclResult_t iputSignalImpl(rma::Context* c, int context, uint64_t srcOff, void*
 
 ncclResult_t igetImpl(rma::Context* c, int context, uint64_t remoteOff, void* remoteMh, size_t size,
                       uint64_t localOff, void* localMh, uint32_t rank, uint32_t optFlags, void** request) {
-  return guarded("iget", [&] {
+  return guarded("RMA iget", [&] {
     rma::RmaComm* comm = commOfContext(c);
     if (comm == nullptr || comm->magic_ != rma::kCommMagic) {
       WEFT_WARN("RMA iget: {} is not a live weft RMA context", static_cast<void*>(c));
@@ -371,7 +353,7 @@ ncclResult_t igetImpl(rma::Context* c, int context, uint64_t remoteOff, void* re
 }
 
 ncclResult_t iflushImpl(rma::Context* c, int context, void* mh, uint32_t rank, void** request) {
-  return guarded("iflush", [&] {
+  return guarded("RMA iflush", [&] {
     rma::RmaComm* comm = commOfContext(c);
     if (comm == nullptr || comm->magic_ != rma::kCommMagic) {
       WEFT_WARN("RMA iflush: {} is not a live weft RMA context", static_cast<void*>(c));
@@ -382,7 +364,7 @@ ncclResult_t iflushImpl(rma::Context* c, int context, void* mh, uint32_t rank, v
 }
 
 ncclResult_t testImpl(void* collComm, void* request, int* done) {
-  return guarded("test", [&] {
+  return guarded("RMA test", [&] {
     auto* comm = collComm != nullptr ? fromHandle<rma::RmaComm>(collComm) : nullptr;
     if (comm == nullptr || comm->magic_ != rma::kCommMagic || done == nullptr) {
       WEFT_WARN("RMA test: {} is not a live weft RMA comm", collComm);
@@ -396,14 +378,14 @@ ncclResult_t testImpl(void* collComm, void* request, int* done) {
 }
 
 ncclResult_t progressImpl(rma::RmaComm* comm) {
-  return guarded("progress", [&] {
+  return guarded("RMA progress", [&] {
     if (comm == nullptr || comm->magic_ != rma::kCommMagic) return Status::kInternal;
     return comm->progress();
   });
 }
 
 ncclResult_t queryLastErrorImpl(void* ctxOrComm, bool* hasError) {
-  return guarded("queryLastError", [&] {
+  return guarded("RMA queryLastError", [&] {
     if (hasError == nullptr) return Status::kInternal;
     auto* o = static_cast<Object*>(ctxOrComm);
     rma::RmaComm* comm = nullptr;
@@ -419,7 +401,7 @@ ncclResult_t queryLastErrorImpl(void* ctxOrComm, bool* hasError) {
 }
 
 ncclResult_t finalizeImpl(void* ctx) {
-  return guarded("finalize", [&] {
+  return guarded("RMA finalize", [&] {
     if (ctx != nullptr && RmaState::get().remove(ctx)) delete static_cast<RmaInit*>(ctx);
     return Status::kOk;
   });
@@ -594,7 +576,7 @@ ncclResult_t v15Iget(void* ctx, int context, uint64_t remoteOff, void* remoteMh,
   return igetImpl(asContext(ctx), context, remoteOff, remoteMh, size, localOff, localMh, rank, optFlags, request);
 }
 ncclResult_t getRmaProperties(void* collComm, ncclRmaProperties_v16_t* props) {
-  return guarded("getRmaProperties", [&] {
+  return guarded("RMA getRmaProperties", [&] {
     rma::RmaComm* comm = asComm(collComm, "getRmaProperties");
     if (comm == nullptr || props == nullptr) return Status::kInternal;
     props->flushesAllPutsOnAnySignal = comm->flushesAllPutsOnAnySignal();

@@ -91,12 +91,10 @@ struct Rank {
       for (int r = 0; r < nranks; ++r) all &= !live(r) || sh->round[r].load() >= mine;
       if (all) return true;
       if (Clock::now() > until) return false;
-      // NCCL's proxy thread never stops progressing: a rank waiting here still answers its peers' gets.
-      if (ctx != nullptr) {
-        api->progress(ctx);
-      } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
-      }
+      // NCCL's proxy thread never stops progressing: a rank waiting here still answers its peers' gets. It sleeps
+      // between calls so that ranks waiting here leave the CPUs to those working (8 ranks on 2 cores).
+      if (ctx != nullptr) api->progress(ctx);
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   }
   int next(int k = 1) const { return (rank + k) % nranks; }
@@ -825,6 +823,24 @@ bool selected(const RmaOptions& o, const std::string& name) {
   _exit(0);
 }
 
+// The ranks: shared memory made before they fork (their bootstrap), one process each running `body(rank)`, which
+// never returns. nullptr when the shared memory cannot be had.
+Shared* forkRanks(int n, std::vector<pid_t>* pids, const std::function<void(Shared*, int)>& body) {
+  auto* sh = static_cast<Shared*>(
+      mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  if (sh == MAP_FAILED) return nullptr;
+  new (sh) Shared();
+  for (int r = 0; r < n; ++r) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      body(sh, r);
+      _exit(0);
+    }
+    pids->push_back(pid);
+  }
+  return sh;
+}
+
 }  // namespace
 
 int listRmaChecks() {
@@ -846,16 +862,9 @@ int runRmaConformance(const RmaOptions& o) {
   std::printf("# %s: %s (table v%d, \"%s\"), %d ranks, %s memory\n", o.plugin.c_str(), probe->symbol().c_str(),
               probe->version(), probe->name(), o.ranks, o.mem.c_str());
   std::fflush(stdout);
-  auto* sh = static_cast<Shared*>(
-      mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
-  if (sh == MAP_FAILED) return 2;
-  new (sh) Shared();
   std::vector<pid_t> pids;
-  for (int r = 0; r < o.ranks; ++r) {
-    pid_t pid = fork();
-    if (pid == 0) rankMain(o, sh, r);
-    pids.push_back(pid);
-  }
+  Shared* sh = forkRanks(o.ranks, &pids, [&](Shared* s, int r) { rankMain(o, s, r); });
+  if (sh == nullptr) return 2;
   const auto end = Clock::now() + std::chrono::seconds(o.timeoutSec);
   int alive = o.ranks;
   std::vector<int> exitCode(static_cast<size_t>(o.ranks), -1);
@@ -939,36 +948,29 @@ int runRmaBench(const RmaOptions& o) {
     std::fprintf(stderr, "weft bench --rma: %s\n", probe == nullptr ? why.c_str() : "--ranks wants 2 to 8");
     return 2;
   }
-  auto* sh = static_cast<Shared*>(
-      mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
-  if (sh == MAP_FAILED) return 2;
-  new (sh) Shared();
   std::vector<pid_t> pids;
-  for (int r = 0; r < o.ranks; ++r) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      Rank k;
-      k.o = &o;
-      k.sh = sh;
-      k.rank = r;
-      k.nranks = o.ranks;
-      std::string w;
-      k.api = RmaApi::load(o.plugin, o.symbol, o.table, &w);
-      std::string e = k.api == nullptr ? w : setupConnect(k);
-      if (e.empty()) e = setupRegister(k);
-      if (e.empty()) e = benchRank(k);
-      std::snprintf(sh->verdicts[0][r].msg, sizeof(sh->verdicts[0][r].msg), "%s", e.c_str());
-      sh->verdicts[0][r].state.store(e.empty() ? 1 : 2);
-      if (!e.empty()) {
-        std::fprintf(stderr, "weft bench --rma: rank %d: %s\n", r, e.c_str());
-        sh->dead.fetch_or(1u << r);  // the others stop waiting for it at their barriers
-      }
-      if (e.empty()) teardown(k);
-      std::fflush(stderr);
-      _exit(e.empty() ? 0 : 1);
+  Shared* sh = forkRanks(o.ranks, &pids, [&](Shared* s, int r) {
+    Rank k;
+    k.o = &o;
+    k.sh = s;
+    k.rank = r;
+    k.nranks = o.ranks;
+    std::string w;
+    k.api = RmaApi::load(o.plugin, o.symbol, o.table, &w);
+    std::string e = k.api == nullptr ? w : setupConnect(k);
+    if (e.empty()) e = setupRegister(k);
+    if (e.empty()) e = benchRank(k);
+    std::snprintf(s->verdicts[0][r].msg, sizeof(s->verdicts[0][r].msg), "%s", e.c_str());
+    s->verdicts[0][r].state.store(e.empty() ? 1 : 2);
+    if (!e.empty()) {
+      std::fprintf(stderr, "weft bench --rma: rank %d: %s\n", r, e.c_str());
+      s->dead.fetch_or(1u << r);  // the others stop waiting for it at their barriers
     }
-    pids.push_back(pid);
-  }
+    if (e.empty()) teardown(k);
+    std::fflush(stderr);
+    _exit(e.empty() ? 0 : 1);
+  });
+  if (sh == nullptr) return 2;
   int bad = 0;
   for (pid_t p : pids) {
     int st = 0;
