@@ -223,6 +223,8 @@ int RmaApi::progress(void* ctx) {
            t->rmaProgress ? t->rmaProgress(ctx) : 0)
 }
 
+bool RmaApi::hasQueryLastError() const { RMA_SAME(t->queryLastError != nullptr) }
+
 int RmaApi::queryLastError(void* ctx, bool* hasError) {
   *hasError = false;
   RMA_SAME(t->queryLastError ? t->queryLastError(ctx, hasError) : 0)

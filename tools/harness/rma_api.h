@@ -31,6 +31,8 @@ class RmaApi {
   bool hasGet() const { return version_ >= 13; }
   bool weakSignals() const { return version_ >= 14; }
   bool hasProperties() const { return version_ >= 16; }
+  // NCCL 2.28's own IB proxy leaves queryLastError NULL (its proxy then relies on test's result alone).
+  bool hasQueryLastError() const;
   const char* name() const;
 
   int init(void** ctx, uint64_t commId);

@@ -1,0 +1,20 @@
+#!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
+# Runs inside the soft-RoCE guest (tests/rxe/run_guest.sh): the device API's harness (weft conformance --rma)
+# against NCCL's own GIN IB proxy (the ncclGinIbProxy table inside the CUDA toolkit's libnccl.so.2, built as a
+# plugin file on the host by tests/conformance/nccl_builtin_build.sh), two ranks on the one rxe device. It must pass
+# every check that is not weft.*: that is what validates the harness against NCCL. Exit status: failed steps.
+. "$(dirname "$0")/guest_lib.sh"
+ibv_devices | sed 's/^/  /'
+export NCCL_IB_HCA=rxe0 NCCL_IB_GID_INDEX=1
+if [ -n "${RXE_NCCL_GIN:-}" ] && [ -f "$RXE_NCCL_GIN" ]; then
+  step nccl_gin_ib.v11 600 "$RXE_BIN" conformance --rma --plugin "$RXE_NCCL_GIN" --symbol ncclNetPlugin_v11 \
+    --rma-table 11 --ranks 2 --skip weft. --soak 20000 --timeout 500 --dead-bound 60
+else
+  echo "STEP nccl_gin_ib.v11: skipped (no NCCL GIN IB shim: no unstripped libnccl.so.2 (the CUDA toolkit's) on the host)"
+fi
+# weft's own, over its TCP sockets on the guest's interface, for comparison in the same guest.
+step weft_rma.tcp 300 env WEFT_BACKEND=tcp WEFT_RMA=on "$RXE_BIN" conformance --rma --plugin "$RXE_SO" --ranks 2 \
+  --soak 20000 --timeout 240
+echo "FAILED_STEPS=$fails"
+exit $fails
