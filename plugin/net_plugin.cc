@@ -10,7 +10,6 @@
 #include <mutex>
 #include <new>
 #include <type_traits>
-#include <unordered_set>
 #include <utility>
 
 #include <time.h>
@@ -18,6 +17,7 @@
 #include "plugin/conn_timing.h"
 #include "plugin/engine.h"
 #include "plugin/guarded.h"
+#include "plugin/live_objects.h"
 #include "telemetry/profiler_core.h"
 #include "telemetry/sink.h"
 #include "tuner/agreement.h"
@@ -43,28 +43,6 @@ struct NetContext {
   std::atomic<uint64_t> hints{0};
 };
 
-// Objects handed to NCCL by the calls that are not on the data path (listen, connect, accept, regMr), so that
-// close and deregister can refuse an object that is closed already or was never ours without touching freed
-// memory. The data path (isend/irecv/test) checks the object's magic word only: it runs for every message.
-class LiveObjects {
- public:
-  void add(const void* p) {
-    std::lock_guard<std::mutex> lock(mu_);
-    live_.insert(p);
-  }
-  bool contains(const void* p) {
-    std::lock_guard<std::mutex> lock(mu_);
-    return live_.count(p) != 0;
-  }
-  bool remove(const void* p) {
-    std::lock_guard<std::mutex> lock(mu_);
-    return live_.erase(p) != 0;
-  }
-
- private:
-  std::mutex mu_;
-  std::unordered_set<const void*> live_;
-};
 LiveObjects& live() {
   static LiveObjects* l = new LiveObjects;  // never destroyed: NCCL may close comms during exit
   return *l;

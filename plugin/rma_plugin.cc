@@ -7,11 +7,11 @@
 #include <exception>
 #include <mutex>
 #include <new>
-#include <unordered_set>
 #include <vector>
 
 #include "plugin/engine.h"
 #include "plugin/guarded.h"
+#include "plugin/live_objects.h"
 #include "rma/rma.h"
 #include "tcp/tcp_rma.h"
 #include "weft/common/log.h"
@@ -47,18 +47,7 @@ class RmaState {
     return transport_.get();
   }
   const std::string& declined() const { return declined_; }
-  void add(const void* p) {
-    std::lock_guard<std::mutex> lock(mu_);
-    live_.insert(p);
-  }
-  bool contains(const void* p) {
-    std::lock_guard<std::mutex> lock(mu_);
-    return live_.count(p) != 0;
-  }
-  bool remove(const void* p) {
-    std::lock_guard<std::mutex> lock(mu_);
-    return live_.erase(p) != 0;
-  }
+  LiveObjects& live() { return live_; }
 
  private:
   void choose() {
@@ -86,12 +75,11 @@ class RmaState {
   std::once_flag once_;
   std::unique_ptr<rma::RmaTransport> transport_;
   std::string declined_;
-  std::mutex mu_;  // guards live_
-  std::unordered_set<const void*> live_;
+  LiveObjects live_;
 };
 
 rma::RmaComm* asComm(void* p, const char* what) {
-  if (p == nullptr || !RmaState::get().contains(p) || static_cast<Object*>(p)->magic_ != rma::kCommMagic) {
+  if (p == nullptr || !RmaState::get().live().contains(p) || static_cast<Object*>(p)->magic_ != rma::kCommMagic) {
     WEFT_WARN("RMA {}: {} is not a live weft RMA comm", what, p);
     return nullptr;
   }
@@ -137,7 +125,7 @@ ncclResult_t initImpl(void** ctx, uint64_t commId, ncclDebugLogger_t logger) {
     RmaState::get().transport();
     if (ctx != nullptr) {
       auto* init = new RmaInit{commId};
-      RmaState::get().add(init);
+      RmaState::get().live().add(init);
       *ctx = init;
     }
     return Status::kOk;
@@ -195,7 +183,7 @@ ncclResult_t listenImpl(int dev, void* handle, void** listenComm) {
     rma::RmaListen* l = nullptr;
     Status st = t->listen(dev, handle, &l);
     if (st != Status::kOk) return st;
-    RmaState::get().add(toHandle(l));
+    RmaState::get().live().add(toHandle(l));
     *listenComm = toHandle(l);
     return Status::kOk;
   });
@@ -205,14 +193,14 @@ ncclResult_t connectImpl(void* ctx, void** handles, int nranks, int rank, void* 
                          int defaultContexts) {
   return guarded("RMA connect", [&] {
     rma::RmaTransport* t = RmaState::get().transport();
-    if (t == nullptr || collComm == nullptr || listenComm == nullptr || !RmaState::get().contains(listenComm)) {
+    if (t == nullptr || collComm == nullptr || listenComm == nullptr || !RmaState::get().live().contains(listenComm)) {
       WEFT_WARN("RMA connect: {} is not a live weft RMA listen comm", listenComm);
       return Status::kInternal;
     }
     // NCCL hands connect the context of its init call, or (2.30's host RMA path) its net plugin's: only ours says
     // which communicator this is.
     uint64_t commId = 0;
-    if (ctx != nullptr && RmaState::get().contains(ctx)) commId = static_cast<RmaInit*>(ctx)->commId;
+    if (ctx != nullptr && RmaState::get().live().contains(ctx)) commId = static_cast<RmaInit*>(ctx)->commId;
     rma::RmaComm* comm = nullptr;
     Status st = t->connect(handles, nranks, rank, fromHandle<rma::RmaListen>(listenComm), commId, &comm);
     if (st != Status::kOk) return st;
@@ -225,7 +213,7 @@ ncclResult_t connectImpl(void* ctx, void** handles, int nranks, int rank, void* 
       std::lock_guard<std::mutex> lock(defaults().mu);
       defaults().of.push_back({comm, c});
     }
-    RmaState::get().add(toHandle(comm));
+    RmaState::get().live().add(toHandle(comm));
     *collComm = toHandle(comm);
     return Status::kOk;
   });
@@ -238,7 +226,7 @@ ncclResult_t createContextImpl(void* collComm, int nContexts, std::vector<int> p
     rma::Context* c = nullptr;
     Status st = comm->createContext(nContexts, std::move(peers), &c);
     if (st != Status::kOk) return st;
-    RmaState::get().add(c);
+    RmaState::get().live().add(c);
     *out = c;
     return Status::kOk;
   });
@@ -247,7 +235,7 @@ ncclResult_t createContextImpl(void* collComm, int nContexts, std::vector<int> p
 ncclResult_t destroyContextImpl(void* rmaCtx) {
   return guarded("RMA destroyContext", [&] {
     if (rmaCtx == nullptr) return Status::kOk;
-    if (!RmaState::get().remove(rmaCtx)) {
+    if (!RmaState::get().live().remove(rmaCtx)) {
       WEFT_WARN("RMA destroyContext: {} is not a live weft RMA context", rmaCtx);
       return Status::kInternal;
     }
@@ -282,7 +270,7 @@ ncclResult_t closeCollImpl(void* collComm) {
   return guarded("RMA closeColl", [&] {
     rma::RmaComm* comm = asComm(collComm, "closeColl");
     if (comm == nullptr) return Status::kInternal;
-    RmaState::get().remove(toHandle(comm));
+    RmaState::get().live().remove(toHandle(comm));
     {
       std::lock_guard<std::mutex> lock(defaults().mu);
       auto& of = defaults().of;
@@ -301,7 +289,7 @@ ncclResult_t closeCollImpl(void* collComm) {
 
 ncclResult_t closeListenImpl(void* listenComm) {
   return guarded("RMA closeListen", [&] {
-    if (listenComm == nullptr || !RmaState::get().remove(listenComm)) {
+    if (listenComm == nullptr || !RmaState::get().live().remove(listenComm)) {
       WEFT_WARN("RMA closeListen: {} is not a live weft RMA listen comm", listenComm);
       return Status::kInternal;
     }
@@ -402,7 +390,7 @@ ncclResult_t queryLastErrorImpl(void* ctxOrComm, bool* hasError) {
 
 ncclResult_t finalizeImpl(void* ctx) {
   return guarded("RMA finalize", [&] {
-    if (ctx != nullptr && RmaState::get().remove(ctx)) delete static_cast<RmaInit*>(ctx);
+    if (ctx != nullptr && RmaState::get().live().remove(ctx)) delete static_cast<RmaInit*>(ctx);
     return Status::kOk;
   });
 }
@@ -485,13 +473,6 @@ ncclResult_t v13CreateContext(void* collComm, ncclGinConfig_v13_t* config, void*
   if (r == ncclSuccess && devHandle != nullptr) *devHandle = proxyDeviceHandle();
   return r;
 }
-ncclResult_t v13RegMrSym(void* c, void* data, size_t size, int type, uint64_t flags, void** mh, void** gh) {
-  return regMrSymImpl(c, data, size, type, flags, -1, mh, gh);
-}
-ncclResult_t v13RegMrSymDmaBuf(void* c, void* data, size_t size, int type, uint64_t, int fd, uint64_t flags,
-                               void** mh, void** gh) {
-  return regMrSymImpl(c, data, size, type, flags, fd, mh, gh);
-}
 ncclResult_t v13Iput(void* ctx, int context, uint64_t srcOff, void* srcMh, size_t size, uint64_t dstOff, void* dstMh,
                      uint32_t rank, void** request) {
   return iputImpl(asContext(ctx), context, srcOff, srcMh, size, dstOff, dstMh, rank, nullptr, 0, request);
@@ -551,10 +532,6 @@ ncclResult_t regMrSymDmaBufNoGin(void* c, void* data, size_t size, int type, uin
                                  void** mh) {
   return regMrSymImpl(c, data, size, type, flags, fd, mh, nullptr);
 }
-ncclResult_t v14Iput(void* ctx, int context, uint64_t srcOff, void* srcMh, size_t size, uint64_t dstOff, void* dstMh,
-                     uint32_t rank, void** request) {
-  return iputImpl(asContext(ctx), context, srcOff, srcMh, size, dstOff, dstMh, rank, nullptr, 0, request);
-}
 ncclResult_t v14IputSignal(void* ctx, int context, uint64_t srcOff, void* srcMh, size_t size, uint64_t dstOff,
                            void* dstMh, uint32_t rank, uint64_t sigOff, void* sigMh, uint64_t sigVal, uint32_t sigOp,
                            bool strong, void** request) {
@@ -609,14 +586,14 @@ __attribute__((visibility("default"))) ncclGin_v12_t ncclGinPlugin_v12 = {
 
 __attribute__((visibility("default"))) ncclGin_v13_t ncclGinPlugin_v13 = {
     "weft", ginV11Init, devicesImpl, getProps<ncclNetProperties_v12_t>, listenAny, connectV13, v13CreateContext,
-    v13RegMrSym, v13RegMrSymDmaBuf, deregMrSymImpl, destroyContextImpl, closeCollImpl, closeListenImpl, v13Iput,
+    ginV11RegMrSym, ginV11RegMrSymDmaBuf, deregMrSymImpl, destroyContextImpl, closeCollImpl, closeListenImpl, v13Iput,
     v13IputSignal, v13Iget, ctxIflush, testImpl, ctxProgress, queryLastErrorImpl, finalizeImpl};
 
 __attribute__((visibility("default"))) ncclRma_v13_t ncclRmaPlugin_v13 = ncclGinPlugin_v13;
 
 __attribute__((visibility("default"))) ncclRma_v14_t ncclRmaPlugin_v14 = {
     "weft", ginV11Init, devicesImpl, getProps<ncclNetProperties_v12_t>, listenAny, connectV13, v14CreateContext,
-    regMrSymNoGin, regMrSymDmaBufNoGin, deregMrSymImpl, destroyContextImpl, closeCollImpl, closeListenImpl, v14Iput,
+    regMrSymNoGin, regMrSymDmaBufNoGin, deregMrSymImpl, destroyContextImpl, closeCollImpl, closeListenImpl, v13Iput,
     v14IputSignal, v13Iget, ctxIflush, testImpl, ctxProgress, queryLastErrorImpl, finalizeImpl};
 
 __attribute__((visibility("default"))) ncclRma_v15_t ncclRmaPlugin_v15 = {

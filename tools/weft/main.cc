@@ -122,28 +122,36 @@ std::string defaultPlugin() {
   return dir + "/../lib/libnccl-net-weft.so";
 }
 
-// weft conformance --rma: the device API's proxy table (tools/harness/rma_conformance.h).
-int rmaConformance(int argc, char** argv) {
-  weft::harness::RmaOptions o;
-  weft::harness::Args a("weft conformance --rma", argc, argv, 2);
+// The options of weft conformance --rma and weft bench --rma (tools/harness/rma_conformance.h); the bench takes the
+// first five only. -1: go on; else the exit code.
+int parseRmaOptions(const char* cmd, bool bench, int argc, char** argv, weft::harness::RmaOptions* o) {
+  weft::harness::Args a(cmd, argc, argv, 2);
   while (a.next()) {
     const std::string& f = a.flag();
     if (f == "--rma") continue;
-    if (f == "--plugin") o.plugin = a.value();
-    else if (f == "--symbol") o.symbol = a.value();
-    else if (f == "--rma-table") o.table = a.number(11, 17);
-    else if (f == "--ranks") o.ranks = a.number(1, 8);
-    else if (f == "--dev") o.dev = a.number(0, 1023);
-    else if (f == "--mem") o.mem = a.value();
-    else if (f == "--only") o.only.push_back(a.value());
-    else if (f == "--skip") o.skip.push_back(a.value());
-    else if (f == "--soak") o.soakOps = a.number(1, 2000000000);
-    else if (f == "--timeout") o.timeoutSec = a.number(1, 86400);
-    else if (f == "--dead-bound") o.deadBoundSec = a.number(1, 3600);
-    else if (f == "--verbose") o.verbose = true;
+    if (f == "--plugin") o->plugin = a.value();
+    else if (f == "--symbol") o->symbol = a.value();
+    else if (f == "--rma-table") o->table = a.number(11, 17);
+    else if (f == "--ranks") o->ranks = a.number(bench ? 2 : 1, 8);
+    else if (f == "--dev") o->dev = a.number(0, 1023);
+    else if (bench) a.unknown();
+    else if (f == "--mem") o->mem = a.value();
+    else if (f == "--only") o->only.push_back(a.value());
+    else if (f == "--skip") o->skip.push_back(a.value());
+    else if (f == "--soak") o->soakOps = a.number(1, 2000000000);
+    else if (f == "--timeout") o->timeoutSec = a.number(1, 86400);
+    else if (f == "--dead-bound") o->deadBoundSec = a.number(1, 3600);
+    else if (f == "--verbose") o->verbose = true;
     else if (f == "--list") return weft::harness::listRmaChecks();
     else a.unknown();
   }
+  return -1;
+}
+
+// weft conformance --rma: the device API's proxy table.
+int rmaConformance(int argc, char** argv) {
+  weft::harness::RmaOptions o;
+  if (int rc = parseRmaOptions("weft conformance --rma", false, argc, argv, &o); rc >= 0) return rc;
   if (o.plugin.empty()) {
     std::fprintf(stderr, "weft conformance --rma: --plugin FILE is required\n");
     return 2;
@@ -233,17 +241,7 @@ int diff(int argc, char** argv) {
 
 int rmaBench(int argc, char** argv) {
   weft::harness::RmaOptions o;
-  weft::harness::Args a("weft bench --rma", argc, argv, 2);
-  while (a.next()) {
-    const std::string& f = a.flag();
-    if (f == "--rma") continue;
-    if (f == "--plugin") o.plugin = a.value();
-    else if (f == "--symbol") o.symbol = a.value();
-    else if (f == "--rma-table") o.table = a.number(11, 17);
-    else if (f == "--ranks") o.ranks = a.number(2, 8);
-    else if (f == "--dev") o.dev = a.number(0, 1023);
-    else a.unknown();
-  }
+  if (int rc = parseRmaOptions("weft bench --rma", true, argc, argv, &o); rc >= 0) return rc;
   if (o.plugin.empty()) o.plugin = defaultPlugin();
   return weft::harness::runRmaBench(o);
 }
