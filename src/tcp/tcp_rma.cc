@@ -18,8 +18,6 @@
 namespace weft::tcp {
 namespace {
 
-constexpr size_t kOpChunk = 64;
-constexpr size_t kMaxOps = size_t{1} << 20;       // far above NCCL's bound (32 x maxRecvs a context and rank)
 constexpr size_t kInBuffer = 16 << 10;             // a socket's staging buffer: frames and small payloads
 constexpr size_t kGpuStage = 256 << 10;            // a GPU payload's chunks, each way
 constexpr size_t kDirectMin = 4096;                // host payloads from this size are received in place
@@ -43,7 +41,7 @@ const char* frameName(uint8_t t) {
 }  // namespace
 
 TcpRmaComm::TcpRmaComm(int rank, int nranks, std::vector<RmaPeer> peers, const DeviceProps& props, size_t writeMax)
-    : rank_(rank), nranks_(nranks), props_(props), writeMax_(writeMax), peers_(std::move(peers)) {
+    : CommBase(rank, nranks, props), writeMax_(writeMax), peers_(std::move(peers)) {
   for (auto& p : peers_) {
     if (p.fd >= 0) p.in.resize(kInBuffer);
   }
@@ -53,157 +51,39 @@ TcpRmaComm::~TcpRmaComm() {
   for (auto& p : peers_) {
     if (p.fd >= 0) ::close(p.fd);
   }
-  for (auto* w : windows_) delete w;
-  for (auto* c : contexts_) delete c;
 }
 
 size_t TcpRmaComm::opsInUse() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return inUse_;
+  return pool_.inUse();
 }
 
 // ---- requests ------------------------------------------------------------------------------------------------------
 
 Op* TcpRmaComm::takeOp() {
-  if (free_.empty()) {
-    if (chunks_.size() * kOpChunk >= kMaxOps) return nullptr;
-    auto chunk = std::make_unique<Op[]>(kOpChunk);
-    const uint32_t base = static_cast<uint32_t>(chunks_.size() * kOpChunk);
-    for (size_t i = 0; i < kOpChunk; ++i) {
-      chunk[i].index = base + static_cast<uint32_t>(i);
-      chunk[i].comm = this;
-    }
-    for (size_t i = kOpChunk; i-- > 0;) free_.push_back(&chunk[i]);
-    chunks_.push_back(std::move(chunk));
-  }
-  Op* op = free_.back();
-  free_.pop_back();
-  const uint32_t index = op->index, gen = op->gen;
-  *op = Op{};
-  op->index = index;
-  op->gen = gen;
-  op->comm = this;
-  op->magic = rma::kRequestMagic;
-  ++inUse_;
+  Op* op = pool_.take();
+  if (op != nullptr) op->comm = this;
   return op;
 }
 
-void TcpRmaComm::freeOp(Op* op) {
-  op->magic = 0;
-  op->state = Op::kFree;
-  ++op->gen;  // an answer still on its way for it finds no one
-  free_.push_back(op);
-  --inUse_;
-}
-
-// ---- checks ---------------------------------------------------------------------------------------------------------
-
-Status TcpRmaComm::checkContext(rma::Context* ctx, int context, uint32_t rank, const char* what) const {
-  if (ctx == nullptr || ctx->magic_ != rma::kContextMagic || ctx->comm != this) {
-    WEFT_WARN("RMA {}: {} is not a live context of this comm", what, static_cast<void*>(ctx));
-    return Status::kInternal;
-  }
-  if (context < 0 || context >= ctx->nContexts) {
-    WEFT_WARN("RMA {}: context {} outside the block's {}", what, context, ctx->nContexts);
-    return Status::kInternal;
-  }
-  if (rank >= static_cast<uint32_t>(nranks_)) {
-    WEFT_WARN("RMA {}: rank {} outside the communicator's {}", what, rank, nranks_);
-    return Status::kInvalidUsage;
-  }
-  return Status::kOk;
-}
-
-Status TcpRmaComm::checkWindow(const rma::Window* w, const char* what) const {
-  if (w == nullptr || w->magic_ != rma::kWindowMagic || w->owner != this) {
-    WEFT_WARN("RMA: {} {} is not a live window of this comm (deregistered, or not weft's)", what,
-              static_cast<const void*>(w));
-    return Status::kInvalidUsage;
-  }
-  return Status::kOk;
-}
-
-rma::Window* TcpRmaComm::windowById(uint32_t id) const {
-  if (id == 0 || id > windows_.size()) return nullptr;
-  return windows_[id - 1];
-}
-
-void TcpRmaComm::fail(const std::string& why, Status st) {
-  if (hasError_.load(std::memory_order_relaxed)) return;
-  hasError_.store(true, std::memory_order_release);
-  firstError_ = why;
-  firstErrorStatus_ = st;
-  WEFT_WARN("RMA (rank {} of {}): {}", rank_, nranks_, why);
-}
-
-bool TcpRmaComm::hasError(std::string* why) const {
-  if (!hasError_.load(std::memory_order_acquire)) return false;
-  if (why != nullptr) {
-    std::lock_guard<std::mutex> lock(mu_);
-    *why = firstError_;
-  }
-  return true;
-}
+void TcpRmaComm::freeOp(Op* op) { pool_.give(op); }
 
 // ---- set-up -----------------------------------------------------------------------------------------------------------
 
-Status TcpRmaComm::waitFor(const char* what, const std::function<bool()>& ready) {
-  const int64_t timeoutSec = params::getInt("WEFT_CONNECT_TIMEOUT");
-  const auto start = std::chrono::steady_clock::now();
-  auto pause = std::chrono::microseconds(20);
-  for (;;) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      for (uint32_t p = 0; p < peers_.size(); ++p) pump(p);
-      if (ready()) return Status::kOk;
-    }
-    if (timeoutSec > 0 && std::chrono::steady_clock::now() - start > std::chrono::seconds(timeoutSec)) {
-      WEFT_WARN("RMA (rank {} of {}): {} did not complete within WEFT_CONNECT_TIMEOUT={} s", rank_, nranks_, what,
-                timeoutSec);
-      return Status::kRemote;
-    }
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::microseconds(1000));
-  }
-}
-
 Status TcpRmaComm::regMrSym(void* data, size_t size, int type, uint64_t flags, int dmabufFd, rma::Window** out) {
   (void)dmabufFd;  // the driver's copies reach the memory whatever form NCCL also offers it in
-  if (out == nullptr || (data == nullptr && size > 0) || (type != rma::kPtrHost && type != rma::kPtrCuda)) {
-    WEFT_WARN("RMA regMrSym: {} bytes at {} of type {}: not host or CUDA memory weft can register", size, data, type);
-    return Status::kInvalidUsage;
-  }
-  if (type == rma::kPtrCuda) {
-    const char* why = nullptr;
-    if (cuda::deviceOfPointer(data, &why) < 0) {
-      WEFT_WARN("RMA regMrSym: {} is said to be GPU memory, but {}", data, why);
-      return Status::kInvalidUsage;
-    }
-  }
-  if ((flags & rma::kFlagSignalNeverReset) && size % 8 != 0) {
-    WEFT_WARN("RMA regMrSym: a signal region of {} bytes (SIGNAL_NEVER_RESET) is not a whole number of signals", size);
-    return Status::kInvalidUsage;
-  }
-  auto w = std::make_unique<rma::Window>();
-  w->base = static_cast<char*>(data);
-  w->size = size;
-  w->cuda = type == rma::kPtrCuda;
-  w->flags = flags;
-  w->owner = this;
-  w->peerSize.assign(static_cast<size_t>(nranks_), UINT64_MAX);
-  if (w->cuda && (flags & rma::kFlagSignalNeverReset)) w->shadow.assign(size / 8, 0);
+  std::unique_ptr<rma::Window> w;
+  if (Status st = newWindow(data, size, type, flags, &w); st != Status::kOk) return st;
   rma::Window* win = w.get();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    win->id = nextWindow_++;
-    win->peerSize[static_cast<size_t>(rank_)] = size;
+    addWindow(w.release());
     if (auto it = announced_.find(win->id); it != announced_.end()) {
       for (size_t r = 0; r < it->second.size(); ++r) {
         if (it->second[r] >= 0) win->peerSize[r] = static_cast<uint64_t>(it->second[r]);
       }
       announced_.erase(it);
     }
-    windows_.push_back(w.release());
     for (uint32_t p = 0; p < peers_.size(); ++p) {
       if (static_cast<int>(p) == rank_ || peers_[p].lost) continue;
       Op* op = takeOp();
@@ -233,9 +113,7 @@ Status TcpRmaComm::regMrSym(void* data, size_t size, int type, uint64_t flags, i
     }
   }
   if (st != Status::kOk) {
-    windows_[id - 1] = nullptr;
-    win->magic_ = 0;
-    delete win;
+    dropWindow(win);
     return st;
   }
   WEFT_INFO(NCCL_NET | NCCL_REG, "RMA: window {} registered: {} bytes of {} memory at {}{}", id, size,
@@ -247,7 +125,7 @@ Status TcpRmaComm::regMrSym(void* data, size_t size, int type, uint64_t flags, i
 Status TcpRmaComm::deregMrSym(rma::Window* w) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (w == nullptr || std::find(windows_.begin(), windows_.end(), w) == windows_.end()) {
+    if (!hasWindow(w)) {
       WEFT_WARN("RMA deregMrSym: {} is not a registered window of this comm", static_cast<void*>(w));
       return Status::kInvalidUsage;
     }
@@ -261,43 +139,20 @@ Status TcpRmaComm::deregMrSym(rma::Window* w) {
     }
     return false;
   };
-  Status st = waitFor("deregistering a window still in use", [&] { return !busy() || hasError_; });
+  Status st = waitFor("deregistering a window still in use", [&] { return !busy() || failed(); });
   std::lock_guard<std::mutex> lock(mu_);
   if (busy()) {
     WEFT_WARN("RMA deregMrSym: window {} is still used by {} operation(s); not deregistered", w->id, w->inflight);
     return st == Status::kOk ? Status::kInvalidUsage : st;
   }
-  windows_[w->id - 1] = nullptr;
-  w->magic_ = 0;
-  delete w;
-  return Status::kOk;
-}
-
-Status TcpRmaComm::createContext(int nContexts, std::vector<int> peers, rma::Context** out) {
-  if (out == nullptr || nContexts < 1 || nContexts > 65535) {
-    WEFT_WARN("RMA createContext: {} contexts asked (1 to 65535)", nContexts);
-    return Status::kInternal;
-  }
-  for (int p : peers) {
-    if (p < 0 || p >= nranks_) {
-      WEFT_WARN("RMA createContext: peer {} outside the communicator's {} ranks", p, nranks_);
-      return Status::kInternal;
-    }
-  }
-  auto* c = new rma::Context;
-  c->comm = this;
-  c->nContexts = nContexts;
-  c->peers = std::move(peers);
-  std::lock_guard<std::mutex> lock(mu_);
-  contexts_.push_back(c);
-  *out = c;
+  dropWindow(w);
   return Status::kOk;
 }
 
 Status TcpRmaComm::destroyContext(rma::Context* ctx) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (ctx == nullptr || std::find(contexts_.begin(), contexts_.end(), ctx) == contexts_.end()) {
+    if (!hasContext(ctx)) {
       WEFT_WARN("RMA destroyContext: {} is not a live context of this comm", static_cast<void*>(ctx));
       return Status::kInternal;
     }
@@ -330,9 +185,7 @@ Status TcpRmaComm::destroyContext(rma::Context* ctx) {
   });
   std::lock_guard<std::mutex> lock(mu_);
   // Gets still waiting for their answer: forgotten (the answer is read and dropped when it comes).
-  for (auto& chunk : chunks_) {
-    for (size_t i = 0; i < kOpChunk; ++i) {
-      Op& op = chunk[i];
+  pool_.forEach([&](Op& op) {
       if (op.state != Op::kFree && op.ctx == ctx) {
         if (op.src != nullptr && (op.state == Op::kQueued || op.state == Op::kWaiting)) --op.src->inflight;
         for (auto& p : peers_) {
@@ -344,11 +197,8 @@ Status TcpRmaComm::destroyContext(rma::Context* ctx) {
         }
         if (!queued) freeOp(&op);
       }
-    }
-  }
-  contexts_.erase(std::find(contexts_.begin(), contexts_.end(), ctx));
-  ctx->magic_ = 0;
-  delete ctx;
+  });
+  forgetContext(ctx);
   return st;
 }
 
@@ -422,33 +272,10 @@ Status TcpRmaComm::iput(rma::Context* ctx, int context, rma::Window* src, uint64
                         uint32_t optFlags, void** request) {
   if (request == nullptr) return Status::kInternal;
   std::lock_guard<std::mutex> lock(mu_);
-  if (Status st = checkContext(ctx, context, rank, signal ? "iputSignal" : "iput"); st != Status::kOk) return st;
-  if (size > 0) {
-    if (Status st = checkWindow(src, "source"); st != Status::kOk) return st;
-    if (Status st = checkWindow(dst, "destination"); st != Status::kOk) return st;
-    if (!rma::inRange(src->size, srcOff, size) || !rma::inRange(dst->peerSize[rank], dstOff, size)) {
-      WEFT_WARN("RMA iput: {} bytes from offset {} of window {} ({} bytes) to offset {} of rank {}'s part ({} bytes): "
-                "outside the windows",
-                size, srcOff, src->id, src->size, dstOff, rank, dst->peerSize[rank]);
-      return Status::kInvalidUsage;
-    }
-  }
-  if (signal != nullptr) {
-    if (Status st = checkWindow(signal->window, "signal"); st != Status::kOk) return st;
-    if (signal->op != rma::SignalOp::kInc && signal->op != rma::SignalOp::kAdd) {
-      WEFT_WARN("RMA iputSignal: signal operation {} is neither INC nor ADD", static_cast<int>(signal->op));
-      return Status::kInvalidUsage;
-    }
-    if (signal->off % 8 != 0 || !rma::inRange(signal->window->peerSize[rank], signal->off, 8)) {
-      WEFT_WARN("RMA iputSignal: signal at offset {} of window {} (rank {}'s part: {} bytes): not an aligned 8-byte "
-                "slot inside it",
-                signal->off, signal->window->id, rank, signal->window->peerSize[rank]);
-      return Status::kInvalidUsage;
-    }
-  }
+  if (Status st = checkPut(ctx, context, src, srcOff, size, dst, dstOff, rank, signal); st != Status::kOk) return st;
   Op* op = takeOp();
   if (op == nullptr) {
-    WEFT_WARN("RMA iput: more than {} operations in flight on one comm", kMaxOps);
+    WEFT_WARN("RMA iput: more than {} operations in flight on one comm", rma::OpPool<Op>::kMax);
     return Status::kSystem;
   }
   op->ctx = ctx;
@@ -492,14 +319,8 @@ Status TcpRmaComm::iget(rma::Context* ctx, int context, rma::Window* remote, uin
                         rma::Window* local, uint64_t localOff, uint32_t rank, uint32_t optFlags, void** request) {
   if (request == nullptr) return Status::kInternal;
   std::lock_guard<std::mutex> lock(mu_);
-  if (Status st = checkContext(ctx, context, rank, "iget"); st != Status::kOk) return st;
-  if (Status st = checkWindow(remote, "remote"); st != Status::kOk) return st;
-  if (Status st = checkWindow(local, "local"); st != Status::kOk) return st;
-  if (!rma::inRange(remote->peerSize[rank], remoteOff, size) || !rma::inRange(local->size, localOff, size)) {
-    WEFT_WARN("RMA iget: {} bytes from offset {} of rank {}'s part of window {} ({} bytes) to offset {} of window {} "
-              "({} bytes): outside the windows",
-              size, remoteOff, rank, remote->id, remote->peerSize[rank], localOff, local->id, local->size);
-    return Status::kInvalidUsage;
+  if (Status st = checkGet(ctx, context, remote, remoteOff, size, local, localOff, rank); st != Status::kOk) {
+    return st;
   }
   Op* op = takeOp();
   if (op == nullptr) return Status::kSystem;
@@ -605,9 +426,7 @@ void TcpRmaComm::lose(uint32_t peer, const std::string& why) {
   if (p.fd >= 0) ::close(p.fd);
   p.fd = -1;
   bool waiting = p.head != nullptr || p.inPayload;
-  for (auto& chunk : chunks_) {
-    for (size_t i = 0; i < kOpChunk && !waiting; ++i) waiting = chunk[i].state == Op::kWaiting && chunk[i].peer == peer;
-  }
+  pool_.forEach([&](Op& op) { waiting |= op.state == Op::kWaiting && op.peer == peer; });
   if (p.bye && !waiting) {
     WEFT_INFO(NCCL_NET, "RMA (rank {}): {} closed its comm", rank_, p.name);
     return;
@@ -629,16 +448,13 @@ void TcpRmaComm::lose(uint32_t peer, const std::string& why) {
   p.head = p.tail = nullptr;
   p.queued = 0;
   // Gets waiting for this peer's answers fail too.
-  for (auto& chunk : chunks_) {
-    for (size_t i = 0; i < kOpChunk; ++i) {
-      Op& op = chunk[i];
+  pool_.forEach([&](Op& op) {
       if (op.state == Op::kWaiting && op.peer == peer) {
         if (op.src != nullptr) --op.src->inflight;
         op.state = Op::kFailed;
         op.status = Status::kRemote;
       }
-    }
-  }
+  });
   p.inPayload = false;
   p.dst = nullptr;
   p.getOp = nullptr;
@@ -920,7 +736,7 @@ bool TcpRmaComm::handleFrame(uint32_t peer) {
     }
     case RmaFrame::kGetAnswer: {
       const uint32_t index = static_cast<uint32_t>(f.value), gen = static_cast<uint32_t>(f.value >> 32);
-      Op* op = index < chunks_.size() * kOpChunk ? &chunks_[index / kOpChunk][index % kOpChunk] : nullptr;
+      Op* op = pool_.find(index, gen);
       if (op != nullptr && op->gen == gen && op->state == Op::kWaiting && op->peer == peer &&
           op->frame.type == RmaFrame::kGetRequest) {
         if (f.size != op->frame.size) {
@@ -960,7 +776,7 @@ bool TcpRmaComm::handleFrame(uint32_t peer) {
                               " (" + statusName(st) + ")";
       if (f.value != 0 || what == RmaFrame::kGetRequest) {
         const uint32_t index = static_cast<uint32_t>(f.value), gen = static_cast<uint32_t>(f.value >> 32);
-        Op* op = index < chunks_.size() * kOpChunk ? &chunks_[index / kOpChunk][index % kOpChunk] : nullptr;
+        Op* op = pool_.find(index, gen);
         if (op != nullptr && op->gen == gen && op->state == Op::kWaiting && op->peer == peer) {
           if (op->src != nullptr) --op->src->inflight;
           op->state = Op::kFailed;

@@ -40,6 +40,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "rma/comm_base.h"
+#include "rma/op_pool.h"
 #include "rma/rma.h"
 #include "tcp/tcp_backend.h"
 
@@ -139,15 +141,12 @@ struct Op {
   TcpRmaComm* comm = nullptr;
 };
 
-class TcpRmaComm final : public rma::RmaComm {
+class TcpRmaComm final : public rma::CommBase {
  public:
   TcpRmaComm(int rank, int nranks, std::vector<RmaPeer> peers, const DeviceProps& props, size_t writeMax);
   ~TcpRmaComm() override;
-  int rank() const override { return rank_; }
-  int nranks() const override { return nranks_; }
   Status regMrSym(void* data, size_t size, int type, uint64_t flags, int dmabufFd, rma::Window** out) override;
   Status deregMrSym(rma::Window* w) override;
-  Status createContext(int nContexts, std::vector<int> peers, rma::Context** out) override;
   Status destroyContext(rma::Context* ctx) override;
   Status iput(rma::Context* ctx, int context, rma::Window* src, uint64_t srcOff, size_t size, rma::Window* dst,
               uint64_t dstOff, uint32_t rank, const rma::Signal* signal, uint32_t optFlags, void** request) override;
@@ -156,9 +155,7 @@ class TcpRmaComm final : public rma::RmaComm {
   Status iflush(rma::Context* ctx, int context, rma::Window* w, uint32_t rank, void** request) override;
   Status test(void* request, bool* done) override;
   Status progress() override;
-  bool hasError(std::string* why) const override;
   bool flushesAllPutsOnAnySignal() const override { return true; }
-  int maxRecvs() const override { return props_.maxRecvs; }
   void close() override;
 
   // For tests and the conformance harness: operations not yet returned to the pool.
@@ -167,40 +164,28 @@ class TcpRmaComm final : public rma::RmaComm {
  private:
   Op* takeOp();
   void freeOp(Op* op);
-  Status checkContext(rma::Context* ctx, int context, uint32_t rank, const char* what) const;
-  Status checkWindow(const rma::Window* w, const char* what) const;
   void enqueue(RmaPeer& p, Op* op);
   // Moves one peer's socket both ways; a lost peer fails what waits on it.
   void pump(uint32_t peer);
+  void pumpAll() override {
+    for (uint32_t p = 0; p < peers_.size(); ++p) pump(p);
+  }
   bool pumpSend(RmaPeer& p);
   bool pumpRecv(uint32_t peer);
   bool handleFrame(uint32_t peer);
   bool payloadDone(uint32_t peer);
   void sendError(uint32_t peer, const RmaFrame& refused, Status st, uint64_t token);
   void lose(uint32_t peer, const std::string& why);
-  void fail(const std::string& why, Status st);
   Status putLocal(rma::Window* src, uint64_t srcOff, size_t size, rma::Window* dst, uint64_t dstOff,
                   const rma::Signal* signal);
-  rma::Window* windowById(uint32_t id) const;
-  Status waitFor(const char* what, const std::function<bool()>& ready);
 
-  const int rank_, nranks_;
-  const DeviceProps props_;
   const size_t writeMax_;
-  mutable std::mutex mu_;  // guards everything below (see the file comment)
+  // Guarded by mu_ (CommBase).
   std::vector<RmaPeer> peers_;  // indexed by rank; our own entry has no socket
-  std::vector<std::unique_ptr<Op[]>> chunks_;
-  std::vector<Op*> free_;
-  size_t inUse_ = 0;
-  std::vector<rma::Window*> windows_;  // by id - 1; nullptr once deregistered
-  uint32_t nextWindow_ = 1;
+  rma::OpPool<Op> pool_;
   // Registrations peers announced before this rank made its own: id -> (rank -> size).
   std::unordered_map<uint32_t, std::vector<int64_t>> announced_;
-  std::vector<rma::Context*> contexts_;
   bool cudaGetsSinceFlush_ = false;
-  std::atomic<bool> hasError_{false};  // read without the lock (queryLastError)
-  Status firstErrorStatus_ = Status::kOk;
-  std::string firstError_;
 };
 
 }  // namespace weft::tcp
