@@ -12,6 +12,7 @@
 #include "plugin/engine.h"
 #include "plugin/guarded.h"
 #include "plugin/live_objects.h"
+#include "fabric/fabric_rma.h"
 #include "rma/rma.h"
 #include "tcp/tcp_rma.h"
 #include "weft/common/log.h"
@@ -52,21 +53,28 @@ class RmaState {
  private:
   void choose() {
     const std::string& mode = params::getString("WEFT_RMA");
+    Backend* net = Engine::instance().backend();
+    const std::string netName = net != nullptr ? net->name() : "none";
+    // auto and on: the net backend's own transport where weft has one; on also falls back to weft's TCP sockets.
+    std::string which = mode;
+    if (mode == "auto" || mode == "on") {
+      which = netName == "libfabric" ? "fabric" : netName == "tcp" ? "tcp" : mode == "on" ? "tcp" : "";
+    }
+    std::string why;
     if (mode == "off") {
       declined_ = "WEFT_RMA=off";
+    } else if (which.empty()) {
+      declined_ = "WEFT_RMA=auto and the net backend is " + netName +
+                  " (weft's RMA runs over libfabric and its TCP sockets; WEFT_RMA=on uses the sockets)";
+    } else if (which == "fabric") {
+      transport_ = fabric::FabricRmaTransport::discover(&why);
+      if (transport_ == nullptr) declined_ = why;
     } else {
-      Backend* net = Engine::instance().backend();
-      if (mode == "auto" && (net == nullptr || std::strcmp(net->name(), "tcp") != 0)) {
-        declined_ = std::string("WEFT_RMA=auto and the net backend is ") + (net ? net->name() : "none") +
-                    " (weft's RMA runs over its TCP sockets; WEFT_RMA=on uses them anyway)";
-      } else {
-        std::string why;
-        transport_ = tcp::TcpRmaTransport::discover(&why);
-        if (transport_ == nullptr) declined_ = "no interface for its TCP sockets: " + why;
-      }
+      transport_ = tcp::TcpRmaTransport::discover(&why);
+      if (transport_ == nullptr) declined_ = "no interface for its TCP sockets: " + why;
     }
     if (transport_ != nullptr) {
-      WEFT_INFO(NCCL_INIT | NCCL_NET, "RMA: NCCL's device API through its proxy over weft's {} sockets, {} device(s)",
+      WEFT_INFO(NCCL_INIT | NCCL_NET, "RMA: NCCL's device API through its proxy over weft's {} transport, {} device(s)",
                 transport_->name(), transport_->deviceCount());
     } else {
       WEFT_INFO(NCCL_INIT | NCCL_NET, "RMA: weft offers no devices to the device API: {}", declined_);

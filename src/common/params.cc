@@ -48,11 +48,12 @@ const std::vector<Def> kDefs = {
    "Which NICs/domains become NCCL devices: comma-separated name prefixes, '^' to exclude, '=' for exact names "
    "(NCCL_SOCKET_IFNAME syntax). Empty: every domain except loopback and container bridges (loopback is used "
    "only when nothing else exists)."},
-  {"WEFT_RMA", Kind::kChoice, "auto", 0, 0, "auto|on|off",
-   "NCCL's device API through its CPU proxy (the GIN v11-v12 and RMA v13-v17 tables in libnccl-net-weft.so): on = "
-   "over weft's own TCP sockets on the interfaces WEFT_IFACE selects, whatever the net backend; auto = on when the "
-   "net backend is tcp (where nothing else offers it), else off (NCCL then uses its own InfiniBand proxy, or "
-   "aws-ofi-nccl's on EFA); off = 0 devices, NCCL looks elsewhere."},
+  {"WEFT_RMA", Kind::kChoice, "auto", 0, 0, "auto|on|off|fabric|tcp",
+   "NCCL's device API through its CPU proxy (the GIN v11-v12 and RMA v13-v17 tables in libnccl-net-weft.so): auto = "
+   "over the net backend's own transport where weft has one (libfabric: RMA writes and reads on WEFT_PROVIDER's "
+   "devices; tcp: weft's TCP sockets), else off (verbs: NCCL then uses its own InfiniBand proxy); on = the same, "
+   "with weft's TCP sockets where the net backend has none; fabric or tcp = that transport whatever the net "
+   "backend; off = 0 devices, NCCL looks elsewhere."},
   {"WEFT_TCP_SOCKBUF", Kind::kInt, "0", 0, 1 << 30, nullptr,
    "Native TCP backend: SO_SNDBUF and SO_RCVBUF of every data socket, in bytes (the kernel doubles the value and "
    "caps it at net.core.wmem_max/rmem_max). 0: the kernel's autotuning (net.ipv4.tcp_wmem/tcp_rmem), which grows "

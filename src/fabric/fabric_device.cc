@@ -32,13 +32,14 @@ namespace {
 
 constexpr uint32_t kApiVersion = FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION);
 
-InfoPtr makeHints(const std::string& provider, bool directed, bool manualProgress, bool hmem, bool rma) {
+InfoPtr makeHints(const std::string& provider, bool directed, bool manualProgress, bool hmem, bool rma,
+                  uint64_t extraCaps = 0) {
   InfoPtr hints(fi_allocinfo());
   if (!hints) return hints;
   // RMA reads: the read-back flush after receives into GPU memory (FabricRecvComm::iflush).
   hints->caps = FI_TAGGED | FI_SEND | FI_RECV | (directed ? FI_DIRECTED_RECV : 0) |
                 (hmem ? FI_HMEM | FI_RMA | FI_READ | FI_REMOTE_READ : 0) |
-                (rma ? FI_RMA | FI_WRITE | FI_REMOTE_WRITE | FI_READ | FI_REMOTE_READ : 0);
+                (rma ? FI_RMA | FI_WRITE | FI_REMOTE_WRITE | FI_READ | FI_REMOTE_READ : 0) | extraCaps;
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
   hints->ep_attr->type = FI_EP_RDM;
   hints->domain_attr->threading = FI_THREAD_SAFE;
@@ -150,6 +151,35 @@ std::vector<Candidate> probe(const std::string& provider, std::string* why) {
   if (rc != 0) {
     *why = "fi_getinfo(" + (provider.empty() ? std::string("any provider") : provider) +
            ", reliable tagged endpoints): " + fi_strerror(-rc);
+    return out;
+  }
+  InfoPtr owner(list);
+  out = candidatesFrom(list, provider, wantHmem);
+  if (out.empty()) *why = "no domain of " + (provider.empty() ? std::string("any provider") : provider);
+  return out;
+}
+
+std::vector<Candidate> probeRma(const std::string& provider, std::string* why) {
+  applyProviderDefaults();
+  std::vector<Candidate> out;
+  fi_info* list = nullptr;
+  int rc = -FI_ENODATA;
+  // RMA reads and writes are required; atomics, GPU memory and manual progress are asked for first, then relaxed.
+  const bool wantHmem = cuda::compiledIn() && params::getString("WEFT_GDR") != "0";
+  for (int attempt = 0; attempt < 8 && rc != 0; ++attempt) {
+    const bool atomics = (attempt & 1) == 0;
+    const bool hmem = wantHmem && (attempt & 2) == 0;
+    if (!wantHmem && (attempt & 2) == 0) continue;
+    InfoPtr hints = makeHints(provider, false, (attempt & 4) == 0, hmem, true, atomics ? FI_ATOMIC : 0);
+    if (!hints) {
+      *why = "fi_allocinfo failed";
+      return out;
+    }
+    rc = fi_getinfo(kApiVersion, nullptr, nullptr, 0, hints.get(), &list);
+  }
+  if (rc != 0) {
+    *why = "fi_getinfo(" + (provider.empty() ? std::string("any provider") : provider) +
+           ", reliable endpoints with RMA reads and writes): " + fi_strerror(-rc);
     return out;
   }
   InfoPtr owner(list);
@@ -394,15 +424,25 @@ Status FabricDevice::registerRange(uintptr_t base, size_t len, int type, int dma
   // Host buffers need no registration where the provider asks for none, unless the peer writes into them (or
   // flushes read them back: WEFT_FLUSH=all).
   if (hostOnly && !localMr_ && !rdma_ && !flushHost_) return Status::kOk;
+  const uint64_t access = FI_SEND | FI_RECV | (rdma_ ? FI_WRITE | FI_REMOTE_WRITE : 0) |
+                          ((type == NCCL_PTR_CUDA || dmabufFd >= 0 || flushHost_) && canReadBack_ ? FI_REMOTE_READ : 0);
+  fid_mr* mr = nullptr;
+  if (Status st = registerAccess(base, len, type, dmabufFd, dmabufOffset, access, &mr); st != Status::kOk) return st;
+  entry->backendMr = mr;
+  entry->desc = fi_mr_desc(mr);
+  entry->key = fi_mr_key(mr);
+  return Status::kOk;
+}
+
+Status FabricDevice::registerAccess(uintptr_t base, size_t len, int type, int dmabufFd, uint64_t dmabufOffset,
+                                    uint64_t access, fid_mr** out) {
   Status st = open();
   if (st != Status::kOk) return st;
-
   fi_mr_attr attr{};
   iovec iov{reinterpret_cast<void*>(base), len};
   attr.mr_iov = &iov;
   attr.iov_count = 1;
-  attr.access = FI_SEND | FI_RECV | (rdma_ ? FI_WRITE | FI_REMOTE_WRITE : 0) |
-                ((type == NCCL_PTR_CUDA || dmabufFd >= 0 || flushHost_) && canReadBack_ ? FI_REMOTE_READ : 0);
+  attr.access = access;
   attr.iface = FI_HMEM_SYSTEM;
   // Keys are ours to choose unless the provider assigns them; they must be unique within the domain.
   attr.requested_key = nextKey();
@@ -444,9 +484,7 @@ Status FabricDevice::registerRange(uintptr_t base, size_t len, int type, int dma
               props_.name, fi_strerror(-rc));
     return Status::kSystem;
   }
-  entry->backendMr = mr;
-  entry->desc = fi_mr_desc(mr);
-  entry->key = fi_mr_key(mr);
+  *out = mr;
   return Status::kOk;
 }
 

@@ -27,6 +27,9 @@ const std::vector<std::string>& defaultProviders();
 // fi_getinfo for reliable, tagged endpoints of `provider` (empty: every provider), one entry per domain, IPv4
 // preferred over IPv6. Never throws; on failure returns nothing and says why.
 std::vector<Candidate> probe(const std::string& provider, std::string* why);
+// The same for the device API's RMA (fabric/fabric_rma.h): RMA reads and writes required; atomics, GPU memory and
+// manual progress preferred.
+std::vector<Candidate> probeRma(const std::string& provider, std::string* why);
 // The candidates in a list fi_getinfo returned (or one recorded from a host): reliable-datagram tagged endpoints of
 // `provider`, one per domain, IPv4 before IPv6, link-local-only domains left out; GPU memory advertised where
 // `wantHmem`, the provider offers FI_HMEM and RMA reads, and a CUDA driver is present.
@@ -118,6 +121,10 @@ class FabricDevice final : public Registrar {
   Status registerRange(uintptr_t base, size_t len, int type, int dmabufFd, uint64_t dmabufOffset,
                        MrEntry* entry) override;
   void deregisterRange(MrEntry* entry) noexcept override;
+  // One registration of [base, base+len) with the given access (FI_*), memory `type` (NCCL_PTR_*), through a
+  // DMA-BUF where dmabufFd >= 0: what registerRange does for the net table, and the RMA windows with their own access.
+  Status registerAccess(uintptr_t base, size_t len, int type, int dmabufFd, uint64_t dmabufOffset, uint64_t access,
+                        fid_mr** out);
 
  private:
   int index_;

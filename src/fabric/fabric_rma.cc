@@ -1,0 +1,579 @@
+// SPDX-License-Identifier: Apache-2.0
+// The device API's RMA over libfabric: the data path (fabric_rma.h says how it works).
+#include "fabric/fabric_rma.h"
+
+#include <rdma/fi_rma.h>
+#include <rdma/fi_tagged.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "weft/common/cuda_shim.h"
+#include "weft/common/log.h"
+
+namespace weft::fabric {
+namespace {
+
+constexpr int kCqBatch = 64;
+constexpr int64_t kStallCheckMs = 100;
+
+const char* msgName(uint8_t t) {
+  switch (t) {
+    case RmaMsg::kHello: return "hello";
+    case RmaMsg::kRecord: return "window record";
+    case RmaMsg::kSignal: return "signal";
+    case RmaMsg::kError: return "error";
+    default: return "unknown message";
+  }
+}
+
+}  // namespace
+
+int64_t FabricRmaComm::nowMs() const {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+RmaMsg FabricRmaComm::msg(uint8_t type) const {
+  RmaMsg m{};
+  m.check = check_;
+  m.type = type;
+  return m;
+}
+
+size_t FabricRmaComm::opsInUse() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pool_.inUse();
+}
+
+FabricRmaComm::WindowReg* FabricRmaComm::regOf(const rma::Window* w) const {
+  auto it = regs_.find(w);
+  return it == regs_.end() ? nullptr : it->second.get();
+}
+
+// ---- requests -------------------------------------------------------------------------------------------------------
+
+RmaOp* FabricRmaComm::takeOp(rma::Context* ctx, uint32_t peer) {
+  RmaOp* op = pool_.take();
+  if (op == nullptr) {
+    WEFT_WARN("RMA: more than {} operations in flight on one comm", rma::OpPool<RmaOp>::kMax);
+    return nullptr;
+  }
+  op->comm = this;
+  op->ctx = ctx;
+  op->peer = peer;
+  op->state = RmaOp::kActive;
+  op->startMs = nowMs();
+  op->data.kind = RmaCtx::kData;
+  return op;
+}
+
+void FabricRmaComm::release(RmaOp* op) {
+  if (op->pending > 0) {
+    op->magic = 0;  // NCCL no longer holds it; the provider still does
+    op->state = RmaOp::kOrphan;
+    return;
+  }
+  if (op->local != nullptr) --op->local->inflight;
+  op->local = nullptr;
+  pool_.give(op);
+}
+
+void FabricRmaComm::opDone(RmaOp* op, bool ok, Status st) {
+  if (op->pending > 0) --op->pending;
+  if (!ok && op->state == RmaOp::kActive) {
+    op->state = RmaOp::kFailed;
+    op->status = st;
+  }
+  if (op->pending > 0) return;
+  if (op->local != nullptr) {
+    --op->local->inflight;
+    op->local = nullptr;
+  }
+  if (op->state == RmaOp::kActive) op->state = RmaOp::kDone;
+  if (op->state == RmaOp::kOrphan) pool_.give(op);
+}
+
+Status FabricRmaComm::iput(rma::Context* ctx, int context, rma::Window* src, uint64_t srcOff, size_t size,
+                           rma::Window* dst, uint64_t dstOff, uint32_t rank, const rma::Signal* signal,
+                           uint32_t optFlags, void** request) {
+  (void)optFlags;  // every operation is handed to the provider at once
+  if (request == nullptr) return Status::kInternal;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (Status st = checkPut(ctx, context, src, srcOff, size, dst, dstOff, rank, signal); st != Status::kOk) return st;
+  if (size > maxMsg_) {
+    WEFT_WARN("RMA iput: {} bytes in one put; {} carries at most {} in one write", size, dev_.props().provider, maxMsg_);
+    return Status::kInvalidUsage;
+  }
+  RmaOp* op = takeOp(ctx, rank);
+  if (op == nullptr) return Status::kSystem;
+  *request = op;
+  RmaPeer& p = peers_[rank];
+  if (p.lost) {
+    op->state = RmaOp::kFailed;
+    op->status = Status::kRemote;
+    return Status::kOk;
+  }
+  if (size > 0) {
+    WindowReg* sr = regOf(src);
+    WindowReg* dr = regOf(dst);
+    const RmaRemote& to = dr->remote[rank];
+    iovec iov{src->base + srcOff, size};
+    void* desc = sr->desc;
+    fi_rma_iov rma{to.addr + dstOff, size, to.key};
+    fi_msg_rma m{};
+    m.msg_iov = &iov;
+    m.desc = &desc;
+    m.iov_count = 1;
+    m.addr = p.addr;
+    m.rma_iov = &rma;
+    m.rma_iov_count = 1;
+    m.context = &op->data.fi;
+    m.data = static_cast<uint64_t>(rank_);
+    ssize_t rc;
+    // The provider pushing back (its queue full) is waited out here: NCCL's proxy cannot take a NULL request back.
+    const int64_t until = nowMs() + peerTimeoutMs_;
+    while ((rc = fi_writemsg(ep_->ep.get(), &m, FI_REMOTE_CQ_DATA | FI_COMPLETION)) == -FI_EAGAIN &&
+           nowMs() < until) {
+      readCompletions();
+    }
+    if (rc != 0) {
+      WEFT_WARN("RMA iput: fi_writemsg of {} bytes to rank {} failed: {}", size, rank, fi_strerror(static_cast<int>(-rc)));
+      op->state = RmaOp::kFailed;
+      op->status = rc == -FI_EAGAIN ? Status::kRemote : Status::kSystem;
+      return Status::kOk;
+    }
+    ++p.issued;
+    ++op->pending;
+    op->local = src;
+    ++src->inflight;
+  }
+  if (signal != nullptr) {
+    RmaMsg m = msg(RmaMsg::kSignal);
+    m.origin = static_cast<uint32_t>(rank_);
+    m.window = signal->window->id;
+    m.signalOp = static_cast<uint8_t>(signal->op);
+    m.a = signal->off;
+    m.b = signal->value;
+    m.c = p.issued;  // every write to that rank so far, this put's own included
+    ++op->pending;
+    sendCtl(rank, m, op);
+  }
+  if (op->pending == 0) op->state = RmaOp::kDone;
+  return Status::kOk;
+}
+
+Status FabricRmaComm::iget(rma::Context* ctx, int context, rma::Window* remote, uint64_t remoteOff, size_t size,
+                           rma::Window* local, uint64_t localOff, uint32_t rank, uint32_t optFlags, void** request) {
+  (void)optFlags;
+  if (request == nullptr) return Status::kInternal;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (Status st = checkGet(ctx, context, remote, remoteOff, size, local, localOff, rank); st != Status::kOk) {
+    return st;
+  }
+  if (size > maxMsg_) {
+    WEFT_WARN("RMA iget: {} bytes in one get; {} carries at most {} in one read", size, dev_.props().provider, maxMsg_);
+    return Status::kInvalidUsage;
+  }
+  RmaOp* op = takeOp(ctx, rank);
+  if (op == nullptr) return Status::kSystem;
+  *request = op;
+  RmaPeer& p = peers_[rank];
+  if (p.lost) {
+    op->state = RmaOp::kFailed;
+    op->status = Status::kRemote;
+    return Status::kOk;
+  }
+  if (size == 0) {
+    op->state = RmaOp::kDone;
+    return Status::kOk;
+  }
+  WindowReg* lr = regOf(local);
+  WindowReg* rr = regOf(remote);
+  const RmaRemote& from = rr->remote[rank];
+  iovec iov{local->base + localOff, size};
+  void* desc = lr->desc;
+  fi_rma_iov rma{from.addr + remoteOff, size, from.key};
+  fi_msg_rma m{};
+  m.msg_iov = &iov;
+  m.desc = &desc;
+  m.iov_count = 1;
+  m.addr = p.addr;
+  m.rma_iov = &rma;
+  m.rma_iov_count = 1;
+  m.context = &op->data.fi;
+  ssize_t rc;
+  const int64_t until = nowMs() + peerTimeoutMs_;
+  while ((rc = fi_readmsg(ep_->ep.get(), &m, FI_COMPLETION)) == -FI_EAGAIN && nowMs() < until) readCompletions();
+  if (rc != 0) {
+    WEFT_WARN("RMA iget: fi_readmsg of {} bytes from rank {} failed: {}", size, rank, fi_strerror(static_cast<int>(-rc)));
+    op->state = RmaOp::kFailed;
+    op->status = rc == -FI_EAGAIN ? Status::kRemote : Status::kSystem;
+    return Status::kOk;
+  }
+  ++op->pending;
+  op->local = local;
+  ++local->inflight;
+  if (local->cuda) cudaGetsSinceFlush_ = true;
+  return Status::kOk;
+}
+
+Status FabricRmaComm::iflush(rma::Context* ctx, int context, rma::Window* w, uint32_t rank, void** request) {
+  if (request == nullptr) return Status::kInternal;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (Status st = checkContext(ctx, context, rank, "iflush"); st != Status::kOk) return st;
+  if (Status st = checkWindow(w, "flushed"); st != Status::kOk) return st;
+  RmaOp* op = takeOp(ctx, static_cast<uint32_t>(rank_));
+  if (op == nullptr) return Status::kSystem;
+  *request = op;
+  op->state = RmaOp::kDone;
+  if (!cudaGetsSinceFlush_ || !w->cuda || w->size < sizeof(uint64_t)) return Status::kOk;
+  cudaGetsSinceFlush_ = false;
+  // One word of the window read back through the NIC, from this rank to itself: it completes after the writes the
+  // NIC made to that memory before it.
+  WindowReg* reg = regOf(w);
+  iovec iov{&ctl_->flushSink, sizeof(uint64_t)};
+  void* desc = ctlDesc_;
+  fi_rma_iov rma{reg->remote[static_cast<size_t>(rank_)].addr, sizeof(uint64_t),
+                 reg->remote[static_cast<size_t>(rank_)].key};
+  fi_msg_rma m{};
+  m.msg_iov = &iov;
+  m.desc = &desc;
+  m.iov_count = 1;
+  m.addr = peers_[static_cast<size_t>(rank_)].addr;
+  m.rma_iov = &rma;
+  m.rma_iov_count = 1;
+  m.context = &op->data.fi;
+  ssize_t rc;
+  const int64_t until = nowMs() + peerTimeoutMs_;
+  while ((rc = fi_readmsg(ep_->ep.get(), &m, FI_COMPLETION)) == -FI_EAGAIN && nowMs() < until) readCompletions();
+  if (rc != 0) {
+    fail(std::string("a flush's read-back failed: ") + fi_strerror(static_cast<int>(-rc)), Status::kSystem);
+    op->state = RmaOp::kFailed;
+    op->status = Status::kSystem;
+    return Status::kOk;
+  }
+  op->state = RmaOp::kActive;
+  ++op->pending;
+  return Status::kOk;
+}
+
+Status FabricRmaComm::test(void* request, bool* done) {
+  auto* op = static_cast<RmaOp*>(request);
+  if (done == nullptr || op == nullptr || op->magic != rma::kRequestMagic || op->comm != this) {
+    WEFT_WARN("RMA test: {} is not a pending request of this comm (completed already, or not weft's)", request);
+    return Status::kInternal;
+  }
+  *done = false;
+  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+  if (!lock.owns_lock()) return Status::kOk;  // set-up holds the comm for a moment: NCCL calls again
+  if (op->state == RmaOp::kActive) pumpAll();
+  if (op->state == RmaOp::kDone) {
+    release(op);
+    *done = true;
+    return Status::kOk;
+  }
+  if (op->state == RmaOp::kFailed) {
+    const Status st = op->status;
+    release(op);
+    return st;
+  }
+  return Status::kOk;
+}
+
+Status FabricRmaComm::progress() {
+  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+  if (!lock.owns_lock()) return Status::kOk;
+  pumpAll();
+  return Status::kOk;
+}
+
+// ---- the completion queue --------------------------------------------------------------------------------------------
+
+void FabricRmaComm::pumpAll() {
+  readCompletions();
+  if (!recvRepost_.empty()) {
+    std::vector<uint32_t> slots;
+    slots.swap(recvRepost_);
+    for (uint32_t slot : slots) {
+      if (postRecv(slot) != Status::kOk) fail("a control receive could not be posted again", Status::kSystem);
+    }
+  }
+  if (!backlog_.empty()) flushBacklog();
+  const int64_t now = nowMs();
+  if (now - stallCheckMs_ >= kStallCheckMs) {
+    stallCheckMs_ = now;
+    checkStalls();
+  }
+}
+
+void FabricRmaComm::readCompletions() {
+  fi_cq_data_entry e[kCqBatch];
+  for (int round = 0; round < 16; ++round) {
+    ssize_t n = fi_cq_read(ep_->cq.get(), e, kCqBatch);
+    if (n > 0) {
+      for (ssize_t i = 0; i < n; ++i) {
+        onCompletion(static_cast<RmaCtx*>(e[i].op_context), true, Status::kOk, e[i].flags, e[i].data, {});
+      }
+      if (n < kCqBatch) return;
+      continue;
+    }
+    if (n == -FI_EAVAIL) {
+      fi_cq_err_entry err{};
+      if (fi_cq_readerr(ep_->cq.get(), &err, 0) != 1) return;
+      const char* detail = fi_cq_strerror(ep_->cq.get(), err.prov_errno, err.err_data, nullptr, 0);
+      const std::string why = std::string(fi_strerror(err.err)) + (detail != nullptr ? std::string(" (") + detail + ")" : "");
+      const Status st = err.err == FI_ECANCELED ? Status::kRemote
+                        : err.err == FI_EINVAL || err.err == FI_EACCES || err.err == FI_EKEYREJECTED
+                            ? Status::kInvalidUsage
+                            : Status::kRemote;
+      onCompletion(static_cast<RmaCtx*>(err.op_context), false, st, err.flags, err.data, why);
+      continue;
+    }
+    if (n != -FI_EAGAIN) fail(std::string("reading the completion queue failed: ") + fi_strerror(static_cast<int>(-n)), Status::kSystem);
+    return;
+  }
+}
+
+void FabricRmaComm::onCompletion(RmaCtx* c, bool ok, Status st, uint64_t flags, uint64_t data,
+                                 const std::string& err) {
+  // A write with completion data landing here: count it for its sender. Its context is none of ours (shm hands one
+  // of its own).
+  if (c == nullptr || (flags & FI_REMOTE_WRITE) != 0) {
+    if (ok && (flags & FI_REMOTE_CQ_DATA) != 0 && data < peers_.size()) {
+      RmaPeer& p = peers_[data];
+      ++p.landed;
+      p.heardMs = nowMs();
+      if (!p.waitingSignals.empty()) {
+        auto& w = p.waitingSignals;
+        for (size_t i = 0; i < w.size();) {
+          if (w[i].c <= p.landed) {
+            RmaMsg m = w[i];
+            w[i] = w.back();
+            w.pop_back();
+            applySignalMsg(m);
+          } else {
+            ++i;
+          }
+        }
+      }
+    } else if (!ok) {
+      fail("an error completion with no operation of ours: " + err, st);
+    }
+    return;
+  }
+  switch (c->kind) {
+    case RmaCtx::kCtlRecv: {
+      const uint32_t slot = c->slot;
+      if (ok) {
+        const RmaMsg m = ctl_->in[slot];
+        if (postRecv(slot) != Status::kOk) fail("a control receive could not be posted again", Status::kSystem);
+        onMessage(m);
+      } else if (st != Status::kRemote || err.find("Canceled") == std::string::npos) {
+        if (postRecv(slot) != Status::kOk) fail("a control receive could not be posted again: " + err, Status::kSystem);
+      }
+      return;
+    }
+    case RmaCtx::kCtlSend: {
+      const uint32_t slot = c->slot;
+      const uint32_t to = static_cast<uint32_t>(ctl_->out[slot].d >> 40);
+      RmaOp* owner = ctlOwner_[slot];
+      const uint32_t ownerGen = ctlOwnerGen_[slot];
+      ctlOwner_[slot] = nullptr;
+      ctlFree_.push_back(slot);
+      if (to < peers_.size()) {
+        if (ok) peers_[to].heardMs = nowMs();
+        if (!ok) lose(to, std::string("a ") + msgName(ctl_->out[slot].type) + " to it failed: " + err);
+      }
+      if (owner != nullptr && owner->gen == ownerGen) opDone(owner, ok, st);
+      return;
+    }
+    case RmaCtx::kData: {
+      // The op holding this context (its write, read or read-back).
+      RmaOp* op = reinterpret_cast<RmaOp*>(reinterpret_cast<char*>(c) - offsetof(RmaOp, data));
+      if (op->peer < peers_.size()) {
+        if (ok) peers_[op->peer].heardMs = nowMs();
+        if (!ok && op->state != RmaOp::kOrphan) {
+          if (st == Status::kInvalidUsage) {
+            fail("rank " + std::to_string(op->peer) + " refused an operation: " + err, st);
+          } else {
+            lose(op->peer, "an operation to it failed: " + err);
+          }
+        }
+      }
+      opDone(op, ok, st);
+      return;
+    }
+  }
+}
+
+// ---- control messages -------------------------------------------------------------------------------------------------
+
+Status FabricRmaComm::postRecv(uint32_t slot) {
+  ssize_t rc = fi_trecv(ep_->ep.get(), &ctl_->in[slot], sizeof(RmaMsg), ctlDesc_, FI_ADDR_UNSPEC, RmaMsg::kTag, 0,
+                        &ctlRecvCtx_[slot].fi);
+  if (rc == -FI_EAGAIN) {
+    recvRepost_.push_back(slot);  // posted again from the next pass
+    return Status::kOk;
+  }
+  if (rc != 0) {
+    WEFT_WARN("RMA: posting a control receive failed: {}", fi_strerror(static_cast<int>(-rc)));
+    return Status::kSystem;
+  }
+  return Status::kOk;
+}
+
+void FabricRmaComm::sendCtl(uint32_t peer, const RmaMsg& m, RmaOp* owner) {
+  if (backlog_.empty() && postCtl(peer, m, owner)) return;
+  backlog_.push_back(Backlog{peer, m, owner, owner != nullptr ? owner->gen : 0});
+}
+
+bool FabricRmaComm::postCtl(uint32_t peer, const RmaMsg& m, RmaOp* owner) {
+  if (ctlFree_.empty()) return false;
+  const uint32_t slot = ctlFree_.back();
+  RmaMsg& out = ctl_->out[slot];
+  out = m;
+  out.d = (out.d & ((uint64_t{1} << 40) - 1)) | (uint64_t{peer} << 40);  // whom it went to (not read by the peer)
+  ssize_t rc = fi_tsend(ep_->ep.get(), &out, sizeof(RmaMsg), ctlDesc_, peers_[peer].addr, RmaMsg::kTag,
+                        &ctlSendCtx_[slot].fi);
+  if (rc == -FI_EAGAIN) return false;
+  ctlFree_.pop_back();
+  if (rc != 0) {
+    ctlFree_.push_back(slot);
+    lose(peer, std::string("a ") + msgName(m.type) + " could not be sent: " + fi_strerror(static_cast<int>(-rc)));
+    if (owner != nullptr) opDone(owner, false, Status::kRemote);
+    return true;
+  }
+  ctlOwner_[slot] = owner;
+  ctlOwnerGen_[slot] = owner != nullptr ? owner->gen : 0;
+  return true;
+}
+
+void FabricRmaComm::flushBacklog() {
+  while (!backlog_.empty()) {
+    Backlog& b = backlog_.front();
+    RmaOp* owner = b.owner != nullptr && b.owner->gen == b.ownerGen ? b.owner : nullptr;
+    if (peers_[b.peer].lost) {
+      if (owner != nullptr) opDone(owner, false, Status::kRemote);
+      backlog_.pop_front();
+      continue;
+    }
+    if (!postCtl(b.peer, b.msg, owner)) return;
+    backlog_.pop_front();
+  }
+}
+
+void FabricRmaComm::onMessage(const RmaMsg& m) {
+  if (m.check != check_ || m.origin >= static_cast<uint32_t>(nranks_)) {
+    WEFT_WARN("RMA (rank {}): a message that is not this comm's (check {:#x}, origin {}): dropped", rank_, m.check,
+              m.origin);
+    return;
+  }
+  const uint32_t next = static_cast<uint32_t>((rank_ + 1) % nranks_);
+  switch (m.type) {
+    case RmaMsg::kHello:
+      if (m.a != static_cast<uint64_t>(nranks_)) {
+        fail("rank " + std::to_string(m.origin) + " joined a comm of " + std::to_string(m.a) + " ranks, this one has " +
+                 std::to_string(nranks_),
+             Status::kInvalidUsage);
+        return;
+      }
+      ++hellos_;
+      peers_[m.origin].heardMs = nowMs();
+      if (next != m.origin) sendCtl(next, m, nullptr);
+      return;
+    case RmaMsg::kRecord: {
+      peers_[m.origin].heardMs = nowMs();
+      if (rma::Window* w = windowById(m.window); w != nullptr) {
+        w->peerSize[m.origin] = m.b;
+        if (WindowReg* reg = regOf(w); reg != nullptr) reg->remote[m.origin] = RmaRemote{m.a, m.c};
+      } else if (m.window >= nextWindow_) {
+        early_[m.window][m.origin] = Early{RmaRemote{m.a, m.c}, m.b};
+      }
+      if (next != m.origin) sendCtl(next, m, nullptr);
+      return;
+    }
+    case RmaMsg::kSignal: {
+      RmaPeer& p = peers_[m.origin];
+      p.heardMs = nowMs();
+      if (m.c <= p.landed) {
+        applySignalMsg(m);
+      } else {
+        p.waitingSignals.push_back(m);
+      }
+      return;
+    }
+    case RmaMsg::kError: {
+      const Status st = static_cast<Status>(m.d >> 8 & 0xff);
+      fail("rank " + std::to_string(m.origin) + " refused a " + msgName(static_cast<uint8_t>(m.d & 0xff)) +
+               " for window " + std::to_string(m.window) + " (" + statusName(st) + ")",
+           st == Status::kOk ? Status::kRemote : st);
+      return;
+    }
+    default:
+      WEFT_WARN("RMA (rank {}): a message of unknown type {} from rank {}: dropped", rank_, m.type, m.origin);
+  }
+}
+
+bool FabricRmaComm::applySignalMsg(const RmaMsg& m) {
+  rma::Window* w = windowById(m.window);
+  std::string err;
+  Status st = Status::kOk;
+  if (w == nullptr || m.a % 8 != 0 || !rma::inRange(w->size, m.a, 8) ||
+      (m.signalOp != static_cast<uint8_t>(rma::SignalOp::kInc) &&
+       m.signalOp != static_cast<uint8_t>(rma::SignalOp::kAdd))) {
+    st = Status::kInvalidUsage;
+    err = "a signal for offset " + std::to_string(m.a) + " of window " + std::to_string(m.window) + " from rank " +
+          std::to_string(m.origin) + " names no signal slot of this rank";
+  } else if (!rma::applySignal(*w, m.a, static_cast<rma::SignalOp>(m.signalOp), m.b, &err)) {
+    st = Status::kSystem;
+    err = "a signal from rank " + std::to_string(m.origin) + " could not be applied: " + err;
+  }
+  if (st == Status::kOk) return true;
+  fail(err, st);
+  RmaMsg e = msg(RmaMsg::kError);
+  e.origin = static_cast<uint32_t>(rank_);
+  e.window = m.window;
+  e.d = (static_cast<uint64_t>(st) << 8) | RmaMsg::kSignal;
+  sendCtl(m.origin, e, nullptr);
+  return false;
+}
+
+// ---- failures ---------------------------------------------------------------------------------------------------------
+
+void FabricRmaComm::lose(uint32_t peer, const std::string& why) {
+  RmaPeer& p = peers_[peer];
+  if (p.lost) return;
+  p.lost = true;
+  fail("rank " + std::to_string(peer) + " is lost: " + why, Status::kRemote);
+  // What waits on it fails now; the provider's contexts stay with their ops until it returns them (perhaps never:
+  // shm keeps an operation for a dead process queued). Their windows are free to deregister: nothing moves to or
+  // from a lost peer any more.
+  pool_.forEach([&](RmaOp& op) {
+    if (op.peer != peer || op.pending == 0) return;
+    if (op.state == RmaOp::kActive) {
+      op.state = RmaOp::kFailed;
+      op.status = Status::kRemote;
+    }
+    if (op.local != nullptr) {
+      --op.local->inflight;
+      op.local = nullptr;
+    }
+  });
+  p.waitingSignals.clear();
+}
+
+void FabricRmaComm::checkStalls() {
+  const int64_t now = nowMs();
+  std::vector<uint32_t> stalled;
+  pool_.forEach([&](RmaOp& op) {
+    if (op.state != RmaOp::kActive || op.pending == 0 || op.peer >= peers_.size()) return;
+    const RmaPeer& p = peers_[op.peer];
+    if (!p.lost && now - std::max(op.startMs, p.heardMs) > peerTimeoutMs_) stalled.push_back(op.peer);
+  });
+  for (uint32_t peer : stalled) {
+    lose(peer, "no completion from it for " + std::to_string(peerTimeoutMs_ / 1000) + " s (WEFT_PEER_TIMEOUT)");
+  }
+}
+
+}  // namespace weft::fabric

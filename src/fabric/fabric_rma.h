@@ -1,0 +1,224 @@
+// SPDX-License-Identifier: Apache-2.0
+// The device API's RMA over libfabric (WEFT_RMA, docs/device-api.md): one reliable-datagram endpoint per collective
+// comm and device, shared by every context and window of the comm; a peer costs an address-vector entry and a few
+// counters, never an endpoint or a connection of weft's own (a connection-oriented provider such as rxm opens one
+// on first use, to the peers NCCL really talks to).
+//
+// - Listen opens the endpoint; its address goes in the handle, and connect inserts every rank's address at once.
+//   connect and regMrSym are collective: every rank's hello and window record (provider key, address, size) travels
+//   the ring of ranks (each forwards what its predecessor sent, until the record reaches the rank before its origin):
+//   each rank talks to its two neighbours only, N - 1 messages of 64 bytes for a comm of N.
+// - A put is an RMA write (fi_writemsg) carrying the initiator's rank as remote completion data; the target counts
+//   the writes that landed from each peer. A put with a signal is the write, then a signal message that says how
+//   many of the initiator's writes must have landed first: the target applies the signal (rma::applySignal) once
+//   its count got there. That keeps a signal behind its own put and behind every earlier put to the same target
+//   (every signal is strong), needs no atomics and no ordering of the provider's, and works where the target memory
+//   is GPU memory. (Atomics on the signal word are the other way: see docs/device-api.md for why not by default.)
+// - A get is an RMA read (fi_readmsg), done when its completion arrives.
+// - A flush after gets into GPU memory reads back one word of the window through the NIC (the read completes after
+//   the earlier writes the NIC made to that memory).
+//
+// Progress: manual where the provider allows it; NCCL's proxy calls test and progress, which read the endpoint's
+// completion queue (so a target applies signals while its proxy runs, as NCCL's own proxies need too).
+//
+// Failures: an error completion fails its request and, for an error of the path to the peer, loses the peer (what
+// waits on it fails, later operations to it fail at once). An operation the provider holds with no news from its
+// peer for WEFT_PEER_TIMEOUT seconds loses the peer as well (a dead process behind shm, a host gone silent). A
+// request that fails while the provider still holds its operation goes back to the pool only when the provider
+// returns it (its completion context stays valid).
+#pragma once
+
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "fabric/fabric_device.h"
+#include "fabric/fabric_raii.h"
+#include "rma/comm_base.h"
+#include "rma/op_pool.h"
+#include "rma/rma.h"
+
+namespace weft::fabric {
+
+// Every message of weft's own on an RMA endpoint: 64 bytes, one tag.
+struct RmaMsg {
+  static constexpr uint64_t kTag = 0x5746524d41000000ull;  // "WFRMA"
+  enum : uint8_t { kHello = 1, kRecord = 2, kSignal = 3, kError = 4 };
+  uint32_t check;   // the comm's check word (its id folded): another comm's message is dropped
+  uint8_t type;
+  uint8_t signalOp;  // signal: rma::SignalOp
+  uint16_t flags;    // record: the window's flags, bit 15 set for GPU memory
+  uint32_t origin;   // hello, record: the rank it is about; signal, error: the sender
+  uint32_t window;   // record: the window's id; signal: the signal's window; error: the window it named
+  uint64_t a;        // hello: nranks; record: the address peers name (0 where keys take offsets); signal: offset
+  uint64_t b;        // record: the size; signal: value
+  uint64_t c;        // record: the provider key; signal: how many of the sender's writes must have landed first
+  uint64_t d;        // error: status << 8 | the refused message's type
+  uint64_t reserved[2];
+};
+static_assert(sizeof(RmaMsg) == 64);
+
+// An endpoint with its completion queue and address vector (opened by listen, taken over by connect).
+struct RmaEndpoint {
+  FabricDevice* dev = nullptr;
+  // Acquisition order; destroyed in reverse (endpoint before its queues).
+  CqPtr cq;
+  AvPtr av;
+  EpPtr ep;
+  std::vector<uint8_t> name;
+  static Status open(FabricDevice& dev, int nranksHint, std::unique_ptr<RmaEndpoint>* out);
+};
+
+class FabricRmaTransport final : public rma::RmaTransport {
+ public:
+  // The devices WEFT_PROVIDER and WEFT_IFACE select, with RMA reads and writes; nullptr and `why` when none.
+  static std::unique_ptr<FabricRmaTransport> discover(std::string* why);
+  const char* name() const override { return "libfabric"; }
+  int deviceCount() const override { return static_cast<int>(devices_.size()); }
+  const DeviceProps& props(int dev) const override { return devices_.at(static_cast<size_t>(dev))->props(); }
+  Status listen(int dev, void* handle, rma::RmaListen** out) override;
+  Status connect(void* const* handles, int nranks, int rank, rma::RmaListen* listen, uint64_t commId,
+                 rma::RmaComm** out) override;
+
+ private:
+  std::vector<std::unique_ptr<FabricDevice>> devices_;
+};
+
+class FabricRmaComm;
+
+// A completion context: what the provider hands back (FI_CONTEXT2 storage first).
+struct RmaCtx {
+  fi_context2 fi{};
+  enum : uint8_t { kData, kCtlSend, kCtlRecv } kind = kData;
+  uint32_t slot = 0;  // control sends and receives: the slot
+};
+
+// A request (put, get, flush) and the provider operations it waits for.
+struct RmaOp {
+  uint32_t magic = 0;  // rma::kRequestMagic while NCCL holds it
+  uint32_t index = 0, gen = 0;
+  enum : uint8_t { kFree, kActive, kDone, kFailed, kOrphan } state = kFree;
+  Status status = Status::kOk;
+  uint8_t pending = 0;  // provider operations not completed yet (the write or read, the signal message)
+  uint32_t peer = 0;
+  rma::Context* ctx = nullptr;
+  rma::Window* local = nullptr;  // its source (put) or destination (get): counted in its inflight
+  int64_t startMs = 0;
+  RmaCtx data;  // the write, read or read-back (the signal message has a control slot's)
+  FabricRmaComm* comm = nullptr;
+};
+
+// One peer: its address and what this comm knows of its traffic.
+struct RmaPeer {
+  fi_addr_t addr = FI_ADDR_UNSPEC;
+  bool lost = false;
+  uint64_t issued = 0;   // writes this rank posted to it
+  uint64_t landed = 0;   // writes of its that landed here
+  int64_t heardMs = 0;   // the last completion of an operation to it, or message from it
+  std::vector<RmaMsg> waitingSignals;  // its signals whose writes have not all landed yet
+};
+
+// A window's registration, and every rank's key and address for it.
+struct RmaRemote {
+  uint64_t addr = 0, key = 0;
+};
+
+class FabricRmaComm final : public rma::CommBase {
+ public:
+  FabricRmaComm(int rank, int nranks, uint64_t commId, std::unique_ptr<RmaEndpoint> ep);
+  ~FabricRmaComm() override;
+  // Set-up after construction (connect): addresses in, receives posted, the ring of hellos.
+  Status start(const std::vector<std::vector<uint8_t>>& addrs);
+
+  Status regMrSym(void* data, size_t size, int type, uint64_t flags, int dmabufFd, rma::Window** out) override;
+  Status deregMrSym(rma::Window* w) override;
+  Status destroyContext(rma::Context* ctx) override;
+  Status iput(rma::Context* ctx, int context, rma::Window* src, uint64_t srcOff, size_t size, rma::Window* dst,
+              uint64_t dstOff, uint32_t rank, const rma::Signal* signal, uint32_t optFlags, void** request) override;
+  Status iget(rma::Context* ctx, int context, rma::Window* remote, uint64_t remoteOff, size_t size,
+              rma::Window* local, uint64_t localOff, uint32_t rank, uint32_t optFlags, void** request) override;
+  Status iflush(rma::Context* ctx, int context, rma::Window* w, uint32_t rank, void** request) override;
+  Status test(void* request, bool* done) override;
+  Status progress() override;
+  bool flushesAllPutsOnAnySignal() const override { return false; }
+  void close() override;
+
+  size_t opsInUse() const;
+
+ private:
+  static constexpr int kCtlSlots = 256;  // control messages out and receives posted, each
+  struct WindowReg {
+    MrPtr mr;
+    void* desc = nullptr;
+    std::vector<RmaRemote> remote;  // by rank
+  };
+  struct Ctl {
+    RmaMsg out[kCtlSlots];
+    RmaMsg in[kCtlSlots];
+    uint64_t flushSink;
+  };
+  struct Backlog {
+    uint32_t peer;
+    RmaMsg msg;
+    RmaOp* owner;
+    uint32_t ownerGen;
+  };
+
+  void pumpAll() override;
+  void readCompletions();
+  void onCompletion(RmaCtx* c, bool ok, Status st, uint64_t flags, uint64_t data, const std::string& err);
+  void onMessage(const RmaMsg& m);
+  bool applySignalMsg(const RmaMsg& m);
+  void sendCtl(uint32_t peer, const RmaMsg& m, RmaOp* owner);
+  void flushBacklog();
+  bool postCtl(uint32_t peer, const RmaMsg& m, RmaOp* owner);
+  Status postRecv(uint32_t slot);
+  void opDone(RmaOp* op, bool ok, Status st);
+  void lose(uint32_t peer, const std::string& why);
+  void checkStalls();
+  RmaOp* takeOp(rma::Context* ctx, uint32_t peer);
+  void release(RmaOp* op);  // back to the pool, or an orphan until the provider returns it
+  WindowReg* regOf(const rma::Window* w) const;
+  RmaMsg msg(uint8_t type) const;
+  int64_t nowMs() const;
+
+  const uint64_t commId_;
+  const uint32_t check_;
+  std::unique_ptr<RmaEndpoint> ep_;
+  FabricDevice& dev_;
+  // Guarded by mu_ (CommBase).
+  std::vector<RmaPeer> peers_;
+  rma::OpPool<RmaOp> pool_;
+  std::unique_ptr<Ctl> ctl_;
+  MrPtr ctlMr_;
+  void* ctlDesc_ = nullptr;
+  RmaCtx ctlSendCtx_[kCtlSlots];
+  RmaCtx ctlRecvCtx_[kCtlSlots];
+  RmaOp* ctlOwner_[kCtlSlots] = {};
+  uint32_t ctlOwnerGen_[kCtlSlots] = {};
+  std::vector<uint32_t> ctlFree_;
+  std::deque<Backlog> backlog_;
+  std::vector<uint32_t> recvRepost_;  // control receives the provider pushed back
+  std::unordered_map<const rma::Window*, std::unique_ptr<WindowReg>> regs_;
+  // Records of windows this rank has not registered yet: id -> rank -> (addr, key, size).
+  struct Early {
+    RmaRemote remote;
+    uint64_t size;
+  };
+  std::unordered_map<uint32_t, std::unordered_map<uint32_t, Early>> early_;
+  uint32_t hellos_ = 0;  // other ranks' hellos seen
+  bool cudaGetsSinceFlush_ = false;
+  int64_t stallCheckMs_ = 0;
+  int64_t peerTimeoutMs_;
+  size_t maxMsg_;
+};
+
+}  // namespace weft::fabric
