@@ -162,8 +162,8 @@ ncclResult_t getPropertiesImpl(int dev, P* props) {
     props->name = const_cast<char*>(d.name.c_str());
     props->pciPath = d.pciPath.empty() ? nullptr : const_cast<char*>(d.pciPath.c_str());
     props->guid = d.guid;
-    // GPU memory is reached through the driver's copies on the proxy's thread (no GPUDirect needed).
-    props->ptrSupport = NCCL_PTR_HOST | NCCL_PTR_CUDA;
+    // GPU memory: the TCP transport reaches it through the driver's copies; libfabric where the provider does (FI_HMEM).
+    props->ptrSupport = d.ptrSupport;
     props->speed = d.speedMbps;
     props->port = d.port;
     props->latency = d.latencyUs;

@@ -162,11 +162,12 @@ std::vector<Candidate> probe(const std::string& provider, std::string* why) {
 std::vector<Candidate> probeRma(const std::string& provider, std::string* why) {
   applyProviderDefaults();
   std::vector<Candidate> out;
-  fi_info* list = nullptr;
-  int rc = -FI_ENODATA;
   // RMA reads and writes are required; atomics, GPU memory and manual progress are asked for first, then relaxed.
+  // An answer is taken only when it has a domain of `provider` itself: asked for atomics, libfabric 2.x answers
+  // "tcp" with tcp;ofi_rxm alone (the native tcp has none).
   const bool wantHmem = cuda::compiledIn() && params::getString("WEFT_GDR") != "0";
-  for (int attempt = 0; attempt < 8 && rc != 0; ++attempt) {
+  int rc = -FI_ENODATA;
+  for (int attempt = 0; attempt < 8 && out.empty(); ++attempt) {
     const bool atomics = (attempt & 1) == 0;
     const bool hmem = wantHmem && (attempt & 2) == 0;
     if (!wantHmem && (attempt & 2) == 0) continue;
@@ -175,16 +176,17 @@ std::vector<Candidate> probeRma(const std::string& provider, std::string* why) {
       *why = "fi_allocinfo failed";
       return out;
     }
+    fi_info* list = nullptr;
     rc = fi_getinfo(kApiVersion, nullptr, nullptr, 0, hints.get(), &list);
+    if (rc != 0) continue;
+    InfoPtr owner(list);
+    out = candidatesFrom(list, provider, wantHmem);
   }
-  if (rc != 0) {
-    *why = "fi_getinfo(" + (provider.empty() ? std::string("any provider") : provider) +
-           ", reliable endpoints with RMA reads and writes): " + fi_strerror(-rc);
-    return out;
+  if (out.empty()) {
+    *why = rc != 0 ? "fi_getinfo(" + (provider.empty() ? std::string("any provider") : provider) +
+                         ", reliable endpoints with RMA reads and writes): " + fi_strerror(-rc)
+                   : "no domain of " + (provider.empty() ? std::string("any provider") : provider);
   }
-  InfoPtr owner(list);
-  out = candidatesFrom(list, provider, wantHmem);
-  if (out.empty()) *why = "no domain of " + (provider.empty() ? std::string("any provider") : provider);
   return out;
 }
 
@@ -370,7 +372,7 @@ Status FabricDevice::open() {
   opened_ = true;
   // weft opens one endpoint per NCCL context and device (one per connection with WEFT_FABRIC_SHARED_EP=0).
   size_t epCnt = info_->domain_attr->ep_cnt;
-  if (epCnt > 0 && epCnt < 1024) {
+  if (epCnt > 0 && epCnt < 1024 && !rmaOnly_) {
     WEFT_WARN("device {}: provider {} advertises at most {} endpoints per domain: enough for weft's shared "
               "endpoints (one per NCCL communicator and device), not for one per connection "
               "(WEFT_FABRIC_SHARED_EP=0){}",

@@ -60,6 +60,9 @@ class FabricDevice final : public Registrar {
   // rdma protocol needs it (docs/failover.md, "RMA failover").
   bool resetsPeers() const;
 
+  // A device of the device API's RMA transport (fabric/fabric_rma.h): one endpoint per comm, so the net table's
+  // warnings about endpoints per connection do not apply. Before open().
+  void markRma() { rmaOnly_ = true; }
   // Opens fabric + domain once; safe to call from several threads.
   Status open();
   fid_domain* domain() const { return domain_.get(); }
@@ -153,6 +156,7 @@ class FabricDevice final : public Registrar {
   std::atomic<int> writeLen_{-1};
   std::mutex measureMutex_;  // serializes the one measurement of writeLen_ (taken before openMutex_)
   bool opened_ = false;
+  bool rmaOnly_ = false;
   FabricPtr fabric_;
   DomainPtr domain_;
   MrCache cache_;  // declared last: destroyed first, while domain_ is still open

@@ -67,6 +67,7 @@ std::unique_ptr<FabricRmaTransport> FabricRmaTransport::discover(std::string* wh
     }
     const int index = static_cast<int>(t->devices_.size());
     t->devices_.push_back(std::make_unique<FabricDevice>(index, std::move(c)));
+    t->devices_.back()->markRma();
   }
   return t;
 }

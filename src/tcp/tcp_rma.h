@@ -87,13 +87,14 @@ class TcpRmaTransport final : public rma::RmaTransport {
   static std::unique_ptr<TcpRmaTransport> discover(std::string* why);
   const char* name() const override { return "tcp"; }
   int deviceCount() const override { return backend_->deviceCount(); }
-  const DeviceProps& props(int dev) const override { return backend_->props(dev); }
+  const DeviceProps& props(int dev) const override { return props_.at(static_cast<size_t>(dev)); }
   Status listen(int dev, void* handle, rma::RmaListen** out) override;
   Status connect(void* const* handles, int nranks, int rank, rma::RmaListen* listen, uint64_t commId,
                  rma::RmaComm** out) override;
 
  private:
   std::unique_ptr<TcpBackend> backend_;
+  std::vector<DeviceProps> props_;  // the backend's, with GPU memory
 };
 
 class TcpRmaComm;

@@ -85,6 +85,11 @@ std::unique_ptr<TcpRmaTransport> TcpRmaTransport::discover(std::string* why) {
   if (backend == nullptr) return nullptr;
   auto t = std::make_unique<TcpRmaTransport>();
   t->backend_ = std::move(backend);
+  // GPU windows are reached through the driver's copies on the proxy's thread (no GPUDirect needed).
+  for (int d = 0; d < t->backend_->deviceCount(); ++d) {
+    t->props_.push_back(t->backend_->props(d));
+    t->props_.back().ptrSupport |= rma::kPtrCuda;
+  }
   return t;
 }
 
