@@ -15,6 +15,7 @@
 #include "fabric/fabric_rma.h"
 #include "rma/rma.h"
 #include "tcp/tcp_rma.h"
+#include "weft/common/cuda_shim.h"
 #include "weft/common/log.h"
 #include "weft/common/params.h"
 #include "weft/nccl/rma.h"
@@ -34,6 +35,18 @@ void* toHandle(Object* o) { return o; }
 struct RmaInit {
   uint64_t commId = 0;
 };
+
+bool reachesGpu(const rma::RmaTransport& t) {
+  for (int d = 0; d < t.deviceCount(); ++d) {
+    if ((t.props(d).ptrSupport & NCCL_PTR_CUDA) != 0) return true;
+  }
+  return false;
+}
+bool socketProvider(const rma::RmaTransport& t) {
+  if (t.deviceCount() == 0) return false;
+  const std::string& p = t.props(0).provider;
+  return p.rfind("tcp", 0) == 0 || p.rfind("sockets", 0) == 0;
+}
 
 // The process's RMA transport, chosen once (WEFT_RMA), and the objects handed to NCCL by the calls off the data path,
 // so that those calls refuse what is not live without touching freed memory.
@@ -69,6 +82,18 @@ class RmaState {
     } else if (which == "fabric") {
       transport_ = fabric::FabricRmaTransport::discover(&why);
       if (transport_ == nullptr) declined_ = why;
+      // NCCL's device API puts and signals GPU memory. A provider over TCP sockets that cannot reach it (a libfabric
+      // built without CUDA, Debian's) leaves the device API to weft's own sockets, which reach it through the
+      // driver's copies; WEFT_RMA=fabric keeps libfabric anyway.
+      if (transport_ != nullptr && mode != "fabric" && !reachesGpu(*transport_) && socketProvider(*transport_) &&
+          cuda::driverPresent()) {
+        WEFT_INFO(NCCL_INIT | NCCL_NET,
+                  "RMA: provider {} does not reach GPU memory (no FI_HMEM); the device API goes over weft's TCP "
+                  "sockets instead (WEFT_RMA=fabric keeps libfabric)",
+                  transport_->props(0).provider);
+        transport_ = tcp::TcpRmaTransport::discover(&why);
+        if (transport_ == nullptr) declined_ = "no interface for its TCP sockets: " + why;
+      }
     } else {
       transport_ = tcp::TcpRmaTransport::discover(&why);
       if (transport_ == nullptr) declined_ = "no interface for its TCP sockets: " + why;

@@ -51,7 +51,8 @@ const std::vector<Def> kDefs = {
   {"WEFT_RMA", Kind::kChoice, "auto", 0, 0, "auto|on|off|fabric|tcp",
    "NCCL's device API through its CPU proxy (the GIN v11-v12 and RMA v13-v17 tables in libnccl-net-weft.so): auto = "
    "over the net backend's own transport where weft has one (libfabric: RMA writes and reads on WEFT_PROVIDER's "
-   "devices; tcp: weft's TCP sockets), else off (verbs: NCCL then uses its own InfiniBand proxy); on = the same, "
+   "devices, or weft's TCP sockets where a provider over TCP cannot reach GPU memory and a GPU is present; tcp: "
+   "weft's TCP sockets), else off (verbs: NCCL then uses its own InfiniBand proxy); on = the same, "
    "with weft's TCP sockets where the net backend has none; fabric or tcp = that transport whatever the net "
    "backend; off = 0 devices, NCCL looks elsewhere."},
   {"WEFT_TCP_SOCKBUF", Kind::kInt, "0", 0, 1 << 30, nullptr,

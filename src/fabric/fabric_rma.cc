@@ -138,9 +138,11 @@ Status FabricRmaComm::iput(rma::Context* ctx, int context, rma::Window* src, uin
       readCompletions();
     }
     if (rc != 0) {
-      WEFT_WARN("RMA iput: fi_writemsg of {} bytes to rank {} failed: {}", size, rank, fi_strerror(static_cast<int>(-rc)));
+      lose(rank, fmt::format("a write of {} bytes to it could not be posted: {}", size,
+                             rc == -FI_EAGAIN ? "the provider pushed back for WEFT_PEER_TIMEOUT"
+                                              : fi_strerror(static_cast<int>(-rc))));
       op->state = RmaOp::kFailed;
-      op->status = rc == -FI_EAGAIN ? Status::kRemote : Status::kSystem;
+      op->status = Status::kRemote;
       return Status::kOk;
     }
     ++p.issued;
@@ -206,9 +208,11 @@ Status FabricRmaComm::iget(rma::Context* ctx, int context, rma::Window* remote, 
   const int64_t until = nowMs() + peerTimeoutMs_;
   while ((rc = fi_readmsg(ep_->ep.get(), &m, FI_COMPLETION)) == -FI_EAGAIN && nowMs() < until) readCompletions();
   if (rc != 0) {
-    WEFT_WARN("RMA iget: fi_readmsg of {} bytes from rank {} failed: {}", size, rank, fi_strerror(static_cast<int>(-rc)));
+    lose(rank, fmt::format("a read of {} bytes from it could not be posted: {}", size,
+                           rc == -FI_EAGAIN ? "the provider pushed back for WEFT_PEER_TIMEOUT"
+                                            : fi_strerror(static_cast<int>(-rc))));
     op->state = RmaOp::kFailed;
-    op->status = rc == -FI_EAGAIN ? Status::kRemote : Status::kSystem;
+    op->status = Status::kRemote;
     return Status::kOk;
   }
   ++op->pending;

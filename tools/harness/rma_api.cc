@@ -14,14 +14,17 @@
 namespace weft::harness {
 namespace {
 
+bool gVerbose = false;  // set before the ranks fork, read only after
+
 void logger(ncclDebugLogLevel level, unsigned long, const char* file, int line, const char* fmt, ...) {
-  if (level != NCCL_LOG_WARN) return;
+  if (level != NCCL_LOG_WARN && (!gVerbose || level != NCCL_LOG_INFO)) return;
   char buf[2048];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(buf, sizeof(buf), fmt, ap);
   va_end(ap);
-  std::fprintf(stderr, "  [plugin WARN %s:%d] %s\n", file ? file : "?", line, buf);
+  std::fprintf(stderr, "  [plugin %s %s:%d] %s\n", level == NCCL_LOG_WARN ? "WARN" : "INFO", file ? file : "?", line,
+               buf);
 }
 
 template <typename T>
@@ -30,6 +33,8 @@ T* as(void* t) {
 }
 
 }  // namespace
+
+void setRmaVerbose(bool on) { gVerbose = on; }
 
 RmaApi* RmaApi::load(const std::string& file, const std::string& symbol, int version, std::string* why) {
   void* lib = dlopen(file.c_str(), RTLD_NOW | RTLD_LOCAL);

@@ -69,4 +69,7 @@ class RmaApi {
   void* lib_ = nullptr;
 };
 
+// The plugin's INFO lines too (weft conformance --rma --verbose), not only its warnings.
+void setRmaVerbose(bool on);
+
 }  // namespace weft::harness

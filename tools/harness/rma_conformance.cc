@@ -861,6 +861,7 @@ int listRmaChecks() {
 }
 
 int runRmaConformance(const RmaOptions& o) {
+  setRmaVerbose(o.verbose);
   if (o.ranks < 1 || o.ranks > kMaxRanks) {
     std::fprintf(stderr, "weft conformance --rma: --ranks wants 1 to %d\n", kMaxRanks);
     return 2;
