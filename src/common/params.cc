@@ -55,6 +55,10 @@ const std::vector<Def> kDefs = {
    "weft's TCP sockets), else off (verbs: NCCL then uses its own InfiniBand proxy); on = the same, "
    "with weft's TCP sockets where the net backend has none; fabric or tcp = that transport whatever the net "
    "backend; off = 0 devices, NCCL looks elsewhere."},
+  {"WEFT_RMA_INJECT", Kind::kBool, "1", 0, 1, nullptr,
+   "Device API over libfabric: send weft's own 64-byte messages (signals, window records) with fi_tinject where the "
+   "provider's inject size holds them (no completion to wait for); 0 = sends with completions, each held in one of "
+   "256 slots a comm."},
   {"WEFT_TCP_SOCKBUF", Kind::kInt, "0", 0, 1 << 30, nullptr,
    "Native TCP backend: SO_SNDBUF and SO_RCVBUF of every data socket, in bytes (the kernel doubles the value and "
    "caps it at net.core.wmem_max/rmem_max). 0: the kernel's autotuning (net.ipv4.tcp_wmem/tcp_rmem), which grows "

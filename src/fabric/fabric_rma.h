@@ -219,6 +219,7 @@ class FabricRmaComm final : public rma::CommBase {
   int64_t stallCheckMs_ = 0;
   int64_t peerTimeoutMs_;
   size_t maxMsg_;
+  bool inject_;  // control messages injected (the provider's inject size holds one; WEFT_RMA_INJECT)
 };
 
 }  // namespace weft::fabric

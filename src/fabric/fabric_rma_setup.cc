@@ -195,7 +195,8 @@ FabricRmaComm::FabricRmaComm(int rank, int nranks, uint64_t commId, std::unique_
       dev_(*ep_->dev),
       peers_(static_cast<size_t>(nranks)),
       peerTimeoutMs_(params::getInt("WEFT_PEER_TIMEOUT") * 1000),
-      maxMsg_(dev_.maxMsgSize() > 0 ? dev_.maxMsgSize() : SIZE_MAX) {
+      maxMsg_(dev_.maxMsgSize() > 0 ? dev_.maxMsgSize() : SIZE_MAX),
+      inject_(dev_.injectSize() >= sizeof(RmaMsg) && params::getBool("WEFT_RMA_INJECT")) {
   for (uint32_t i = 0; i < kCtlSlots; ++i) {
     ctlSendCtx_[i].kind = RmaCtx::kCtlSend;
     ctlSendCtx_[i].slot = i;

@@ -24,6 +24,7 @@ struct RmaOptions {
   int timeoutSec = 300;       // the whole run; a check still running then is reported as hung
   int deadBoundSec = 30;      // faults.dead_rank: a dead rank must fail requests within this
   bool verbose = false;
+  int procs = 0;  // weft bench --rma --procs P: the scale run, ranks / P a process as threads
 };
 
 // 0 all passed (skips allowed), 1 a check failed or hung, 2 the plugin could not be used.
@@ -32,5 +33,8 @@ int listRmaChecks();
 // weft bench --rma: put+signal round trip (ranks 0 and 1), put bandwidth (each rank to the next, 1 MiB puts, 32 in
 // flight) and signal rate (size-0 signals, 256 in flight), one line of figures.
 int runRmaBench(const RmaOptions& o);
+// weft bench --rma --procs P (tools/harness/rma_scale.cc): one comm of --ranks N (up to 4096), N / P ranks a process
+// as threads; set-up time per step and resident memory per rank, one line.
+int runRmaScale(const RmaOptions& o);
 
 }  // namespace weft::harness

@@ -123,7 +123,7 @@ std::string defaultPlugin() {
 }
 
 // The options of weft conformance --rma and weft bench --rma (tools/harness/rma_conformance.h); the bench takes the
-// first five only. -1: go on; else the exit code.
+// first five and --procs only. -1: go on; else the exit code.
 int parseRmaOptions(const char* cmd, bool bench, int argc, char** argv, weft::harness::RmaOptions* o) {
   weft::harness::Args a(cmd, argc, argv, 2);
   while (a.next()) {
@@ -132,8 +132,9 @@ int parseRmaOptions(const char* cmd, bool bench, int argc, char** argv, weft::ha
     if (f == "--plugin") o->plugin = a.value();
     else if (f == "--symbol") o->symbol = a.value();
     else if (f == "--rma-table") o->table = a.number(11, 17);
-    else if (f == "--ranks") o->ranks = a.number(bench ? 2 : 1, 8);
+    else if (f == "--ranks") o->ranks = a.number(bench ? 2 : 1, bench ? 4096 : 8);
     else if (f == "--dev") o->dev = a.number(0, 1023);
+    else if (bench && f == "--procs") o->procs = a.number(1, 512);
     else if (bench) a.unknown();
     else if (f == "--mem") o->mem = a.value();
     else if (f == "--only") o->only.push_back(a.value());
@@ -243,6 +244,11 @@ int rmaBench(int argc, char** argv) {
   weft::harness::RmaOptions o;
   if (int rc = parseRmaOptions("weft bench --rma", true, argc, argv, &o); rc >= 0) return rc;
   if (o.plugin.empty()) o.plugin = defaultPlugin();
+  if (o.procs > 0) return weft::harness::runRmaScale(o);
+  if (o.ranks > 8) {
+    std::fprintf(stderr, "weft bench --rma: more than 8 ranks only with --procs (the scale run)\n");
+    return 2;
+  }
   return weft::harness::runRmaBench(o);
 }
 
