@@ -49,6 +49,10 @@ ring = [float(r['ring_bw_gbps_total']) for r in rma]
 rate = [float(r['signal_rate_Mps_per_rank']) for r in rma]
 nlat = [netv(d, 'lat', 8, 'median_us') for d in net]
 nbw = [netv(d, 'bw', 1048576, 'gbps') for d in net]
+# A round whose net run left a figure out (a failed or cut pattern) drops out of both sides' medians.
+keep = [i for i in range(min(len(rma), len(net))) if nlat[i] is not None and nbw[i] is not None]
+lat, bw, ring, rate = ([v[i] for i in keep] for v in (lat, bw, ring, rate))
+nlat, nbw = [nlat[i] for i in keep], [nbw[i] for i in keep]
 m = statistics.median
 import os
 print(f"{len(rma)} rounds, {ranks} ranks, WEFT_BACKEND={os.environ.get('WEFT_BACKEND')} "

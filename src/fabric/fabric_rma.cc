@@ -94,6 +94,30 @@ void FabricRmaComm::opDone(RmaOp* op, bool ok, Status st) {
   if (op->state == RmaOp::kOrphan) pool_.give(op);
 }
 
+ssize_t FabricRmaComm::postRma(bool write, RmaOp* op, fi_addr_t peer, void* local, size_t size, void* desc,
+                               uint64_t remoteAddr, uint64_t key) {
+  iovec iov{local, size};
+  fi_rma_iov rma{remoteAddr, size, key};
+  fi_msg_rma m{};
+  m.msg_iov = &iov;
+  m.desc = &desc;
+  m.iov_count = 1;
+  m.addr = peer;
+  m.rma_iov = &rma;
+  m.rma_iov_count = 1;
+  m.context = &op->data.fi;
+  m.data = static_cast<uint64_t>(rank_);  // a write's remote completion data: whose write landed
+  // The provider pushing back (its queue full) is waited out here, moving completions: NCCL's proxy cannot take a
+  // NULL request back. Bounded by WEFT_PEER_TIMEOUT.
+  const int64_t until = nowMs() + peerTimeoutMs_;
+  for (;;) {
+    const ssize_t rc = write ? fi_writemsg(ep_->ep.get(), &m, FI_REMOTE_CQ_DATA | FI_COMPLETION)
+                             : fi_readmsg(ep_->ep.get(), &m, FI_COMPLETION);
+    if (rc != -FI_EAGAIN || nowMs() >= until) return rc;
+    readCompletions();
+  }
+}
+
 Status FabricRmaComm::iput(rma::Context* ctx, int context, rma::Window* src, uint64_t srcOff, size_t size,
                            rma::Window* dst, uint64_t dstOff, uint32_t rank, const rma::Signal* signal,
                            uint32_t optFlags, void** request) {
@@ -115,28 +139,8 @@ Status FabricRmaComm::iput(rma::Context* ctx, int context, rma::Window* src, uin
     return Status::kOk;
   }
   if (size > 0) {
-    WindowReg* sr = regOf(src);
-    WindowReg* dr = regOf(dst);
-    const RmaRemote& to = dr->remote[rank];
-    iovec iov{src->base + srcOff, size};
-    void* desc = sr->desc;
-    fi_rma_iov rma{to.addr + dstOff, size, to.key};
-    fi_msg_rma m{};
-    m.msg_iov = &iov;
-    m.desc = &desc;
-    m.iov_count = 1;
-    m.addr = p.addr;
-    m.rma_iov = &rma;
-    m.rma_iov_count = 1;
-    m.context = &op->data.fi;
-    m.data = static_cast<uint64_t>(rank_);
-    ssize_t rc;
-    // The provider pushing back (its queue full) is waited out here: NCCL's proxy cannot take a NULL request back.
-    const int64_t until = nowMs() + peerTimeoutMs_;
-    while ((rc = fi_writemsg(ep_->ep.get(), &m, FI_REMOTE_CQ_DATA | FI_COMPLETION)) == -FI_EAGAIN &&
-           nowMs() < until) {
-      readCompletions();
-    }
+    const RmaRemote& to = regOf(dst)->remote[rank];
+    const ssize_t rc = postRma(true, op, p.addr, src->base + srcOff, size, regOf(src)->desc, to.addr + dstOff, to.key);
     if (rc != 0) {
       lose(rank, fmt::format("a write of {} bytes to it could not be posted: {}", size,
                              rc == -FI_EAGAIN ? "the provider pushed back for WEFT_PEER_TIMEOUT"
@@ -190,23 +194,9 @@ Status FabricRmaComm::iget(rma::Context* ctx, int context, rma::Window* remote, 
     op->state = RmaOp::kDone;
     return Status::kOk;
   }
-  WindowReg* lr = regOf(local);
-  WindowReg* rr = regOf(remote);
-  const RmaRemote& from = rr->remote[rank];
-  iovec iov{local->base + localOff, size};
-  void* desc = lr->desc;
-  fi_rma_iov rma{from.addr + remoteOff, size, from.key};
-  fi_msg_rma m{};
-  m.msg_iov = &iov;
-  m.desc = &desc;
-  m.iov_count = 1;
-  m.addr = p.addr;
-  m.rma_iov = &rma;
-  m.rma_iov_count = 1;
-  m.context = &op->data.fi;
-  ssize_t rc;
-  const int64_t until = nowMs() + peerTimeoutMs_;
-  while ((rc = fi_readmsg(ep_->ep.get(), &m, FI_COMPLETION)) == -FI_EAGAIN && nowMs() < until) readCompletions();
+  const RmaRemote& from = regOf(remote)->remote[rank];
+  const ssize_t rc =
+      postRma(false, op, p.addr, local->base + localOff, size, regOf(local)->desc, from.addr + remoteOff, from.key);
   if (rc != 0) {
     lose(rank, fmt::format("a read of {} bytes from it could not be posted: {}", size,
                            rc == -FI_EAGAIN ? "the provider pushed back for WEFT_PEER_TIMEOUT"
@@ -235,22 +225,9 @@ Status FabricRmaComm::iflush(rma::Context* ctx, int context, rma::Window* w, uin
   cudaGetsSinceFlush_ = false;
   // One word of the window read back through the NIC, from this rank to itself: it completes after the writes the
   // NIC made to that memory before it.
-  WindowReg* reg = regOf(w);
-  iovec iov{&ctl_->flushSink, sizeof(uint64_t)};
-  void* desc = ctlDesc_;
-  fi_rma_iov rma{reg->remote[static_cast<size_t>(rank_)].addr, sizeof(uint64_t),
-                 reg->remote[static_cast<size_t>(rank_)].key};
-  fi_msg_rma m{};
-  m.msg_iov = &iov;
-  m.desc = &desc;
-  m.iov_count = 1;
-  m.addr = peers_[static_cast<size_t>(rank_)].addr;
-  m.rma_iov = &rma;
-  m.rma_iov_count = 1;
-  m.context = &op->data.fi;
-  ssize_t rc;
-  const int64_t until = nowMs() + peerTimeoutMs_;
-  while ((rc = fi_readmsg(ep_->ep.get(), &m, FI_COMPLETION)) == -FI_EAGAIN && nowMs() < until) readCompletions();
+  const RmaRemote& self = regOf(w)->remote[static_cast<size_t>(rank_)];
+  const ssize_t rc = postRma(false, op, peers_[static_cast<size_t>(rank_)].addr, &ctl_->flushSink, sizeof(uint64_t),
+                             ctlDesc_, self.addr, self.key);
   if (rc != 0) {
     fail(std::string("a flush's read-back failed: ") + fi_strerror(static_cast<int>(-rc)), Status::kSystem);
     op->state = RmaOp::kFailed;
@@ -282,13 +259,6 @@ Status FabricRmaComm::test(void* request, bool* done) {
     release(op);
     return st;
   }
-  return Status::kOk;
-}
-
-Status FabricRmaComm::progress() {
-  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
-  if (!lock.owns_lock()) return Status::kOk;
-  pumpAll();
   return Status::kOk;
 }
 

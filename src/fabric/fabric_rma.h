@@ -147,7 +147,6 @@ class FabricRmaComm final : public rma::CommBase {
               rma::Window* local, uint64_t localOff, uint32_t rank, uint32_t optFlags, void** request) override;
   Status iflush(rma::Context* ctx, int context, rma::Window* w, uint32_t rank, void** request) override;
   Status test(void* request, bool* done) override;
-  Status progress() override;
   bool flushesAllPutsOnAnySignal() const override { return false; }
   void close() override;
 
@@ -174,6 +173,10 @@ class FabricRmaComm final : public rma::CommBase {
 
   void pumpAll() override;
   void readCompletions();
+  // One RMA write (with this rank as remote completion data) or read of [local, +size) at the peer's remoteAddr under
+  // `key`, completing on op->data; what the provider returned (-FI_EAGAIN: it pushed back for WEFT_PEER_TIMEOUT).
+  ssize_t postRma(bool write, RmaOp* op, fi_addr_t peer, void* local, size_t size, void* desc, uint64_t remoteAddr,
+                  uint64_t key);
   void onCompletion(RmaCtx* c, bool ok, Status st, uint64_t flags, uint64_t data, const std::string& err);
   void onMessage(const RmaMsg& m);
   bool applySignalMsg(const RmaMsg& m);

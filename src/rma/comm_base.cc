@@ -55,6 +55,13 @@ Status CommBase::createContext(int nContexts, std::vector<int> peers, Context** 
   return Status::kOk;
 }
 
+Status CommBase::progress() {
+  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+  if (!lock.owns_lock()) return Status::kOk;
+  pumpAll();
+  return Status::kOk;
+}
+
 // ---- checks -----------------------------------------------------------------------------------------------------------
 
 Status CommBase::checkContext(Context* ctx, int context, uint32_t rank, const char* what) const {

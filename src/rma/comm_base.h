@@ -28,6 +28,8 @@ class CommBase : public RmaComm {
   int maxRecvs() const override { return props_.maxRecvs; }
   bool hasError(std::string* why) const override;
   Status createContext(int nContexts, std::vector<int> peers, Context** out) override;
+  // Moves every peer's traffic (pumpAll) if the comm is free; set-up holding it means "not now" (NCCL calls again).
+  Status progress() override;
 
  protected:
   // An operation's arguments against the comm's contexts and windows and every rank's part of them (a warning

@@ -403,12 +403,6 @@ Status TcpRmaComm::test(void* request, bool* done) {
   return Status::kOk;
 }
 
-Status TcpRmaComm::progress() {
-  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
-  if (!lock.owns_lock()) return Status::kOk;
-  for (uint32_t p = 0; p < peers_.size(); ++p) pump(p);
-  return Status::kOk;
-}
 
 // ---- sockets ------------------------------------------------------------------------------------------------------
 

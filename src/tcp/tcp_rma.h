@@ -155,7 +155,6 @@ class TcpRmaComm final : public rma::CommBase {
               rma::Window* local, uint64_t localOff, uint32_t rank, uint32_t optFlags, void** request) override;
   Status iflush(rma::Context* ctx, int context, rma::Window* w, uint32_t rank, void** request) override;
   Status test(void* request, bool* done) override;
-  Status progress() override;
   bool flushesAllPutsOnAnySignal() const override { return true; }
   void close() override;
 
