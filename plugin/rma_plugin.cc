@@ -13,6 +13,7 @@
 #include "plugin/guarded.h"
 #include "plugin/live_objects.h"
 #include "fabric/fabric_rma.h"
+#include "verbs/verbs_rma.h"
 #include "rma/rma.h"
 #include "tcp/tcp_rma.h"
 #include "weft/common/cuda_shim.h"
@@ -69,16 +70,19 @@ class RmaState {
     Backend* net = Engine::instance().backend();
     const std::string netName = net != nullptr ? net->name() : "none";
     // auto and on: the net backend's own transport where weft has one; on also falls back to weft's TCP sockets.
+    // Beside verbs, auto leaves the device API to NCCL's own InfiniBand GIN (its GPU-initiated mode needs no proxy).
     std::string which = mode;
-    if (mode == "auto" || mode == "on") {
-      which = netName == "libfabric" ? "fabric" : netName == "tcp" ? "tcp" : mode == "on" ? "tcp" : "";
-    }
+    if (mode == "auto") which = netName == "libfabric" ? "fabric" : netName == "tcp" ? "tcp" : "";
+    if (mode == "on") which = netName == "libfabric" ? "fabric" : netName == "verbs" ? "verbs" : "tcp";
     std::string why;
     if (mode == "off") {
       declined_ = "WEFT_RMA=off";
     } else if (which.empty()) {
       declined_ = "WEFT_RMA=auto and the net backend is " + netName +
-                  " (weft's RMA runs over libfabric and its TCP sockets; WEFT_RMA=on uses the sockets)";
+                  " (NCCL's own InfiniBand GIN serves the device API there; WEFT_RMA=on or verbs uses weft's)";
+    } else if (which == "verbs") {
+      transport_ = verbs::VerbsRmaTransport::discover(&why);
+      if (transport_ == nullptr) declined_ = "no verbs device: " + why;
     } else if (which == "fabric") {
       transport_ = fabric::FabricRmaTransport::discover(&why);
       if (transport_ == nullptr) declined_ = why;

@@ -48,13 +48,17 @@ const std::vector<Def> kDefs = {
    "Which NICs/domains become NCCL devices: comma-separated name prefixes, '^' to exclude, '=' for exact names "
    "(NCCL_SOCKET_IFNAME syntax). Empty: every domain except loopback and container bridges (loopback is used "
    "only when nothing else exists)."},
-  {"WEFT_RMA", Kind::kChoice, "auto", 0, 0, "auto|on|off|fabric|tcp",
+  {"WEFT_RMA", Kind::kChoice, "auto", 0, 0, "auto|on|off|fabric|tcp|verbs",
    "NCCL's device API through its CPU proxy (the GIN v11-v12 and RMA v13-v17 tables in libnccl-net-weft.so): auto = "
-   "over the net backend's own transport where weft has one (libfabric: RMA writes and reads on WEFT_PROVIDER's "
-   "devices, or weft's TCP sockets where a provider over TCP cannot reach GPU memory and a GPU is present; tcp: "
-   "weft's TCP sockets), else off (verbs: NCCL then uses its own InfiniBand proxy); on = the same, "
-   "with weft's TCP sockets where the net backend has none; fabric or tcp = that transport whatever the net "
-   "backend; off = 0 devices, NCCL looks elsewhere."},
+   "over the net backend's own transport for libfabric (RMA writes and reads on WEFT_PROVIDER's devices, or weft's "
+   "TCP sockets where a provider over TCP cannot reach GPU memory and a GPU is present) and tcp (weft's sockets); "
+   "beside verbs none (NCCL's own InfiniBand GIN serves it); on = the net backend's own transport (verbs: RDMA "
+   "writes, reads and atomics on weft's QPs), weft's sockets where there is none; fabric, tcp or verbs = that "
+   "transport whatever the net backend; off = 0 devices, NCCL looks elsewhere."},
+  {"WEFT_RMA_SIGNAL", Kind::kChoice, "auto", 0, 0, "auto|atomic|message",
+   "Device API over native verbs: how a signal reaches its target. atomic = an RDMA fetch-and-add on the signal word "
+   "after the put's write on the same QP (the target's CPU takes no part); message = a 64-byte send after the write, "
+   "applied by the target's proxy; auto = atomic where the device has atomics."},
   {"WEFT_RMA_INJECT", Kind::kBool, "1", 0, 1, nullptr,
    "Device API over libfabric: send weft's own 64-byte messages (signals, window records) with fi_tinject where the "
    "provider's inject size holds them (no completion to wait for); 0 = sends with completions, each held in one of "

@@ -65,34 +65,12 @@ RmaOp* FabricRmaComm::takeOp(rma::Context* ctx, uint32_t peer) {
   op->state = RmaOp::kActive;
   op->startMs = nowMs();
   op->data.kind = RmaCtx::kData;
+  op->data.owner = op;
   return op;
 }
 
-void FabricRmaComm::release(RmaOp* op) {
-  if (op->pending > 0) {
-    op->magic = 0;  // NCCL no longer holds it; the provider still does
-    op->state = RmaOp::kOrphan;
-    return;
-  }
-  if (op->local != nullptr) --op->local->inflight;
-  op->local = nullptr;
-  pool_.give(op);
-}
-
-void FabricRmaComm::opDone(RmaOp* op, bool ok, Status st) {
-  if (op->pending > 0) --op->pending;
-  if (!ok && op->state == RmaOp::kActive) {
-    op->state = RmaOp::kFailed;
-    op->status = st;
-  }
-  if (op->pending > 0) return;
-  if (op->local != nullptr) {
-    --op->local->inflight;
-    op->local = nullptr;
-  }
-  if (op->state == RmaOp::kActive) op->state = RmaOp::kDone;
-  if (op->state == RmaOp::kOrphan) pool_.give(op);
-}
+void FabricRmaComm::release(RmaOp* op) { rma::providerOpRelease(pool_, op); }
+void FabricRmaComm::opDone(RmaOp* op, bool ok, Status st) { rma::providerOpDone(pool_, op, ok, st); }
 
 ssize_t FabricRmaComm::postRma(bool write, RmaOp* op, fi_addr_t peer, void* local, size_t size, void* desc,
                                uint64_t remoteAddr, uint64_t key) {
@@ -249,17 +227,7 @@ Status FabricRmaComm::test(void* request, bool* done) {
   std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
   if (!lock.owns_lock()) return Status::kOk;  // set-up holds the comm for a moment: NCCL calls again
   if (op->state == RmaOp::kActive) pumpAll();
-  if (op->state == RmaOp::kDone) {
-    release(op);
-    *done = true;
-    return Status::kOk;
-  }
-  if (op->state == RmaOp::kFailed) {
-    const Status st = op->status;
-    release(op);
-    return st;
-  }
-  return Status::kOk;
+  return rma::providerOpTest(pool_, op, done);
 }
 
 // ---- the completion queue --------------------------------------------------------------------------------------------
@@ -364,7 +332,7 @@ void FabricRmaComm::onCompletion(RmaCtx* c, bool ok, Status st, uint64_t flags, 
     }
     case RmaCtx::kData: {
       // The op holding this context (its write, read or read-back).
-      RmaOp* op = reinterpret_cast<RmaOp*>(reinterpret_cast<char*>(c) - offsetof(RmaOp, data));
+      auto* op = static_cast<RmaOp*>(c->owner);
       if (op->peer < peers_.size()) {
         if (ok) peers_[op->peer].heardMs = nowMs();
         if (!ok && op->state != RmaOp::kOrphan) {
@@ -533,20 +501,7 @@ void FabricRmaComm::lose(uint32_t peer, const std::string& why) {
   if (p.lost) return;
   p.lost = true;
   fail("rank " + std::to_string(peer) + " is lost: " + why, Status::kRemote);
-  // What waits on it fails now; the provider's contexts stay with their ops until it returns them (perhaps never:
-  // shm keeps an operation for a dead process queued). Their windows are free to deregister: nothing moves to or
-  // from a lost peer any more.
-  pool_.forEach([&](RmaOp& op) {
-    if (op.peer != peer || op.pending == 0) return;
-    if (op.state == RmaOp::kActive) {
-      op.state = RmaOp::kFailed;
-      op.status = Status::kRemote;
-    }
-    if (op.local != nullptr) {
-      --op.local->inflight;
-      op.local = nullptr;
-    }
-  });
+  rma::providerOpsLost(pool_, peer);
   p.waitingSignals.clear();
 }
 

@@ -98,20 +98,12 @@ class FabricRmaComm;
 struct RmaCtx {
   fi_context2 fi{};
   enum : uint8_t { kData, kCtlSend, kCtlRecv } kind = kData;
-  uint32_t slot = 0;  // control sends and receives: the slot
+  uint32_t slot = 0;       // control sends and receives: the slot
+  void* owner = nullptr;   // kData: the RmaOp
 };
 
-// A request (put, get, flush) and the provider operations it waits for.
-struct RmaOp {
-  uint32_t magic = 0;  // rma::kRequestMagic while NCCL holds it
-  uint32_t index = 0, gen = 0;
-  enum : uint8_t { kFree, kActive, kDone, kFailed, kOrphan } state = kFree;
-  Status status = Status::kOk;
-  uint8_t pending = 0;  // provider operations not completed yet (the write or read, the signal message)
-  uint32_t peer = 0;
-  rma::Context* ctx = nullptr;
-  rma::Window* local = nullptr;  // its source (put) or destination (get): counted in its inflight
-  int64_t startMs = 0;
+// A request (put, get, flush) and the provider operations it waits for (the write or read, the signal message).
+struct RmaOp : rma::ProviderOp {
   RmaCtx data;  // the write, read or read-back (the signal message has a control slot's)
   FabricRmaComm* comm = nullptr;
 };

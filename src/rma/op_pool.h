@@ -49,11 +49,12 @@ class OpPool {
     free_.push_back(op);
     --inUse_;
   }
-  // The op with this index and generation while it is out (an answer's token), else nullptr.
+  // The op with this index and generation while it is out (an answer's token, a completion's), else nullptr: an op
+  // given back has a new generation.
   Op* find(uint32_t index, uint32_t gen) const {
     if (index >= chunks_.size() * kChunk) return nullptr;
     Op* op = &chunks_[index / kChunk][index % kChunk];
-    return op->gen == gen && op->magic == kRequestMagic ? op : nullptr;
+    return op->gen == gen ? op : nullptr;
   }
   size_t inUse() const { return inUse_; }
   // Every op, out or free (a peer lost: what waits on it fails).
@@ -69,5 +70,83 @@ class OpPool {
   std::vector<Op*> free_;
   size_t inUse_ = 0;
 };
+
+// A request whose work a provider holds (libfabric, verbs): the provider operations it waits for, and what happens
+// when it ends. A request NCCL gives back (test reports its end) while the provider still holds an operation of it
+// stays out of the pool as an orphan until the provider returns that operation: its completion context stays valid.
+struct ProviderOp {
+  uint32_t magic = 0;  // kRequestMagic while NCCL holds it
+  uint32_t index = 0, gen = 0;
+  enum : uint8_t { kFree, kActive, kDone, kFailed, kOrphan } state = kFree;
+  Status status = Status::kOk;
+  uint8_t pending = 0;   // provider operations not completed yet
+  uint32_t peer = 0;
+  Context* ctx = nullptr;
+  Window* local = nullptr;  // the window it reads or writes here: counted in its inflight until the provider is done
+  int64_t startMs = 0;
+};
+
+// One provider operation of `op` ended (ok, or failed with st).
+template <typename Op>
+void providerOpDone(OpPool<Op>& pool, Op* op, bool ok, Status st) {
+  if (op->pending > 0) --op->pending;
+  if (!ok && op->state == ProviderOp::kActive) {
+    op->state = ProviderOp::kFailed;
+    op->status = st;
+  }
+  if (op->pending > 0) return;
+  if (op->local != nullptr) {
+    --op->local->inflight;
+    op->local = nullptr;
+  }
+  if (op->state == ProviderOp::kActive) op->state = ProviderOp::kDone;
+  if (op->state == ProviderOp::kOrphan) pool.give(op);
+}
+
+// NCCL is done with `op`: back to the pool, or an orphan while the provider holds an operation of it.
+template <typename Op>
+void providerOpRelease(OpPool<Op>& pool, Op* op) {
+  if (op->pending > 0) {
+    op->magic = 0;
+    op->state = ProviderOp::kOrphan;
+    return;
+  }
+  if (op->local != nullptr) --op->local->inflight;
+  op->local = nullptr;
+  pool.give(op);
+}
+
+// test()'s ending: *done and the op released once it completed; its status (released too) once it failed.
+template <typename Op>
+Status providerOpTest(OpPool<Op>& pool, Op* op, bool* done) {
+  if (op->state == ProviderOp::kDone) {
+    providerOpRelease(pool, op);
+    *done = true;
+    return Status::kOk;
+  }
+  if (op->state == ProviderOp::kFailed) {
+    const Status st = op->status;
+    providerOpRelease(pool, op);
+    return st;
+  }
+  return Status::kOk;
+}
+
+// A peer is lost: its ops still waiting fail now, and their windows are free to deregister (nothing moves to or from
+// a lost peer any more), while the provider keeps their contexts until it returns them.
+template <typename Op>
+void providerOpsLost(OpPool<Op>& pool, uint32_t peer) {
+  pool.forEach([&](Op& op) {
+    if (op.peer != peer || op.pending == 0) return;
+    if (op.state == ProviderOp::kActive) {
+      op.state = ProviderOp::kFailed;
+      op.status = Status::kRemote;
+    }
+    if (op.local != nullptr) {
+      --op.local->inflight;
+      op.local = nullptr;
+    }
+  });
+}
 
 }  // namespace weft::rma

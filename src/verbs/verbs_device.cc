@@ -168,6 +168,7 @@ bool VerbsDevice::openPort(ibv_device* dev, int port, ibv_port_attr* portAttr, s
     *why = "port not active";
     return false;
   }
+  atomics_ = da.atomic_cap != IBV_ATOMIC_NONE;
   roce_ = pa.link_layer == IBV_LINK_LAYER_ETHERNET;
   if (!roce_ && pa.link_layer != IBV_LINK_LAYER_INFINIBAND && pa.link_layer != IBV_LINK_LAYER_UNSPECIFIED) {
     *why = "link layer is neither InfiniBand nor Ethernet";
@@ -328,8 +329,28 @@ VerbsDevice::~VerbsDevice() {
 
 Status VerbsDevice::registerRange(uintptr_t base, size_t len, int type, int dmabufFd, uint64_t dmabufOffset,
                                   MrEntry* entry) {
+  ibv_mr* mr = nullptr;
+  if (Status st = registerAccess(base, len, type, dmabufFd, dmabufOffset,
+                                 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ, &mr);
+      st != Status::kOk) {
+    return st;
+  }
+  entry->backendMr = mr;
+  entry->key = mr->rkey;
+  entry->desc = nullptr;
+  return Status::kOk;
+}
+
+Status VerbsDevice::registerRma(uintptr_t base, size_t len, int type, int dmabufFd, ibv_mr** out) {
+  return registerAccess(base, len, type, dmabufFd, 0,
+                        IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                            (atomics_ ? IBV_ACCESS_REMOTE_ATOMIC : 0),
+                        out);
+}
+
+Status VerbsDevice::registerAccess(uintptr_t base, size_t len, int type, int dmabufFd, uint64_t dmabufOffset,
+                                   int access, ibv_mr** out) {
   const IbvApi& api = ibv();
-  int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
   ibv_mr* mr = nullptr;
   if (dmabufFd >= 0) {
     if (api.regDmabufMr == nullptr) {
@@ -351,9 +372,7 @@ Status VerbsDevice::registerRange(uintptr_t base, size_t len, int type, int dmab
               e == ENOMEM ? " (locked-memory limit? raise `ulimit -l`)" : "");
     return Status::kSystem;
   }
-  entry->backendMr = mr;
-  entry->key = mr->rkey;
-  entry->desc = nullptr;
+  *out = mr;
   return Status::kOk;
 }
 

@@ -46,6 +46,11 @@ class VerbsDevice final : public Registrar {
   Status registerRange(uintptr_t base, size_t len, int type, int dmabufFd, uint64_t dmabufOffset,
                        MrEntry* entry) override;
   void deregisterRange(MrEntry* entry) noexcept override;
+  // A window of the device API (verbs/verbs_rma.h): remote read, write and atomic access, through DMA-BUF where
+  // dmabufFd >= 0. The caller owns *out (ibv().deregMr).
+  Status registerRma(uintptr_t base, size_t len, int type, int dmabufFd, ibv_mr** out);
+  // The device performs RDMA atomics (fetch-and-add) on remote memory.
+  bool atomics() const { return atomics_; }
 
   // Reads pending asynchronous events without blocking (port down/up, fatal device error, QP errors) and turns
   // them into state the comms see. Cheap when nothing is pending; never blocks if another thread is reading.
@@ -66,6 +71,8 @@ class VerbsDevice final : public Registrar {
   bool findHandshakeAddress(const std::string& name, const std::string& sys, std::string* why);
   void fillProps(const std::string& name, int port, const ibv_port_attr& pa);
   void advertiseGpuMemory();
+  Status registerAccess(uintptr_t base, size_t len, int type, int dmabufFd, uint64_t dmabufOffset, int access,
+                        ibv_mr** out);
 
   DeviceProps props_;
   ibv_context* ctx_ = nullptr;
@@ -79,6 +86,7 @@ class VerbsDevice final : public Registrar {
   int maxQpWr_ = 0;
   int maxCqe_ = 0;
   bool relaxedOrdering_ = false;
+  bool atomics_ = false;
   sockaddr_storage addr_{};
   socklen_t addrLen_ = 0;
   std::unique_ptr<MrCache> cache_;  // reset first in the destructor: it deregisters through the PD

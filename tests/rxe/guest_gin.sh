@@ -16,5 +16,27 @@ fi
 # weft's own, over its TCP sockets on the guest's interface, for comparison in the same guest.
 step weft_rma.tcp 300 env WEFT_BACKEND=tcp WEFT_RMA=on "$RXE_BIN" conformance --rma --plugin "$RXE_SO" --ranks 2 \
   --soak 20000 --timeout 240
+# weft's own over native verbs on rxe0 (issue 45), both ways of signalling: RDMA fetch-and-add after the write on the
+# same QP, and a send the target applies; 3 ranks; GPU windows under the mock driver (rxe pins them through the
+# registration window, as nvidia-peermem would; WEFT_GDR=1: no peer-memory module to detect).
+V="env WEFT_BACKEND=verbs WEFT_RMA=on WEFT_IB_HCA=rxe0"
+for sig in atomic message; do
+  step "weft_rma.verbs.$sig" 400 $V WEFT_RMA_SIGNAL=$sig "$RXE_BIN" conformance --rma --plugin "$RXE_SO" --ranks 3 \
+    --soak 20000 --timeout 360 --dead-bound 60
+done
+if [ -n "${RXE_MOCK_CUDA:-}" ]; then
+  step weft_rma.verbs.gpu_mock 400 $V WEFT_GDR=1 LD_LIBRARY_PATH="$RXE_MOCK_CUDA" "$RXE_BIN" conformance --rma \
+    --plugin "$RXE_SO" --ranks 2 --mem cuda --soak 20000 --timeout 360 --dead-bound 60
+fi
+# The bench side by side, alternating (weft bench --rma: put+signal round trip, put bandwidth, signal rate).
+for round in 1 2 3; do
+  if [ -n "${RXE_NCCL_GIN:-}" ] && [ -f "$RXE_NCCL_GIN" ]; then
+    step "bench.nccl_gin_ib.$round" 300 "$RXE_BIN" bench --rma --plugin "$RXE_NCCL_GIN" --symbol ncclNetPlugin_v11 \
+      --rma-table 11
+  fi
+  for sig in atomic message; do
+    step "bench.verbs.$sig.$round" 300 $V WEFT_RMA_SIGNAL=$sig "$RXE_BIN" bench --rma --plugin "$RXE_SO"
+  done
+done
 echo "FAILED_STEPS=$fails"
 exit $fails

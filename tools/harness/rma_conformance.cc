@@ -113,6 +113,14 @@ struct Rank {
     }
     return b;
   }
+  // regMrSym of a buffer, GPU memory with the mock driver's registration window open (a NIC pins device pages the
+  // way nvidia-peermem does: through a mapping only the registration sees).
+  int regSym(Buf& b, uint64_t flags) {
+    if (b.cuda) cu->cpuWindow(b.p, b.size, true);
+    const int r = api->regMrSym(comm, b.p, b.size, b.cuda ? kFlagCuda : kFlagHost, flags, &b.mh);
+    if (b.cuda) cu->cpuWindow(b.p, b.size, false);
+    return r;
+  }
   void free(Buf& b) {
     if (b.p == nullptr) return;
     if (b.cuda) {
@@ -250,13 +258,12 @@ std::string setupRegister(Rank& k) {
   // Signals as NCCL's GIN proxy makes them: device memory, strongly ordered, never reset (host memory here with
   // --mem host).
   k.sig = k.alloc(kSignalSlots * 8, cuda);
-  int r = k.api->regMrSym(k.comm, k.src.p, k.src.size, cuda ? kFlagCuda : kFlagHost, 0, &k.src.mh);
+  int r = k.regSym(k.src, 0);
   if (r != 0) return callFailed("regMrSym(source)", r);
-  if ((r = k.api->regMrSym(k.comm, k.dst.p, k.dst.size, cuda ? kFlagCuda : kFlagHost, 0, &k.dst.mh)) != 0) {
+  if ((r = k.regSym(k.dst, 0)) != 0) {
     return callFailed("regMrSym(destination)", r);
   }
-  if ((r = k.api->regMrSym(k.comm, k.sig.p, k.sig.size, cuda ? kFlagCuda : kFlagHost, kForceSo | kNeverReset,
-                           &k.sig.mh)) != 0) {
+  if ((r = k.regSym(k.sig, kForceSo | kNeverReset)) != 0) {
     return callFailed("regMrSym(signals)", r);
   }
   k.registered = true;
@@ -514,7 +521,7 @@ std::string deregInflight(Rank& k) {
   Buf w = k.alloc(kSlot, k.o->mem == "cuda");
   const auto data = fill(k.rank, 77, kSlot);
   k.write(w, 0, data.data(), kSlot);
-  int r = k.api->regMrSym(k.comm, w.p, w.size, w.cuda ? kFlagCuda : kFlagHost, 0, &w.mh);
+  int r = k.regSym(w, 0);
   if (r != 0) return callFailed("regMrSym", r);
   void* req = nullptr;
   if ((r = k.api->iput(k.ctx, 0, 0, w.mh, kSlot, kSlot * k.rank, k.dst.mh, k.next(), 0, &req)) != 0) {

@@ -1,0 +1,442 @@
+// SPDX-License-Identifier: Apache-2.0
+// The device API's RMA over native verbs: the data path (verbs_rma.h says how it works).
+#include "verbs/verbs_rma.h"
+
+#include <chrono>
+#include <cstring>
+
+#include "weft/common/log.h"
+
+namespace weft::verbs {
+namespace {
+
+constexpr int kCqBatch = 32;
+constexpr int64_t kStallCheckMs = 100;
+
+uint64_t wrId(uint64_t kind, uint64_t value) { return (kind << 60) | (value & ((uint64_t{1} << 60) - 1)); }
+uint64_t opToken(const VerbsRmaOp* op) { return (uint64_t{op->index} << 32) | op->gen; }
+
+}  // namespace
+
+int64_t VerbsRmaComm::nowMs() const {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+VerbsRmaMsg VerbsRmaComm::msg(uint8_t type) const {
+  VerbsRmaMsg m{};
+  m.check = check_;
+  m.type = type;
+  return m;
+}
+
+VerbsRmaOp* VerbsRmaComm::takeOp(rma::Context* ctx, uint32_t peer) {
+  VerbsRmaOp* op = pool_.take();
+  if (op == nullptr) {
+    WEFT_WARN("RMA: more than {} operations in flight on one comm", rma::OpPool<VerbsRmaOp>::kMax);
+    return nullptr;
+  }
+  op->comm = this;
+  op->ctx = ctx;
+  op->peer = peer;
+  op->state = VerbsRmaOp::kActive;
+  op->startMs = nowMs();
+  return op;
+}
+
+void VerbsRmaComm::opDone(VerbsRmaOp* op, bool ok, Status st) { rma::providerOpDone(pool_, op, ok, st); }
+void VerbsRmaComm::release(VerbsRmaOp* op) { rma::providerOpRelease(pool_, op); }
+
+// ---- posting ------------------------------------------------------------------------------------------------------
+
+Status VerbsRmaComm::postRecv(uint32_t peer, uint32_t slot) {
+  VerbsRmaMsg& buf = recvBuf_[static_cast<size_t>(peer) * kRecvs + slot];
+  ibv_sge sge{reinterpret_cast<uint64_t>(&buf), sizeof(VerbsRmaMsg), recvMr_->lkey};
+  ibv_recv_wr wr{};
+  wr.wr_id = wrId(kWrRecv, (uint64_t{peer} << 16) | slot);
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  ibv_recv_wr* bad = nullptr;
+  if (int rc = ibv_post_recv(peers_[peer].qp, &wr, &bad)) {
+    WEFT_WARN("RMA: posting a receive on the QP to rank {} failed: {}", peer, std::strerror(rc));
+    return Status::kSystem;
+  }
+  return Status::kOk;
+}
+
+// A signalled work request on the peer's QP; its completion ends one of owner's pending operations.
+Status VerbsRmaComm::postRdma(uint32_t peer, ibv_wr_opcode opcode, void* local, uint32_t lkey, size_t size,
+                              uint64_t remote, uint32_t rkey, VerbsRmaOp* owner, bool signaled) {
+  Peer& p = peers_[peer];
+  ibv_sge sge{reinterpret_cast<uint64_t>(local), static_cast<uint32_t>(size), lkey};
+  ibv_send_wr wr{};
+  wr.wr_id = owner != nullptr ? wrId(kWrOp, opToken(owner)) : wrId(kWrQuiet, peer);
+  wr.sg_list = size > 0 ? &sge : nullptr;
+  wr.num_sge = size > 0 ? 1 : 0;
+  wr.opcode = opcode;
+  wr.send_flags = signaled ? IBV_SEND_SIGNALED : 0;
+  if (opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+    wr.wr.atomic.remote_addr = remote;
+    wr.wr.atomic.rkey = rkey;
+  } else {
+    wr.wr.rdma.remote_addr = remote;
+    wr.wr.rdma.rkey = rkey;
+  }
+  ibv_send_wr* bad = nullptr;
+  if (int rc = ibv_post_send(p.qp, &wr, &bad)) {
+    lose(peer, std::string("posting to its QP failed: ") + std::strerror(rc));
+    return Status::kRemote;
+  }
+  ++p.sendsOut;
+  if (owner != nullptr) ++owner->pending;
+  return Status::kOk;
+}
+
+bool VerbsRmaComm::sendCtl(uint32_t peer, const VerbsRmaMsg& m, VerbsRmaOp* owner) {
+  Peer& p = peers_[peer];
+  if (p.lost) {
+    if (owner != nullptr) opDone(owner, false, Status::kRemote);
+    return true;
+  }
+  if (p.sendsOut >= kSendWr - 8 || !backlog_.empty()) {
+    if (owner != nullptr) {
+      // An op's signal message waits for room like the op itself: the caller never queues one (iput checks room).
+      opDone(owner, false, Status::kInternal);
+      return false;
+    }
+    backlog_.emplace_back(peer, m);
+    return false;
+  }
+  const uint32_t slot = nextSend_++ % kSendWr;
+  sendBuf_[slot] = m;
+  ibv_sge sge{reinterpret_cast<uint64_t>(&sendBuf_[slot]), sizeof(VerbsRmaMsg), sendMr_->lkey};
+  ibv_send_wr wr{};
+  wr.wr_id = owner != nullptr ? wrId(kWrOp, opToken(owner)) : wrId(kWrCtl, peer);
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_SEND;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  ibv_send_wr* bad = nullptr;
+  if (int rc = ibv_post_send(p.qp, &wr, &bad)) {
+    lose(peer, std::string("posting a message to its QP failed: ") + std::strerror(rc));
+    if (owner != nullptr) opDone(owner, false, Status::kRemote);
+    return true;
+  }
+  ++p.sendsOut;
+  if (owner != nullptr) ++owner->pending;
+  return true;
+}
+
+// ---- operations --------------------------------------------------------------------------------------------------
+
+Status VerbsRmaComm::iput(rma::Context* ctx, int context, rma::Window* src, uint64_t srcOff, size_t size,
+                          rma::Window* dst, uint64_t dstOff, uint32_t rank, const rma::Signal* signal,
+                          uint32_t optFlags, void** request) {
+  (void)optFlags;
+  if (request == nullptr) return Status::kInternal;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (Status st = checkPut(ctx, context, src, srcOff, size, dst, dstOff, rank, signal); st != Status::kOk) return st;
+  if (size > (size_t{1} << 31)) {
+    WEFT_WARN("RMA iput: {} bytes in one put; a verbs write carries at most 2 GiB", size);
+    return Status::kInvalidUsage;
+  }
+  Peer& p = peers_[rank];
+  // Room on the QP for the write and the signal: the send queue is as deep as NCCL keeps operations in flight, so
+  // this waits only when a peer stops answering (bounded: the stall check loses it).
+  const int64_t until = nowMs() + peerTimeoutMs_;
+  while (!p.lost && p.sendsOut + 2 > kSendWr - 8 && nowMs() < until) pumpAll();
+  VerbsRmaOp* op = takeOp(ctx, rank);
+  if (op == nullptr) return Status::kSystem;
+  *request = op;
+  if (p.lost || p.sendsOut + 2 > kSendWr - 8) {
+    if (!p.lost) lose(rank, "its QP took no work for WEFT_PEER_TIMEOUT");
+    op->state = VerbsRmaOp::kFailed;
+    op->status = Status::kRemote;
+    return Status::kOk;
+  }
+  if (size > 0) {
+    const auto& to = regs_.at(dst)->remote[rank];
+    if (postRdma(rank, IBV_WR_RDMA_WRITE, src->base + srcOff, regs_.at(src)->mr->lkey, size, to.first + dstOff,
+                 to.second, op, true) != Status::kOk) {
+      op->state = VerbsRmaOp::kFailed;
+      op->status = Status::kRemote;
+      return Status::kOk;
+    }
+    op->local = src;
+    ++src->inflight;
+  }
+  if (signal != nullptr) {
+    if (atomics_) {
+      const auto& sig = regs_.at(signal->window)->remote[rank];
+      const uint64_t add = signal->op == rma::SignalOp::kInc ? 1 : signal->value;
+      ibv_sge sge{reinterpret_cast<uint64_t>(&scratch_[0]), sizeof(uint64_t), scratchMr_->lkey};
+      ibv_send_wr wr{};
+      wr.wr_id = wrId(kWrOp, opToken(op));
+      wr.sg_list = &sge;
+      wr.num_sge = 1;
+      wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+      wr.send_flags = IBV_SEND_SIGNALED;
+      wr.wr.atomic.remote_addr = sig.first + signal->off;
+      wr.wr.atomic.rkey = sig.second;
+      wr.wr.atomic.compare_add = add;
+      ibv_send_wr* bad = nullptr;
+      if (int rc = ibv_post_send(p.qp, &wr, &bad)) {
+        lose(rank, std::string("posting a fetch-and-add to its QP failed: ") + std::strerror(rc));
+        opDone(op, false, Status::kRemote);
+        return Status::kOk;
+      }
+      ++p.sendsOut;
+      ++op->pending;
+    } else {
+      VerbsRmaMsg m = msg(VerbsRmaMsg::kSignal);
+      m.origin = static_cast<uint32_t>(rank_);
+      m.window = signal->window->id;
+      m.signalOp = static_cast<uint8_t>(signal->op);
+      m.a = signal->off;
+      m.b = signal->value;
+      sendCtl(rank, m, op);
+    }
+  }
+  if (op->pending == 0 && op->state == VerbsRmaOp::kActive) op->state = VerbsRmaOp::kDone;
+  return Status::kOk;
+}
+
+Status VerbsRmaComm::iget(rma::Context* ctx, int context, rma::Window* remote, uint64_t remoteOff, size_t size,
+                          rma::Window* local, uint64_t localOff, uint32_t rank, uint32_t optFlags, void** request) {
+  (void)optFlags;
+  if (request == nullptr) return Status::kInternal;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (Status st = checkGet(ctx, context, remote, remoteOff, size, local, localOff, rank); st != Status::kOk) {
+    return st;
+  }
+  if (size > (size_t{1} << 31)) {
+    WEFT_WARN("RMA iget: {} bytes in one get; a verbs read carries at most 2 GiB", size);
+    return Status::kInvalidUsage;
+  }
+  Peer& p = peers_[rank];
+  const int64_t until = nowMs() + peerTimeoutMs_;
+  while (!p.lost && p.sendsOut + 1 > kSendWr - 8 && nowMs() < until) pumpAll();
+  VerbsRmaOp* op = takeOp(ctx, rank);
+  if (op == nullptr) return Status::kSystem;
+  *request = op;
+  if (p.lost || p.sendsOut + 1 > kSendWr - 8) {
+    if (!p.lost) lose(rank, "its QP took no work for WEFT_PEER_TIMEOUT");
+    op->state = VerbsRmaOp::kFailed;
+    op->status = Status::kRemote;
+    return Status::kOk;
+  }
+  if (size == 0) {
+    op->state = VerbsRmaOp::kDone;
+    return Status::kOk;
+  }
+  const auto& from = regs_.at(remote)->remote[rank];
+  if (postRdma(rank, IBV_WR_RDMA_READ, local->base + localOff, regs_.at(local)->mr->lkey, size, from.first + remoteOff,
+               from.second, op, true) != Status::kOk) {
+    op->state = VerbsRmaOp::kFailed;
+    op->status = Status::kRemote;
+    return Status::kOk;
+  }
+  op->local = local;
+  ++local->inflight;
+  if (local->cuda) cudaGetsSinceFlush_ = true;
+  return Status::kOk;
+}
+
+Status VerbsRmaComm::iflush(rma::Context* ctx, int context, rma::Window* w, uint32_t rank, void** request) {
+  if (request == nullptr) return Status::kInternal;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (Status st = checkContext(ctx, context, rank, "iflush"); st != Status::kOk) return st;
+  if (Status st = checkWindow(w, "flushed"); st != Status::kOk) return st;
+  const uint32_t self = static_cast<uint32_t>(rank_);
+  VerbsRmaOp* op = takeOp(ctx, self);
+  if (op == nullptr) return Status::kSystem;
+  *request = op;
+  if (!cudaGetsSinceFlush_ || !w->cuda || w->size < sizeof(uint64_t) || peers_[self].lost) {
+    op->state = VerbsRmaOp::kDone;
+    return Status::kOk;
+  }
+  cudaGetsSinceFlush_ = false;
+  // One word of the window read back through this rank's own QP: it completes after the NIC's earlier writes there.
+  const auto& me = regs_.at(w)->remote[self];
+  if (postRdma(self, IBV_WR_RDMA_READ, &scratch_[1], scratchMr_->lkey, sizeof(uint64_t), me.first, me.second, op,
+               true) != Status::kOk) {
+    op->state = VerbsRmaOp::kFailed;
+    op->status = Status::kRemote;
+  }
+  return Status::kOk;
+}
+
+Status VerbsRmaComm::test(void* request, bool* done) {
+  auto* op = static_cast<VerbsRmaOp*>(request);
+  if (done == nullptr || op == nullptr || op->magic != rma::kRequestMagic || op->comm != this) {
+    WEFT_WARN("RMA test: {} is not a pending request of this comm (completed already, or not weft's)", request);
+    return Status::kInternal;
+  }
+  *done = false;
+  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+  if (!lock.owns_lock()) return Status::kOk;  // set-up holds the comm for a moment: NCCL calls again
+  if (op->state == VerbsRmaOp::kActive) pumpAll();
+  return rma::providerOpTest(pool_, op, done);
+}
+
+// ---- completions ----------------------------------------------------------------------------------------------------
+
+void VerbsRmaComm::pumpAll() {
+  pollCq();
+  while (!backlog_.empty()) {
+    auto [peer, m] = backlog_.front();
+    if (peers_[peer].lost) {
+      backlog_.pop_front();
+      continue;
+    }
+    if (peers_[peer].sendsOut >= kSendWr - 8) break;
+    backlog_.pop_front();
+    sendCtl(peer, m, nullptr);
+  }
+  const int64_t now = nowMs();
+  if (now - stallCheckMs_ >= kStallCheckMs) {
+    stallCheckMs_ = now;
+    dev_.pollAsync();
+    if (const int ev = asyncError.exchange(0); ev != 0) {
+      fail(std::string("an asynchronous error on the comm's QPs: ") + ibv().eventTypeStr(static_cast<ibv_event_type>(ev)),
+           Status::kRemote);
+    }
+    if (!dev_.usable()) {
+      for (uint32_t p = 0; p < peers_.size(); ++p) lose(p, "the port is down: " + dev_.stateReason());
+    }
+    checkStalls();
+  }
+}
+
+void VerbsRmaComm::pollCq() {
+  ibv_wc wc[kCqBatch];
+  for (int round = 0; round < 16; ++round) {
+    const int n = ibv_poll_cq(cq_, kCqBatch, wc);
+    if (n < 0) {
+      fail("polling the completion queue failed", Status::kSystem);
+      return;
+    }
+    for (int i = 0; i < n; ++i) onWc(wc[i]);
+    if (n < kCqBatch) return;
+  }
+}
+
+void VerbsRmaComm::onWc(const ibv_wc& wc) {
+  const uint64_t kind = wc.wr_id >> 60;
+  const uint64_t value = wc.wr_id & ((uint64_t{1} << 60) - 1);
+  const bool ok = wc.status == IBV_WC_SUCCESS;
+  const std::string err = ok ? "" : std::string(ibv().wcStatusStr(wc.status)) + " (vendor error " +
+                                        std::to_string(wc.vendor_err) + ")";
+  if (kind == kWrRecv) {
+    const uint32_t peer = static_cast<uint32_t>(value >> 16), slot = static_cast<uint32_t>(value & 0xffff);
+    if (peer >= peers_.size()) return;
+    if (!ok) {
+      if (wc.status != IBV_WC_WR_FLUSH_ERR) lose(peer, "a receive failed: " + err);
+      return;
+    }
+    peers_[peer].heardMs = nowMs();
+    const VerbsRmaMsg m = recvBuf_[static_cast<size_t>(peer) * kRecvs + slot];
+    if (postRecv(peer, slot) != Status::kOk) lose(peer, "a receive could not be posted again");
+    onMessage(peer, m);
+    return;
+  }
+  // A send-side completion: which peer's QP, from the QP number.
+  uint32_t peer = UINT32_MAX;
+  VerbsRmaOp* op = nullptr;
+  if (kind == kWrOp) {
+    op = pool_.find(static_cast<uint32_t>(value >> 32), static_cast<uint32_t>(value));
+    if (op != nullptr) peer = op->peer;
+  } else {
+    peer = static_cast<uint32_t>(value);
+  }
+  if (peer < peers_.size()) {
+    Peer& p = peers_[peer];
+    if (p.sendsOut > 0) --p.sendsOut;
+    if (ok) p.heardMs = nowMs();
+    if (!ok && wc.status != IBV_WC_WR_FLUSH_ERR) lose(peer, "an operation to it failed: " + err);
+  }
+  if (op != nullptr) opDone(op, ok, ok ? Status::kOk : Status::kRemote);
+}
+
+void VerbsRmaComm::onMessage(uint32_t from, const VerbsRmaMsg& m) {
+  if (m.check != check_ || m.origin >= static_cast<uint32_t>(nranks_)) {
+    WEFT_WARN("RMA (rank {}): a message from rank {} that is not this comm's (check {:#x}, origin {}): dropped", rank_,
+              from, m.check, m.origin);
+    return;
+  }
+  const uint32_t next = static_cast<uint32_t>((rank_ + 1) % nranks_);
+  switch (m.type) {
+    case VerbsRmaMsg::kRecord: {
+      if (rma::Window* w = windowById(m.window); w != nullptr) {
+        w->peerSize[m.origin] = m.b;
+        if (auto it = regs_.find(w); it != regs_.end()) {
+          it->second->remote[m.origin] = {m.a, static_cast<uint32_t>(m.c)};
+        }
+      } else if (m.window >= nextWindow_) {
+        early_[m.window][m.origin] = Early{m.a, m.b, static_cast<uint32_t>(m.c)};
+      }
+      if (next != m.origin) sendCtl(next, m, nullptr);
+      return;
+    }
+    case VerbsRmaMsg::kSignal:
+      applySignalMsg(m);
+      return;
+    case VerbsRmaMsg::kError: {
+      const Status st = static_cast<Status>((m.d >> 8) & 0xff);
+      fail("rank " + std::to_string(m.origin) + " refused a signal for window " + std::to_string(m.window) + " (" +
+               statusName(st) + ")",
+           st == Status::kOk ? Status::kRemote : st);
+      return;
+    }
+    default:
+      WEFT_WARN("RMA (rank {}): a message of unknown type {} from rank {}: dropped", rank_, m.type, from);
+  }
+}
+
+void VerbsRmaComm::applySignalMsg(const VerbsRmaMsg& m) {
+  rma::Window* w = windowById(m.window);
+  std::string err;
+  Status st = Status::kOk;
+  if (w == nullptr || m.a % 8 != 0 || !rma::inRange(w->size, m.a, 8) ||
+      (m.signalOp != static_cast<uint8_t>(rma::SignalOp::kInc) &&
+       m.signalOp != static_cast<uint8_t>(rma::SignalOp::kAdd))) {
+    st = Status::kInvalidUsage;
+    err = "a signal for offset " + std::to_string(m.a) + " of window " + std::to_string(m.window) + " from rank " +
+          std::to_string(m.origin) + " names no signal slot of this rank";
+  } else if (!rma::applySignal(*w, m.a, static_cast<rma::SignalOp>(m.signalOp), m.b, &err)) {
+    st = Status::kSystem;
+    err = "a signal from rank " + std::to_string(m.origin) + " could not be applied: " + err;
+  }
+  if (st == Status::kOk) return;
+  fail(err, st);
+  VerbsRmaMsg e = msg(VerbsRmaMsg::kError);
+  e.origin = static_cast<uint32_t>(rank_);
+  e.window = m.window;
+  e.d = (static_cast<uint64_t>(st) << 8) | VerbsRmaMsg::kSignal;
+  sendCtl(m.origin, e, nullptr);
+}
+
+// ---- failures ---------------------------------------------------------------------------------------------------------
+
+void VerbsRmaComm::lose(uint32_t peer, const std::string& why) {
+  Peer& p = peers_[peer];
+  if (p.lost) return;
+  p.lost = true;
+  fail("rank " + std::to_string(peer) + " is lost: " + why, Status::kRemote);
+  rma::providerOpsLost(pool_, peer);
+}
+
+void VerbsRmaComm::checkStalls() {
+  const int64_t now = nowMs();
+  std::vector<uint32_t> stalled;
+  pool_.forEach([&](VerbsRmaOp& op) {
+    if (op.state != VerbsRmaOp::kActive || op.pending == 0 || op.peer >= peers_.size()) return;
+    const Peer& p = peers_[op.peer];
+    if (!p.lost && now - std::max(op.startMs, p.heardMs) > peerTimeoutMs_) stalled.push_back(op.peer);
+  });
+  for (uint32_t peer : stalled) {
+    lose(peer, "no completion from it for " + std::to_string(peerTimeoutMs_ / 1000) + " s (WEFT_PEER_TIMEOUT)");
+  }
+}
+
+}  // namespace weft::verbs
