@@ -25,11 +25,14 @@ for sig in atomic message; do
     --soak 20000 --timeout 360 --dead-bound 60
 done
 if [ -n "${RXE_MOCK_CUDA:-}" ]; then
-  step weft_rma.verbs.gpu_mock 400 $V WEFT_GDR=1 LD_LIBRARY_PATH="$RXE_MOCK_CUDA" "$RXE_BIN" conformance --rma \
-    --plugin "$RXE_SO" --ranks 2 --mem cuda --soak 20000 --timeout 360 --dead-bound 60
+  for sig in atomic message; do
+    step "weft_rma.verbs.gpu_mock.$sig" 400 $V WEFT_RMA_SIGNAL=$sig WEFT_GDR=1 LD_LIBRARY_PATH="$RXE_MOCK_CUDA" \
+      "$RXE_BIN" conformance --rma --plugin "$RXE_SO" --ranks 2 --mem cuda --soak 20000 --timeout 360 --dead-bound 60
+  done
 fi
-# The bench side by side, alternating (weft bench --rma: put+signal round trip, put bandwidth, signal rate).
-for round in 1 2 3; do
+# The bench side by side, alternating (weft bench --rma: put+signal round trip, put bandwidth, signal rate): only when
+# asked (bench/rma_guest.sh sets RXE_BENCH to the number of rounds); about 2 minutes a round in emulation.
+for round in $(seq 1 "${RXE_BENCH:-0}"); do
   if [ -n "${RXE_NCCL_GIN:-}" ] && [ -f "$RXE_NCCL_GIN" ]; then
     step "bench.nccl_gin_ib.$round" 300 "$RXE_BIN" bench --rma --plugin "$RXE_NCCL_GIN" --symbol ncclNetPlugin_v11 \
       --rma-table 11

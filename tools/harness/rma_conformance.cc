@@ -753,8 +753,10 @@ std::string benchRank(Rank& k) {
     }
   }
   if (!k.barrier()) return "barrier";
-  // 3. Signal rate: size-0 signals to the next rank, 256 in flight.
+  // 3. Signal rate: size-0 signals to the next rank, 128 in flight (NCCL 2.28's own IB proxy refuses a signal past
+  // about that many to one peer: its queue pair's depth).
   {
+    constexpr size_t kSignalsInFlight = 128;
     const int total = 100000;
     std::vector<void*> q;
     size_t head = 0;
@@ -764,7 +766,7 @@ std::string benchRank(Rank& k) {
       int r = k.api->iputSignal(k.ctx, 0, 0, nullptr, 0, 0, nullptr, k.next(), 8 * kSumSlot, k.sig.mh, 1, 1, true,
                                 (i % 16) == 15 ? 0u : 1u, &req);
       if (r != 0) return callFailed("iputSignal", r);
-      if (q.size() < 256) {
+      if (q.size() < kSignalsInFlight) {
         q.push_back(req);
       } else {
         if (std::string e = k.wait(q[head], "signal"); !e.empty()) return e;

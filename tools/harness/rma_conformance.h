@@ -31,7 +31,7 @@ struct RmaOptions {
 int runRmaConformance(const RmaOptions& o);
 int listRmaChecks();
 // weft bench --rma: put+signal round trip (ranks 0 and 1), put bandwidth (each rank to the next, 1 MiB puts, 32 in
-// flight) and signal rate (size-0 signals, 256 in flight), one line of figures.
+// flight) and signal rate (size-0 signals, 128 in flight), one line of figures.
 int runRmaBench(const RmaOptions& o);
 // weft bench --rma --procs P (tools/harness/rma_scale.cc): one comm of --ranks N (up to 4096), N / P ranks a process
 // as threads; set-up time per step and resident memory per rank, one line.
