@@ -5,7 +5,7 @@
 # Without --provider: weft's TCP sockets (WEFT_BACKEND=tcp); with it: libfabric's provider P for both tables
 # (WEFT_BACKEND=fabric WEFT_RMA=fabric WEFT_PROVIDER=P; e.g. 'tcp;ofi_rxm', shm).
 # RMA: put+signal half round trip (8 B), put bandwidth (1 MiB puts, 32 in flight, rank 0 to rank 1 alone; with 3+
-# ranks also every rank to the next at once), signal rate (size-0 signals, 256 in flight, every rank to the next). Net: 8 B half round trip, 1 MiB streaming bandwidth (NCCL_STEPS in flight).
+# ranks also every rank to the next at once), signal rate (size-0 signals, 128 in flight, every rank to the next). Net: 8 B half round trip, 1 MiB streaming bandwidth (NCCL_STEPS in flight).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ranks=2 rounds=5 provider=
