@@ -2,6 +2,7 @@
 // The device API's RMA over native verbs: the data path (verbs_rma.h says how it works).
 #include "verbs/verbs_rma.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -88,7 +89,8 @@ Status VerbsRmaComm::postRdma(uint32_t peer, ibv_wr_opcode opcode, void* local, 
     return Status::kRemote;
   }
   ++p.sendsOut;
-  if (owner != nullptr) ++owner->pending;
+  if (owner != nullptr && signaled) ++owner->pending;
+  if (owner != nullptr && !signaled) ++owner->quiet;
   return Status::kOk;
 }
 
@@ -156,8 +158,9 @@ Status VerbsRmaComm::iput(rma::Context* ctx, int context, rma::Window* src, uint
   }
   if (size > 0) {
     const auto& to = regs_.at(dst)->remote[rank];
+    // With a signal after it, the write needs no completion of its own: the signal's implies it on this QP.
     if (postRdma(rank, IBV_WR_RDMA_WRITE, src->base + srcOff, regs_.at(src)->mr->lkey, size, to.first + dstOff,
-                 to.second, op, true) != Status::kOk) {
+                 to.second, op, signal == nullptr) != Status::kOk) {
       op->state = VerbsRmaOp::kFailed;
       op->status = Status::kRemote;
       return Status::kOk;
@@ -351,7 +354,13 @@ void VerbsRmaComm::onWc(const ibv_wc& wc) {
   }
   if (peer < peers_.size()) {
     Peer& p = peers_[peer];
-    if (p.sendsOut > 0) --p.sendsOut;
+    // This work request's room, and that of the op's quiet ones before it (once, at its last completion).
+    int freed = 1;
+    if (op != nullptr && op->pending <= 1 && op->quiet > 0) {
+      freed += op->quiet;
+      op->quiet = 0;
+    }
+    p.sendsOut = std::max(0, p.sendsOut - freed);
     if (ok) p.heardMs = nowMs();
     if (!ok && wc.status != IBV_WC_WR_FLUSH_ERR) lose(peer, "an operation to it failed: " + err);
   }

@@ -79,6 +79,9 @@ class VerbsRmaComm;
 
 struct VerbsRmaOp : rma::ProviderOp {
   VerbsRmaComm* comm = nullptr;
+  // Work requests of it posted without a completion of their own (a put's write before its signal): the signal's
+  // completion implies theirs on the same QP, and frees their send-queue room with its own.
+  uint8_t quiet = 0;
 };
 
 class VerbsRmaComm final : public rma::CommBase, public QpOwner {
