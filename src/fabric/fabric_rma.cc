@@ -15,36 +15,8 @@ namespace weft::fabric {
 namespace {
 
 constexpr int kCqBatch = 64;
-constexpr int64_t kStallCheckMs = 100;
-
-const char* msgName(uint8_t t) {
-  switch (t) {
-    case RmaMsg::kHello: return "hello";
-    case RmaMsg::kRecord: return "window record";
-    case RmaMsg::kSignal: return "signal";
-    case RmaMsg::kError: return "error";
-    default: return "unknown message";
-  }
-}
 
 }  // namespace
-
-int64_t FabricRmaComm::nowMs() const {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-RmaMsg FabricRmaComm::msg(uint8_t type) const {
-  RmaMsg m{};
-  m.check = check_;
-  m.type = type;
-  return m;
-}
-
-size_t FabricRmaComm::opsInUse() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return pool_.inUse();
-}
 
 FabricRmaComm::WindowReg* FabricRmaComm::regOf(const rma::Window* w) const {
   auto it = regs_.find(w);
@@ -53,24 +25,14 @@ FabricRmaComm::WindowReg* FabricRmaComm::regOf(const rma::Window* w) const {
 
 // ---- requests -------------------------------------------------------------------------------------------------------
 
-RmaOp* FabricRmaComm::takeOp(rma::Context* ctx, uint32_t peer) {
-  RmaOp* op = pool_.take();
-  if (op == nullptr) {
-    WEFT_WARN("RMA: more than {} operations in flight on one comm", rma::OpPool<RmaOp>::kMax);
-    return nullptr;
+RmaOp* FabricRmaComm::newOp(rma::Context* ctx, uint32_t peer) {
+  RmaOp* op = takeOp(ctx, peer);
+  if (op != nullptr) {
+    op->data.kind = RmaCtx::kData;
+    op->data.owner = op;
   }
-  op->comm = this;
-  op->ctx = ctx;
-  op->peer = peer;
-  op->state = RmaOp::kActive;
-  op->startMs = nowMs();
-  op->data.kind = RmaCtx::kData;
-  op->data.owner = op;
   return op;
 }
-
-void FabricRmaComm::release(RmaOp* op) { rma::providerOpRelease(pool_, op); }
-void FabricRmaComm::opDone(RmaOp* op, bool ok, Status st) { rma::providerOpDone(pool_, op, ok, st); }
 
 ssize_t FabricRmaComm::postRma(bool write, RmaOp* op, fi_addr_t peer, void* local, size_t size, void* desc,
                                uint64_t remoteAddr, uint64_t key) {
@@ -87,11 +49,11 @@ ssize_t FabricRmaComm::postRma(bool write, RmaOp* op, fi_addr_t peer, void* loca
   m.data = static_cast<uint64_t>(rank_);  // a write's remote completion data: whose write landed
   // The provider pushing back (its queue full) is waited out here, moving completions: NCCL's proxy cannot take a
   // NULL request back. Bounded by WEFT_PEER_TIMEOUT.
-  const int64_t until = nowMs() + peerTimeoutMs_;
+  const int64_t until = rma::steadyMs() + peerTimeoutMs_;
   for (;;) {
     const ssize_t rc = write ? fi_writemsg(ep_->ep.get(), &m, FI_REMOTE_CQ_DATA | FI_COMPLETION)
                              : fi_readmsg(ep_->ep.get(), &m, FI_COMPLETION);
-    if (rc != -FI_EAGAIN || nowMs() >= until) return rc;
+    if (rc != -FI_EAGAIN || rma::steadyMs() >= until) return rc;
     readCompletions();
   }
 }
@@ -107,7 +69,7 @@ Status FabricRmaComm::iput(rma::Context* ctx, int context, rma::Window* src, uin
     WEFT_WARN("RMA iput: {} bytes in one put; {} carries at most {} in one write", size, dev_.props().provider, maxMsg_);
     return Status::kInvalidUsage;
   }
-  RmaOp* op = takeOp(ctx, rank);
+  RmaOp* op = newOp(ctx, rank);
   if (op == nullptr) return Status::kSystem;
   *request = op;
   RmaPeer& p = peers_[rank];
@@ -159,7 +121,7 @@ Status FabricRmaComm::iget(rma::Context* ctx, int context, rma::Window* remote, 
     WEFT_WARN("RMA iget: {} bytes in one get; {} carries at most {} in one read", size, dev_.props().provider, maxMsg_);
     return Status::kInvalidUsage;
   }
-  RmaOp* op = takeOp(ctx, rank);
+  RmaOp* op = newOp(ctx, rank);
   if (op == nullptr) return Status::kSystem;
   *request = op;
   RmaPeer& p = peers_[rank];
@@ -195,7 +157,7 @@ Status FabricRmaComm::iflush(rma::Context* ctx, int context, rma::Window* w, uin
   std::lock_guard<std::mutex> lock(mu_);
   if (Status st = checkContext(ctx, context, rank, "iflush"); st != Status::kOk) return st;
   if (Status st = checkWindow(w, "flushed"); st != Status::kOk) return st;
-  RmaOp* op = takeOp(ctx, static_cast<uint32_t>(rank_));
+  RmaOp* op = newOp(ctx, static_cast<uint32_t>(rank_));
   if (op == nullptr) return Status::kSystem;
   *request = op;
   op->state = RmaOp::kDone;
@@ -217,19 +179,6 @@ Status FabricRmaComm::iflush(rma::Context* ctx, int context, rma::Window* w, uin
   return Status::kOk;
 }
 
-Status FabricRmaComm::test(void* request, bool* done) {
-  auto* op = static_cast<RmaOp*>(request);
-  if (done == nullptr || op == nullptr || op->magic != rma::kRequestMagic || op->comm != this) {
-    WEFT_WARN("RMA test: {} is not a pending request of this comm (completed already, or not weft's)", request);
-    return Status::kInternal;
-  }
-  *done = false;
-  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
-  if (!lock.owns_lock()) return Status::kOk;  // set-up holds the comm for a moment: NCCL calls again
-  if (op->state == RmaOp::kActive) pumpAll();
-  return rma::providerOpTest(pool_, op, done);
-}
-
 // ---- the completion queue --------------------------------------------------------------------------------------------
 
 void FabricRmaComm::pumpAll() {
@@ -242,11 +191,7 @@ void FabricRmaComm::pumpAll() {
     }
   }
   if (!backlog_.empty()) flushBacklog();
-  const int64_t now = nowMs();
-  if (now - stallCheckMs_ >= kStallCheckMs) {
-    stallCheckMs_ = now;
-    checkStalls();
-  }
+  checkStalls();
 }
 
 void FabricRmaComm::readCompletions() {
@@ -285,7 +230,7 @@ void FabricRmaComm::onCompletion(RmaCtx* c, bool ok, Status st, uint64_t flags, 
     if (ok && (flags & FI_REMOTE_CQ_DATA) != 0 && data < peers_.size()) {
       RmaPeer& p = peers_[data];
       ++p.landed;
-      p.heardMs = nowMs();
+      p.heardMs = rma::steadyMs();
       if (!p.waitingSignals.empty()) {
         auto& w = p.waitingSignals;
         for (size_t i = 0; i < w.size();) {
@@ -310,7 +255,11 @@ void FabricRmaComm::onCompletion(RmaCtx* c, bool ok, Status st, uint64_t flags, 
       if (ok) {
         const RmaMsg m = ctl_->in[slot];
         if (postRecv(slot) != Status::kOk) fail("a control receive could not be posted again", Status::kSystem);
-        onMessage(m);
+        // Hellos and records come round the ring from the previous rank; signals and errors from their origin.
+        const uint32_t from = m.type == RmaMsg::kHello || m.type == RmaMsg::kRecord
+                                  ? static_cast<uint32_t>((rank_ - 1 + nranks_) % nranks_)
+                                  : m.origin;
+        onRingMsg(from, m);
       } else if (st != Status::kRemote || err.find("Canceled") == std::string::npos) {
         if (postRecv(slot) != Status::kOk) fail("a control receive could not be posted again: " + err, Status::kSystem);
       }
@@ -324,8 +273,8 @@ void FabricRmaComm::onCompletion(RmaCtx* c, bool ok, Status st, uint64_t flags, 
       ctlOwner_[slot] = nullptr;
       ctlFree_.push_back(slot);
       if (to < peers_.size()) {
-        if (ok) peers_[to].heardMs = nowMs();
-        if (!ok) lose(to, std::string("a ") + msgName(ctl_->out[slot].type) + " to it failed: " + err);
+        if (ok) peers_[to].heardMs = rma::steadyMs();
+        if (!ok) lose(to, std::string("a ") + rma::ringMsgName(ctl_->out[slot].type) + " to it failed: " + err);
       }
       if (owner != nullptr && owner->gen == ownerGen) opDone(owner, ok, st);
       return;
@@ -334,7 +283,7 @@ void FabricRmaComm::onCompletion(RmaCtx* c, bool ok, Status st, uint64_t flags, 
       // The op holding this context (its write, read or read-back).
       auto* op = static_cast<RmaOp*>(c->owner);
       if (op->peer < peers_.size()) {
-        if (ok) peers_[op->peer].heardMs = nowMs();
+        if (ok) peers_[op->peer].heardMs = rma::steadyMs();
         if (!ok && op->state != RmaOp::kOrphan) {
           if (st == Status::kInvalidUsage) {
             fail("rank " + std::to_string(op->peer) + " refused an operation: " + err, st);
@@ -352,7 +301,7 @@ void FabricRmaComm::onCompletion(RmaCtx* c, bool ok, Status st, uint64_t flags, 
 // ---- control messages -------------------------------------------------------------------------------------------------
 
 Status FabricRmaComm::postRecv(uint32_t slot) {
-  ssize_t rc = fi_trecv(ep_->ep.get(), &ctl_->in[slot], sizeof(RmaMsg), ctlDesc_, FI_ADDR_UNSPEC, RmaMsg::kTag, 0,
+  ssize_t rc = fi_trecv(ep_->ep.get(), &ctl_->in[slot], sizeof(RmaMsg), ctlDesc_, FI_ADDR_UNSPEC, kRmaMsgTag, 0,
                         &ctlRecvCtx_[slot].fi);
   if (rc == -FI_EAGAIN) {
     recvRepost_.push_back(slot);  // posted again from the next pass
@@ -374,10 +323,10 @@ bool FabricRmaComm::postCtl(uint32_t peer, const RmaMsg& m, RmaOp* owner) {
   // Injected where the provider takes 64 bytes that way: no completion to read, the source reusable at once (the
   // comm is progressed for as long as it lives: NCCL's proxy calls progress, and close moves what is queued).
   if (inject_) {
-    ssize_t rc = fi_tinject(ep_->ep.get(), &m, sizeof(RmaMsg), peers_[peer].addr, RmaMsg::kTag);
+    ssize_t rc = fi_tinject(ep_->ep.get(), &m, sizeof(RmaMsg), peers_[peer].addr, kRmaMsgTag);
     if (rc == -FI_EAGAIN) return false;
     if (rc != 0) {
-      lose(peer, std::string("a ") + msgName(m.type) + " could not be sent: " + fi_strerror(static_cast<int>(-rc)));
+      lose(peer, std::string("a ") + rma::ringMsgName(m.type) + " could not be sent: " + fi_strerror(static_cast<int>(-rc)));
       if (owner != nullptr) opDone(owner, false, Status::kRemote);
       return true;
     }
@@ -389,13 +338,13 @@ bool FabricRmaComm::postCtl(uint32_t peer, const RmaMsg& m, RmaOp* owner) {
   RmaMsg& out = ctl_->out[slot];
   out = m;
   out.d = (out.d & ((uint64_t{1} << 40) - 1)) | (uint64_t{peer} << 40);  // whom it went to (not read by the peer)
-  ssize_t rc = fi_tsend(ep_->ep.get(), &out, sizeof(RmaMsg), ctlDesc_, peers_[peer].addr, RmaMsg::kTag,
+  ssize_t rc = fi_tsend(ep_->ep.get(), &out, sizeof(RmaMsg), ctlDesc_, peers_[peer].addr, kRmaMsgTag,
                         &ctlSendCtx_[slot].fi);
   if (rc == -FI_EAGAIN) return false;
   ctlFree_.pop_back();
   if (rc != 0) {
     ctlFree_.push_back(slot);
-    lose(peer, std::string("a ") + msgName(m.type) + " could not be sent: " + fi_strerror(static_cast<int>(-rc)));
+    lose(peer, std::string("a ") + rma::ringMsgName(m.type) + " could not be sent: " + fi_strerror(static_cast<int>(-rc)));
     if (owner != nullptr) opDone(owner, false, Status::kRemote);
     return true;
   }
@@ -418,103 +367,23 @@ void FabricRmaComm::flushBacklog() {
   }
 }
 
-void FabricRmaComm::onMessage(const RmaMsg& m) {
-  if (m.check != check_ || m.origin >= static_cast<uint32_t>(nranks_)) {
-    WEFT_WARN("RMA (rank {}): a message that is not this comm's (check {:#x}, origin {}): dropped", rank_, m.check,
-              m.origin);
+void FabricRmaComm::onHello(const RmaMsg& m) {
+  if (m.a != static_cast<uint64_t>(nranks_)) {
+    fail("rank " + std::to_string(m.origin) + " joined a comm of " + std::to_string(m.a) + " ranks, this one has " +
+             std::to_string(nranks_),
+         Status::kInvalidUsage);
     return;
   }
-  const uint32_t next = static_cast<uint32_t>((rank_ + 1) % nranks_);
-  switch (m.type) {
-    case RmaMsg::kHello:
-      if (m.a != static_cast<uint64_t>(nranks_)) {
-        fail("rank " + std::to_string(m.origin) + " joined a comm of " + std::to_string(m.a) + " ranks, this one has " +
-                 std::to_string(nranks_),
-             Status::kInvalidUsage);
-        return;
-      }
-      ++hellos_;
-      peers_[m.origin].heardMs = nowMs();
-      if (next != m.origin) sendCtl(next, m, nullptr);
-      return;
-    case RmaMsg::kRecord: {
-      peers_[m.origin].heardMs = nowMs();
-      if (rma::Window* w = windowById(m.window); w != nullptr) {
-        w->peerSize[m.origin] = m.b;
-        if (WindowReg* reg = regOf(w); reg != nullptr) reg->remote[m.origin] = RmaRemote{m.a, m.c};
-      } else if (m.window >= nextWindow_) {
-        early_[m.window][m.origin] = Early{RmaRemote{m.a, m.c}, m.b};
-      }
-      if (next != m.origin) sendCtl(next, m, nullptr);
-      return;
-    }
-    case RmaMsg::kSignal: {
-      RmaPeer& p = peers_[m.origin];
-      p.heardMs = nowMs();
-      if (m.c <= p.landed) {
-        applySignalMsg(m);
-      } else {
-        p.waitingSignals.push_back(m);
-      }
-      return;
-    }
-    case RmaMsg::kError: {
-      const Status st = static_cast<Status>(m.d >> 8 & 0xff);
-      fail("rank " + std::to_string(m.origin) + " refused a " + msgName(static_cast<uint8_t>(m.d & 0xff)) +
-               " for window " + std::to_string(m.window) + " (" + statusName(st) + ")",
-           st == Status::kOk ? Status::kRemote : st);
-      return;
-    }
-    default:
-      WEFT_WARN("RMA (rank {}): a message of unknown type {} from rank {}: dropped", rank_, m.type, m.origin);
-  }
+  ++hellos_;
 }
 
-bool FabricRmaComm::applySignalMsg(const RmaMsg& m) {
-  rma::Window* w = windowById(m.window);
-  std::string err;
-  Status st = Status::kOk;
-  if (w == nullptr || m.a % 8 != 0 || !rma::inRange(w->size, m.a, 8) ||
-      (m.signalOp != static_cast<uint8_t>(rma::SignalOp::kInc) &&
-       m.signalOp != static_cast<uint8_t>(rma::SignalOp::kAdd))) {
-    st = Status::kInvalidUsage;
-    err = "a signal for offset " + std::to_string(m.a) + " of window " + std::to_string(m.window) + " from rank " +
-          std::to_string(m.origin) + " names no signal slot of this rank";
-  } else if (!rma::applySignal(*w, m.a, static_cast<rma::SignalOp>(m.signalOp), m.b, &err)) {
-    st = Status::kSystem;
-    err = "a signal from rank " + std::to_string(m.origin) + " could not be applied: " + err;
-  }
-  if (st == Status::kOk) return true;
-  fail(err, st);
-  RmaMsg e = msg(RmaMsg::kError);
-  e.origin = static_cast<uint32_t>(rank_);
-  e.window = m.window;
-  e.d = (static_cast<uint64_t>(st) << 8) | RmaMsg::kSignal;
-  sendCtl(m.origin, e, nullptr);
-  return false;
-}
-
-// ---- failures ---------------------------------------------------------------------------------------------------------
-
-void FabricRmaComm::lose(uint32_t peer, const std::string& why) {
-  RmaPeer& p = peers_[peer];
-  if (p.lost) return;
-  p.lost = true;
-  fail("rank " + std::to_string(peer) + " is lost: " + why, Status::kRemote);
-  rma::providerOpsLost(pool_, peer);
-  p.waitingSignals.clear();
-}
-
-void FabricRmaComm::checkStalls() {
-  const int64_t now = nowMs();
-  std::vector<uint32_t> stalled;
-  pool_.forEach([&](RmaOp& op) {
-    if (op.state != RmaOp::kActive || op.pending == 0 || op.peer >= peers_.size()) return;
-    const RmaPeer& p = peers_[op.peer];
-    if (!p.lost && now - std::max(op.startMs, p.heardMs) > peerTimeoutMs_) stalled.push_back(op.peer);
-  });
-  for (uint32_t peer : stalled) {
-    lose(peer, "no completion from it for " + std::to_string(peerTimeoutMs_ / 1000) + " s (WEFT_PEER_TIMEOUT)");
+// A signal waits for the sender's writes before it (its count) to have landed here.
+void FabricRmaComm::onSignal(const RmaMsg& m) {
+  RmaPeer& p = peers_[m.origin];
+  if (m.c <= p.landed) {
+    applySignalMsg(m);
+  } else {
+    p.waitingSignals.push_back(m);
   }
 }
 

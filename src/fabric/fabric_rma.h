@@ -44,27 +44,14 @@
 #include "fabric/fabric_raii.h"
 #include "rma/comm_base.h"
 #include "rma/op_pool.h"
+#include "rma/provider_comm.h"
 #include "rma/rma.h"
 
 namespace weft::fabric {
 
-// Every message of weft's own on an RMA endpoint: 64 bytes, one tag.
-struct RmaMsg {
-  static constexpr uint64_t kTag = 0x5746524d41000000ull;  // "WFRMA"
-  enum : uint8_t { kHello = 1, kRecord = 2, kSignal = 3, kError = 4 };
-  uint32_t check;   // the comm's check word (its id folded): another comm's message is dropped
-  uint8_t type;
-  uint8_t signalOp;  // signal: rma::SignalOp
-  uint16_t flags;    // record: the window's flags, bit 15 set for GPU memory
-  uint32_t origin;   // hello, record: the rank it is about; signal, error: the sender
-  uint32_t window;   // record: the window's id; signal: the signal's window; error: the window it named
-  uint64_t a;        // hello: nranks; record: the address peers name (0 where keys take offsets); signal: offset
-  uint64_t b;        // record: the size; signal: value
-  uint64_t c;        // record: the provider key; signal: how many of the sender's writes must have landed first
-  uint64_t d;        // error: status << 8 | the refused message's type
-  uint64_t reserved[2];
-};
-static_assert(sizeof(RmaMsg) == 64);
+// Every message of weft's own on an RMA endpoint (rma::RingMsg, 64 bytes), under one tag.
+using RmaMsg = rma::RingMsg;
+constexpr uint64_t kRmaMsgTag = 0x5746524d41000000ull;  // "WFRMA"
 
 // An endpoint with its completion queue and address vector (opened by listen, taken over by connect).
 struct RmaEndpoint {
@@ -105,16 +92,13 @@ struct RmaCtx {
 // A request (put, get, flush) and the provider operations it waits for (the write or read, the signal message).
 struct RmaOp : rma::ProviderOp {
   RmaCtx data;  // the write, read or read-back (the signal message has a control slot's)
-  FabricRmaComm* comm = nullptr;
 };
 
 // One peer: its address and what this comm knows of its traffic.
-struct RmaPeer {
+struct RmaPeer : rma::PeerState {
   fi_addr_t addr = FI_ADDR_UNSPEC;
-  bool lost = false;
   uint64_t issued = 0;   // writes this rank posted to it
   uint64_t landed = 0;   // writes of its that landed here
-  int64_t heardMs = 0;   // the last completion of an operation to it, or message from it
   std::vector<RmaMsg> waitingSignals;  // its signals whose writes have not all landed yet
 };
 
@@ -123,29 +107,26 @@ struct RmaRemote {
   uint64_t addr = 0, key = 0;
 };
 
-class FabricRmaComm final : public rma::CommBase {
+class FabricRmaComm final : public rma::ProviderComm<RmaOp> {
  public:
   FabricRmaComm(int rank, int nranks, uint64_t commId, std::unique_ptr<RmaEndpoint> ep);
   ~FabricRmaComm() override;
   // Set-up after construction (connect): addresses in, receives posted, the ring of hellos.
   Status start(const std::vector<std::vector<uint8_t>>& addrs);
 
-  Status regMrSym(void* data, size_t size, int type, uint64_t flags, int dmabufFd, rma::Window** out) override;
-  Status deregMrSym(rma::Window* w) override;
-  Status destroyContext(rma::Context* ctx) override;
   Status iput(rma::Context* ctx, int context, rma::Window* src, uint64_t srcOff, size_t size, rma::Window* dst,
               uint64_t dstOff, uint32_t rank, const rma::Signal* signal, uint32_t optFlags, void** request) override;
   Status iget(rma::Context* ctx, int context, rma::Window* remote, uint64_t remoteOff, size_t size,
               rma::Window* local, uint64_t localOff, uint32_t rank, uint32_t optFlags, void** request) override;
   Status iflush(rma::Context* ctx, int context, rma::Window* w, uint32_t rank, void** request) override;
-  Status test(void* request, bool* done) override;
   bool flushesAllPutsOnAnySignal() const override { return false; }
-  void close() override;
-
-  size_t opsInUse() const;
+  void close() override { drainAndDelete(); }
 
  private:
   static constexpr int kCtlSlots = 256;  // control messages out and receives posted, each
+  struct RmaRemote {
+    uint64_t addr = 0, key = 0;
+  };
   struct WindowReg {
     MrPtr mr;
     void* desc = nullptr;
@@ -163,6 +144,17 @@ class FabricRmaComm final : public rma::CommBase {
     uint32_t ownerGen;
   };
 
+  // rma::ProviderComm
+  rma::PeerState& peer(uint32_t rank) override { return peers_[rank]; }
+  Status registerWindow(rma::Window* w, int dmabufFd, uint64_t* addr, uint64_t* key) override;
+  void forgetWindow(rma::Window* w) override { regs_.erase(w); }
+  void setRemote(rma::Window* w, uint32_t rank, uint64_t addr, uint64_t key) override;
+  void sendMsg(uint32_t peer, const RmaMsg& m) override { sendCtl(peer, m, nullptr); }
+  bool sendsDrained() const override { return backlog_.empty() && ctlFree_.size() == static_cast<size_t>(kCtlSlots); }
+  void onHello(const RmaMsg& m) override;
+  void onSignal(const RmaMsg& m) override;
+  void onLost(uint32_t peer) override { peers_[peer].waitingSignals.clear(); }
+
   void pumpAll() override;
   void readCompletions();
   // One RMA write (with this rank as remote completion data) or read of [local, +size) at the peer's remoteAddr under
@@ -170,28 +162,17 @@ class FabricRmaComm final : public rma::CommBase {
   ssize_t postRma(bool write, RmaOp* op, fi_addr_t peer, void* local, size_t size, void* desc, uint64_t remoteAddr,
                   uint64_t key);
   void onCompletion(RmaCtx* c, bool ok, Status st, uint64_t flags, uint64_t data, const std::string& err);
-  void onMessage(const RmaMsg& m);
-  bool applySignalMsg(const RmaMsg& m);
   void sendCtl(uint32_t peer, const RmaMsg& m, RmaOp* owner);
   void flushBacklog();
   bool postCtl(uint32_t peer, const RmaMsg& m, RmaOp* owner);
   Status postRecv(uint32_t slot);
-  void opDone(RmaOp* op, bool ok, Status st);
-  void lose(uint32_t peer, const std::string& why);
-  void checkStalls();
-  RmaOp* takeOp(rma::Context* ctx, uint32_t peer);
-  void release(RmaOp* op);  // back to the pool, or an orphan until the provider returns it
+  RmaOp* newOp(rma::Context* ctx, uint32_t peer);
   WindowReg* regOf(const rma::Window* w) const;
-  RmaMsg msg(uint8_t type) const;
-  int64_t nowMs() const;
 
-  const uint64_t commId_;
-  const uint32_t check_;
   std::unique_ptr<RmaEndpoint> ep_;
   FabricDevice& dev_;
   // Guarded by mu_ (CommBase).
   std::vector<RmaPeer> peers_;
-  rma::OpPool<RmaOp> pool_;
   std::unique_ptr<Ctl> ctl_;
   MrPtr ctlMr_;
   void* ctlDesc_ = nullptr;
@@ -203,16 +184,8 @@ class FabricRmaComm final : public rma::CommBase {
   std::deque<Backlog> backlog_;
   std::vector<uint32_t> recvRepost_;  // control receives the provider pushed back
   std::unordered_map<const rma::Window*, std::unique_ptr<WindowReg>> regs_;
-  // Records of windows this rank has not registered yet: id -> rank -> (addr, key, size).
-  struct Early {
-    RmaRemote remote;
-    uint64_t size;
-  };
-  std::unordered_map<uint32_t, std::unordered_map<uint32_t, Early>> early_;
   uint32_t hellos_ = 0;  // other ranks' hellos seen
   bool cudaGetsSinceFlush_ = false;
-  int64_t stallCheckMs_ = 0;
-  int64_t peerTimeoutMs_;
   size_t maxMsg_;
   bool inject_;  // control messages injected (the provider's inject size holds one; WEFT_RMA_INJECT)
 };

@@ -188,13 +188,10 @@ Status FabricRmaTransport::connect(void* const* handles, int nranks, int rank, r
 // ---- the comm's set-up --------------------------------------------------------------------------------------------
 
 FabricRmaComm::FabricRmaComm(int rank, int nranks, uint64_t commId, std::unique_ptr<RmaEndpoint> ep)
-    : CommBase(rank, nranks, ep->dev->props()),
-      commId_(commId),
-      check_(static_cast<uint32_t>(commId ^ (commId >> 32)) ^ 0x5746464d),
+    : ProviderComm(rank, nranks, commId, ep->dev->props(), 0x5746464d),
       ep_(std::move(ep)),
       dev_(*ep_->dev),
       peers_(static_cast<size_t>(nranks)),
-      peerTimeoutMs_(params::getInt("WEFT_PEER_TIMEOUT") * 1000),
       maxMsg_(dev_.maxMsgSize() > 0 ? dev_.maxMsgSize() : SIZE_MAX),
       inject_(dev_.injectSize() >= sizeof(RmaMsg) && params::getBool("WEFT_RMA_INJECT")) {
   for (uint32_t i = 0; i < kCtlSlots; ++i) {
@@ -229,7 +226,7 @@ Status FabricRmaComm::start(const std::vector<std::vector<uint8_t>>& addrs) {
         return Status::kSystem;
       }
       peers_[r].addr = a;
-      peers_[r].heardMs = nowMs();
+      peers_[r].heardMs = rma::steadyMs();
     }
     for (uint32_t i = 0; i < kCtlSlots; ++i) {
       if (Status st = postRecv(i); st != Status::kOk) return st;
@@ -243,8 +240,7 @@ Status FabricRmaComm::start(const std::vector<std::vector<uint8_t>>& addrs) {
   }
   // Every other rank's hello came round the ring, and the ones this rank forwards have left.
   return waitFor("the connect of every rank (a hello round the ring)", [&] {
-    return failed() || (hellos_ == static_cast<uint32_t>(nranks_ - 1) && backlog_.empty() &&
-                        ctlFree_.size() == static_cast<size_t>(kCtlSlots));
+    return failed() || (hellos_ == static_cast<uint32_t>(nranks_ - 1) && sendsDrained());
   }) == Status::kOk && !failed()
              ? Status::kOk
              : Status::kRemote;
@@ -252,141 +248,32 @@ Status FabricRmaComm::start(const std::vector<std::vector<uint8_t>>& addrs) {
 
 // ---- windows -------------------------------------------------------------------------------------------------------
 
-Status FabricRmaComm::regMrSym(void* data, size_t size, int type, uint64_t flags, int dmabufFd, rma::Window** out) {
-  std::unique_ptr<rma::Window> w;
-  if (Status st = newWindow(data, size, type, flags, &w); st != Status::kOk) return st;
-  if (w->cuda && (dev_.props().ptrSupport & rma::kPtrCuda) == 0) {
-    WEFT_WARN("RMA regMrSym: GPU memory at {}, but device {} ({}) does not reach GPU memory", data, dev_.props().name,
-              dev_.props().provider);
-    return Status::kInvalidUsage;
-  }
+Status FabricRmaComm::registerWindow(rma::Window* w, int dmabufFd, uint64_t* addr, uint64_t* key) {
   auto reg = std::make_unique<WindowReg>();
   reg->remote.resize(static_cast<size_t>(nranks_));
-  if (size > 0) {
+  *addr = 0;
+  *key = 0;
+  if (w->size > 0) {
     fid_mr* mr = nullptr;
     const uint64_t access = FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
-    if (Status st = dev_.registerAccess(reinterpret_cast<uintptr_t>(data), size, type, dmabufFd, 0, access, &mr);
+    const auto base = reinterpret_cast<uintptr_t>(w->base);
+    if (Status st = dev_.registerAccess(base, w->size, w->cuda ? rma::kPtrCuda : rma::kPtrHost, dmabufFd, 0, access,
+                                       &mr);
         st != Status::kOk) {
       return st;
     }
     reg->mr.reset(mr);
     reg->desc = fi_mr_desc(mr);
+    *addr = dev_.remoteAddr(base, base);
+    *key = fi_mr_key(mr);
   }
-  rma::Window* win = w.get();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    addWindow(w.release());
-    RmaRemote& self = reg->remote[static_cast<size_t>(rank_)];
-    self.addr = size > 0 ? dev_.remoteAddr(reinterpret_cast<uintptr_t>(data), reinterpret_cast<uintptr_t>(data)) : 0;
-    self.key = size > 0 ? fi_mr_key(reg->mr.get()) : 0;
-    if (auto it = early_.find(win->id); it != early_.end()) {
-      for (auto& [r, e] : it->second) {
-        reg->remote[r] = e.remote;
-        win->peerSize[r] = e.size;
-      }
-      early_.erase(it);
-    }
-    regs_[win] = std::move(reg);
-    if (nranks_ > 1) {
-      RmaMsg m = msg(RmaMsg::kRecord);
-      m.origin = static_cast<uint32_t>(rank_);
-      m.window = win->id;
-      m.flags = static_cast<uint16_t>((flags & 0x7fff) | (win->cuda ? 0x8000 : 0));
-      m.a = self.addr;
-      m.b = size;
-      m.c = self.key;
-      sendCtl(static_cast<uint32_t>((rank_ + 1) % nranks_), m, nullptr);
-    }
-  }
-  const uint32_t id = win->id;
-  Status st = waitFor("the registration exchange of a window (its record round the ring)", [&] {
-    if (failed()) return true;
-    for (uint64_t s : win->peerSize) {
-      if (s == UINT64_MAX) return false;
-    }
-    return backlog_.empty() && ctlFree_.size() == static_cast<size_t>(kCtlSlots);
-  });
   std::lock_guard<std::mutex> lock(mu_);
-  if (st == Status::kOk && failed()) {
-    WEFT_WARN("RMA regMrSym (rank {}): the comm failed; window {} is not registered", rank_, id);
-    st = Status::kRemote;
-  }
-  if (st != Status::kOk) {
-    regs_.erase(win);
-    dropWindow(win);
-    return st;
-  }
-  WEFT_INFO(NCCL_NET | NCCL_REG, "RMA: window {} registered: {} bytes of {} memory at {}{}", id, size,
-            win->cuda ? "GPU" : "host", data, (flags & rma::kFlagSignalNeverReset) ? " (signals, never reset)" : "");
-  *out = win;
+  regs_[w] = std::move(reg);
   return Status::kOk;
 }
 
-Status FabricRmaComm::deregMrSym(rma::Window* w) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!hasWindow(w)) {
-      WEFT_WARN("RMA deregMrSym: {} is not a registered window of this comm", static_cast<void*>(w));
-      return Status::kInvalidUsage;
-    }
-  }
-  // A window still read or written by an operation of ours waits until the provider is done with it: its memory is
-  // NCCL's to free once this returns. (Peers' writes into it are theirs to finish: NCCL deregisters after a barrier.)
-  Status st = waitFor("deregistering a window still in use", [&] { return w->inflight == 0 || failed(); });
-  std::lock_guard<std::mutex> lock(mu_);
-  if (w->inflight > 0) {
-    WEFT_WARN("RMA deregMrSym: window {} is still used by {} operation(s); not deregistered", w->id, w->inflight);
-    return st == Status::kOk ? Status::kInvalidUsage : st;
-  }
-  regs_.erase(w);
-  dropWindow(w);
-  return Status::kOk;
-}
-
-Status FabricRmaComm::destroyContext(rma::Context* ctx) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!hasContext(ctx)) {
-      WEFT_WARN("RMA destroyContext: {} is not a live context of this comm", static_cast<void*>(ctx));
-      return Status::kInternal;
-    }
-  }
-  // What the provider still holds for the context finishes first (its completion contexts must stay valid).
-  Status st = waitFor("finishing a destroyed context's operations", [&] {
-    bool busy = false;
-    pool_.forEach([&](RmaOp& op) { busy |= op.ctx == ctx && op.pending > 0 && !peers_[op.peer].lost; });
-    return !busy;
-  });
-  std::lock_guard<std::mutex> lock(mu_);
-  pool_.forEach([&](RmaOp& op) {
-    if (op.ctx != ctx || op.state == RmaOp::kFree) return;
-    op.ctx = nullptr;
-    if (op.state != RmaOp::kOrphan) release(&op);
-  });
-  forgetContext(ctx);
-  return st;
-}
-
-void FabricRmaComm::close() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto* w : windows_) {
-      if (w != nullptr) {
-        WEFT_INFO(NCCL_NET, "RMA: window {} still registered when its comm closed; released with it", w->id);
-      }
-    }
-  }
-  // Control messages on their way (a record or signal this rank forwards) leave first, within a bound.
-  const int64_t until = nowMs() + 1000;
-  for (;;) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      pumpAll();
-      if ((backlog_.empty() && ctlFree_.size() == static_cast<size_t>(kCtlSlots)) || nowMs() > until) break;
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
-  }
-  delete this;
+void FabricRmaComm::setRemote(rma::Window* w, uint32_t rank, uint64_t addr, uint64_t key) {
+  if (WindowReg* reg = regOf(w); reg != nullptr) reg->remote[rank] = RmaRemote{addr, key};
 }
 
 }  // namespace weft::fabric

@@ -77,6 +77,7 @@ class OpPool {
 struct ProviderOp {
   uint32_t magic = 0;  // kRequestMagic while NCCL holds it
   uint32_t index = 0, gen = 0;
+  const void* owner = nullptr;  // the comm (test refuses another comm's request)
   enum : uint8_t { kFree, kActive, kDone, kFailed, kOrphan } state = kFree;
   Status status = Status::kOk;
   uint8_t pending = 0;   // provider operations not completed yet

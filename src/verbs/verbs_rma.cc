@@ -12,47 +12,17 @@ namespace weft::verbs {
 namespace {
 
 constexpr int kCqBatch = 32;
-constexpr int64_t kStallCheckMs = 100;
 
 uint64_t wrId(uint64_t kind, uint64_t value) { return (kind << 60) | (value & ((uint64_t{1} << 60) - 1)); }
 uint64_t opToken(const VerbsRmaOp* op) { return (uint64_t{op->index} << 32) | op->gen; }
 
 }  // namespace
 
-int64_t VerbsRmaComm::nowMs() const {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-VerbsRmaMsg VerbsRmaComm::msg(uint8_t type) const {
-  VerbsRmaMsg m{};
-  m.check = check_;
-  m.type = type;
-  return m;
-}
-
-VerbsRmaOp* VerbsRmaComm::takeOp(rma::Context* ctx, uint32_t peer) {
-  VerbsRmaOp* op = pool_.take();
-  if (op == nullptr) {
-    WEFT_WARN("RMA: more than {} operations in flight on one comm", rma::OpPool<VerbsRmaOp>::kMax);
-    return nullptr;
-  }
-  op->comm = this;
-  op->ctx = ctx;
-  op->peer = peer;
-  op->state = VerbsRmaOp::kActive;
-  op->startMs = nowMs();
-  return op;
-}
-
-void VerbsRmaComm::opDone(VerbsRmaOp* op, bool ok, Status st) { rma::providerOpDone(pool_, op, ok, st); }
-void VerbsRmaComm::release(VerbsRmaOp* op) { rma::providerOpRelease(pool_, op); }
-
 // ---- posting ------------------------------------------------------------------------------------------------------
 
 Status VerbsRmaComm::postRecv(uint32_t peer, uint32_t slot) {
-  VerbsRmaMsg& buf = recvBuf_[static_cast<size_t>(peer) * kRecvs + slot];
-  ibv_sge sge{reinterpret_cast<uint64_t>(&buf), sizeof(VerbsRmaMsg), recvMr_->lkey};
+  rma::RingMsg& buf = recvBuf_[static_cast<size_t>(peer) * kRecvs + slot];
+  ibv_sge sge{reinterpret_cast<uint64_t>(&buf), sizeof(rma::RingMsg), recvMr_->lkey};
   ibv_recv_wr wr{};
   wr.wr_id = wrId(kWrRecv, (uint64_t{peer} << 16) | slot);
   wr.sg_list = &sge;
@@ -94,7 +64,7 @@ Status VerbsRmaComm::postRdma(uint32_t peer, ibv_wr_opcode opcode, void* local, 
   return Status::kOk;
 }
 
-bool VerbsRmaComm::sendCtl(uint32_t peer, const VerbsRmaMsg& m, VerbsRmaOp* owner) {
+bool VerbsRmaComm::sendCtl(uint32_t peer, const rma::RingMsg& m, VerbsRmaOp* owner) {
   Peer& p = peers_[peer];
   if (p.lost) {
     if (owner != nullptr) opDone(owner, false, Status::kRemote);
@@ -111,7 +81,7 @@ bool VerbsRmaComm::sendCtl(uint32_t peer, const VerbsRmaMsg& m, VerbsRmaOp* owne
   }
   const uint32_t slot = nextSend_++ % kSendWr;
   sendBuf_[slot] = m;
-  ibv_sge sge{reinterpret_cast<uint64_t>(&sendBuf_[slot]), sizeof(VerbsRmaMsg), sendMr_->lkey};
+  ibv_sge sge{reinterpret_cast<uint64_t>(&sendBuf_[slot]), sizeof(rma::RingMsg), sendMr_->lkey};
   ibv_send_wr wr{};
   wr.wr_id = owner != nullptr ? wrId(kWrOp, opToken(owner)) : wrId(kWrCtl, peer);
   wr.sg_list = &sge;
@@ -145,8 +115,8 @@ Status VerbsRmaComm::iput(rma::Context* ctx, int context, rma::Window* src, uint
   Peer& p = peers_[rank];
   // Room on the QP for the write and the signal: the send queue is as deep as NCCL keeps operations in flight, so
   // this waits only when a peer stops answering (bounded: the stall check loses it).
-  const int64_t until = nowMs() + peerTimeoutMs_;
-  while (!p.lost && p.sendsOut + 2 > kSendWr - 8 && nowMs() < until) pumpAll();
+  const int64_t until = rma::steadyMs() + peerTimeoutMs_;
+  while (!p.lost && p.sendsOut + 2 > kSendWr - 8 && rma::steadyMs() < until) pumpAll();
   VerbsRmaOp* op = takeOp(ctx, rank);
   if (op == nullptr) return Status::kSystem;
   *request = op;
@@ -191,7 +161,7 @@ Status VerbsRmaComm::iput(rma::Context* ctx, int context, rma::Window* src, uint
       ++p.sendsOut;
       ++op->pending;
     } else {
-      VerbsRmaMsg m = msg(VerbsRmaMsg::kSignal);
+      rma::RingMsg m = msg(rma::RingMsg::kSignal);
       m.origin = static_cast<uint32_t>(rank_);
       m.window = signal->window->id;
       m.signalOp = static_cast<uint8_t>(signal->op);
@@ -217,8 +187,8 @@ Status VerbsRmaComm::iget(rma::Context* ctx, int context, rma::Window* remote, u
     return Status::kInvalidUsage;
   }
   Peer& p = peers_[rank];
-  const int64_t until = nowMs() + peerTimeoutMs_;
-  while (!p.lost && p.sendsOut + 1 > kSendWr - 8 && nowMs() < until) pumpAll();
+  const int64_t until = rma::steadyMs() + peerTimeoutMs_;
+  while (!p.lost && p.sendsOut + 1 > kSendWr - 8 && rma::steadyMs() < until) pumpAll();
   VerbsRmaOp* op = takeOp(ctx, rank);
   if (op == nullptr) return Status::kSystem;
   *request = op;
@@ -269,19 +239,6 @@ Status VerbsRmaComm::iflush(rma::Context* ctx, int context, rma::Window* w, uint
   return Status::kOk;
 }
 
-Status VerbsRmaComm::test(void* request, bool* done) {
-  auto* op = static_cast<VerbsRmaOp*>(request);
-  if (done == nullptr || op == nullptr || op->magic != rma::kRequestMagic || op->comm != this) {
-    WEFT_WARN("RMA test: {} is not a pending request of this comm (completed already, or not weft's)", request);
-    return Status::kInternal;
-  }
-  *done = false;
-  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
-  if (!lock.owns_lock()) return Status::kOk;  // set-up holds the comm for a moment: NCCL calls again
-  if (op->state == VerbsRmaOp::kActive) pumpAll();
-  return rma::providerOpTest(pool_, op, done);
-}
-
 // ---- completions ----------------------------------------------------------------------------------------------------
 
 void VerbsRmaComm::pumpAll() {
@@ -296,9 +253,9 @@ void VerbsRmaComm::pumpAll() {
     backlog_.pop_front();
     sendCtl(peer, m, nullptr);
   }
-  const int64_t now = nowMs();
-  if (now - stallCheckMs_ >= kStallCheckMs) {
-    stallCheckMs_ = now;
+  static thread_local int64_t asyncCheckMs = 0;  // the device's events, at most every 100 ms
+  if (const int64_t now = rma::steadyMs(); now - asyncCheckMs >= 100) {
+    asyncCheckMs = now;
     dev_.pollAsync();
     if (const int ev = asyncError.exchange(0); ev != 0) {
       fail(std::string("an asynchronous error on the comm's QPs: ") + ibv().eventTypeStr(static_cast<ibv_event_type>(ev)),
@@ -307,8 +264,8 @@ void VerbsRmaComm::pumpAll() {
     if (!dev_.usable()) {
       for (uint32_t p = 0; p < peers_.size(); ++p) lose(p, "the port is down: " + dev_.stateReason());
     }
-    checkStalls();
   }
+  checkStalls();
 }
 
 void VerbsRmaComm::pollCq() {
@@ -337,10 +294,10 @@ void VerbsRmaComm::onWc(const ibv_wc& wc) {
       if (wc.status != IBV_WC_WR_FLUSH_ERR) lose(peer, "a receive failed: " + err);
       return;
     }
-    peers_[peer].heardMs = nowMs();
-    const VerbsRmaMsg m = recvBuf_[static_cast<size_t>(peer) * kRecvs + slot];
+    peers_[peer].heardMs = rma::steadyMs();
+    const rma::RingMsg m = recvBuf_[static_cast<size_t>(peer) * kRecvs + slot];
     if (postRecv(peer, slot) != Status::kOk) lose(peer, "a receive could not be posted again");
-    onMessage(peer, m);
+    onRingMsg(peer, m);
     return;
   }
   // A send-side completion: which peer's QP, from the QP number.
@@ -361,91 +318,10 @@ void VerbsRmaComm::onWc(const ibv_wc& wc) {
       op->quiet = 0;
     }
     p.sendsOut = std::max(0, p.sendsOut - freed);
-    if (ok) p.heardMs = nowMs();
+    if (ok) p.heardMs = rma::steadyMs();
     if (!ok && wc.status != IBV_WC_WR_FLUSH_ERR) lose(peer, "an operation to it failed: " + err);
   }
   if (op != nullptr) opDone(op, ok, ok ? Status::kOk : Status::kRemote);
-}
-
-void VerbsRmaComm::onMessage(uint32_t from, const VerbsRmaMsg& m) {
-  if (m.check != check_ || m.origin >= static_cast<uint32_t>(nranks_)) {
-    WEFT_WARN("RMA (rank {}): a message from rank {} that is not this comm's (check {:#x}, origin {}): dropped", rank_,
-              from, m.check, m.origin);
-    return;
-  }
-  const uint32_t next = static_cast<uint32_t>((rank_ + 1) % nranks_);
-  switch (m.type) {
-    case VerbsRmaMsg::kRecord: {
-      if (rma::Window* w = windowById(m.window); w != nullptr) {
-        w->peerSize[m.origin] = m.b;
-        if (auto it = regs_.find(w); it != regs_.end()) {
-          it->second->remote[m.origin] = {m.a, static_cast<uint32_t>(m.c)};
-        }
-      } else if (m.window >= nextWindow_) {
-        early_[m.window][m.origin] = Early{m.a, m.b, static_cast<uint32_t>(m.c)};
-      }
-      if (next != m.origin) sendCtl(next, m, nullptr);
-      return;
-    }
-    case VerbsRmaMsg::kSignal:
-      applySignalMsg(m);
-      return;
-    case VerbsRmaMsg::kError: {
-      const Status st = static_cast<Status>((m.d >> 8) & 0xff);
-      fail("rank " + std::to_string(m.origin) + " refused a signal for window " + std::to_string(m.window) + " (" +
-               statusName(st) + ")",
-           st == Status::kOk ? Status::kRemote : st);
-      return;
-    }
-    default:
-      WEFT_WARN("RMA (rank {}): a message of unknown type {} from rank {}: dropped", rank_, m.type, from);
-  }
-}
-
-void VerbsRmaComm::applySignalMsg(const VerbsRmaMsg& m) {
-  rma::Window* w = windowById(m.window);
-  std::string err;
-  Status st = Status::kOk;
-  if (w == nullptr || m.a % 8 != 0 || !rma::inRange(w->size, m.a, 8) ||
-      (m.signalOp != static_cast<uint8_t>(rma::SignalOp::kInc) &&
-       m.signalOp != static_cast<uint8_t>(rma::SignalOp::kAdd))) {
-    st = Status::kInvalidUsage;
-    err = "a signal for offset " + std::to_string(m.a) + " of window " + std::to_string(m.window) + " from rank " +
-          std::to_string(m.origin) + " names no signal slot of this rank";
-  } else if (!rma::applySignal(*w, m.a, static_cast<rma::SignalOp>(m.signalOp), m.b, &err)) {
-    st = Status::kSystem;
-    err = "a signal from rank " + std::to_string(m.origin) + " could not be applied: " + err;
-  }
-  if (st == Status::kOk) return;
-  fail(err, st);
-  VerbsRmaMsg e = msg(VerbsRmaMsg::kError);
-  e.origin = static_cast<uint32_t>(rank_);
-  e.window = m.window;
-  e.d = (static_cast<uint64_t>(st) << 8) | VerbsRmaMsg::kSignal;
-  sendCtl(m.origin, e, nullptr);
-}
-
-// ---- failures ---------------------------------------------------------------------------------------------------------
-
-void VerbsRmaComm::lose(uint32_t peer, const std::string& why) {
-  Peer& p = peers_[peer];
-  if (p.lost) return;
-  p.lost = true;
-  fail("rank " + std::to_string(peer) + " is lost: " + why, Status::kRemote);
-  rma::providerOpsLost(pool_, peer);
-}
-
-void VerbsRmaComm::checkStalls() {
-  const int64_t now = nowMs();
-  std::vector<uint32_t> stalled;
-  pool_.forEach([&](VerbsRmaOp& op) {
-    if (op.state != VerbsRmaOp::kActive || op.pending == 0 || op.peer >= peers_.size()) return;
-    const Peer& p = peers_[op.peer];
-    if (!p.lost && now - std::max(op.startMs, p.heardMs) > peerTimeoutMs_) stalled.push_back(op.peer);
-  });
-  for (uint32_t peer : stalled) {
-    lose(peer, "no completion from it for " + std::to_string(peerTimeoutMs_ / 1000) + " s (WEFT_PEER_TIMEOUT)");
-  }
 }
 
 }  // namespace weft::verbs

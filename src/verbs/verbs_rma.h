@@ -31,27 +31,11 @@
 
 #include "rma/comm_base.h"
 #include "rma/op_pool.h"
+#include "rma/provider_comm.h"
 #include "rma/rma.h"
 #include "verbs/verbs_device.h"
 
 namespace weft::verbs {
-
-// A message of weft's own on an RMA QP (SEND/RECV): 64 bytes.
-struct VerbsRmaMsg {
-  enum : uint8_t { kRecord = 1, kSignal = 2, kError = 3 };
-  uint32_t check;   // the comm's check word
-  uint8_t type;
-  uint8_t signalOp;
-  uint16_t flags;   // record: the window's flags, bit 15 for GPU memory
-  uint32_t origin;  // record: whose window; signal, error: the sender
-  uint32_t window;  // record: the window's id; signal: the signal's window
-  uint64_t a;       // record: the window's address; signal: offset
-  uint64_t b;       // record: size; signal: value
-  uint64_t c;       // record: rkey
-  uint64_t d;       // error: status << 8 | the refused message's type
-  uint64_t reserved[2];
-};
-static_assert(sizeof(VerbsRmaMsg) == 64);
 
 // What the ring carries about each rank at connect.
 struct VerbsRmaPeerInfo {
@@ -75,34 +59,27 @@ class VerbsRmaTransport final : public rma::RmaTransport {
   std::vector<std::unique_ptr<VerbsDevice>> devices_;
 };
 
-class VerbsRmaComm;
-
 struct VerbsRmaOp : rma::ProviderOp {
-  VerbsRmaComm* comm = nullptr;
   // Work requests of it posted without a completion of their own (a put's write before its signal): the signal's
   // completion implies theirs on the same QP, and frees their send-queue room with its own.
   uint8_t quiet = 0;
 };
 
-class VerbsRmaComm final : public rma::CommBase, public QpOwner {
+class VerbsRmaComm final : public rma::ProviderComm<VerbsRmaOp>, public QpOwner {
  public:
   VerbsRmaComm(int rank, int nranks, uint64_t commId, VerbsDevice& dev);
   ~VerbsRmaComm() override;
-  // Connect's steps after the ring of sockets: QPs created (describe), then connected to every peer's.
+  // Connect's steps after the ring of sockets: QPs created (described for the ring), then connected to every peer's.
   Status createQps(VerbsRmaPeerInfo* self, std::vector<uint32_t>* qpns);
   Status connectQps(const std::vector<VerbsRmaPeerInfo>& infos, const std::vector<std::vector<uint32_t>>& qpns);
 
-  Status regMrSym(void* data, size_t size, int type, uint64_t flags, int dmabufFd, rma::Window** out) override;
-  Status deregMrSym(rma::Window* w) override;
-  Status destroyContext(rma::Context* ctx) override;
   Status iput(rma::Context* ctx, int context, rma::Window* src, uint64_t srcOff, size_t size, rma::Window* dst,
               uint64_t dstOff, uint32_t rank, const rma::Signal* signal, uint32_t optFlags, void** request) override;
   Status iget(rma::Context* ctx, int context, rma::Window* remote, uint64_t remoteOff, size_t size,
               rma::Window* local, uint64_t localOff, uint32_t rank, uint32_t optFlags, void** request) override;
   Status iflush(rma::Context* ctx, int context, rma::Window* w, uint32_t rank, void** request) override;
-  Status test(void* request, bool* done) override;
   bool flushesAllPutsOnAnySignal() const override { return false; }
-  void close() override;
+  void close() override { drainAndDelete(); }
 
  private:
   static constexpr int kRecvs = 64;  // control receives posted a peer
@@ -111,57 +88,44 @@ class VerbsRmaComm final : public rma::CommBase, public QpOwner {
     ibv_mr* mr = nullptr;
     std::vector<std::pair<uint64_t, uint32_t>> remote;  // by rank: address, rkey
   };
-  struct Peer {
+  struct Peer : rma::PeerState {
     ibv_qp* qp = nullptr;
-    bool lost = false;
-    int64_t heardMs = 0;
     int sendsOut = 0;  // send work requests posted and not yet known complete
   };
-  // wr_id: kind in the top 4 bits, then the op (index << 32 | gen) or the receive slot.
+  // wr_id: kind in the top 4 bits, then the op (index << 32 | gen), the receive slot, or the peer.
   enum : uint64_t { kWrOp = 1, kWrRecv = 2, kWrCtl = 3, kWrQuiet = 4 };
+
+  // rma::ProviderComm
+  rma::PeerState& peer(uint32_t rank) override { return peers_[rank]; }
+  Status registerWindow(rma::Window* w, int dmabufFd, uint64_t* addr, uint64_t* key) override;
+  void forgetWindow(rma::Window* w) override;
+  void setRemote(rma::Window* w, uint32_t rank, uint64_t addr, uint64_t key) override;
+  void sendMsg(uint32_t peer, const rma::RingMsg& m) override { sendCtl(peer, m, nullptr); }
+  bool sendsDrained() const override;
 
   void pumpAll() override;
   void pollCq();
   void onWc(const ibv_wc& wc);
-  void onMessage(uint32_t from, const VerbsRmaMsg& m);
-  void applySignalMsg(const VerbsRmaMsg& m);
   Status postRecv(uint32_t peer, uint32_t slot);
-  bool sendCtl(uint32_t peer, const VerbsRmaMsg& m, VerbsRmaOp* owner);
+  bool sendCtl(uint32_t peer, const rma::RingMsg& m, VerbsRmaOp* owner);
   Status postRdma(uint32_t peer, ibv_wr_opcode op, void* local, uint32_t lkey, size_t size, uint64_t remote,
                   uint32_t rkey, VerbsRmaOp* owner, bool signaled);
-  void opDone(VerbsRmaOp* op, bool ok, Status st);
-  void release(VerbsRmaOp* op);
-  void lose(uint32_t peer, const std::string& why);
-  void checkStalls();
-  VerbsRmaOp* takeOp(rma::Context* ctx, uint32_t peer);
-  VerbsRmaMsg msg(uint8_t type) const;
-  int64_t nowMs() const;
 
-  const uint64_t commId_;
-  const uint32_t check_;
   VerbsDevice& dev_;
   const bool atomics_;
   ibv_cq* cq_ = nullptr;
   // Guarded by mu_ (CommBase).
   std::vector<Peer> peers_;
-  rma::OpPool<VerbsRmaOp> pool_;
-  std::vector<VerbsRmaMsg> recvBuf_;  // kRecvs a peer
+  std::vector<rma::RingMsg> recvBuf_;  // kRecvs a peer
   ibv_mr* recvMr_ = nullptr;
-  std::vector<VerbsRmaMsg> sendBuf_;  // kSendWr slots (inline sends do not need them registered)
+  std::vector<rma::RingMsg> sendBuf_;  // kSendWr slots
   ibv_mr* sendMr_ = nullptr;
   uint32_t nextSend_ = 0;
   uint64_t scratch_[2] = {};  // where fetch-and-add and read-back flushes put what they read
   ibv_mr* scratchMr_ = nullptr;
   std::unordered_map<const rma::Window*, std::unique_ptr<WindowReg>> regs_;
-  struct Early {
-    uint64_t addr, size;
-    uint32_t rkey;
-  };
-  std::unordered_map<uint32_t, std::unordered_map<uint32_t, Early>> early_;
-  std::deque<std::pair<uint32_t, VerbsRmaMsg>> backlog_;  // messages waiting for send room
+  std::deque<std::pair<uint32_t, rma::RingMsg>> backlog_;  // messages waiting for send room
   bool cudaGetsSinceFlush_ = false;
-  int64_t stallCheckMs_ = 0;
-  int64_t peerTimeoutMs_;
 };
 
 }  // namespace weft::verbs

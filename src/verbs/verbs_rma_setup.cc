@@ -297,15 +297,12 @@ Status VerbsRmaTransport::connect(void* const* handles, int nranks, int rank, rm
 // ---- the comm's set-up ------------------------------------------------------------------------------------------
 
 VerbsRmaComm::VerbsRmaComm(int rank, int nranks, uint64_t commId, VerbsDevice& dev)
-    : CommBase(rank, nranks, dev.props()),
-      commId_(commId),
-      check_(static_cast<uint32_t>(commId ^ (commId >> 32)) ^ 0x57465652),
+    : ProviderComm(rank, nranks, commId, dev.props(), 0x57465652),
       dev_(dev),
       atomics_(dev.atomics() && params::getString("WEFT_RMA_SIGNAL") != "message"),
       peers_(static_cast<size_t>(nranks)),
       recvBuf_(static_cast<size_t>(nranks) * kRecvs),
-      sendBuf_(kSendWr),
-      peerTimeoutMs_(params::getInt("WEFT_PEER_TIMEOUT") * 1000) {}
+      sendBuf_(kSendWr) {}
 
 VerbsRmaComm::~VerbsRmaComm() {
   const IbvApi& api = ibv();
@@ -331,8 +328,8 @@ Status VerbsRmaComm::createQps(VerbsRmaPeerInfo* self, std::vector<uint32_t>* qp
     return Status::kSystem;
   }
   const int local = IBV_ACCESS_LOCAL_WRITE;
-  recvMr_ = api.regMr(dev_.pd(), recvBuf_.data(), recvBuf_.size() * sizeof(VerbsRmaMsg), local);
-  sendMr_ = api.regMr(dev_.pd(), sendBuf_.data(), sendBuf_.size() * sizeof(VerbsRmaMsg), local);
+  recvMr_ = api.regMr(dev_.pd(), recvBuf_.data(), recvBuf_.size() * sizeof(rma::RingMsg), local);
+  sendMr_ = api.regMr(dev_.pd(), sendBuf_.data(), sendBuf_.size() * sizeof(rma::RingMsg), local);
   scratchMr_ = api.regMr(dev_.pd(), scratch_, sizeof(scratch_), local);
   if (recvMr_ == nullptr || sendMr_ == nullptr || scratchMr_ == nullptr) {
     WEFT_WARN("RMA connect on {}: registering the control buffers failed: {}", dev_.props().name, std::strerror(errno));
@@ -423,138 +420,47 @@ Status VerbsRmaComm::connectQps(const std::vector<VerbsRmaPeerInfo>& infos,
       WEFT_WARN("RMA connect on {}: the QP to rank {} to RTS failed: {}", dev_.props().name, r, std::strerror(rc));
       return Status::kSystem;
     }
-    peers_[static_cast<size_t>(r)].heardMs = nowMs();
+    peers_[static_cast<size_t>(r)].heardMs = rma::steadyMs();
   }
   return Status::kOk;
 }
 
 // ---- windows -------------------------------------------------------------------------------------------------------
 
-Status VerbsRmaComm::regMrSym(void* data, size_t size, int type, uint64_t flags, int dmabufFd, rma::Window** out) {
-  std::unique_ptr<rma::Window> w;
-  if (Status st = newWindow(data, size, type, flags, &w); st != Status::kOk) return st;
-  if (w->cuda && (dev_.props().ptrSupport & rma::kPtrCuda) == 0) {
-    WEFT_WARN("RMA regMrSym: GPU memory at {}, but {} does not reach GPU memory (no peer memory or DMA-BUF)", data,
-              dev_.props().name);
-    return Status::kInvalidUsage;
-  }
+Status VerbsRmaComm::registerWindow(rma::Window* w, int dmabufFd, uint64_t* addr, uint64_t* key) {
   auto reg = std::make_unique<WindowReg>();
   reg->remote.resize(static_cast<size_t>(nranks_));
-  if (size > 0) {
-    if (Status st = dev_.registerRma(reinterpret_cast<uintptr_t>(data), size, type, dmabufFd, &reg->mr);
+  if (w->size > 0) {
+    if (Status st = dev_.registerRma(reinterpret_cast<uintptr_t>(w->base), w->size,
+                                     w->cuda ? rma::kPtrCuda : rma::kPtrHost, dmabufFd, &reg->mr);
         st != Status::kOk) {
       return st;
     }
   }
-  rma::Window* win = w.get();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    addWindow(w.release());
-    const uint32_t rkey = reg->mr != nullptr ? reg->mr->rkey : 0;
-    reg->remote[static_cast<size_t>(rank_)] = {reinterpret_cast<uint64_t>(data), rkey};
-    if (auto it = early_.find(win->id); it != early_.end()) {
-      for (auto& [r, e] : it->second) {
-        reg->remote[r] = {e.addr, e.rkey};
-        win->peerSize[r] = e.size;
-      }
-      early_.erase(it);
-    }
-    regs_[win] = std::move(reg);
-    if (nranks_ > 1) {
-      VerbsRmaMsg m = msg(VerbsRmaMsg::kRecord);
-      m.origin = static_cast<uint32_t>(rank_);
-      m.window = win->id;
-      m.flags = static_cast<uint16_t>((flags & 0x7fff) | (win->cuda ? 0x8000 : 0));
-      m.a = reinterpret_cast<uint64_t>(data);
-      m.b = size;
-      m.c = rkey;
-      sendCtl(static_cast<uint32_t>((rank_ + 1) % nranks_), m, nullptr);
-    }
-  }
-  const uint32_t id = win->id;
-  Status st = waitFor("the registration exchange of a window (its record round the ring)", [&] {
-    if (failed()) return true;
-    for (uint64_t s : win->peerSize) {
-      if (s == UINT64_MAX) return false;
-    }
-    return backlog_.empty();
-  });
+  *addr = reinterpret_cast<uint64_t>(w->base);
+  *key = reg->mr != nullptr ? reg->mr->rkey : 0;
   std::lock_guard<std::mutex> lock(mu_);
-  if (st == Status::kOk && failed()) {
-    WEFT_WARN("RMA regMrSym (rank {}): the comm failed; window {} is not registered", rank_, id);
-    st = Status::kRemote;
-  }
-  if (st != Status::kOk) {
-    if (regs_[win]->mr != nullptr) ibv().deregMr(regs_[win]->mr);
-    regs_.erase(win);
-    dropWindow(win);
-    return st;
-  }
-  WEFT_INFO(NCCL_NET | NCCL_REG, "RMA: window {} registered: {} bytes of {} memory at {}", id, size,
-            win->cuda ? "GPU" : "host", data);
-  *out = win;
+  regs_[w] = std::move(reg);
   return Status::kOk;
 }
 
-Status VerbsRmaComm::deregMrSym(rma::Window* w) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!hasWindow(w)) {
-      WEFT_WARN("RMA deregMrSym: {} is not a registered window of this comm", static_cast<void*>(w));
-      return Status::kInvalidUsage;
-    }
-  }
-  Status st = waitFor("deregistering a window still in use", [&] { return w->inflight == 0 || failed(); });
-  std::lock_guard<std::mutex> lock(mu_);
-  if (w->inflight > 0) {
-    WEFT_WARN("RMA deregMrSym: window {} is still used by {} operation(s); not deregistered", w->id, w->inflight);
-    return st == Status::kOk ? Status::kInvalidUsage : st;
-  }
-  if (auto it = regs_.find(w); it != regs_.end()) {
-    if (it->second->mr != nullptr) ibv().deregMr(it->second->mr);
-    regs_.erase(it);
-  }
-  dropWindow(w);
-  return Status::kOk;
+void VerbsRmaComm::forgetWindow(rma::Window* w) {
+  auto it = regs_.find(w);
+  if (it == regs_.end()) return;
+  if (it->second->mr != nullptr) ibv().deregMr(it->second->mr);
+  regs_.erase(it);
 }
 
-Status VerbsRmaComm::destroyContext(rma::Context* ctx) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!hasContext(ctx)) {
-      WEFT_WARN("RMA destroyContext: {} is not a live context of this comm", static_cast<void*>(ctx));
-      return Status::kInternal;
-    }
-  }
-  Status st = waitFor("finishing a destroyed context's operations", [&] {
-    bool busy = false;
-    pool_.forEach([&](VerbsRmaOp& op) { busy |= op.ctx == ctx && op.pending > 0 && !peers_[op.peer].lost; });
-    return !busy;
-  });
-  std::lock_guard<std::mutex> lock(mu_);
-  pool_.forEach([&](VerbsRmaOp& op) {
-    if (op.ctx != ctx || op.state == VerbsRmaOp::kFree) return;
-    op.ctx = nullptr;
-    if (op.state != VerbsRmaOp::kOrphan) release(&op);
-  });
-  forgetContext(ctx);
-  return st;
+void VerbsRmaComm::setRemote(rma::Window* w, uint32_t rank, uint64_t addr, uint64_t key) {
+  if (auto it = regs_.find(w); it != regs_.end()) it->second->remote[rank] = {addr, static_cast<uint32_t>(key)};
 }
 
-void VerbsRmaComm::close() {
-  // Messages this rank still forwards leave first, within a bound; then the QPs go (flushing what is left).
-  const int64_t until = nowMs() + 1000;
-  for (;;) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      pumpAll();
-      bool sending = !backlog_.empty();
-      for (const auto& p : peers_) sending |= p.sendsOut > 0 && !p.lost;
-      if (!sending || nowMs() > until) break;
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
+bool VerbsRmaComm::sendsDrained() const {
+  if (!backlog_.empty()) return false;
+  for (const auto& p : peers_) {
+    if (p.sendsOut > 0 && !p.lost) return false;
   }
-  delete this;
+  return true;
 }
 
 }  // namespace weft::verbs
