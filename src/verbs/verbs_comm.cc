@@ -188,50 +188,17 @@ void QpSet::describe(QpInfo* info) const {
 }
 
 Status QpSet::connect(const QpInfo& peer, int trafficClass, std::string* why) {
-  const IbvApi& api = ibv();
   peerProbeAddr = peer.probeAddr;
   peerProbeRkey = peer.probeRkey;
-  const int timeout = static_cast<int>(params::getInt("WEFT_IB_TIMEOUT"));
-  const int retry = static_cast<int>(params::getInt("WEFT_IB_RETRY_CNT"));
-  const int sl = static_cast<int>(params::getInt("WEFT_IB_SL"));
   for (int i = 0; i < nQps; ++i) {
-    ibv_qp_attr a{};
-    a.qp_state = IBV_QPS_RTR;
-    a.path_mtu = static_cast<ibv_mtu>(std::min<int>(dev.activeMtu(), peer.mtu));
-    a.dest_qp_num = peer.qpn[i];
-    a.rq_psn = peer.psn;
-    a.max_dest_rd_atomic = 1;
-    a.min_rnr_timer = 12;
-    a.ah_attr.port_num = dev.port();
-    a.ah_attr.sl = static_cast<uint8_t>(sl);
-    a.ah_attr.dlid = peer.lid;
-    if (dev.roce() || peer.roce) {
-      a.ah_attr.is_global = 1;
-      std::memcpy(a.ah_attr.grh.dgid.raw, peer.gid, 16);
-      a.ah_attr.grh.sgid_index = static_cast<uint8_t>(dev.gidIndex());
-      a.ah_attr.grh.hop_limit = 255;
-      a.ah_attr.grh.traffic_class = static_cast<uint8_t>(trafficClass < 0 ? 0 : trafficClass);
-      a.ah_attr.grh.flow_label = 0;
-    }
-    if (int rc = api.modifyQp(qps[i], &a,
-                              IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                                  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER)) {
-      *why = std::string("QP to RTR failed: ") + std::strerror(rc);
-      return Status::kSystem;
-    }
-    ibv_qp_attr s{};
-    s.qp_state = IBV_QPS_RTS;
-    s.sq_psn = psn;
-    s.timeout = static_cast<uint8_t>(timeout);
-    s.retry_cnt = static_cast<uint8_t>(retry);
-    s.rnr_retry = 7;  // the receiver always has receives posted; 7 = wait for it however long
-    s.max_rd_atomic = 1;
-    if (int rc = api.modifyQp(qps[i], &s,
-                              IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-                                  IBV_QP_MAX_QP_RD_ATOMIC)) {
-      *why = std::string("QP to RTS failed: ") + std::strerror(rc);
-      return Status::kSystem;
-    }
+    RcPeer rc;
+    rc.qpn = peer.qpn[i];
+    rc.psn = peer.psn;
+    rc.lid = peer.lid;
+    rc.roce = peer.roce != 0;
+    rc.mtu = peer.mtu;
+    std::memcpy(rc.gid, peer.gid, 16);
+    if (!connectRcQp(dev, qps[i], rc, psn, trafficClass, 1, why)) return Status::kSystem;
   }
   return Status::kOk;
 }

@@ -95,6 +95,19 @@ class VerbsDevice final : public Registrar {
   std::atomic<bool> portDown_{false};
 };
 
+// The far end of a reliable-connected QP, as the handshake or the ring carried it.
+struct RcPeer {
+  uint32_t qpn = 0, psn = 0;
+  uint16_t lid = 0;
+  bool roce = false;
+  uint8_t mtu = 0;  // ibv_mtu
+  uint8_t gid[16] = {};
+};
+// Moves an RC QP in INIT to RTR and RTS towards `peer` (WEFT_IB_TIMEOUT, WEFT_IB_RETRY_CNT, WEFT_IB_SL; RNR retries
+// without end: receives are always posted), with `rdAtomic` reads and atomics in flight each way; false with *why.
+bool connectRcQp(const VerbsDevice& dev, ibv_qp* qp, const RcPeer& peer, uint32_t myPsn, int trafficClass,
+                 int rdAtomic, std::string* why);
+
 // Set by pollAsync when an asynchronous QP error names a QP whose qp_context is one of these.
 struct QpOwner {
   std::atomic<int> asyncError{0};  // the ibv_event_type, 0: none

@@ -377,47 +377,20 @@ Status VerbsRmaComm::createQps(VerbsRmaPeerInfo* self, std::vector<uint32_t>* qp
 
 Status VerbsRmaComm::connectQps(const std::vector<VerbsRmaPeerInfo>& infos,
                                 const std::vector<std::vector<uint32_t>>& qpns) {
-  const IbvApi& api = ibv();
-  const int timeout = static_cast<int>(params::getInt("WEFT_IB_TIMEOUT"));
-  const int retry = static_cast<int>(params::getInt("WEFT_IB_RETRY_CNT"));
-  const int sl = static_cast<int>(params::getInt("WEFT_IB_SL"));
   const uint32_t myPsn = infos[static_cast<size_t>(rank_)].psn;
   for (int r = 0; r < nranks_; ++r) {
     const VerbsRmaPeerInfo& p = infos[static_cast<size_t>(r)];
-    ibv_qp* qp = peers_[static_cast<size_t>(r)].qp;
-    ibv_qp_attr a{};
-    a.qp_state = IBV_QPS_RTR;
-    a.path_mtu = static_cast<ibv_mtu>(std::min<int>(dev_.activeMtu(), p.mtu));
-    a.dest_qp_num = qpns[static_cast<size_t>(r)][static_cast<size_t>(rank_)];
-    a.rq_psn = p.psn;
-    a.max_dest_rd_atomic = 16;
-    a.min_rnr_timer = 12;
-    a.ah_attr.port_num = dev_.port();
-    a.ah_attr.sl = static_cast<uint8_t>(sl);
-    a.ah_attr.dlid = p.lid;
-    if (dev_.roce() || p.roce) {
-      a.ah_attr.is_global = 1;
-      std::memcpy(a.ah_attr.grh.dgid.raw, p.gid, 16);
-      a.ah_attr.grh.sgid_index = static_cast<uint8_t>(dev_.gidIndex());
-      a.ah_attr.grh.hop_limit = 255;
-    }
-    if (int rc = api.modifyQp(qp, &a,
-                              IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                                  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER)) {
-      WEFT_WARN("RMA connect on {}: the QP to rank {} to RTR failed: {}", dev_.props().name, r, std::strerror(rc));
-      return Status::kSystem;
-    }
-    ibv_qp_attr s{};
-    s.qp_state = IBV_QPS_RTS;
-    s.sq_psn = myPsn;
-    s.timeout = static_cast<uint8_t>(timeout);
-    s.retry_cnt = static_cast<uint8_t>(retry);
-    s.rnr_retry = 7;
-    s.max_rd_atomic = 16;
-    if (int rc = api.modifyQp(qp, &s,
-                              IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-                                  IBV_QP_MAX_QP_RD_ATOMIC)) {
-      WEFT_WARN("RMA connect on {}: the QP to rank {} to RTS failed: {}", dev_.props().name, r, std::strerror(rc));
+    RcPeer rc;
+    rc.qpn = qpns[static_cast<size_t>(r)][static_cast<size_t>(rank_)];
+    rc.psn = p.psn;
+    rc.lid = p.lid;
+    rc.roce = p.roce != 0;
+    rc.mtu = p.mtu;
+    std::memcpy(rc.gid, p.gid, 16);
+    // Gets and signals (reads and fetch-and-adds) keep up to 16 in flight each way.
+    std::string why;
+    if (!connectRcQp(dev_, peers_[static_cast<size_t>(r)].qp, rc, myPsn, 0, 16, &why)) {
+      WEFT_WARN("RMA connect on {}: the QP to rank {}: {}", dev_.props().name, r, why);
       return Status::kSystem;
     }
     peers_[static_cast<size_t>(r)].heardMs = rma::steadyMs();
