@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // What every transport's RMA comm has in common (rma/comm_base.h).
 #include "rma/comm_base.h"
-#include "rma/provider_comm.h"
 
 #include <algorithm>
 #include <chrono>
@@ -12,21 +11,6 @@
 #include "weft/common/params.h"
 
 namespace weft::rma {
-
-int64_t steadyMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-const char* ringMsgName(uint8_t type) {
-  switch (type) {
-    case RingMsg::kHello: return "hello";
-    case RingMsg::kRecord: return "window record";
-    case RingMsg::kSignal: return "signal";
-    case RingMsg::kError: return "error";
-    default: return "unknown message";
-  }
-}
 
 CommBase::~CommBase() {
   for (auto* w : windows_) delete w;
