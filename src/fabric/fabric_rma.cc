@@ -25,24 +25,17 @@ FabricRmaComm::WindowReg* FabricRmaComm::regOf(const rma::Window* w) const {
 
 // ---- requests -------------------------------------------------------------------------------------------------------
 
-RmaOp* FabricRmaComm::newOp(rma::Context* ctx, uint32_t peer) {
-  RmaOp* op = takeOp(ctx, peer);
-  if (op != nullptr) {
-    op->data.kind = RmaCtx::kData;
-    op->data.owner = op;
-  }
-  return op;
-}
-
-ssize_t FabricRmaComm::postRma(bool write, RmaOp* op, fi_addr_t peer, void* local, size_t size, void* desc,
-                               uint64_t remoteAddr, uint64_t key) {
+bool FabricRmaComm::postRma(bool write, RmaOp* op, uint32_t rank, void* local, size_t size, void* desc,
+                            uint64_t remoteAddr, uint64_t key) {
+  op->data.kind = RmaCtx::kData;
+  op->data.owner = op;
   iovec iov{local, size};
   fi_rma_iov rma{remoteAddr, size, key};
   fi_msg_rma m{};
   m.msg_iov = &iov;
   m.desc = &desc;
   m.iov_count = 1;
-  m.addr = peer;
+  m.addr = peers_[rank].addr;
   m.rma_iov = &rma;
   m.rma_iov_count = 1;
   m.context = &op->data.fi;
@@ -50,12 +43,28 @@ ssize_t FabricRmaComm::postRma(bool write, RmaOp* op, fi_addr_t peer, void* loca
   // The provider pushing back (its queue full) is waited out here, moving completions: NCCL's proxy cannot take a
   // NULL request back. Bounded by WEFT_PEER_TIMEOUT.
   const int64_t until = rma::steadyMs() + peerTimeoutMs_;
+  ssize_t rc = 0;
   for (;;) {
-    const ssize_t rc = write ? fi_writemsg(ep_->ep.get(), &m, FI_REMOTE_CQ_DATA | FI_COMPLETION)
-                             : fi_readmsg(ep_->ep.get(), &m, FI_COMPLETION);
-    if (rc != -FI_EAGAIN || rma::steadyMs() >= until) return rc;
+    rc = write ? fi_writemsg(ep_->ep.get(), &m, FI_REMOTE_CQ_DATA | FI_COMPLETION)
+               : fi_readmsg(ep_->ep.get(), &m, FI_COMPLETION);
+    if (rc != -FI_EAGAIN || rma::steadyMs() >= until) break;
     readCompletions();
   }
+  if (rc == 0) {
+    ++op->pending;
+    return true;
+  }
+  const std::string why = rc == -FI_EAGAIN ? "the provider pushed back for WEFT_PEER_TIMEOUT"
+                                           : std::string(fi_strerror(static_cast<int>(-rc)));
+  if (rank == static_cast<uint32_t>(rank_)) {  // a flush's read-back: the comm's own failure
+    fail("a flush's read-back could not be posted: " + why, Status::kSystem);
+    failOp(op, Status::kSystem);
+    return false;
+  }
+  lose(rank, fmt::format("a {} of {} bytes {} it could not be posted: {}", write ? "write" : "read", size,
+                         write ? "to" : "from", why));
+  failOp(op, Status::kRemote);
+  return false;
 }
 
 Status FabricRmaComm::iput(rma::Context* ctx, int context, rma::Window* src, uint64_t srcOff, size_t size,
@@ -69,28 +78,16 @@ Status FabricRmaComm::iput(rma::Context* ctx, int context, rma::Window* src, uin
     WEFT_WARN("RMA iput: {} bytes in one put; {} carries at most {} in one write", size, dev_.props().provider, maxMsg_);
     return Status::kInvalidUsage;
   }
-  RmaOp* op = newOp(ctx, rank);
+  RmaOp* op = startOp(ctx, rank, request);
   if (op == nullptr) return Status::kSystem;
-  *request = op;
+  if (op->state == RmaOp::kFailed) return Status::kOk;
   RmaPeer& p = peers_[rank];
-  if (p.lost) {
-    op->state = RmaOp::kFailed;
-    op->status = Status::kRemote;
-    return Status::kOk;
-  }
   if (size > 0) {
     const RmaRemote& to = regOf(dst)->remote[rank];
-    const ssize_t rc = postRma(true, op, p.addr, src->base + srcOff, size, regOf(src)->desc, to.addr + dstOff, to.key);
-    if (rc != 0) {
-      lose(rank, fmt::format("a write of {} bytes to it could not be posted: {}", size,
-                             rc == -FI_EAGAIN ? "the provider pushed back for WEFT_PEER_TIMEOUT"
-                                              : fi_strerror(static_cast<int>(-rc))));
-      op->state = RmaOp::kFailed;
-      op->status = Status::kRemote;
+    if (!postRma(true, op, rank, src->base + srcOff, size, regOf(src)->desc, to.addr + dstOff, to.key)) {
       return Status::kOk;
     }
     ++p.issued;
-    ++op->pending;
     op->local = src;
     ++src->inflight;
   }
@@ -121,31 +118,17 @@ Status FabricRmaComm::iget(rma::Context* ctx, int context, rma::Window* remote, 
     WEFT_WARN("RMA iget: {} bytes in one get; {} carries at most {} in one read", size, dev_.props().provider, maxMsg_);
     return Status::kInvalidUsage;
   }
-  RmaOp* op = newOp(ctx, rank);
+  RmaOp* op = startOp(ctx, rank, request);
   if (op == nullptr) return Status::kSystem;
-  *request = op;
-  RmaPeer& p = peers_[rank];
-  if (p.lost) {
-    op->state = RmaOp::kFailed;
-    op->status = Status::kRemote;
-    return Status::kOk;
-  }
+  if (op->state == RmaOp::kFailed) return Status::kOk;
   if (size == 0) {
     op->state = RmaOp::kDone;
     return Status::kOk;
   }
   const RmaRemote& from = regOf(remote)->remote[rank];
-  const ssize_t rc =
-      postRma(false, op, p.addr, local->base + localOff, size, regOf(local)->desc, from.addr + remoteOff, from.key);
-  if (rc != 0) {
-    lose(rank, fmt::format("a read of {} bytes from it could not be posted: {}", size,
-                           rc == -FI_EAGAIN ? "the provider pushed back for WEFT_PEER_TIMEOUT"
-                                            : fi_strerror(static_cast<int>(-rc))));
-    op->state = RmaOp::kFailed;
-    op->status = Status::kRemote;
+  if (!postRma(false, op, rank, local->base + localOff, size, regOf(local)->desc, from.addr + remoteOff, from.key)) {
     return Status::kOk;
   }
-  ++op->pending;
   op->local = local;
   ++local->inflight;
   if (local->cuda) cudaGetsSinceFlush_ = true;
@@ -155,27 +138,12 @@ Status FabricRmaComm::iget(rma::Context* ctx, int context, rma::Window* remote, 
 Status FabricRmaComm::iflush(rma::Context* ctx, int context, rma::Window* w, uint32_t rank, void** request) {
   if (request == nullptr) return Status::kInternal;
   std::lock_guard<std::mutex> lock(mu_);
-  if (Status st = checkContext(ctx, context, rank, "iflush"); st != Status::kOk) return st;
-  if (Status st = checkWindow(w, "flushed"); st != Status::kOk) return st;
-  RmaOp* op = newOp(ctx, static_cast<uint32_t>(rank_));
-  if (op == nullptr) return Status::kSystem;
-  *request = op;
-  op->state = RmaOp::kDone;
-  if (!cudaGetsSinceFlush_ || !w->cuda || w->size < sizeof(uint64_t)) return Status::kOk;
-  cudaGetsSinceFlush_ = false;
+  RmaOp* op = nullptr;
+  if (Status st = beginFlush(ctx, context, w, rank, request, &op); st != Status::kOk || op == nullptr) return st;
   // One word of the window read back through the NIC, from this rank to itself: it completes after the writes the
   // NIC made to that memory before it.
   const RmaRemote& self = regOf(w)->remote[static_cast<size_t>(rank_)];
-  const ssize_t rc = postRma(false, op, peers_[static_cast<size_t>(rank_)].addr, &ctl_->flushSink, sizeof(uint64_t),
-                             ctlDesc_, self.addr, self.key);
-  if (rc != 0) {
-    fail(std::string("a flush's read-back failed: ") + fi_strerror(static_cast<int>(-rc)), Status::kSystem);
-    op->state = RmaOp::kFailed;
-    op->status = Status::kSystem;
-    return Status::kOk;
-  }
-  op->state = RmaOp::kActive;
-  ++op->pending;
+  postRma(false, op, static_cast<uint32_t>(rank_), &ctl_->flushSink, sizeof(uint64_t), ctlDesc_, self.addr, self.key);
   return Status::kOk;
 }
 

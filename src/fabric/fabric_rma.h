@@ -64,19 +64,14 @@ struct RmaEndpoint {
   static Status open(FabricDevice& dev, int nranksHint, std::unique_ptr<RmaEndpoint>* out);
 };
 
-class FabricRmaTransport final : public rma::RmaTransport {
+class FabricRmaTransport final : public rma::DeviceTransport<FabricDevice> {
  public:
   // The devices WEFT_PROVIDER and WEFT_IFACE select, with RMA reads and writes; nullptr and `why` when none.
   static std::unique_ptr<FabricRmaTransport> discover(std::string* why);
   const char* name() const override { return "libfabric"; }
-  int deviceCount() const override { return static_cast<int>(devices_.size()); }
-  const DeviceProps& props(int dev) const override { return devices_.at(static_cast<size_t>(dev))->props(); }
   Status listen(int dev, void* handle, rma::RmaListen** out) override;
   Status connect(void* const* handles, int nranks, int rank, rma::RmaListen* listen, uint64_t commId,
                  rma::RmaComm** out) override;
-
- private:
-  std::vector<std::unique_ptr<FabricDevice>> devices_;
 };
 
 class FabricRmaComm;
@@ -157,16 +152,16 @@ class FabricRmaComm final : public rma::ProviderComm<RmaOp> {
 
   void pumpAll() override;
   void readCompletions();
-  // One RMA write (with this rank as remote completion data) or read of [local, +size) at the peer's remoteAddr under
-  // `key`, completing on op->data; what the provider returned (-FI_EAGAIN: it pushed back for WEFT_PEER_TIMEOUT).
-  ssize_t postRma(bool write, RmaOp* op, fi_addr_t peer, void* local, size_t size, void* desc, uint64_t remoteAddr,
-                  uint64_t key);
+  // One RMA write (with this rank as remote completion data) or read of [local, +size) at rank's remoteAddr under
+  // `key`, completing on op->data (one more pending). False when the provider refused it (or pushed back for
+  // WEFT_PEER_TIMEOUT): the op failed, and the peer is lost (a read from this rank itself, a flush's: the comm's error).
+  bool postRma(bool write, RmaOp* op, uint32_t rank, void* local, size_t size, void* desc, uint64_t remoteAddr,
+               uint64_t key);
   void onCompletion(RmaCtx* c, bool ok, Status st, uint64_t flags, uint64_t data, const std::string& err);
   void sendCtl(uint32_t peer, const RmaMsg& m, RmaOp* owner);
   void flushBacklog();
   bool postCtl(uint32_t peer, const RmaMsg& m, RmaOp* owner);
   Status postRecv(uint32_t slot);
-  RmaOp* newOp(rma::Context* ctx, uint32_t peer);
   WindowReg* regOf(const rma::Window* w) const;
 
   std::unique_ptr<RmaEndpoint> ep_;
@@ -185,7 +180,6 @@ class FabricRmaComm final : public rma::ProviderComm<RmaOp> {
   std::vector<uint32_t> recvRepost_;  // control receives the provider pushed back
   std::unordered_map<const rma::Window*, std::unique_ptr<WindowReg>> regs_;
   uint32_t hellos_ = 0;  // other ranks' hellos seen
-  bool cudaGetsSinceFlush_ = false;
   size_t maxMsg_;
   bool inject_;  // control messages injected (the provider's inject size holds one; WEFT_RMA_INJECT)
 };

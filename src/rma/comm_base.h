@@ -64,6 +64,7 @@ class CommBase : public RmaComm {
   std::vector<Window*> windows_;  // by id - 1; nullptr once deregistered
   uint32_t nextWindow_ = 1;
   std::vector<Context*> contexts_;
+  bool cudaGetsSinceFlush_ = false;  // a get into GPU memory since the last flush: the next flush must wait for the NIC
 
  private:
   std::atomic<bool> hasError_{false};  // read without the lock (queryLastError)

@@ -213,6 +213,38 @@ class ProviderComm : public CommBase {
     op->startMs = steadyMs();
     return op;
   }
+  // An operation's request to peerRank, handed to NCCL (*request): failed at once (kRemote) where that peer is lost.
+  // nullptr past the pool's bound.
+  Op* startOp(Context* ctx, uint32_t peerRank, void** request) {
+    Op* op = takeOp(ctx, peerRank);
+    if (op == nullptr) return nullptr;
+    *request = op;
+    if (peer(peerRank).lost) failOp(op, Status::kRemote);
+    return op;
+  }
+  static void failOp(Op* op, Status st) {
+    op->state = ProviderOp::kFailed;
+    op->status = st;
+  }
+  // iflush's opening: its checks and its request (*request). *readBack is that request where one word of w must be
+  // read back through the provider (gets into GPU memory since the last flush, and w is GPU memory of a word or
+  // more); else nullptr, and the request is done at once.
+  Status beginFlush(Context* ctx, int context, Window* w, uint32_t rank, void** request, Op** readBack) {
+    *readBack = nullptr;
+    if (Status st = checkContext(ctx, context, rank, "iflush"); st != Status::kOk) return st;
+    if (Status st = checkWindow(w, "flushed"); st != Status::kOk) return st;
+    const auto self = static_cast<uint32_t>(rank_);
+    Op* op = takeOp(ctx, self);
+    if (op == nullptr) return Status::kSystem;
+    *request = op;
+    if (!cudaGetsSinceFlush_ || !w->cuda || w->size < sizeof(uint64_t) || peer(self).lost) {
+      op->state = ProviderOp::kDone;
+      return Status::kOk;
+    }
+    cudaGetsSinceFlush_ = false;
+    *readBack = op;
+    return Status::kOk;
+  }
   void opDone(Op* op, bool ok, Status st) { providerOpDone(pool_, op, ok, st); }
   void release(Op* op) { providerOpRelease(pool_, op); }
 

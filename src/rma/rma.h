@@ -145,4 +145,15 @@ class RmaTransport {
                          RmaComm** out) = 0;
 };
 
+// A transport whose devices are the backend's own device objects (libfabric's, verbs'), each with props().
+template <typename Dev>
+class DeviceTransport : public RmaTransport {
+ public:
+  int deviceCount() const override { return static_cast<int>(devices_.size()); }
+  const DeviceProps& props(int dev) const override { return devices_.at(static_cast<size_t>(dev))->props(); }
+
+ protected:
+  std::vector<std::unique_ptr<Dev>> devices_;
+};
+
 }  // namespace weft::rma

@@ -185,7 +185,6 @@ class TcpRmaComm final : public rma::CommBase {
   rma::OpPool<Op> pool_;
   // Registrations peers announced before this rank made its own: id -> (rank -> size).
   std::unordered_map<uint32_t, std::vector<int64_t>> announced_;
-  bool cudaGetsSinceFlush_ = false;
 };
 
 }  // namespace weft::tcp

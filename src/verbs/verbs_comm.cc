@@ -141,36 +141,9 @@ Status QpSet::create(std::string* why) {
   }
   psn = static_cast<uint32_t>(randomToken()) & 0xffffff;  // PSNs are 24 bits
   for (int i = 0; i < nQps; ++i) {
-    ibv_qp_init_attr ia{};
-    ia.qp_context = static_cast<QpOwner*>(this);
-    ia.send_cq = cq;
-    ia.recv_cq = cq;
-    ia.qp_type = IBV_QPT_RC;
-    ia.sq_sig_all = 0;
-    ia.cap.max_send_wr = static_cast<uint32_t>(std::min(sendWr, dev.maxQpWr()));
-    ia.cap.max_recv_wr = static_cast<uint32_t>(std::min(recvWr, dev.maxQpWr()));
-    ia.cap.max_send_sge = 1;
-    ia.cap.max_recv_sge = 1;
-    ia.cap.max_inline_data = 64;
-    qps[i] = api.createQp(dev.pd(), &ia);
-    if (qps[i] == nullptr) {  // some devices take no inline data
-      ia.cap.max_inline_data = 0;
-      qps[i] = api.createQp(dev.pd(), &ia);
-    }
-    if (qps[i] == nullptr) {
-      *why = std::string("ibv_create_qp failed: ") + std::strerror(errno);
-      return Status::kSystem;
-    }
-    if (i == 0) maxInline = ia.cap.max_inline_data;
-    ibv_qp_attr a{};
-    a.qp_state = IBV_QPS_INIT;
-    a.pkey_index = 0;
-    a.port_num = dev.port();
-    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-    if (int rc = api.modifyQp(qps[i], &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) {
-      *why = std::string("QP to INIT failed: ") + std::strerror(rc);
-      return Status::kSystem;
-    }
+    qps[i] = createRcQp(dev, cq, this, sendWr, recvWr, 64, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
+                        i == 0 ? &maxInline : nullptr, why);
+    if (qps[i] == nullptr) return Status::kSystem;
   }
   return Status::kOk;
 }

@@ -428,6 +428,43 @@ std::string VerbsDevice::stateReason() const {
   return "ok";
 }
 
+ibv_qp* createRcQp(const VerbsDevice& dev, ibv_cq* cq, QpOwner* owner, int sendWr, int recvWr, uint32_t inlineData,
+                   int access, uint32_t* inlineGot, std::string* why) {
+  const IbvApi& api = ibv();
+  ibv_qp_init_attr ia{};
+  ia.qp_context = owner;
+  ia.send_cq = cq;
+  ia.recv_cq = cq;
+  ia.qp_type = IBV_QPT_RC;
+  ia.sq_sig_all = 0;
+  ia.cap.max_send_wr = static_cast<uint32_t>(std::min(sendWr, dev.maxQpWr()));
+  ia.cap.max_recv_wr = static_cast<uint32_t>(std::min(recvWr, dev.maxQpWr()));
+  ia.cap.max_send_sge = 1;
+  ia.cap.max_recv_sge = 1;
+  ia.cap.max_inline_data = inlineData;
+  ibv_qp* qp = api.createQp(dev.pd(), &ia);
+  if (qp == nullptr && inlineData > 0) {  // some devices take no inline data
+    ia.cap.max_inline_data = 0;
+    qp = api.createQp(dev.pd(), &ia);
+  }
+  if (qp == nullptr) {
+    *why = std::string("ibv_create_qp failed: ") + std::strerror(errno);
+    return nullptr;
+  }
+  if (inlineGot != nullptr) *inlineGot = ia.cap.max_inline_data;
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.pkey_index = 0;
+  a.port_num = dev.port();
+  a.qp_access_flags = static_cast<unsigned>(access);
+  if (int rc = api.modifyQp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) {
+    *why = std::string("QP to INIT failed: ") + std::strerror(rc);
+    api.destroyQp(qp);
+    return nullptr;
+  }
+  return qp;
+}
+
 bool connectRcQp(const VerbsDevice& dev, ibv_qp* qp, const RcPeer& peer, uint32_t myPsn, int trafficClass,
                  int rdAtomic, std::string* why) {
   const IbvApi& api = ibv();

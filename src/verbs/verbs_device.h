@@ -103,6 +103,11 @@ struct RcPeer {
   uint8_t mtu = 0;  // ibv_mtu
   uint8_t gid[16] = {};
 };
+struct QpOwner;
+// An RC QP on dev's PD, both sides on `cq`, one SGE a request, moved to INIT with `access` (remote access flags);
+// max_inline_data `inlineData` where the device takes it, else none (*inlineGot: what it took). nullptr with *why.
+ibv_qp* createRcQp(const VerbsDevice& dev, ibv_cq* cq, QpOwner* owner, int sendWr, int recvWr, uint32_t inlineData,
+                   int access, uint32_t* inlineGot, std::string* why);
 // Moves an RC QP in INIT to RTR and RTS towards `peer` (WEFT_IB_TIMEOUT, WEFT_IB_RETRY_CNT, WEFT_IB_SL; RNR retries
 // without end: receives are always posted), with `rdAtomic` reads and atomics in flight each way; false with *why.
 bool connectRcQp(const VerbsDevice& dev, ibv_qp* qp, const RcPeer& peer, uint32_t myPsn, int trafficClass,

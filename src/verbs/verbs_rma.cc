@@ -101,6 +101,20 @@ bool VerbsRmaComm::sendCtl(uint32_t peer, const rma::RingMsg& m, VerbsRmaOp* own
 
 // ---- operations --------------------------------------------------------------------------------------------------
 
+// Waits (moving the comm) for room for `wrs` work requests on rank's QP: the send queue is as deep as NCCL keeps
+// operations in flight, so this waits only when a peer stops answering; after WEFT_PEER_TIMEOUT the peer is lost.
+void VerbsRmaComm::waitRoom(uint32_t rank, int wrs) {
+  Peer& p = peers_[rank];
+  const int64_t until = rma::steadyMs() + peerTimeoutMs_;
+  while (!p.lost && p.sendsOut + wrs > kSendWr - 8) {
+    if (rma::steadyMs() >= until) {
+      lose(rank, "its QP took no work for WEFT_PEER_TIMEOUT");
+      return;
+    }
+    pumpAll();
+  }
+}
+
 Status VerbsRmaComm::iput(rma::Context* ctx, int context, rma::Window* src, uint64_t srcOff, size_t size,
                           rma::Window* dst, uint64_t dstOff, uint32_t rank, const rma::Signal* signal,
                           uint32_t optFlags, void** request) {
@@ -112,27 +126,17 @@ Status VerbsRmaComm::iput(rma::Context* ctx, int context, rma::Window* src, uint
     WEFT_WARN("RMA iput: {} bytes in one put; a verbs write carries at most 2 GiB", size);
     return Status::kInvalidUsage;
   }
-  Peer& p = peers_[rank];
-  // Room on the QP for the write and the signal: the send queue is as deep as NCCL keeps operations in flight, so
-  // this waits only when a peer stops answering (bounded: the stall check loses it).
-  const int64_t until = rma::steadyMs() + peerTimeoutMs_;
-  while (!p.lost && p.sendsOut + 2 > kSendWr - 8 && rma::steadyMs() < until) pumpAll();
-  VerbsRmaOp* op = takeOp(ctx, rank);
+  waitRoom(rank, 2);  // the write and the signal
+  VerbsRmaOp* op = startOp(ctx, rank, request);
   if (op == nullptr) return Status::kSystem;
-  *request = op;
-  if (p.lost || p.sendsOut + 2 > kSendWr - 8) {
-    if (!p.lost) lose(rank, "its QP took no work for WEFT_PEER_TIMEOUT");
-    op->state = VerbsRmaOp::kFailed;
-    op->status = Status::kRemote;
-    return Status::kOk;
-  }
+  if (op->state == VerbsRmaOp::kFailed) return Status::kOk;
+  Peer& p = peers_[rank];
   if (size > 0) {
     const auto& to = regs_.at(dst)->remote[rank];
     // With a signal after it, the write needs no completion of its own: the signal's implies it on this QP.
     if (postRdma(rank, IBV_WR_RDMA_WRITE, src->base + srcOff, regs_.at(src)->mr->lkey, size, to.first + dstOff,
                  to.second, op, signal == nullptr) != Status::kOk) {
-      op->state = VerbsRmaOp::kFailed;
-      op->status = Status::kRemote;
+      failOp(op, Status::kRemote);
       return Status::kOk;
     }
     op->local = src;
@@ -186,18 +190,10 @@ Status VerbsRmaComm::iget(rma::Context* ctx, int context, rma::Window* remote, u
     WEFT_WARN("RMA iget: {} bytes in one get; a verbs read carries at most 2 GiB", size);
     return Status::kInvalidUsage;
   }
-  Peer& p = peers_[rank];
-  const int64_t until = rma::steadyMs() + peerTimeoutMs_;
-  while (!p.lost && p.sendsOut + 1 > kSendWr - 8 && rma::steadyMs() < until) pumpAll();
-  VerbsRmaOp* op = takeOp(ctx, rank);
+  waitRoom(rank, 1);
+  VerbsRmaOp* op = startOp(ctx, rank, request);
   if (op == nullptr) return Status::kSystem;
-  *request = op;
-  if (p.lost || p.sendsOut + 1 > kSendWr - 8) {
-    if (!p.lost) lose(rank, "its QP took no work for WEFT_PEER_TIMEOUT");
-    op->state = VerbsRmaOp::kFailed;
-    op->status = Status::kRemote;
-    return Status::kOk;
-  }
+  if (op->state == VerbsRmaOp::kFailed) return Status::kOk;
   if (size == 0) {
     op->state = VerbsRmaOp::kDone;
     return Status::kOk;
@@ -205,8 +201,7 @@ Status VerbsRmaComm::iget(rma::Context* ctx, int context, rma::Window* remote, u
   const auto& from = regs_.at(remote)->remote[rank];
   if (postRdma(rank, IBV_WR_RDMA_READ, local->base + localOff, regs_.at(local)->mr->lkey, size, from.first + remoteOff,
                from.second, op, true) != Status::kOk) {
-    op->state = VerbsRmaOp::kFailed;
-    op->status = Status::kRemote;
+    failOp(op, Status::kRemote);
     return Status::kOk;
   }
   op->local = local;
@@ -218,23 +213,14 @@ Status VerbsRmaComm::iget(rma::Context* ctx, int context, rma::Window* remote, u
 Status VerbsRmaComm::iflush(rma::Context* ctx, int context, rma::Window* w, uint32_t rank, void** request) {
   if (request == nullptr) return Status::kInternal;
   std::lock_guard<std::mutex> lock(mu_);
-  if (Status st = checkContext(ctx, context, rank, "iflush"); st != Status::kOk) return st;
-  if (Status st = checkWindow(w, "flushed"); st != Status::kOk) return st;
-  const uint32_t self = static_cast<uint32_t>(rank_);
-  VerbsRmaOp* op = takeOp(ctx, self);
-  if (op == nullptr) return Status::kSystem;
-  *request = op;
-  if (!cudaGetsSinceFlush_ || !w->cuda || w->size < sizeof(uint64_t) || peers_[self].lost) {
-    op->state = VerbsRmaOp::kDone;
-    return Status::kOk;
-  }
-  cudaGetsSinceFlush_ = false;
+  VerbsRmaOp* op = nullptr;
+  if (Status st = beginFlush(ctx, context, w, rank, request, &op); st != Status::kOk || op == nullptr) return st;
   // One word of the window read back through this rank's own QP: it completes after the NIC's earlier writes there.
+  const auto self = static_cast<uint32_t>(rank_);
   const auto& me = regs_.at(w)->remote[self];
   if (postRdma(self, IBV_WR_RDMA_READ, &scratch_[1], scratchMr_->lkey, sizeof(uint64_t), me.first, me.second, op,
                true) != Status::kOk) {
-    op->state = VerbsRmaOp::kFailed;
-    op->status = Status::kRemote;
+    failOp(op, Status::kRemote);
   }
   return Status::kOk;
 }
@@ -253,9 +239,8 @@ void VerbsRmaComm::pumpAll() {
     backlog_.pop_front();
     sendCtl(peer, m, nullptr);
   }
-  static thread_local int64_t asyncCheckMs = 0;  // the device's events, at most every 100 ms
-  if (const int64_t now = rma::steadyMs(); now - asyncCheckMs >= 100) {
-    asyncCheckMs = now;
+  if (const int64_t now = rma::steadyMs(); now - asyncCheckMs_ >= 100) {  // the device's events, every 100 ms
+    asyncCheckMs_ = now;
     dev_.pollAsync();
     if (const int ev = asyncError.exchange(0); ev != 0) {
       fail(std::string("an asynchronous error on the comm's QPs: ") + ibv().eventTypeStr(static_cast<ibv_event_type>(ev)),

@@ -45,18 +45,13 @@ struct VerbsRmaPeerInfo {
   uint8_t gid[16];
 };
 
-class VerbsRmaTransport final : public rma::RmaTransport {
+class VerbsRmaTransport final : public rma::DeviceTransport<VerbsDevice> {
  public:
   static std::unique_ptr<VerbsRmaTransport> discover(std::string* why);
   const char* name() const override { return "verbs"; }
-  int deviceCount() const override { return static_cast<int>(devices_.size()); }
-  const DeviceProps& props(int dev) const override { return devices_.at(static_cast<size_t>(dev))->props(); }
   Status listen(int dev, void* handle, rma::RmaListen** out) override;
   Status connect(void* const* handles, int nranks, int rank, rma::RmaListen* listen, uint64_t commId,
                  rma::RmaComm** out) override;
-
- private:
-  std::vector<std::unique_ptr<VerbsDevice>> devices_;
 };
 
 struct VerbsRmaOp : rma::ProviderOp {
@@ -110,6 +105,7 @@ class VerbsRmaComm final : public rma::ProviderComm<VerbsRmaOp>, public QpOwner 
   bool sendCtl(uint32_t peer, const rma::RingMsg& m, VerbsRmaOp* owner);
   Status postRdma(uint32_t peer, ibv_wr_opcode op, void* local, uint32_t lkey, size_t size, uint64_t remote,
                   uint32_t rkey, VerbsRmaOp* owner, bool signaled);
+  void waitRoom(uint32_t rank, int wrs);  // room for wrs work requests on rank's QP, else (after the bound) rank lost
 
   VerbsDevice& dev_;
   const bool atomics_;
@@ -125,7 +121,7 @@ class VerbsRmaComm final : public rma::ProviderComm<VerbsRmaOp>, public QpOwner 
   ibv_mr* scratchMr_ = nullptr;
   std::unordered_map<const rma::Window*, std::unique_ptr<WindowReg>> regs_;
   std::deque<std::pair<uint32_t, rma::RingMsg>> backlog_;  // messages waiting for send room
-  bool cudaGetsSinceFlush_ = false;
+  int64_t asyncCheckMs_ = 0;  // when the device's asynchronous events were last read
 };
 
 }  // namespace weft::verbs

@@ -342,31 +342,14 @@ Status VerbsRmaComm::createQps(VerbsRmaPeerInfo* self, std::vector<uint32_t>* qp
   std::memcpy(self->gid, dev_.gid().raw, 16);
   qpns->resize(static_cast<size_t>(nranks_));
   for (int r = 0; r < nranks_; ++r) {
-    ibv_qp_init_attr ia{};
-    ia.qp_context = static_cast<QpOwner*>(this);
-    ia.send_cq = cq_;
-    ia.recv_cq = cq_;
-    ia.qp_type = IBV_QPT_RC;
-    ia.sq_sig_all = 0;
-    ia.cap.max_send_wr = static_cast<uint32_t>(sendWr);
-    ia.cap.max_recv_wr = kRecvs;
-    ia.cap.max_send_sge = 1;
-    ia.cap.max_recv_sge = 1;
-    ibv_qp* qp = api.createQp(dev_.pd(), &ia);
+    std::string why;
+    ibv_qp* qp = createRcQp(dev_, cq_, this, sendWr, kRecvs, 0,
+                            IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC, nullptr, &why);
     if (qp == nullptr) {
-      WEFT_WARN("RMA connect on {}: ibv_create_qp for rank {} failed: {}", dev_.props().name, r, std::strerror(errno));
+      WEFT_WARN("RMA connect on {}: the QP for rank {}: {}", dev_.props().name, r, why);
       return Status::kSystem;
     }
     peers_[static_cast<size_t>(r)].qp = qp;
-    ibv_qp_attr a{};
-    a.qp_state = IBV_QPS_INIT;
-    a.pkey_index = 0;
-    a.port_num = dev_.port();
-    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
-    if (int rc = api.modifyQp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) {
-      WEFT_WARN("RMA connect on {}: QP to INIT failed: {}", dev_.props().name, std::strerror(rc));
-      return Status::kSystem;
-    }
     (*qpns)[static_cast<size_t>(r)] = qp->qp_num;
     for (uint32_t s = 0; s < kRecvs; ++s) {
       if (Status st = postRecv(static_cast<uint32_t>(r), s); st != Status::kOk) return st;
