@@ -27,6 +27,10 @@ FabricRmaComm::WindowReg* FabricRmaComm::regOf(const rma::Window* w) const {
 
 bool FabricRmaComm::postRma(bool write, RmaOp* op, uint32_t rank, void* local, size_t size, void* desc,
                             uint64_t remoteAddr, uint64_t key) {
+  if (ep_->ep == nullptr) {  // abandoned (abandonProvider): every peer is lost, only a flush comes here
+    failOp(op, Status::kRemote);
+    return false;
+  }
   op->data.kind = RmaCtx::kData;
   op->data.owner = op;
   iovec iov{local, size};
@@ -45,7 +49,7 @@ bool FabricRmaComm::postRma(bool write, RmaOp* op, uint32_t rank, void* local, s
   const int64_t until = rma::steadyMs() + peerTimeoutMs_;
   ssize_t rc = 0;
   for (;;) {
-    rc = write ? fi_writemsg(ep_->ep.get(), &m, FI_REMOTE_CQ_DATA | FI_COMPLETION)
+    rc = write ? fi_writemsg(ep_->ep.get(), &m, orderedSignals_ ? FI_COMPLETION : FI_REMOTE_CQ_DATA | FI_COMPLETION)
                : fi_readmsg(ep_->ep.get(), &m, FI_COMPLETION);
     if (rc != -FI_EAGAIN || rma::steadyMs() >= until) break;
     readCompletions();
@@ -88,8 +92,7 @@ Status FabricRmaComm::iput(rma::Context* ctx, int context, rma::Window* src, uin
       return Status::kOk;
     }
     ++p.issued;
-    op->local = src;
-    ++src->inflight;
+    rma::providerOpUses(op, src);
   }
   if (signal != nullptr) {
     RmaMsg m = msg(RmaMsg::kSignal);
@@ -98,7 +101,7 @@ Status FabricRmaComm::iput(rma::Context* ctx, int context, rma::Window* src, uin
     m.signalOp = static_cast<uint8_t>(signal->op);
     m.a = signal->off;
     m.b = signal->value;
-    m.c = p.issued;  // every write to that rank so far, this put's own included
+    m.c = orderedSignals_ ? 0 : p.issued;  // every write to that rank so far, this put's own included
     ++op->pending;
     sendCtl(rank, m, op);
   }
@@ -129,8 +132,7 @@ Status FabricRmaComm::iget(rma::Context* ctx, int context, rma::Window* remote, 
   if (!postRma(false, op, rank, local->base + localOff, size, regOf(local)->desc, from.addr + remoteOff, from.key)) {
     return Status::kOk;
   }
-  op->local = local;
-  ++local->inflight;
+  rma::providerOpUses(op, local);
   if (local->cuda) cudaGetsSinceFlush_ = true;
   return Status::kOk;
 }
@@ -168,7 +170,7 @@ void FabricRmaComm::readCompletions() {
     ssize_t n = fi_cq_read(ep_->cq.get(), e, kCqBatch);
     if (n > 0) {
       for (ssize_t i = 0; i < n; ++i) {
-        onCompletion(static_cast<RmaCtx*>(e[i].op_context), true, Status::kOk, e[i].flags, e[i].data, {});
+        onCompletion(static_cast<RmaCtx*>(e[i].op_context), true, Status::kOk, e[i].flags, e[i].data, e[i].len, {});
       }
       if (n < kCqBatch) return;
       continue;
@@ -182,7 +184,7 @@ void FabricRmaComm::readCompletions() {
                         : err.err == FI_EINVAL || err.err == FI_EACCES || err.err == FI_EKEYREJECTED
                             ? Status::kInvalidUsage
                             : Status::kRemote;
-      onCompletion(static_cast<RmaCtx*>(err.op_context), false, st, err.flags, err.data, why);
+      onCompletion(static_cast<RmaCtx*>(err.op_context), false, st, err.flags, err.data, err.len, why);
       continue;
     }
     if (n != -FI_EAGAIN) fail(std::string("reading the completion queue failed: ") + fi_strerror(static_cast<int>(-n)), Status::kSystem);
@@ -190,7 +192,7 @@ void FabricRmaComm::readCompletions() {
   }
 }
 
-void FabricRmaComm::onCompletion(RmaCtx* c, bool ok, Status st, uint64_t flags, uint64_t data,
+void FabricRmaComm::onCompletion(RmaCtx* c, bool ok, Status st, uint64_t flags, uint64_t data, size_t len,
                                  const std::string& err) {
   // A write with completion data landing here: count it for its sender. Its context is none of ours (shm hands one
   // of its own).
@@ -220,7 +222,12 @@ void FabricRmaComm::onCompletion(RmaCtx* c, bool ok, Status st, uint64_t flags, 
   switch (c->kind) {
     case RmaCtx::kCtlRecv: {
       const uint32_t slot = c->slot;
-      if (ok) {
+      if (ok && len != sizeof(RmaMsg)) {
+        // Not one of weft's messages (the endpoint's address is in the handle: anyone may send to it): what the slot
+        // holds is not read. (A longer one ends as a truncation error, below.)
+        WEFT_WARN("RMA (rank {}): a message of {} bytes, not weft's {}: dropped", rank_, len, sizeof(RmaMsg));
+        if (postRecv(slot) != Status::kOk) fail("a control receive could not be posted again", Status::kSystem);
+      } else if (ok) {
         const RmaMsg m = ctl_->in[slot];
         if (postRecv(slot) != Status::kOk) fail("a control receive could not be posted again", Status::kSystem);
         // Hellos and records come round the ring from the previous rank; signals and errors from their origin.
@@ -266,9 +273,40 @@ void FabricRmaComm::onCompletion(RmaCtx* c, bool ok, Status st, uint64_t flags, 
   }
 }
 
+// A peer lost with operations on a window NCCL now deregisters (and will free): the provider (rxm and tcp keep the
+// addresses of what they have yet to send) must let go first, and only closing the endpoint makes it. The comm is
+// broken already; from here every operation fails at once and nothing arrives.
+bool FabricRmaComm::abandonProvider(const std::string& why) {
+  if (ep_->ep == nullptr) return true;
+  fail("the comm's endpoint is closed: " + why, Status::kRemote);
+  ep_->ep.reset();
+  // What the close left in the queue names operations about to be abandoned: read and dropped.
+  fi_cq_data_entry e[kCqBatch];
+  for (int i = 0; i < 1024; ++i) {
+    const ssize_t n = fi_cq_read(ep_->cq.get(), e, kCqBatch);
+    if (n == -FI_EAVAIL) {
+      fi_cq_err_entry err{};
+      if (fi_cq_readerr(ep_->cq.get(), &err, 0) != 1) break;
+    } else if (n <= 0) {
+      break;
+    }
+  }
+  for (RmaPeer& p : peers_) {
+    p.lost = true;
+    p.waitingSignals.clear();
+  }
+  std::fill(std::begin(ctlOwner_), std::end(ctlOwner_), nullptr);
+  ctlFree_.clear();
+  for (uint32_t i = 0; i < kCtlSlots; ++i) ctlFree_.push_back(kCtlSlots - 1 - i);
+  backlog_.clear();
+  recvRepost_.clear();
+  return true;
+}
+
 // ---- control messages -------------------------------------------------------------------------------------------------
 
 Status FabricRmaComm::postRecv(uint32_t slot) {
+  if (ep_->ep == nullptr) return Status::kOk;  // abandoned: nothing more arrives
   ssize_t rc = fi_trecv(ep_->ep.get(), &ctl_->in[slot], sizeof(RmaMsg), ctlDesc_, FI_ADDR_UNSPEC, kRmaMsgTag, 0,
                         &ctlRecvCtx_[slot].fi);
   if (rc == -FI_EAGAIN) {
@@ -288,6 +326,10 @@ void FabricRmaComm::sendCtl(uint32_t peer, const RmaMsg& m, RmaOp* owner) {
 }
 
 bool FabricRmaComm::postCtl(uint32_t peer, const RmaMsg& m, RmaOp* owner) {
+  if (ep_->ep == nullptr) {  // abandoned: nothing more leaves
+    if (owner != nullptr) opDone(owner, false, Status::kRemote);
+    return true;
+  }
   // Injected where the provider takes 64 bytes that way: no completion to read, the source reusable at once (the
   // comm is progressed for as long as it lives: NCCL's proxy calls progress, and close moves what is queued).
   if (inject_) {

@@ -14,6 +14,11 @@
 //   its count got there. That keeps a signal behind its own put and behind every earlier put to the same target
 //   (every signal is strong), needs no atomics and no ordering of the provider's, and works where the target memory
 //   is GPU memory. (Atomics on the signal word are the other way: see docs/device-api.md for why not by default.)
+//   Except over rxm on tcp, which orders a send after the writes before it (FI_ORDER_SAW: one TCP stream a peer, a
+//   write's bytes placed before the next message is read): there writes carry no completion data and a signal
+//   applies on arrival, because a write with completion data whose connection breaks while it is being received
+//   crashes libfabric there (1.17 and 2.1: tcp reports the failed target-side transfer with no context, and rxm's
+//   error path, rxm_handle_comp_error, dereferences it). orderedSignals_ says which.
 // - A get is an RMA read (fi_readmsg), done when its completion arrives.
 // - A flush after gets into GPU memory reads back one word of the window through the NIC (the read completes after
 //   the earlier writes the NIC made to that memory).
@@ -61,6 +66,7 @@ struct RmaEndpoint {
   AvPtr av;
   EpPtr ep;
   std::vector<uint8_t> name;
+  bool sendAfterWrite = false;  // opened asking for FI_ORDER_SAW (rxm over tcp: fabric_rma.h's file comment)
   static Status open(FabricDevice& dev, int nranksHint, std::unique_ptr<RmaEndpoint>* out);
 };
 
@@ -116,6 +122,7 @@ class FabricRmaComm final : public rma::ProviderComm<RmaOp> {
   Status iflush(rma::Context* ctx, int context, rma::Window* w, uint32_t rank, void** request) override;
   bool flushesAllPutsOnAnySignal() const override { return false; }
   void close() override { drainAndDelete(); }
+  bool sendsAfterWrites() const { return orderedSignals_; }
 
  private:
   static constexpr int kCtlSlots = 256;  // control messages out and receives posted, each
@@ -143,6 +150,7 @@ class FabricRmaComm final : public rma::ProviderComm<RmaOp> {
   rma::PeerState& peer(uint32_t rank) override { return peers_[rank]; }
   Status registerWindow(rma::Window* w, int dmabufFd, uint64_t* addr, uint64_t* key) override;
   void forgetWindow(rma::Window* w) override { regs_.erase(w); }
+  bool abandonProvider(const std::string& why) override;
   void setRemote(rma::Window* w, uint32_t rank, uint64_t addr, uint64_t key) override;
   void sendMsg(uint32_t peer, const RmaMsg& m) override { sendCtl(peer, m, nullptr); }
   bool sendsDrained() const override { return backlog_.empty() && ctlFree_.size() == static_cast<size_t>(kCtlSlots); }
@@ -157,7 +165,7 @@ class FabricRmaComm final : public rma::ProviderComm<RmaOp> {
   // WEFT_PEER_TIMEOUT): the op failed, and the peer is lost (a read from this rank itself, a flush's: the comm's error).
   bool postRma(bool write, RmaOp* op, uint32_t rank, void* local, size_t size, void* desc, uint64_t remoteAddr,
                uint64_t key);
-  void onCompletion(RmaCtx* c, bool ok, Status st, uint64_t flags, uint64_t data, const std::string& err);
+  void onCompletion(RmaCtx* c, bool ok, Status st, uint64_t flags, uint64_t data, size_t len, const std::string& err);
   void sendCtl(uint32_t peer, const RmaMsg& m, RmaOp* owner);
   void flushBacklog();
   bool postCtl(uint32_t peer, const RmaMsg& m, RmaOp* owner);
@@ -182,6 +190,7 @@ class FabricRmaComm final : public rma::ProviderComm<RmaOp> {
   uint32_t hellos_ = 0;  // other ranks' hellos seen
   size_t maxMsg_;
   bool inject_;  // control messages injected (the provider's inject size holds one; WEFT_RMA_INJECT)
+  bool orderedSignals_;  // signals rely on the provider's send-after-write order (the file comment says where)
 };
 
 }  // namespace weft::fabric

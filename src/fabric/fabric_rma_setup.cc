@@ -100,13 +100,23 @@ Status RmaEndpoint::open(FabricDevice& dev, int nranksHint, std::unique_ptr<RmaE
     return Status::kSystem;
   }
   e->av.reset(av);
+  // rxm over tcp: the endpoint asks for send-after-write order (fabric_rma.h says why signals rely on it there).
+  InfoPtr ordered;
+  if (dev.props().provider == "tcp;ofi_rxm" && (ordered = InfoPtr(fi_dupinfo(info))) && ordered->tx_attr != nullptr &&
+      ordered->rx_attr != nullptr) {
+    ordered->tx_attr->msg_order |= FI_ORDER_SAW;
+    ordered->rx_attr->msg_order |= FI_ORDER_SAW;
+  } else {
+    ordered.reset();
+  }
   fid_ep* ep = nullptr;
-  rc = fi_endpoint(dev.domain(), const_cast<fi_info*>(info), &ep, nullptr);
+  rc = fi_endpoint(dev.domain(), const_cast<fi_info*>(ordered ? ordered.get() : info), &ep, nullptr);
   if (rc != 0) {
     WEFT_WARN("RMA: fi_endpoint on {} failed: {}", where, fi_strerror(-rc));
     return Status::kSystem;
   }
   e->ep.reset(ep);
+  e->sendAfterWrite = ordered != nullptr;
   if ((rc = fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV)) != 0 || (rc = fi_ep_bind(ep, &av->fid, 0)) != 0 ||
       (rc = fi_enable(ep)) != 0) {
     WEFT_WARN("RMA: binding or enabling the endpoint on {} failed: {}", where, fi_strerror(-rc));
@@ -179,13 +189,15 @@ Status FabricRmaTransport::connect(void* const* handles, int nranks, int rank, r
   }
   auto comm = std::make_unique<FabricRmaComm>(rank, nranks, commId, std::move(ep));
   if (Status st = comm->start(addrs); st != Status::kOk) return st;
-  WEFT_INFO(NCCL_INIT | NCCL_NET, "RMA: rank {} of {} connected over {} ({})", rank, nranks, d.props().name,
-            d.props().provider);
+  WEFT_INFO(NCCL_INIT | NCCL_NET, "RMA: rank {} of {} connected over {} ({}; signals {})", rank, nranks,
+            d.props().name, d.props().provider,
+            comm->sendsAfterWrites() ? "by the provider's send-after-write order" : "after their writes' count");
   *out = comm.release();
   return Status::kOk;
 }
 
 // ---- the comm's set-up --------------------------------------------------------------------------------------------
+
 
 FabricRmaComm::FabricRmaComm(int rank, int nranks, uint64_t commId, std::unique_ptr<RmaEndpoint> ep)
     : ProviderComm(rank, nranks, commId, ep->dev->props(), 0x5746464d),
@@ -193,7 +205,8 @@ FabricRmaComm::FabricRmaComm(int rank, int nranks, uint64_t commId, std::unique_
       dev_(*ep_->dev),
       peers_(static_cast<size_t>(nranks)),
       maxMsg_(dev_.maxMsgSize() > 0 ? dev_.maxMsgSize() : SIZE_MAX),
-      inject_(dev_.injectSize() >= sizeof(RmaMsg) && params::getBool("WEFT_RMA_INJECT")) {
+      inject_(dev_.injectSize() >= sizeof(RmaMsg) && params::getBool("WEFT_RMA_INJECT")),
+      orderedSignals_(ep_->sendAfterWrite) {
   for (uint32_t i = 0; i < kCtlSlots; ++i) {
     ctlSendCtx_[i].kind = RmaCtx::kCtlSend;
     ctlSendCtx_[i].slot = i;

@@ -84,8 +84,19 @@ struct ProviderOp {
   uint32_t peer = 0;
   Context* ctx = nullptr;
   Window* local = nullptr;  // the window it reads or writes here: counted in its inflight until the provider is done
+  // That window still, while the provider holds an operation on its memory, even after `local` let go of it (its peer
+  // lost): deregistering it must first make the provider let go (ProviderComm::deregMrSym).
+  Window* held = nullptr;
   int64_t startMs = 0;
 };
+
+// `op` reads or writes w's memory here (a put's source, a get's destination).
+template <typename Op>
+void providerOpUses(Op* op, Window* w) {
+  op->local = w;
+  op->held = w;
+  ++w->inflight;
+}
 
 // One provider operation of `op` ended (ok, or failed with st).
 template <typename Op>
@@ -96,6 +107,7 @@ void providerOpDone(OpPool<Op>& pool, Op* op, bool ok, Status st) {
     op->status = st;
   }
   if (op->pending > 0) return;
+  op->held = nullptr;
   if (op->local != nullptr) {
     --op->local->inflight;
     op->local = nullptr;
@@ -147,6 +159,17 @@ void providerOpsLost(OpPool<Op>& pool, uint32_t peer) {
       --op.local->inflight;
       op.local = nullptr;
     }
+  });
+}
+
+// The provider dropped everything it held (its endpoint closed): no operation waits for it any more; those still
+// active fail (kRemote), orphans go back to the pool.
+template <typename Op>
+void providerOpsAbandoned(OpPool<Op>& pool) {
+  pool.forEach([&](Op& op) {
+    if (op.pending == 0) return;
+    op.pending = 1;
+    providerOpDone(pool, &op, false, Status::kRemote);
   });
 }
 

@@ -155,6 +155,12 @@ class ProviderComm : public CommBase {
       WEFT_WARN("RMA deregMrSym: window {} is still used by {} operation(s); not deregistered", w->id, w->inflight);
       return st == Status::kOk ? Status::kInvalidUsage : st;
     }
+    // Operations to lost peers the provider still holds on this memory: it must let go before NCCL frees it.
+    bool held = false;
+    pool_.forEach([&](Op& op) { held |= op.pending > 0 && op.held == w; });
+    if (held && abandonProvider("window " + std::to_string(w->id) + " is deregistered under operations to lost peers")) {
+      providerOpsAbandoned(pool_);
+    }
     forgetWindow(w);
     dropWindow(w);
     return Status::kOk;
@@ -190,6 +196,13 @@ class ProviderComm : public CommBase {
   // Registers w's memory for remote access: the address and key peers name it by.
   virtual Status registerWindow(Window* w, int dmabufFd, uint64_t* addr, uint64_t* key) = 0;
   virtual void forgetWindow(Window* w) = 0;  // its registration released (no-op for one never registered)
+  // The provider must stop touching any memory of this comm's operations now (the comm is broken: a peer is lost);
+  // true when it dropped every operation it held (none will complete). Where the NIC checks every access against the
+  // registration (verbs), deregistering is enough: false, nothing done, the operations end with flush errors.
+  virtual bool abandonProvider(const std::string& why) {
+    (void)why;
+    return false;
+  }
   virtual void setRemote(Window* w, uint32_t rank, uint64_t addr, uint64_t key) = 0;
   // A message of weft's own to a peer, sent now or queued until the provider takes it.
   virtual void sendMsg(uint32_t peer, const RingMsg& m) = 0;

@@ -139,8 +139,7 @@ Status VerbsRmaComm::iput(rma::Context* ctx, int context, rma::Window* src, uint
       failOp(op, Status::kRemote);
       return Status::kOk;
     }
-    op->local = src;
-    ++src->inflight;
+    rma::providerOpUses(op, src);
   }
   if (signal != nullptr) {
     if (atomics_) {
@@ -204,8 +203,7 @@ Status VerbsRmaComm::iget(rma::Context* ctx, int context, rma::Window* remote, u
     failOp(op, Status::kRemote);
     return Status::kOk;
   }
-  op->local = local;
-  ++local->inflight;
+  rma::providerOpUses(op, local);
   if (local->cuda) cudaGetsSinceFlush_ = true;
   return Status::kOk;
 }

@@ -33,21 +33,10 @@ done
 weft=$1
 plugin=$2
 shift 2
-if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null; then
-  echo "SKIP: needs root and iproute2 to create network namespaces"
-  exit 77
-fi
 tag="weft$$"
-a="${tag}a" b="${tag}b"
-cleanup() {
-  ip netns del "$a" 2>/dev/null
-  ip netns del "$b" 2>/dev/null
-}
-trap cleanup EXIT
-if ! ip netns add "$a" 2>/dev/null || ! ip netns add "$b"; then
-  echo "SKIP: cannot create network namespaces here"
-  exit 77
-fi
+# shellcheck source=tests/conformance/netns_lib.sh
+. "$(dirname "$0")/netns_lib.sh"
+netns_pair "$tag"
 case "$pairs" in 2|3|4|5|6|7|8) ;; *) echo "--pairs takes 2 to 8, not '$pairs'"; exit 2 ;; esac
 npairs=1
 [ -n "$rails" ] && npairs=$pairs

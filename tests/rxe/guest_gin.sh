@@ -41,5 +41,16 @@ for round in $(seq 1 "${RXE_BENCH:-0}"); do
     step "bench.verbs.$sig.$round" 300 $V WEFT_RMA_SIGNAL=$sig "$RXE_BIN" bench --rma --plugin "$RXE_SO"
   done
 done
+# Faults: the guest's link (rxe0's netdev) goes down under 2 ranks and comes back (faults.link_down): NCCL's IB proxy
+# and weft's verbs RMA; requests must fail within the bound. Last: the port comes back, but nothing after relies on it.
+LD="--ranks 2 --only setup --only put.sizes --only faults.link_down --only teardown --timeout 300 --dead-bound 120"
+if [ -n "${RXE_NCCL_GIN:-}" ] && [ -f "$RXE_NCCL_GIN" ]; then
+  # shellcheck disable=SC2086
+  step nccl_gin_ib.link_down 400 env CONFORMANCE_LINK_DOWN_OK=1 "$RXE_BIN" conformance --rma --plugin "$RXE_NCCL_GIN" \
+    --symbol ncclNetPlugin_v11 --rma-table 11 $LD
+fi
+# shellcheck disable=SC2086
+step weft_rma.verbs.link_down 400 $V CONFORMANCE_LINK_DOWN_OK=1 WEFT_PEER_TIMEOUT=5 "$RXE_BIN" conformance --rma \
+  --plugin "$RXE_SO" $LD
 echo "FAILED_STEPS=$fails"
 exit $fails

@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "checks_internal.h"
+#include "netns.h"
 #include "weft/common/sysfs.h"
 
 namespace weft::harness::checks {
@@ -185,35 +186,9 @@ void faultsKilledMany(CheckEnv& env) {
   std::printf("INFO\t%d other connections kept carrying intact data\n", kSelf);
 }
 
-// The link between the two namespaces goes down mid-stream (the sender takes its own veth down): pending requests
-// on both ends must fail within a bound; the link comes back, the broken comms close without hanging, and a new
-// connection works. Only inside a private network namespace (netns_conformance.sh --link-down), never on a host.
-// The worker was started in its own namespace by the driver (ip netns exec ... execs it): its network namespace
-// must differ from the driver's.
-bool privateNetns() {
-  // tests/rxe/run_guest.sh's QEMU guest (its kernel command line names the output folder): a machine of its own,
-  // thrown away after the test, whose links may be taken down.
-  if (std::ifstream cmdline("/proc/cmdline"); cmdline) {
-    std::string line;
-    std::getline(cmdline, line);
-    if (line.find(" weft_out=") != std::string::npos) return true;
-  }
-  struct stat self {}, parent {};
-  std::string p = "/proc/" + std::to_string(getppid()) + "/ns/net";
-  if (stat("/proc/self/ns/net", &self) != 0 || stat(p.c_str(), &parent) != 0) return false;
-  return self.st_ino != parent.st_ino || self.st_dev != parent.st_dev;
-}
-
+// Every link of this worker's namespace (netns_conformance.sh made it; privateNetns checked) down or up.
 void setLinks(bool up) {
-  DIR* d = opendir("/sys/class/net");
-  if (d == nullptr) fail("cannot list /sys/class/net");
-  while (dirent* e = readdir(d)) {
-    std::string n = e->d_name;
-    if (n == "." || n == ".." || n == "lo") continue;
-    std::string cmd = "ip link set dev " + n + (up ? " up" : " down");
-    if (std::system(cmd.c_str()) != 0) fail("'" + cmd + "' failed");
-  }
-  closedir(d);
+  if (std::string err = setNetnsLinks(up); !err.empty()) fail(err);
 }
 
 // n messages of `size` through c, verified (the connection carries data before a fault, as in a real job).
@@ -253,7 +228,9 @@ void closeThenReconnect(CheckEnv& env, Conn& broken, size_t size, uint64_t seed)
 }
 
 // A link that goes down must surface as test errors as a dead peer does (src/proxy.cc v2.28.9, lines 961-965: the
-// progress thread stops on a plugin error and the communicator reports it); a hung test hangs the job.
+// progress thread stops on a plugin error and the communicator reports it); a hung test hangs the job. The sender
+// takes its veth down with requests pending on both ends; once the link is back the broken comms close without
+// hanging, and a new connection works. Only in a private network namespace (netns_conformance.sh --link-down).
 void faultsLinkDown(CheckEnv& env) {
   if (std::getenv("CONFORMANCE_LINK_DOWN_OK") == nullptr)
     throw CheckSkip("takes a link down: only under netns_conformance.sh --link-down");

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "device_memory.h"
+#include "netns.h"
 #include "rma_api.h"
 
 namespace weft::harness {
@@ -567,19 +568,14 @@ std::string garbage(Rank& k) {
   return k.barrier() ? "" : "a rank did not finish";
 }
 
-// The last rank dies; every other rank's request to it fails within the bound, and queryLastError says so.
-std::string deadRank(Rank& k) {
-  const int victim = k.nranks - 1;
-  if (!k.barrier()) return "a rank did not arrive";
-  if (k.rank == victim) {
-    k.sh->dead.fetch_or(1u << k.rank);
-    ::kill(::getpid(), SIGKILL);
-  }
+// Puts of 64 KiB to `peer` (as NCCL's proxy keeps issuing them) until one fails, or queryLastError reports an
+// error, within `boundSec`: "" (and *sec, how long it took) or why not.
+std::string failsWithin(Rank& k, int peer, int boundSec, double* sec) {
   const auto start = Clock::now();
-  const auto end = start + std::chrono::seconds(k.o->deadBoundSec);
+  const auto end = start + std::chrono::seconds(boundSec);
   for (;;) {
     void* req = nullptr;
-    int r = k.api->iput(k.ctx, 0, 0, k.src.mh, 65536, kSlot * k.rank, k.dst.mh, victim, 0, &req);
+    int r = k.api->iput(k.ctx, 0, 0, k.src.mh, 65536, kSlot * k.rank, k.dst.mh, peer, 0, &req);
     bool failed = r != 0;
     while (!failed && req != nullptr) {
       int done = 0;
@@ -595,17 +591,57 @@ std::string deadRank(Rank& k) {
     bool has = false;
     k.api->queryLastError(k.ctx, &has);
     if (failed || has) {
-      const double sec = std::chrono::duration<double>(Clock::now() - start).count();
-      if (k.o->verbose) std::fprintf(stderr, "  rank %d: the dead rank failed a request after %.2f s\n", k.rank, sec);
+      *sec = std::chrono::duration<double>(Clock::now() - start).count();
       // A table without queryLastError (NCCL 2.28's IB proxy) reports errors through test alone.
       if (!has && k.api->hasQueryLastError()) return "test failed but queryLastError reports no error";
-      k.deadDone = true;
       return "";
     }
     if (Clock::now() > end) {
-      return "requests to the dead rank still did not fail after " + std::to_string(k.o->deadBoundSec) + " s";
+      return "requests to rank " + std::to_string(peer) + " still did not fail after " + std::to_string(boundSec) +
+             " s";
     }
   }
+}
+
+// The last rank dies; every other rank's request to it fails within the bound, and queryLastError says so.
+std::string deadRank(Rank& k) {
+  const int victim = k.nranks - 1;
+  if (!k.barrier()) return "a rank did not arrive";
+  if (k.rank == victim) {
+    k.sh->dead.fetch_or(1u << k.rank);
+    ::kill(::getpid(), SIGKILL);
+  }
+  double sec = 0;
+  if (std::string e = failsWithin(k, victim, k.o->deadBoundSec, &sec); !e.empty()) return e;
+  if (k.o->verbose) std::fprintf(stderr, "  rank %d: the dead rank failed a request after %.2f s\n", k.rank, sec);
+  k.deadDone = true;
+  return "";
+}
+
+// The link between the ranks' two network namespaces goes down (--netns A,B puts even ranks in A, odd in B; rank 0
+// takes A's links down; in the soft-RoCE guest, the guest's one link): every rank's requests to the next rank, across
+// the link, fail within the bound and queryLastError says so; nobody hangs or crashes. The link comes back before
+// teardown, which must end too.
+std::string linkDown(Rank& k) {
+  if (!k.barrier()) return "a rank did not arrive";
+  if (k.rank == 0) {
+    if (std::string e = setNetnsLinks(false); !e.empty()) return e;
+  }
+  if (!k.barrier()) return "a rank did not arrive after the link went down";
+  double sec = 0;
+  std::string e = failsWithin(k, k.next(), k.o->deadBoundSec, &sec);
+  if (e.empty()) {
+    std::printf("INFO rank %d: requests across the link failed after %.2f s\n", k.rank, sec);
+    std::fflush(stdout);
+  }
+  // Every rank looks while the link is down; it comes back only when all have.
+  if (!k.barrier()) return "a rank did not finish";
+  if (k.rank == 0) {
+    if (std::string up = setNetnsLinks(true); !up.empty() && e.empty()) e = up;
+  }
+  if (!k.barrier()) return "a rank did not arrive after the link came back";
+  k.deadDone = true;
+  return e;
 }
 
 std::string teardown(Rank& k) {
@@ -657,6 +693,21 @@ std::vector<Check> checks() {
          return k.nranks >= 2 ? std::string() : std::string("needs 2 ranks");
        },
        deadRank},
+      {"faults.link_down", "the link between two network namespaces goes down: requests across it fail within the "
+                           "bound, queryLastError says so",
+       [](Rank& k) {
+         std::string s = needConnected(k);
+         if (!s.empty()) return s;
+         // Two namespaces with even ranks (every rank's next is across the link), or one machine of its own (the
+         // soft-RoCE guest: its one link down cuts every rank off).
+         if (std::getenv("CONFORMANCE_LINK_DOWN_OK") == nullptr || (!k.o->netns.empty() && k.o->netns.size() != 2) ||
+             k.nranks % 2 != 0) {
+           return std::string("takes a link down: only under tests/conformance/rma_netns.sh (--netns A,B, even ranks)"
+                              " or in the soft-RoCE guest");
+         }
+         return privateNetns() ? std::string() : std::string("refusing to take links down outside a private namespace");
+       },
+       linkDown},
       {"teardown", "destroyContext, deregMrSym, closeColl, closeListen, finalize",
        [](Rank& k) { return k.connected && (k.registered || !noGpu(k).empty()) ? "" : std::string("set-up failed"); },
        teardown},
@@ -804,6 +855,12 @@ bool selected(const RmaOptions& o, const std::string& name) {
   k.rank = rank;
   k.nranks = o.ranks;
   std::string why;
+  if (!o.netns.empty()) {
+    if (std::string e = joinNetns(o.netns[static_cast<size_t>(rank) % o.netns.size()]); !e.empty()) {
+      std::fprintf(stderr, "rank %d: %s\n", rank, e.c_str());
+      _exit(5);
+    }
+  }
   k.api = RmaApi::load(o.plugin, o.symbol, o.table, &why);
   if (k.api == nullptr) _exit(3);
   if (o.mem == "cuda") {
@@ -955,6 +1012,10 @@ int runRmaConformance(const RmaOptions& o) {
   for (int r = 0; r < o.ranks; ++r) {
     if (exitCode[r] == 3 || exitCode[r] == 4) {
       std::printf("FAIL rank %d could not load the plugin or the CUDA driver\n", r);
+      ++failed;
+    }
+    if (exitCode[r] == 5) {
+      std::printf("FAIL rank %d could not join its network namespace (--netns)\n", r);
       ++failed;
     }
   }

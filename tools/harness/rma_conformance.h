@@ -24,6 +24,7 @@ struct RmaOptions {
   int timeoutSec = 300;       // the whole run; a check still running then is reported as hung
   int deadBoundSec = 30;      // faults.dead_rank: a dead rank must fail requests within this
   bool verbose = false;
+  std::vector<std::string> netns;  // --netns A,B: rank r runs in namespace r % 2 (faults.link_down)
   int procs = 0;  // weft bench --rma --procs P: the scale run, ranks / P a process as threads
 };
 

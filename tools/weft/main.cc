@@ -46,6 +46,7 @@ void usage() {
                "  conformance --plugin FILE     run the NCCL-faithful conformance checks against FILE\n"
                "  conformance --rma --plugin FILE [--ranks N] [--mem host|cuda] [--symbol S --rma-table V]\n"
                "                                drive FILE's device-API proxy table (GIN/RMA) as NCCL's proxy does\n"
+               "      [--netns A,B]             rank r in network namespace A or B by r %% 2 (faults.link_down)\n"
                "      [--table N]               table version to drive (default: the newest exported)\n"
                "      [--only NAME]             run only this check (name or prefix; repeatable; see --list)\n"
                "      [--skip NAME]             report a check as skipped instead of running it (repeatable)\n"
@@ -142,6 +143,7 @@ int parseRmaOptions(const char* cmd, bool bench, int argc, char** argv, weft::ha
     else if (f == "--soak") o->soakOps = a.number(1, 2000000000);
     else if (f == "--timeout") o->timeoutSec = a.number(1, 86400);
     else if (f == "--dead-bound") o->deadBoundSec = a.number(1, 3600);
+    else if (!bench && f == "--netns") o->netns = weft::harness::split(a.value(), ',');
     else if (f == "--verbose") o->verbose = true;
     else if (f == "--list") return weft::harness::listRmaChecks();
     else a.unknown();
