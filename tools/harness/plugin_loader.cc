@@ -324,6 +324,15 @@ std::unique_ptr<LoadedPlugin> LoadedPlugin::open(const std::string& path, int ve
   p->path_ = path;
   dlerror();
   p->lib_ = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  // As NCCL resolves NCCL_NET_PLUGIN (src/plugin/plugin_open.cc): a name that is neither a path nor a library file
+  // name ("weft") is tried next as libnccl-net-<name>.so, found on the loader's default path.
+  const bool libFile = path.size() > 6 && path.compare(0, 3, "lib") == 0 && path.compare(path.size() - 3, 3, ".so") == 0;
+  if (p->lib_ == nullptr && !path.empty() && path.find('/') == std::string::npos && !libFile) {
+    const std::string byName = "libnccl-net-" + path + ".so";
+    dlerror();
+    p->lib_ = dlopen(byName.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (p->lib_ != nullptr) p->path_ = byName;
+  }
   if (p->lib_ == nullptr) {
     const char* e = dlerror();
     *error = path + " cannot be loaded as a shared library (RTLD_NOW|RTLD_LOCAL, as NCCL does): " + (e ? e : "?");

@@ -86,7 +86,9 @@ WorkerProcess spawnOne(const PairOptions& o, const std::vector<std::string>& wor
   args.push_back(absolute(o.self));
   // The worker runs elsewhere: the files its flags name are found from here.
   for (size_t i = 0; i < workerArgs.size(); ++i) {
-    bool isPath = i > 0 && (workerArgs[i - 1] == "--plugin" || workerArgs[i - 1] == "--trace-dir");
+    // A plugin named without a '/' ("weft", "libnccl-net-weft.so") is the loader's to find, as NCCL leaves it.
+    bool isPath = i > 0 && ((workerArgs[i - 1] == "--plugin" && workerArgs[i].find('/') != std::string::npos) ||
+                            workerArgs[i - 1] == "--trace-dir");
     args.push_back(isPath && !dir.empty() ? absolute(workerArgs[i]) : workerArgs[i]);
   }
   for (const char* a : {"--role", role, "--oob-fd", "3"}) args.push_back(a);

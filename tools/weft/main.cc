@@ -43,7 +43,8 @@ void usage() {
                "                                files; the receivers' observations compared (exit 1: they differ)\n"
                "      [--table N [--table M]] [--quick] [--groups N] [--a-env K=V] [--b-env K=V] and the --env\n"
                "      options below (--a-env/--b-env: for one plugin's run only)\n"
-               "  conformance --plugin FILE     run the NCCL-faithful conformance checks against FILE\n"
+               "  conformance [--plugin FILE]   run the NCCL-faithful conformance checks against FILE (default:\n"
+               "                                NCCL_NET_PLUGIN as NCCL resolves it, else weft's own)\n"
                "  conformance --rma --plugin FILE [--ranks N] [--mem host|cuda] [--symbol S --rma-table V]\n"
                "                                drive FILE's device-API proxy table (GIN/RMA) as NCCL's proxy does\n"
                "      [--netns A,B]             rank r in network namespace A or B by r %% 2 (faults.link_down)\n"
@@ -116,11 +117,15 @@ std::string selfPath() {
 }
 
 // The plugin built beside this tool: <prefix>/bin/weft -> <prefix>/lib/libnccl-net-weft.so.
+// The plugin when no --plugin names one: NCCL_NET_PLUGIN as NCCL would take it (a path, a file name or a name such as
+// "weft"); else the build tree's beside this binary; else weft's, by name from the loader's path (installed).
 std::string defaultPlugin() {
+  if (const char* env = weft::params::foreign("NCCL_NET_PLUGIN"); env != nullptr && *env != '\0') return env;
   std::string self = selfPath();
   size_t slash = self.rfind('/');
   std::string dir = slash == std::string::npos ? "." : self.substr(0, slash);
-  return dir + "/../lib/libnccl-net-weft.so";
+  if (::access((dir + "/../lib/libnccl-net-weft.so").c_str(), R_OK) == 0) return dir + "/../lib/libnccl-net-weft.so";
+  return "libnccl-net-weft.so";
 }
 
 // The options of weft conformance --rma and weft bench --rma (tools/harness/rma_conformance.h); the bench takes the
@@ -196,10 +201,7 @@ int conformance(int argc, char** argv) {
     else if (f == "--cuda-context") o.cudaContext = true;
     else a.unknown();
   }
-  if (o.plugin.empty()) {
-    std::fprintf(stderr, "weft conformance: --plugin FILE is required\n");
-    return 2;
-  }
+  if (o.plugin.empty()) o.plugin = defaultPlugin();
   if (o.mem != "host" && o.mem != "cuda") {
     std::fprintf(stderr, "weft conformance: --mem wants host or cuda, got '%s'\n", o.mem.c_str());
     return 2;
@@ -352,9 +354,11 @@ int main(int argc, char** argv) {
   if (cmd == "replay") {
     std::string self = selfPath();
     size_t slash = self.rfind('/');
-    return weft::tool::replayCommand(argc, argv,
-                                     (slash == std::string::npos ? std::string(".") : self.substr(0, slash)) +
-                                         "/../lib/libnccl-profiler-weft.so");
+    // The build tree's profiler beside this binary, else the installed one by name (the multiarch library folder).
+    std::string profiler = (slash == std::string::npos ? std::string(".") : self.substr(0, slash)) +
+                           "/../lib/libnccl-profiler-weft.so";
+    if (::access(profiler.c_str(), R_OK) != 0) profiler = "libnccl-profiler-weft.so";
+    return weft::tool::replayCommand(argc, argv, profiler);
   }
   if (cmd == "-h" || cmd == "--help" || cmd == "help") {
     usage();

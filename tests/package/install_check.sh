@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# The Debian package installed the way a cluster image gets it, into a clean Debian 12 root (debootstrap, minbase,
+# cached under build/package-root/base; every run starts from a fresh copy), then checked inside it:
+#   - `weft info` lists the devices;
+#   - a two-process transfer through the installed plugin, loaded by name as NCCL loads it: NCCL_NET_PLUGIN=weft and
+#     no LD_LIBRARY_PATH (the only copy of the library in the root is the package's, in the multiarch folder);
+#   - `weft conformance --quick` passes (the plugin again by NCCL_NET_PLUGIN alone);
+#   - the man page and docs are there; purging the package leaves none of its files behind.
+# usage: tests/package/install_check.sh [DEB]   (default: scripts/package.sh --no-build makes it)
+# Exit 77 (skipped) without root; 1 on a failed check, naming it. Every step is bounded.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+if [ "$(id -u)" != 0 ]; then echo "SKIP: needs root (debootstrap, chroot)"; exit 77; fi
+deb=${1:-$(scripts/package.sh --no-build)}
+[ -f "$deb" ] || { echo "FAIL: no package at '$deb'"; exit 1; }
+if ! command -v debootstrap >/dev/null; then
+  timeout 300 apt-get install -y -qq debootstrap >/dev/null 2>&1 ||
+    { timeout 300 apt-get update -qq >/dev/null 2>&1 && timeout 300 apt-get install -y -qq debootstrap >/dev/null; }
+fi
+top=$PWD/build/package-root
+base=$top/base run=$top/run
+mirror=$(sed -n 's/^URIs: *\(http[^ ]*\/debian\)$/\1/p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -1)
+mirror=${mirror:-http://deb.debian.org/debian}
+if [ ! -f "$base/.weft-complete" ]; then
+  rm -rf "$base"
+  mkdir -p "$top"
+  echo "install_check: debootstrap bookworm (minbase) from $mirror into $base (cached for later runs)"
+  if ! timeout 1200 debootstrap --variant=minbase bookworm "$base" "$mirror" > "$top/debootstrap.log" 2>&1; then
+    echo "FAIL: debootstrap could not make a Debian 12 root (last lines of $top/debootstrap.log):"
+    tail -5 "$top/debootstrap.log"
+    exit 1
+  fi
+  touch "$base/.weft-complete"
+fi
+
+mounted=()
+cleanup() {
+  for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do umount -l "${mounted[$i]}" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+rm -rf "$run"
+cp -a "$base" "$run"
+for m in proc sys dev; do
+  mount --bind "/$m" "$run/$m"
+  mounted+=("$run/$m")
+done
+cp /etc/resolv.conf "$run/etc/resolv.conf" 2>/dev/null || true
+cp "$deb" "$run/tmp/weft.deb"
+# In the root: a clean environment, as on a node (no LD_LIBRARY_PATH, no WEFT_* of the caller's).
+in_root() { timeout "$1" chroot "$run" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root "${@:2}"; }
+fails=0
+check() {  # check NAME COMMAND...: runs it, says ok or FAIL with its last lines
+  local name=$1 out rc=0
+  shift
+  out=$("$@" 2>&1) || rc=$?
+  if [ "$rc" -eq 0 ]; then echo "ok   $name"; else echo "FAIL $name (exit $rc):"; tail -8 <<< "$out"; fails=$((fails + 1)); fi
+  printf '%s\n' "$out" > "$top/$name.log"
+}
+
+echo "install_check: $(basename "$deb") into a clean Debian 12 root"
+check install in_root 600 sh -c 'apt-get update -qq && apt-get install -y -qq --no-install-recommends /tmp/weft.deb'
+in_root 60 dpkg -L weft > "$top/files.txt" || true
+check info_lists_devices in_root 60 sh -c 'weft info | grep -A1 "^devices weft offers NCCL" | grep -qE "^ +0: "'
+check only_the_packaged_library in_root 60 sh -c \
+  'test "$(find / -xdev -name libnccl-net-weft.so | tr "\n" " ")" = "/usr/lib/$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo x86_64-linux-gnu)/libnccl-net-weft.so "'
+check transfer_by_name in_root 300 env NCCL_NET_PLUGIN=weft WEFT_IFACE=lo \
+  weft bench --no-raw --patterns lat,bw --rounds 1 --quick
+check conformance_quick in_root 900 env NCCL_NET_PLUGIN=weft WEFT_IFACE=lo weft conformance --quick
+check man_and_docs test -f "$run/usr/share/man/man1/weft.1.gz" -a -f "$run/usr/share/doc/weft/copyright" \
+  -a -f "$run/usr/share/doc/weft/docs/variables.md"
+check purge in_root 300 apt-get purge -y -qq weft
+left=()
+while read -r f; do
+  [ "$f" = /. ] && continue
+  # Folders the package shares with the system stay; its own files and its own folders must go.
+  if [ -e "$run$f" ] && { [ ! -d "$run$f" ] || [[ $f == /usr/share/doc/weft* ]]; }; then left+=("$f"); fi
+done < "$top/files.txt"
+if [ "$(wc -l < "$top/files.txt")" -lt 10 ]; then
+  echo "FAIL purge_leaves_nothing: dpkg -L weft listed $(wc -l < "$top/files.txt") entries"; fails=$((fails + 1))
+elif [ ${#left[@]} -gt 0 ]; then
+  echo "FAIL purge_leaves_nothing: ${left[*]}"; fails=$((fails + 1))
+else
+  echo "ok   purge_leaves_nothing ($(wc -l < "$top/files.txt") entries gone)"
+fi
+echo "install_check: $fails failed"
+[ "$fails" -eq 0 ]
