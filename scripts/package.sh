@@ -22,12 +22,15 @@ if git rev-parse --git-dir >/dev/null 2>&1; then
   version="$base+git$(git rev-list --count HEAD).$(git rev-parse --short=7 HEAD)"
   git diff --quiet HEAD -- 2>/dev/null || version="$version.dirty"
 fi
+# The maintainer: DEBFULLNAME and DEBEMAIL as Debian's tools read them, else the commit's author.
+maintainer="${DEBFULLNAME:-$(git log -1 --format=%an 2>/dev/null || echo weft developers)}"
+maintainer="$maintainer <${DEBEMAIL:-$(git log -1 --format=%ae 2>/dev/null || echo weft@localhost)}>"
 arch=$(dpkg-architecture -qDEB_HOST_ARCH)
 multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH)
 stage=build/package/root
 rm -rf build/package
 mkdir -p "$stage/DEBIAN" "$stage/usr/lib/$multiarch" "$stage/usr/bin" "$stage/usr/share/man/man1" \
-  "$stage/usr/share/doc/weft/docs"
+  "$stage/usr/share/doc/weft/docs" "$stage/usr/share/lintian/overrides"
 
 # The files, from CMake's install rule (its RPATH handling), then moved into the multiarch folder.
 cmake --install build --prefix "$PWD/build/package/install" >/dev/null
@@ -62,9 +65,28 @@ install -m 0644 docs/*.md "$stage/usr/share/doc/weft/docs/"
   echo "Upstream-Name: weft"
   echo
   echo "Files: *"
+  first=$(git log --reverse --format=%ad --date=format:%Y 2>/dev/null | sed -n 1p)
+  now=$(date -u +%Y)
+  echo "Copyright: ${first:-$now}$([ "${first:-$now}" = "$now" ] || echo "-$now") the weft developers"
   echo "License: Apache-2.0"
   echo " On Debian systems the full text is in /usr/share/common-licenses/Apache-2.0."
 } > "$stage/usr/share/doc/weft/copyright"
+
+# The changelog Debian policy asks of every package (native: no Debian revision), this build's commit.
+{
+  echo "weft ($version) unstable; urgency=medium"
+  echo
+  echo "  * Built from commit $(git rev-parse --short=12 HEAD 2>/dev/null || echo '(no git)')."
+  echo
+  echo " -- $maintainer  $(date -u -R)"
+} | gzip -9n > "$stage/usr/share/doc/weft/changelog.gz"
+# The plugins are opened by name with dlopen (NCCL's libnccl-net-<name>.so), never linked: no SONAME versions.
+cat > "$stage/usr/share/lintian/overrides/weft" <<'EOF'
+# NCCL opens its plugins by file name (libnccl-net-weft.so and the like) with dlopen; nothing links them.
+weft: package-name-doesnt-match-sonames *
+weft: shared-library-lacks-version *
+EOF
+chmod 0644 "$stage/usr/share/lintian/overrides/weft"
 
 # Depends: what the binaries link, as dpkg-shlibdeps reads it (it wants a debian/control to stand in).
 mkdir -p build/package/shlibs/debian
@@ -77,7 +99,7 @@ cat > "$stage/DEBIAN/control" <<EOF
 Package: weft
 Version: $version
 Architecture: $arch
-Maintainer: weft developers <weft@localhost>
+Maintainer: $maintainer
 Installed-Size: $size
 Section: libs
 Priority: optional
@@ -93,6 +115,8 @@ Description: NCCL network, tuner and profiler plugin (ibverbs, libfabric, TCP)
  checks, benchmarks, reports). libibverbs is opened at run time, when present.
 EOF
 (cd "$stage" && find usr -type f -exec md5sum {} + | sort -k2) > "$stage/DEBIAN/md5sums"
+# Shared objects in the library folder: the loader's cache is refreshed after install and removal.
+echo "activate-noawait ldconfig" > "$stage/DEBIAN/triggers"
 out="build/weft_${version}_${arch}.deb"
 rm -f build/weft_*_"$arch".deb
 dpkg-deb --root-owner-group -Zxz --build "$stage" "$out" >/dev/null

@@ -6,7 +6,7 @@ set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config libfabric-dev libfabric-bin libhwloc-dev libfmt-dev catch2
       libibverbs-dev rdma-core libbenchmark-dev nlohmann-json3-dev iproute2 binutils python3
       autoconf automake libtool librdmacm-dev xz-utils  # this line: libfabric 2.x (scripts/libfabric2.sh)
-      dpkg-dev debootstrap)  # the Debian package and its install check (scripts/package.sh, tests/package)
+      dpkg-dev debootstrap lintian)  # the Debian package and its install check (scripts/package.sh, tests/package)
 # Real verbs on soft-RoCE in a QEMU guest (tests/rxe): the emulator, a kernel with rdma_rxe, the guest's tools.
 # Best effort: where they cannot be installed, the build and every other test still run and rxe.guest is skipped.
 guest=(qemu-system-x86 linux-image-amd64 busybox-static kmod cpio ibverbs-utils ibverbs-providers)
