@@ -2,7 +2,12 @@
 # SPDX-License-Identifier: Apache-2.0
 # Everything CI runs: install what is missing, build, and run every test (unit, ABI layout, conformance of the
 # plugin over tcp;ofi_rxm, shm, sockets and between two network namespaces, for every table version; the libfabric
-# entries again on libfabric 2.x).
+# entries again on libfabric 2.x; the soft-RoCE guests). Entries run side by side (WEFT_TEST_JOBS at once, default
+# 3; what judges time or takes the machine holds a lock, tests/cmake/weft_test.cmake). The run ends with the time
+# per label and the entries that skipped; under CI=true a skip of anything setup.sh installs fails it.
+# WEFT_TEST_LONG=1 adds the long run (label `long`: every check of the v11 tables on 2.x and between namespaces, every
+# table version on shm, between namespaces and over verbs, rails with an endpoint per connection; docs/testing.md).
+# Arguments go to ctest (-R, -L, -LE ...).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -14,7 +19,11 @@ if ! timeout 1200 scripts/libfabric2.sh >/dev/null; then
 fi
 scripts/build.sh
 rc=0
-ctest --preset default "$@" || rc=$?
+junit=$PWD/build/Testing/junit.xml
+rm -f "$junit"
+sel=()
+[ "${WEFT_TEST_LONG:-0}" = 1 ] || sel=(-LE long)
+ctest --preset default -j "${WEFT_TEST_JOBS:-3}" --output-junit "$junit" "${sel[@]}" "$@" || rc=$?
 if [ "$rc" -ne 0 ] && [ -f build/Testing/Temporary/LastTestsFailed.log ]; then
   # A failing test's own output comes inline, where a long one (plugin warnings) can push its verdicts out of a
   # shortened log: say again, last, what failed and why.
@@ -28,5 +37,11 @@ if [ "$rc" -ne 0 ] && [ -f build/Testing/Temporary/LastTestsFailed.log ]; then
     echo "    (its last lines:)"
     tail -n 15 <<< "$out"
   done < build/Testing/Temporary/LastTestsFailed.log
+fi
+# The cost of each area, what skipped and why; under CI=true, a skip of what setup.sh installs fails the run.
+if [ -f "$junit" ]; then
+  ci=()
+  [ "${CI:-}" = true ] && ci=(--ci)
+  python3 scripts/test_report.py "$junit" <(ctest --preset default --show-only=json-v1 "${sel[@]}" "$@") "${ci[@]}" || rc=1
 fi
 exit "$rc"

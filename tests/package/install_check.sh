@@ -8,9 +8,12 @@
 #     no LD_LIBRARY_PATH (the only copy of the library in the root is the package's, in the multiarch folder);
 #   - `weft conformance --quick` passes (the plugin again by NCCL_NET_PLUGIN alone);
 #   - the man page and docs are there; purging the package leaves none of its files behind.
-# Where debootstrap cannot make the root (no way to the mirror), it says why and runs the same steps on the host
-# with `dpkg --root` into an empty root, the loader pointed there by LD_LIBRARY_PATH (WEFT_INSTALL_CHECK=prefix
-# forces that way).
+# Where debootstrap cannot make the root (no way to the mirror), it says why and installs with `dpkg --root` into
+# an empty root instead (WEFT_INSTALL_CHECK=prefix forces that way). There the loader's search by name is checked
+# the way the loader does it: Debian's loader configuration in the root, `ldconfig -r` builds the root's
+# ld.so.cache, and that cache must resolve libnccl-net-weft.so (and the tuner and profiler) to the package's files;
+# the transfer and conformance then run on the host with the loader pointed into the root (LD_LIBRARY_PATH), which
+# proves the installed files work, and are named so: they do not count as loading by name.
 # usage: tests/package/install_check.sh [DEB]   (default: scripts/package.sh --no-build makes it)
 # Exit 77 (skipped) without root; 1 on a failed check, naming it. Every step is bounded.
 set -euo pipefail
@@ -100,9 +103,29 @@ if [ "$mode" = root ]; then
   check only_the_packaged_library in_root 60 sh -c \
     "test \"\$(find / -xdev -name libnccl-net-weft.so | tr '\n' ' ')\" = '/usr/lib/$multiarch/libnccl-net-weft.so '"
 fi
-check transfer_by_name in_root 300 env NCCL_NET_PLUGIN=weft WEFT_IFACE=lo \
+if [ "$mode" = prefix ]; then
+  # The root's loader configuration as Debian's libc-bin ships it (this host is Debian 12 too), its cache made by
+  # ldconfig -r, and each plugin's name resolved through that cache to the package's file in the multiarch folder.
+  loads_by_name() {
+    mkdir -p "$run/etc/ld.so.conf.d" || return 1
+    cp /etc/ld.so.conf "$run/etc/" && cp /etc/ld.so.conf.d/*.conf "$run/etc/ld.so.conf.d/" || return 1
+    ldconfig -r "$run" || return 1
+    local cache n where
+    cache=$(ldconfig -p -C "$run/etc/ld.so.cache") || return 1
+    for n in libnccl-net-weft.so libnccl-tuner-weft.so libnccl-profiler-weft.so; do
+      where=$(awk -v n="$n" '$1 == n {print $NF; exit}' <<< "$cache")
+      echo "$n => ${where:-(not in the ld.so.cache of the root)}"
+      [ "$where" = "/usr/lib/$multiarch/$n" ] || return 1
+    done
+  }
+  check loads_by_name loads_by_name
+  by=loader_pointed_into_root
+else
+  by=by_name
+fi
+check "transfer_$by" in_root 300 env NCCL_NET_PLUGIN=weft WEFT_IFACE=lo \
   weft bench --no-raw --patterns lat,bw --rounds 1 --quick
-check conformance_quick in_root 900 env NCCL_NET_PLUGIN=weft WEFT_IFACE=lo weft conformance --quick
+check "conformance_quick_$by" in_root 900 env NCCL_NET_PLUGIN=weft WEFT_IFACE=lo weft conformance --quick
 check man_and_docs test -f "$run/usr/share/man/man1/weft.1.gz" -a -f "$run/usr/share/doc/weft/copyright" \
   -a -f "$run/usr/share/doc/weft/docs/variables.md" -a -f "$run/usr/lib/$multiarch/libnccl-tuner-weft.so"
 check purge "${purge_cmd[@]}"

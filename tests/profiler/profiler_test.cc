@@ -37,6 +37,19 @@ std::string level() {
   return s == "1" ? "coll" : s;
 }
 
+// ctest selects the cases by level (tests/CMakeLists.txt): the [.off] case alone with WEFT_TIMING=0, every other
+// case at every other level. A case run at a level it cannot check fails, saying so, rather than pass unchecked.
+#define REQUIRE_TIMING_ON()                                                                        \
+  do {                                                                                             \
+    INFO("timing is off (WEFT_TIMING=0): this case needs it on; at level 0 run only [.off]");      \
+    REQUIRE(level() != "0");                                                                       \
+  } while (0)
+#define REQUIRE_TIMING_OFF()                                                                       \
+  do {                                                                                             \
+    INFO("this case checks WEFT_TIMING=0; run it with that");                                      \
+    REQUIRE(level() == "0");                                                                       \
+  } while (0)
+
 std::string hex(uint64_t v) {
   char buf[32];
   snprintf(buf, sizeof(buf), "0x%016llx", static_cast<unsigned long long>(v));
@@ -106,7 +119,7 @@ Op allReduce1M(uint64_t seq) {
 }  // namespace
 
 TEST_CASE("every table version: records carry every field, GPU time and nccl-tests bandwidths", "[replay]") {
-  if (level() == "0") return;  // covered by the off-switch test
+  REQUIRE_TIMING_ON();
   for (int v = 1; v <= 7; ++v) {
     DYNAMIC_SECTION("v" << v) {
       auto p = load(v);
@@ -300,7 +313,7 @@ TEST_CASE("every table version: records carry every field, GPU time and nccl-tes
 // operation come long after NCCL stopped its Coll/P2p event. Records must wait for them (complete, with their GPU
 // times), not be closed by a window measured from the CPU side (200 ms, 2 s before).
 TEST_CASE("the GPU 5 s behind the CPU: every record complete, with its GPU time", "[replay][lag]") {
-  if (level() == "0" || level() == "net") return;  // the net level adds nothing here to proxy's
+  REQUIRE_TIMING_ON();
   for (int v : {3, 4, 6}) {
     DYNAMIC_SECTION("v" << v) {
       auto p = load(v);
@@ -354,7 +367,7 @@ TEST_CASE("the GPU 5 s behind the CPU: every record complete, with its GPU time"
 }
 
 TEST_CASE("several communicators on several threads at once: nothing lost, nothing mixed up", "[replay]") {
-  if (level() == "0") return;
+  REQUIRE_TIMING_ON();
   auto p = load(5);
   // 4 x 5000 operations cycle every slot of weft's event pools several times over (a lost slot would show as
   // operations not recorded).
@@ -402,7 +415,7 @@ TEST_CASE("several communicators on several threads at once: nothing lost, nothi
 }
 
 TEST_CASE("hostile input: unknown types, NULL and garbage pointers, stop without start, double stop", "[replay]") {
-  if (level() == "0") return;
+  REQUIRE_TIMING_ON();
   for (int v : {1, 4, 5, 6, 7}) {
     DYNAMIC_SECTION("v" << v) {
       auto p = load(v);
@@ -476,7 +489,7 @@ TEST_CASE("hostile input: unknown types, NULL and garbage pointers, stop without
 }
 
 TEST_CASE("the tables inside libnccl-net-weft.so are the same profiler (NCCL 2.28.3+ finds them there)", "[replay]") {
-  if (level() == "0") return;
+  REQUIRE_TIMING_ON();
   auto p = load(6, WEFT_NET_PLUGIN_PATH);
   Comm c;
   c.commHash = 0x6e6e7401;
@@ -489,8 +502,8 @@ TEST_CASE("the tables inside libnccl-net-weft.so are the same profiler (NCCL 2.2
   CHECK(recs[0]["gpu_ns"] == 60000);
 }
 
-TEST_CASE("WEFT_TIMING=0 turns timing off: mask 0, no context, no records", "[replay]") {
-  if (level() != "0") return;
+TEST_CASE("WEFT_TIMING=0 turns timing off: mask 0, no context, no records", "[.off]") {
+  REQUIRE_TIMING_OFF();
   for (int v = 1; v <= 7; ++v) {
     auto p = load(v);
     Comm c;
@@ -508,7 +521,7 @@ TEST_CASE("WEFT_TIMING=0 turns timing off: mask 0, no context, no records", "[re
 }
 
 TEST_CASE("the Prometheus textfile holds the aggregates", "[replay]") {
-  if (level() == "0") return;
+  REQUIRE_TIMING_ON();
   auto p = load(5);
   Comm c;
   c.commHash = 0x9e0e0e01;
@@ -539,7 +552,7 @@ TEST_CASE("the Prometheus textfile holds the aggregates", "[replay]") {
 // NCCL 2.32 (v7): the user's tag of each call reaches its record, and the kernel barrier phases of each channel
 // (children of the channel's KernelCh, fired just before it stops) become the longest channel's time per phase.
 TEST_CASE("v7: user tags and kernel phases in every record", "[replay][v7]") {
-  if (level() == "0") return;
+  REQUIRE_TIMING_ON();
   auto p = load(7);
   REQUIRE(p->version() == 7);
   Comm c = comm4x2(0x7a6000, "tags", 2);
@@ -605,7 +618,7 @@ TEST_CASE("v7: user tags and kernel phases in every record", "[replay][v7]") {
 }
 
 TEST_CASE("v7 hostile input: phases of garbage or finished channels, phase stops on other events", "[replay][v7]") {
-  if (level() == "0") return;
+  REQUIRE_TIMING_ON();
   auto p = load(7);
   Comm c;
   c.commHash = 0xbad7a5;
@@ -653,7 +666,7 @@ TEST_CASE("v7 hostile input: phases of garbage or finished channels, phase stops
 }
 
 TEST_CASE("v7: the Prometheus file has the top WEFT_PROM_TAGS tags by time, the rest as other, with names", "[replay][v7]") {
-  if (level() == "0") return;
+  REQUIRE_TIMING_ON();
   auto p = load(7);
   Comm c;
   c.commHash = 0x7a6e0e01;

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/skip.h"
 #include "weft/nccl/net.h"
 #include "weft/nccl/profiler.h"
 #include "weft/nccl/rma.h"
@@ -385,11 +386,7 @@ TEST_CASE("every field of every NCCL struct we declare has NCCL's offset and siz
 
 TEST_CASE("the in-repo copy of layouts.tsv matches ../shared when that is present", "[abi]") {
   std::ifstream shared(WEFT_SHARED_LAYOUTS_TSV);
-  if (!shared.good()) {
-    WARN("../shared/nccl-abi/layouts.tsv not present beside this checkout; comparing nothing");
-    SUCCEED();
-    return;
-  }
+  if (!shared.good()) WEFT_SKIP("../shared/nccl-abi/layouts.tsv is not beside this checkout: nothing to compare with");
   std::ifstream local(WEFT_REPO_LAYOUTS_TSV);
   REQUIRE(local.good());
   std::stringstream a, b;

@@ -18,6 +18,7 @@
 #include "device_memory.h"
 #include "netns.h"
 #include "rma_api.h"
+#include "verdict.h"
 
 namespace weft::harness {
 namespace {
@@ -1021,7 +1022,7 @@ int runRmaConformance(const RmaOptions& o) {
   }
   std::printf("# %d passed, %d failed, %d skipped%s\n", passed, failed, skipped, hung ? " (the run hung)" : "");
   munmap(sh, sizeof(Shared));
-  return failed > 0 || hung ? 1 : 0;
+  return hung ? 1 : verdictExitCode(passed, failed);
 }
 
 int runRmaBench(const RmaOptions& o) {

@@ -23,6 +23,7 @@
 #include "args.h"
 #include "checks.h"
 #include "process_pair.h"
+#include "verdict.h"
 
 namespace weft::harness {
 namespace {
@@ -294,7 +295,7 @@ int runConformance(const RunOptions& o) {
   }
   std::printf("conformance: %d passed, %d failed, %d skipped\n", passed, failed, skipped);
   std::fflush(stdout);
-  return failed == 0 ? 0 : 1;
+  return verdictExitCode(passed, failed);
 }
 
 int runWorker(int argc, char** argv) {

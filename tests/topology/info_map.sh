@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # `weft info` shows the machine's layout on every topology fixture, through WEFT_TOPOLOGY_XML and through hwloc's own
 # HWLOC_XMLFILE, and on this machine; a file hwloc cannot read is a warning and no map, never a failure of info.
-# Usage: topology_info.sh WEFT_BIN FIXTURE_DIR
+# Usage: tests/topology/info_map.sh WEFT_BIN FIXTURE_DIR
 set -u
 weft=$1 dir=$2
 out=$(mktemp -d /tmp/weft-topo-XXXXXX)

@@ -5,7 +5,7 @@
 # interface stands for it: NUMA node 1), and the mock CUDA driver's context current in the workers, its GPU that
 # fixture's GPU0 (socket 0). Every connection record carries "numa":1, the GPU and "SYS", and weft report flags the
 # process as crossing sockets.
-# Usage: topology_records.sh WEFT_BIN PLUGIN_SO MOCK_CUDA_DIR FIXTURE_DIR
+# Usage: tests/topology/conn_records.sh WEFT_BIN PLUGIN_SO MOCK_CUDA_DIR FIXTURE_DIR
 set -u
 weft=$1 so=$2 mock=$3 fixtures=$4
 dir=$(mktemp -d /tmp/weft-toporec-XXXXXX)

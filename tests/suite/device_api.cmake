@@ -1,0 +1,59 @@
+# SPDX-License-Identifier: Apache-2.0
+# NCCL's device API through its proxy: weft conformance --rma drives the plugin file's GIN/RMA table with ranks as
+# processes, as NCCL's proxy does. Every exported table version over weft's sockets; the same over libfabric 1.17
+# (2.x: libfabric2.cmake; verbs and NCCL's own GIN proxy: guests.cmake).
+
+# Every exported table version, 3 ranks (so that a rank's peers differ), the million-operation soak's short form.
+foreach(sym ncclGinPlugin_v11 ncclGinPlugin_v12 ncclGinPlugin_v13 ncclRmaPlugin_v13 ncclRmaPlugin_v14
+            ncclRmaPlugin_v15 ncclRmaPlugin_v16 ncclRmaPlugin_v17)
+  weft_rma(NAME rma.conformance.${sym} OVER tcp ARGS --symbol ${sym} --ranks 3 --soak 100000 --timeout 240)
+endforeach()
+# GPU windows under the mock CUDA driver (device memory the CPU cannot touch); 8 ranks.
+weft_rma(NAME rma.conformance.gpu_mock OVER tcp ENV LD_LIBRARY_PATH=${WEFT_MOCK_CUDA_DIR}
+         ARGS --ranks 3 --mem cuda --soak 100000 --timeout 240)
+weft_rma(NAME rma.conformance.ranks8 OVER tcp TIMEOUT 450 LOCKS cpu ARGS --ranks 8 --timeout 400)
+
+# libfabric 1.17: tcp;ofi_rxm on every table shape NCCL's versions use (GIN v11, RMA v13, v17) and with 8 ranks; shm.
+foreach(sym ncclGinPlugin_v11 ncclRmaPlugin_v13 ncclRmaPlugin_v17)
+  weft_rma(NAME rma.fabric.tcp-rxm.${sym} OVER fabric-tcp-rxm ARGS --symbol ${sym} --ranks 3 --soak 100000 --timeout 240)
+endforeach()
+weft_rma(NAME rma.fabric.tcp-rxm.ranks8 OVER fabric-tcp-rxm TIMEOUT 450 LOCKS cpu ARGS --ranks 8 --timeout 400)
+weft_rma(NAME rma.fabric.shm OVER fabric-shm ARGS --ranks 3 --soak 100000 --timeout 240)
+# GPU windows where the provider has no FI_HMEM: weft does not say it reaches GPU memory, and every check that needs
+# it says so (a skip) instead of passing; set-up and teardown still pass.
+weft_test(NAME rma.fabric.tcp-rxm.gpu_unsupported TIMEOUT 180 LABELS device-api
+  ENV ${WEFT_RMA_fabric-tcp-rxm} LD_LIBRARY_PATH=${WEFT_MOCK_CUDA_DIR} WEFT_GDR=1
+  COMMAND ${WEFT_BIN} conformance --rma --plugin ${WEFT_SO} --ranks 2 --mem cuda --timeout 120
+  EXPECT "SKIP put" REJECT "PASS (put|get|signal|soak)")
+# WEFT_RMA=auto there, with a GPU: the device API goes over weft's TCP sockets, which reach GPU memory.
+weft_test(NAME rma.fabric.tcp-rxm.auto_gpu TIMEOUT 180 LABELS device-api
+  ENV WEFT_BACKEND=fabric WEFT_PROVIDER=tcp%SEMI%ofi_rxm WEFT_IFACE=lo WEFT_GDR=1 NCCL_DEBUG=INFO
+      LD_LIBRARY_PATH=${WEFT_MOCK_CUDA_DIR}
+  COMMAND ${WEFT_BIN} conformance --rma --plugin ${WEFT_SO} --ranks 2 --mem cuda --soak 20000 --timeout 120 --verbose
+  EXPECT "does not reach GPU memory .no FI_HMEM.. the device API goes over weft's TCP sockets" "PASS put")
+# With WEFT_RMA=off (or auto beside a net backend that is not tcp) weft reports no RMA device: NCCL looks elsewhere.
+weft_test(NAME rma.conformance.off TIMEOUT 120 LABELS device-api EXIT failure
+  ENV WEFT_BACKEND=tcp WEFT_RMA=off WEFT_IFACE=lo
+  COMMAND ${WEFT_BIN} conformance --rma --plugin ${WEFT_SO} --ranks 2 --timeout 60
+  EXPECT "FAIL setup.connect +rank 0: the plugin reports 0 devices")
+
+# Scale: one comm of 64 ranks, 16 a process as threads, over libfabric and over weft's sockets: set-up completes and
+# every rank's first put+signal lands (docs/device-api.md has the figures at 1,024).
+foreach(over tcp fabric-tcp-rxm)
+  set(_n tcp)
+  if(over STREQUAL fabric-tcp-rxm)
+    set(_n fabric)
+  endif()
+  weft_test(NAME rma.scale.${_n} TIMEOUT 300 LABELS device-api LOCKS cpu ENV ${WEFT_RMA_${over}}
+    COMMAND ${WEFT_BIN} bench --rma --plugin ${WEFT_SO} --ranks 64 --procs 4
+    EXPECT "rma-scale ranks=64 procs=4 connect_ms=")
+endforeach()
+
+# The link between two network namespaces goes down under the device API (tests/conformance/rma_netns.sh: even ranks
+# in one, odd in the other): every rank's requests across it fail within WEFT_PEER_TIMEOUT (3 s), queryLastError
+# says so, nothing hangs, and the comm tears down once the link is back. Over sockets and libfabric 1.17.
+set(WEFT_RMA_LINKDOWN --ranks 4 --only setup --only put.sizes --only faults.link_down --only teardown --timeout 150)
+foreach(over tcp fabric-tcp-rxm)
+  weft_rma(NAME rma.netns.link_down.${over} OVER ${over} NETNS TIMEOUT 200 LABELS device-api faults LOCKS cpu
+           ARGS ${WEFT_RMA_LINKDOWN} EXPECT "PASS faults.link_down")
+endforeach()

@@ -1,0 +1,86 @@
+# SPDX-License-Identifier: Apache-2.0
+# Everything beside the transports: the profiler and tuner tables, weft report, the machine's layout, the docs that
+# are generated, the Debian package, fuzzing, the GPU scripts' dry runs, and the layering of the build.
+
+# The profiler tables replayed the way NCCL calls them, at every timing level: the [.off] case alone with timing off,
+# every other case at every other level (a case run where it cannot check fails, saying so).
+foreach(level coll proxy net 0)
+  set(_cases "~[off]")
+  if(level STREQUAL "0")
+    set(_cases "[off]")
+  endif()
+  weft_test(NAME profiler.replay.${level} LABELS profiler ENV WEFT_TIMING=${level}
+            COMMAND $<TARGET_FILE:weft_profiler_tests> ${_cases} --warn NoTests)
+endforeach()
+# WEFT_TELEMETRY_DIR is created with its parents.
+weft_test(NAME timing.telemetry_dir_nested TIMEOUT 120 LABELS profiler
+          COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/profiler/telemetry_dir_nested.sh ${WEFT_BIN} ${WEFT_SO})
+
+# weft report: a recorded 4-rank job with a straggler planted at rank 3 (made by `weft replay` through weft's profiler);
+# three user tags with rank 2 late only in the backward part of each step (the per-tag section names it, from the
+# kernels' sync phases; the job-wide section does not); fresh jobs recorded end to end.
+weft_test(NAME report.fixture_straggler LABELS profiler
+  COMMAND ${WEFT_BIN} report ${CMAKE_CURRENT_SOURCE_DIR}/fixtures/report-straggler
+  EXPECT "STRAGGLER comm 0x000000005eed0000 rank 3 " REJECT "STRAGGLER comm [^ ]* rank [012] ")
+weft_test(NAME report.fixture_tags LABELS profiler
+  COMMAND ${WEFT_BIN} report ${CMAKE_CURRENT_SOURCE_DIR}/fixtures/report-tags
+  EXPECT "STRAGGLER tag backward: comm 0x000000005eed0000 rank 2 \\(vm:[0-9]+\\): the others waited a median 2500.0us for it in 8 collectives"
+  REJECT "STRAGGLER tag (forward|pipeline)|STRAGGLER tag backward: comm [^ ]* rank [013] |STRAGGLER comm")
+weft_test(NAME report.end_to_end LABELS profiler COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/profiler/report_e2e.sh ${WEFT_BIN})
+weft_test(NAME report.locality TIMEOUT 120 LABELS profiler topology
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/profiler/report_locality.sh ${WEFT_BIN} ${CMAKE_CURRENT_SOURCE_DIR}/fixtures/report-tags)
+
+# The tuner tables driven as NCCL's enqueue.cc calls them, per mode of the plugin (no profile, a profile from a
+# simulated sweep, a malformed one, WEFT_TUNER=0, exploration, recording), each with the rank-consistency check (the
+# getCollInfo cost is a benchmark: bench/tuner_bench.cc); sweep -> profile -> decisions; ranks agreeing end to end.
+foreach(mode none profile malformed off explore record)
+  set(_cases "[driver]")
+  if(mode STREQUAL "record")
+    set(_cases "[driver],[record]")
+  endif()
+  weft_test(NAME tuner.driver.${mode} LABELS tuner ENV WEFT_TUNER_TEST_MODE=${mode}
+            COMMAND $<TARGET_FILE:weft_tuner_driver_tests> ${_cases} --warn NoTests)
+endforeach()
+weft_test(NAME tuner.sweep_end_to_end TIMEOUT 600 LABELS tuner
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/tuner/sweep_e2e.sh ${WEFT_BIN} $<TARGET_FILE:nccl-tuner-weft>
+          ${CMAKE_CURRENT_SOURCE_DIR}/fixtures/nccl-tests)
+weft_test(NAME tuner.agreement_end_to_end TIMEOUT 600 LABELS tuner
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/tuner/agreement_e2e.sh ${WEFT_BIN} ${WEFT_SO} $<TARGET_FILE:nccl-tuner-weft>)
+weft_test(NAME tuner.agreement_end_to_end.tcp TIMEOUT 600 LABELS tuner
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/tuner/agreement_e2e.sh ${WEFT_BIN} ${WEFT_SO} $<TARGET_FILE:nccl-tuner-weft>
+          --env WEFT_BACKEND=tcp --env WEFT_IFACE=lo)
+
+# The machine's layout (hwloc): `weft info` maps every fixture; the fixtures are what their generator writes;
+# connection records made by two workers whose loopback stands for a fixture's far NIC.
+weft_test(NAME topology.info_map TIMEOUT 120 LABELS topology
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/topology/info_map.sh ${WEFT_BIN} ${CMAKE_CURRENT_SOURCE_DIR}/fixtures/topology)
+weft_test(NAME topology.fixtures_current TIMEOUT 60 LABELS topology
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/topology/fixtures_current.sh ${CMAKE_CURRENT_SOURCE_DIR}/fixtures/topology)
+weft_test(NAME topology.conn_records TIMEOUT 400 LABELS topology profiler
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/topology/conn_records.sh ${WEFT_BIN} ${WEFT_SO} ${WEFT_MOCK_CUDA_DIR}
+          ${CMAKE_CURRENT_SOURCE_DIR}/fixtures/topology)
+
+# docs/variables.md is `weft info --markdown`: the variables' reference is generated from the parameter table.
+weft_test(NAME docs.variables TIMEOUT 60 LABELS docs
+  COMMAND sh -c "'${WEFT_BIN}' info --markdown | diff -u '${PROJECT_SOURCE_DIR}/docs/variables.md' - || { echo 'docs/variables.md differs from the parameter table: run  build/bin/weft info --markdown > docs/variables.md'%SEMI% exit 1%SEMI% }")
+
+# The Debian package: scripts/package.sh packs this build, tests/package/install_check.sh installs it into a clean
+# Debian 12 root and checks it there (docs/testing.md).
+weft_test(NAME package.install TIMEOUT 2700 LABELS package COMMAND ${PROJECT_SOURCE_DIR}/tests/package/install_check.sh)
+
+# The GPU end-to-end scripts where no GPU is: arguments, the "what is missing" answer, dry runs, and their checks on
+# recorded nccl-tests logs and loss files.
+weft_test(NAME e2e.scripts TIMEOUT 120 LABELS e2e COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/e2e/e2e_scripts_test.sh ${PROJECT_SOURCE_DIR})
+
+# libFuzzer targets (clang, ASan+UBSan: setup.sh does not install clang) from the kept corpus, 5 s each (most of the
+# entry's time is building them); longer runs: tests/fuzz/run.sh --seconds N.
+weft_test(NAME fuzz.short TIMEOUT 900 LABELS fuzz OPTIONAL WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
+          COMMAND ${PROJECT_SOURCE_DIR}/tests/fuzz/run.sh --seconds 5)
+
+# Layering: a backend that includes another backend's header fails to build (each layer's headers are reachable only
+# through its own public include folder); the control, including only its own, builds. Both build in build/: alone.
+weft_test(NAME layering.backend_cannot_include_another SERIAL LABELS layering EXIT failure
+  COMMAND ${CMAKE_COMMAND} --build ${CMAKE_BINARY_DIR} --target weft_layering_violation
+  EXPECT "fabric/fabric_comm.h: No such file or directory")
+weft_test(NAME layering.backend_includes_its_own SERIAL LABELS layering
+  COMMAND ${CMAKE_COMMAND} --build ${CMAKE_BINARY_DIR} --target weft_layering_control)
