@@ -2,9 +2,10 @@
 # SPDX-License-Identifier: Apache-2.0
 # Everything CI runs: install what is missing, build, and run every test (unit, ABI layout, conformance of the
 # plugin over tcp;ofi_rxm, shm, sockets and between two network namespaces, for every table version; the libfabric
-# entries again on libfabric 2.x; the soft-RoCE guests). Entries run side by side (WEFT_TEST_JOBS at once, default
-# 3; what judges time or takes the machine holds a lock, tests/cmake/weft_test.cmake). The run ends with the time
-# per label and the entries that skipped; under CI=true a skip of anything setup.sh installs fails it.
+# entries again on libfabric 2.x; the soft-RoCE guests). WEFT_TEST_JOBS entries at once (default 1: at 3 on 2 cores a
+# few timing-judging entries failed now and then, docs/testing.md; what judges time or takes the machine holds a lock
+# or runs alone, tests/cmake/weft_test.cmake). The run ends with the time per label and the entries that skipped;
+# under CI=true a skip of anything setup.sh installs fails it.
 # WEFT_TEST_LONG=1 adds the long run (label `long`: every check of the v11 tables on 2.x and between namespaces, every
 # table version on shm, between namespaces and over verbs, rails with an endpoint per connection; docs/testing.md).
 # Arguments go to ctest (-R, -L, -LE ...).
@@ -23,7 +24,7 @@ junit=$PWD/build/Testing/junit.xml
 rm -f "$junit"
 sel=()
 [ "${WEFT_TEST_LONG:-0}" = 1 ] || sel=(-LE long)
-ctest --preset default -j "${WEFT_TEST_JOBS:-3}" --output-junit "$junit" "${sel[@]}" "$@" || rc=$?
+ctest --preset default -j "${WEFT_TEST_JOBS:-1}" --output-junit "$junit" "${sel[@]}" "$@" || rc=$?
 if [ "$rc" -ne 0 ] && [ -f build/Testing/Temporary/LastTestsFailed.log ]; then
   # A failing test's own output comes inline, where a long one (plugin warnings) can push its verdicts out of a
   # shortened log: say again, last, what failed and why.

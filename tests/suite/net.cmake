@@ -22,7 +22,9 @@ weft_conformance(NAME conformance.sockets.v11 OVER sockets ARGS --quick --skip h
 
 # The rdma protocol (auto picks it on hardware providers only, so it is forced here): buffer offers, RMA writes with
 # remote completion data, eager tagged sends below WEFT_EAGER_MAX (and 0: every message by RMA, 0 bytes included).
-weft_conformance(NAME conformance.fabric-tcp.rdma.v11 OVER fabric-tcp ARGS --table 11 --env WEFT_PROTOCOL=rdma)
+weft_conformance(NAME conformance.fabric-tcp.rdma.v11 OVER fabric-tcp ARGS --table 11 --quick --env WEFT_PROTOCOL=rdma)
+weft_conformance(NAME conformance.fabric-tcp.rdma.v11.full OVER fabric-tcp LABELS conformance long
+                 ARGS --table 11 --env WEFT_PROTOCOL=rdma)
 foreach(v 7 9 12)
   weft_conformance(NAME conformance.fabric-tcp.rdma.v${v} OVER fabric-tcp
                    ARGS --table ${v} --quick --env WEFT_PROTOCOL=rdma)

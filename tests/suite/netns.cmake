@@ -33,9 +33,10 @@ weft_conformance(NAME conformance.netns.fuse8.tcp.v12 NETNS --rails fuse --pairs
                  ARGS --table 12 --quick --env WEFT_BACKEND=tcp)
 # weft's TCP backend over two fused interfaces: one socket each, large messages cut into a piece per rail; every check.
 weft_conformance(NAME conformance.netns.fuse.tcp.v11 NETNS --rails fuse
+                 ARGS --table 11 --quick --env WEFT_BACKEND=tcp --env WEFT_CONNECT_TIMEOUT=3)
+weft_conformance(NAME conformance.netns.fuse.tcp.v11.full NETNS --rails fuse LABELS conformance long
                  ARGS --table 11 --env WEFT_BACKEND=tcp --env WEFT_CONNECT_TIMEOUT=3)
-# An endpoint per connection (WEFT_FABRIC_SHARED_EP=0) over rails: in the long run (every run has it on loopback, and
-# over rails in conformance.netns.rails.rdma_cq4.v11 below).
+# An endpoint per connection (WEFT_FABRIC_SHARED_EP=0) over rails: in the long run (every run has it on loopback).
 set(_private --quick --conns 16 --env WEFT_FABRIC_SHARED_EP=0)
 weft_conformance(NAME conformance.netns.rails.private.v11 NETNS --rails explicit LABELS conformance long
                  ARGS --table 11 ${_private})
@@ -48,8 +49,8 @@ weft_conformance(NAME conformance.netns.rails.acks.v11 NETNS --rails explicit
                  ARGS --table 11 --quick --env WEFT_DELIVERY_ACK=rails)
 weft_conformance(NAME conformance.netns.rails.rdma.acks.v11 NETNS --rails explicit
                  ARGS --table 11 --quick --env WEFT_DELIVERY_ACK=rails --env WEFT_PROTOCOL=rdma)
-# The 4-byte completion data striped over two rails from 4 KiB (most messages stripe).
-weft_conformance(NAME conformance.netns.rails.rdma_cq4.v11 NETNS --rails explicit
+# The 4-byte completion data striped over two rails from 4 KiB (most messages stripe), an endpoint per connection.
+weft_conformance(NAME conformance.netns.rails.rdma_cq4.v11 NETNS --rails explicit LABELS conformance long
                  ARGS --table 11 ${_private} --env WEFT_PROTOCOL=rdma --env WEFT_EAGER_MAX=0 --env WEFT_CQ_DATA=4
                       --env WEFT_STRIPE_MIN=4096)
 # A lossy, reordering, duplicating, slow link (tc netem on both veths): every byte must still arrive intact. Needs

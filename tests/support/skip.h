@@ -26,9 +26,11 @@ inline bool underCi() {
   return ci != nullptr && std::strcmp(ci, "true") == 0;
 }
 
+// "SKIPPED (optional)": scripts/test_report.py lets such a skip pass under CI=true (what is missing is not something
+// setup.sh installs; the skips of what it installs fail under CI=true before they get here).
 inline void noteSkip(const std::string& why) {
   skippedCases().fetch_add(1);
-  std::printf("SKIPPED: %s: %s\n", Catch::getResultCapture().getCurrentTestName().c_str(), why.c_str());
+  std::printf("SKIPPED (optional): %s: %s\n", Catch::getResultCapture().getCurrentTestName().c_str(), why.c_str());
   std::fflush(stdout);
 }
 
