@@ -3,12 +3,12 @@
 # could not run here, and says why), anything else fails. Entries that also look at their output do so through
 # tests/support/check_run.sh, which requires the exit code as well, never instead of it.
 #
-# Labels say what an entry needs, and so how it may run beside others (scripts/test.sh runs ctest -j):
+# Labels say what an entry needs, and so how it may run beside others (WEFT_TEST_JOBS=N: ctest -j N):
 #   optional  needs what scripts/setup.sh does not install (a kernel module, the CUDA toolkit's NCCL): its skip
 #             is allowed under CI=true; every other entry's skip fails a CI run.
 # Resource locks (RESOURCE_LOCK) name what entries may not share: `cpu` for entries that judge time (a peer found
-# dead within a bound, bandwidth shares, a benchmark) or take the whole machine (the QEMU guests, 8 ranks, 2,048
-# connections): they run beside nothing else that holds `cpu`.
+# dead within a bound, bandwidth shares, a benchmark) or take much of the machine (8 ranks, 2,048 connections): they
+# run beside nothing else that holds `cpu`. The QEMU guests run alone (SERIAL).
 
 # ';' inside an argument (tcp;ofi_rxm) is written %SEMI% and turned into an escaped ';' here.
 function(_weft_unsemi out)
