@@ -2,7 +2,6 @@
 // The profiler tables of a plugin file, driven by the replay driver exactly as NCCL drives them, checked record by
 // record against values computed by hand here. Runs against libnccl-profiler-weft.so (and the tables inside
 // libnccl-net-weft.so). WEFT_TIMING decides which checks apply (ctest runs this binary once per level).
-#define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
 #include <dirent.h>

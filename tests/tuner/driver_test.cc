@@ -4,7 +4,6 @@
 // then protocols, first minimum), init per communicator, finalize at the end. WEFT_TUNER_TEST_MODE (set by ctest)
 // says what the plugin was given: "none" (no profile), "profile" (a simulated sweep), "malformed", "off"
 // (WEFT_TUNER=0 with a profile), "explore". The consistency test runs in every mode.
-#define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
 #include <dlfcn.h>
