@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "replay.h"
+#include "tests/support/catch_run.h"
 #include "weft/nccl/profiler.h"
 
 using nlohmann::json;
@@ -722,7 +723,7 @@ int main(int argc, char** argv) {
   setenv("WEFT_PROM_FILE", (gDir + "/weft.prom").c_str(), 1);
   setenv("WEFT_PROM_TAGS", "2", 1);
   setenv("WEFT_TAG_NAMES", "1=forward,2=backward,junk,0=zero", 1);  // the bad entries: a warning, ignored
-  int rc = Catch::Session().run(argc, argv);
+  int rc = weft::testing::runCatch(argc, argv);
   if (rc == 0 && std::getenv("WEFT_KEEP_TELEMETRY") == nullptr) {
     std::string cmd = "rm -rf '" + gDir + "'";
     if (std::system(cmd.c_str()) != 0) return 3;

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/catch_run.h"
 #include "tests/support/skip.h"
 #include "tuner/nccl_model.h"
 #include "tuner/policy.h"
@@ -388,7 +389,7 @@ int main(int argc, char** argv) {
   if (gMode == "off") setenv("WEFT_TUNER", "0", 1);
   if (gMode == "explore") setenv("WEFT_TUNER_EXPLORE", "1", 1);
   if (gMode == "record") setenv("WEFT_TUNER_RECORD", (gDir + "/record.json").c_str(), 1);
-  int rc = weft::testing::runResult(Catch::Session().run(argc, argv));
+  int rc = weft::testing::runResult(weft::testing::runCatch(argc, argv));
   std::string cmd = "rm -rf '" + gDir + "'";
   if (std::system(cmd.c_str()) != 0) return 3;
   return rc;
