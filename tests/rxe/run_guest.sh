@@ -75,11 +75,12 @@ mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 out /mnt/out
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,ro host /mnt/host
 H=/mnt/host
 mount --bind /proc $H/proc; mount --bind /sys $H/sys; mount --bind /dev $H/dev
-# /tmp becomes a fresh tmpfs; a tree of the host's under /tmp that the test needs (weft_keep) is bound back in
-KEEP=$(arg weft_keep)
-[ -n "$KEEP" ] && mkdir -p /mnt/keep && mount --bind "$H$KEEP" /mnt/keep
+# /tmp becomes a fresh tmpfs; the trees of the host's under /tmp that the test needs (weft_keep, comma-separated) are
+# bound back in
+KEEP=$(arg weft_keep | tr , ' ')
+i=0; for k in $KEEP; do mkdir -p /mnt/keep$i && mount --bind "$H$k" /mnt/keep$i; i=$((i + 1)); done
 mount -t tmpfs shm $H/dev/shm; mount -t tmpfs tmp $H/tmp; mount -t tmpfs run $H/run
-[ -n "$KEEP" ] && mkdir -p "$H$KEEP" && mount --bind /mnt/keep "$H$KEEP"
+i=0; for k in $KEEP; do mkdir -p "$H$k" && mount --bind /mnt/keep$i "$H$k"; i=$((i + 1)); done
 mkdir -p "$H$OUT" 2>/dev/null; mount --bind /mnt/out "$H$OUT"
 chroot $H rdma link add rxe0 type rxe netdev eth0 || echo "WEFT_GUEST_NO_RXE"
 # RXE_NICS=2: a second NIC and soft-RoCE device (rxe1 on eth1, 10.0.3.15): two rails, each looping back to itself
@@ -109,9 +110,16 @@ fi
 } > "$out/guest-entry.sh"
 chmod +x "$out/guest-entry.sh"
 
-# The guest's /tmp is its own: a script (and the build next to it) under the host's /tmp is bound back in.
+# The guest's /tmp is its own: a script (and the build next to it) and libfabric 2.x's folder (RXE_FABRIC_LIB, under
+# a WEFT_CACHE_DIR there) under the host's /tmp are bound back in.
 keep=""
-case "$script" in /tmp/?*) keep=/tmp/$(echo "${script#/tmp/}" | cut -d/ -f1) ;; esac
+for p in "$script" "${RXE_FABRIC_LIB:-}"; do
+  case "$p" in
+    /tmp/?*)
+      top=/tmp/$(echo "${p#/tmp/}" | cut -d/ -f1)
+      case ",$keep," in *",$top,"*) ;; *) keep=${keep:+$keep,}$top ;; esac ;;
+  esac
+done
 
 nic2=()
 nics=""

@@ -53,7 +53,12 @@ TEST_CASE("a bad environment value is a problem, and the default stays in effect
   unsetenv("WEFT_MAX_RECVS");
   unsetenv("WEFT_PROVIDR");
   params::reload();
-  CHECK(params::problems().empty());
+  // Gone with the variables. (Not "no problems at all": the environment this runs in may hold other WEFT_ names,
+  // such as the scripts' WEFT_CACHE_DIR, which the plugin rightly names as not its own.)
+  for (const auto& p : params::problems()) {
+    CHECK(p.find("WEFT_MAX_RECVS") == std::string::npos);
+    CHECK(p.find("WEFT_PROVIDR") == std::string::npos);
+  }
 }
 
 TEST_CASE("choices reject values outside their list", "[params]") {

@@ -518,7 +518,10 @@ std::string soak(Rank& k) {
 }
 
 // A window deregistered right after a put from it was issued: refused, or made safe (the put completes or fails,
-// the memory is freed afterwards and nothing touches it).
+// the memory is freed afterwards and nothing touches it). A put that fails is that second outcome, not a failure of
+// the check: NCCL's GIN IB proxy over soft-RoCE has the device refuse the write once its region is gone when the
+// put is still queued (test returns ncclRemoteError; seen with the guest's emulation slow). Its bytes are then not
+// expected anywhere, and its connection may be in error: when any rank's put failed, no rank fences or compares.
 std::string deregInflight(Rank& k) {
   Buf w = k.alloc(kSlot, k.o->mem == "cuda");
   const auto data = fill(k.rank, 77, kSlot);
@@ -530,12 +533,22 @@ std::string deregInflight(Rank& k) {
     return callFailed("iput", r);
   }
   const int d = k.api->deregMrSym(k.comm, w.mh);
-  std::string e = k.wait(req, "the put from a window being deregistered");
-  if (!e.empty()) return e;
+  const std::string what = "the put from a window being deregistered";
+  std::string e = k.wait(req, what.c_str());
+  const bool putFailed = e.rfind(what + ": test returned ", 0) == 0;
+  if (!e.empty() && !putFailed) return e;  // no request, or not complete in time
   if (d != 0 && (r = k.api->deregMrSym(k.comm, w.mh)) != 0) {
-    return "deregMrSym refused while the put was in flight, and again after it completed (" + std::to_string(r) + ")";
+    return "deregMrSym refused while the put was in flight, and again after it ended (" + std::to_string(r) + ")";
   }
   k.free(w);  // under the mock, a later device access faults; host memory goes back to the allocator
+  k.sh->words[k.rank][0] = putFailed ? 1 : 0;
+  if (!k.barrier()) return "a rank did not finish";
+  bool anyFailed = false;
+  for (int s = 0; s < k.nranks; ++s) anyFailed |= k.live(s) && k.sh->words[s][0] != 0;
+  if (anyFailed) {
+    if (putFailed) std::fprintf(stderr, "  rank %d: %s (a safe outcome: nothing of it is compared)\n", k.rank, e.c_str());
+    return k.barrier() ? "" : "a rank did not finish";  // every rank has read the words before the next check
+  }
   if (std::string f = k.fence({k.next()}, 1); !f.empty()) return f;
   if (!k.barrier()) return "a rank did not finish";
   return compare(k, k.dst, kSlot * k.prev(), fill(k.prev(), 77, kSlot), "the put from a deregistered window");
