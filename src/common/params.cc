@@ -334,6 +334,21 @@ int64_t getInt(std::string_view name) { return find(name).i; }
 bool getBool(std::string_view name) { return find(name).i != 0; }
 const std::string& getString(std::string_view name) { return find(name).s; }
 
+namespace {
+// What weft's own scripts and test programs read, not the plugin (a user may have any of them set when NCCL loads
+// it): the libfabric 2.x build's cache (scripts/libfabric2.sh), the package install check, the end-to-end and
+// GPU-lease scripts, the test programs. Not a typo of a plugin variable, so not a problem.
+bool readByScripts(std::string_view name) {
+  constexpr std::string_view kPrefixes[] = {"WEFT_TEST_", "WEFT_E2E_", "WEFT_LEASE_"};
+  constexpr std::string_view kNames[] = {"WEFT_CACHE_DIR", "WEFT_INSTALL_CHECK", "WEFT_LIBFABRIC2_CUDA",
+                                         "WEFT_KEEP_TELEMETRY", "WEFT_TUNER_TEST_MODE"};
+  for (std::string_view p : kPrefixes) {
+    if (name.substr(0, p.size()) == p) return true;
+  }
+  return std::find(std::begin(kNames), std::end(kNames), name) != std::end(kNames);
+}
+}  // namespace
+
 std::vector<std::string> problems() {
   std::vector<std::string> out;
   for (const auto& v : values()) {
@@ -347,8 +362,7 @@ std::vector<std::string> problems() {
     if (kv.rfind("WEFT_", 0) != 0) continue;
     std::string_view name = kv.substr(0, kv.find('='));
     bool known = std::any_of(kDefs.begin(), kDefs.end(), [&](const Def& d) { return name == d.name; });
-    // Variables read only by our tests and scripts live under WEFT_TEST_ and are not the plugin's.
-    if (!known && name.rfind("WEFT_TEST_", 0) != 0) {
+    if (!known && !readByScripts(name)) {
       out.push_back(std::string(name) + " is not a weft variable (see `weft info` for the list)");
     }
   }

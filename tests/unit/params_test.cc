@@ -61,6 +61,24 @@ TEST_CASE("a bad environment value is a problem, and the default stays in effect
   }
 }
 
+TEST_CASE("the scripts' own variables are not problems, a name one letter off is", "[params]") {
+  setenv("WEFT_CACHE_DIR", "/tmp/weft-cache", 1);       // scripts/libfabric2.sh
+  setenv("WEFT_E2E_STEPS", "2", 1);                     // the end-to-end script
+  setenv("WEFT_CACHE_DIRS", "/tmp/weft-cache", 1);      // nobody's
+  params::reload();
+  bool sawScript = false, sawOther = false;
+  for (const auto& p : params::problems()) {
+    sawScript |= p.find("WEFT_CACHE_DIR ") != std::string::npos || p.find("WEFT_E2E_STEPS") != std::string::npos;
+    sawOther |= p.find("WEFT_CACHE_DIRS is not a weft variable") != std::string::npos;
+  }
+  CHECK_FALSE(sawScript);
+  CHECK(sawOther);
+  unsetenv("WEFT_CACHE_DIR");
+  unsetenv("WEFT_E2E_STEPS");
+  unsetenv("WEFT_CACHE_DIRS");
+  params::reload();
+}
+
 TEST_CASE("choices reject values outside their list", "[params]") {
   setenv("WEFT_GDR", "maybe", 1);
   params::reload();
