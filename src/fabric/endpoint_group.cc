@@ -3,7 +3,9 @@
 
 #include <chrono>
 #include <cstring>
+#include <thread>
 
+#include "weft/common/clock.h"
 #include "weft/common/log.h"
 
 namespace weft::fabric {
@@ -39,21 +41,41 @@ EndpointGroup::~EndpointGroup() {
 // Before a shared group's endpoints close, what peers sent them (buffer offers for sends that went eagerly,
 // probes) is read: over TCP a socket closed with unread input sends a reset, and the peer then loses data this
 // side sent it that it has not read yet (seen as a receive failing after its sender closed, 1 run in 10 of
-// comms.scale with the rdma protocol). Bounded: until the queues have been quiet for 10 ms, at most 200 ms.
+// comms.scale with the rdma protocol). Bounded: until the queues have been quiet for 10 ms, at most 200 ms; and
+// while a parked comm holds the group (writes it offered still on their way, FabricDataComm::awaitingWrites), until
+// it is drained or its hold runs out.
 void EndpointGroup::drain() {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   auto quietSince = start;
+  bool wasHeld = false;
   for (;;) {
+    if (!parked_.empty()) sweep();
+    const int64_t nowMs = coarseNowMs();
+    bool held = false;
+    for (const Parked& p : parked_) held = held || p.holdUntilMs > nowMs;
     const auto now = Clock::now();
-    if (now - quietSince >= std::chrono::milliseconds(10) || now - start >= std::chrono::milliseconds(200)) break;
+    if (!held &&
+        (now - quietSince >= std::chrono::milliseconds(10) || now - start >= std::chrono::milliseconds(200))) {
+      if (wasHeld) {
+        WEFT_INFO(NCCL_NET, "{}: endpoints close after {} ms waiting for writes offered by closed comms ({} comms "
+                  "still parked)", eps_.empty() ? std::string("a group") : eps_[0]->device().props().name,
+                  std::chrono::duration_cast<std::chrono::milliseconds>(now - start).count(), parked_.size());
+      }
+      break;
+    }
+    wasHeld = wasHeld || held;
     bool any = false;
     for (auto& ep : eps_) {
       int n = 0;
       if (ep->progress(&n) != Status::kOk) return;  // the queue itself failed: nothing more to read
       any = any || n > 0;
     }
-    if (any) quietSince = Clock::now();
+    if (any) {
+      quietSince = Clock::now();
+    } else if (held) {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));  // a write on its way: no need to spin
+    }
   }
 }
 
@@ -61,8 +83,8 @@ void EndpointGroup::keepRails(int n) {
   if (!shared_ && n >= 1 && n < rails()) eps_.resize(static_cast<size_t>(n));
 }
 
-void EndpointGroup::park(DataSink* comm, bool (*drained)(DataSink*)) {
-  parked_.push_back(Parked{std::unique_ptr<DataSink>(comm), drained});
+void EndpointGroup::park(DataSink* comm, bool (*drained)(DataSink*), int64_t holdUntilMs) {
+  parked_.push_back(Parked{std::unique_ptr<DataSink>(comm), drained, holdUntilMs});
 }
 
 void EndpointGroup::sweep() {

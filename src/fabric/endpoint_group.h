@@ -59,7 +59,8 @@ class EndpointGroup {
 
   // A closed comm whose operations are still in the provider's hands: kept (and still routed to) until
   // `drained` says they are over (sweep), or until the group closes its endpoints. Caller holds the lock.
-  void park(DataSink* comm, bool (*drained)(DataSink*));
+  // holdUntilMs (coarse clock): the group's endpoints, closing, wait for it until then (drain).
+  void park(DataSink* comm, bool (*drained)(DataSink*), int64_t holdUntilMs = 0);
   void sweep();
   size_t parked() const { return parked_.size(); }
   CommTable& table() { return table_; }
@@ -78,6 +79,7 @@ class EndpointGroup {
   struct Parked {
     std::unique_ptr<DataSink> comm;
     bool (*drained)(DataSink*);
+    int64_t holdUntilMs;
   };
   std::vector<Parked> parked_;
   std::vector<std::unique_ptr<Endpoint>> eps_;

@@ -14,6 +14,7 @@
 #include <bit>
 #include <climits>
 #include <cstring>
+#include <thread>
 
 #include "weft/common/params.h"
 #include "weft/nccl/net.h"
@@ -25,7 +26,39 @@ namespace weft::fabric {
 bool FabricDataComm::drained(DataSink* s) {
   auto* c = static_cast<FabricDataComm*>(s);
   if (!c->ackQ_.empty()) c->flushAcks();
-  return c->opsInFlight() == 0 && c->ackQ_.empty();
+  return c->opsInFlight() == 0 && c->ackQ_.empty() && !c->awaitingWrites();
+}
+
+int FabricDataComm::awaitedWrites() const {
+  if (!recvSide_ || bySeq_ == nullptr) return 0;
+  int n = 0;
+  for (int i = 0; i < allocated(); ++i) {
+    const FabricRecvRequest& r = recvReq(i);
+    if (r.magic_ != kRequestMagic || !r.offerPosted) continue;
+    for (int b = 0; b < r.n; ++b) {
+      n += (r.flags[b] & (FabricRecvRequest::kOffered | FabricRecvRequest::kDone)) == FabricRecvRequest::kOffered;
+    }
+  }
+  return n;
+}
+
+bool FabricDataComm::awaitingWrites() const {
+  return awaitUntilMs_ != 0 && fatal_ == Status::kOk && coarseNowMs() < awaitUntilMs_ && awaitedWrites() > 0;
+}
+
+// libfabric's rxm (over verbs; 2.x's over tcp too) closes a connection's endpoint before it reads what that
+// connection left in the queue the connections share: a message the peer's write left there (the rdma
+// protocol's completion data takes one of rxm's receive buffers) is then handed back to the freed endpoint
+// (rxm_close_conn -> rxm_flush_msg_cq -> rxm_handle_comp -> rxm_post_recv; crashed the receiver of
+// teardown.inflight over 2.1's verbs;ofi_rxm, 1 run in 15 in the soft-RoCE guest). A large write shows nothing
+// until its last byte lands, so no quiet spell before the close (~Endpoint, EndpointGroup::drain) rules it out.
+// A receive comm closed with buffers offered to the peer and not yet written (an abort: NCCL closes with receives
+// outstanding, and the peer may be writing them) therefore keeps its endpoints open until they land, the comm
+// fails, or kAwaitWritesMs (WEFT_PEER_TIMEOUT if shorter) passes: a dead peer costs that once per close.
+void FabricDataComm::holdForWrites() {
+  if (!recvSide_ || fatal_ != Status::kOk || !Endpoint::closeRacesArrivals(dev_.props().provider)) return;
+  if (awaitedWrites() == 0) return;
+  awaitUntilMs_ = coarseNowMs() + std::min<int64_t>(Endpoint::kAwaitWritesMs, peerTimeoutMs_);
 }
 
 void FabricDataComm::closeComm(bool sendSide) {
@@ -55,6 +88,15 @@ void FabricDataComm::closeComm(bool sendSide) {
       ClosingComms::add(this, coarseNowMs() + peerTimeoutMs_);
       return;
     }
+    holdForWrites();  // its endpoints close with it: it waits here (NCCL's service thread, bounded)
+    const int64_t since = coarseNowMs();
+    while (awaitingWrites() && readRails() == Status::kOk) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    if (awaitUntilMs_ != 0) {
+      WEFT_INFO(NCCL_NET, "comm with {}: endpoints close after {} ms waiting for the writes it offered ({} not landed)",
+                peerName_, coarseNowMs() - since, awaitedWrites());
+    }
     delete this;
     return;
   }
@@ -62,6 +104,7 @@ void FabricDataComm::closeComm(bool sendSide) {
   {
     std::lock_guard<std::mutex> lock(keep->mutex());
     closing_ = true;
+    holdForWrites();
     // Receives nothing will fill any more: canceled (each comes back as a canceled completion).
     for (int i = 0; recvSide_ && i < allocated(); ++i) {
       FabricRecvRequest& r = recvReq(i);
@@ -73,16 +116,16 @@ void FabricDataComm::closeComm(bool sendSide) {
         if (fi_cancel(&rails_[r.rail[b]].ep->ep()->fid, &r.ctx[b].fi) == 0) r.flags[b] |= FabricRecvRequest::kCanceled;
       }
     }
-    if (opsInFlight() == 0 && ackQ_.empty()) {
+    if (opsInFlight() == 0 && ackQ_.empty() && !awaitingWrites()) {
       delete this;  // leaves the table under the lock
     } else {
-      WEFT_INFO(NCCL_NET, "comm with {} closed with {} operations in flight: parked until they complete", peerName_,
-                opsInFlight());
+      WEFT_INFO(NCCL_NET, "comm with {} closed with {} operations in flight{}: parked until they complete", peerName_,
+                opsInFlight(), awaitUntilMs_ != 0 ? fmt::format(" and {} writes offered", awaitedWrites()) : "");
       logRails();
       rails_[0].ep->closeListen(localId_.get());
       parkedIn_ = keep.get();
       group_.reset();
-      keep->park(this, &FabricDataComm::drained);
+      keep->park(this, &FabricDataComm::drained, awaitUntilMs_);
     }
   }
 }  // the last comm of the group gone: the group closes here, outside its lock

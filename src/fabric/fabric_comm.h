@@ -315,6 +315,13 @@ class FabricDataComm : public DataSink, public numa::Placed {
   std::string railName(int k) const;  // "rail 1 (eth1)"
   static bool drained(DataSink* s);
   bool closing_ = false;          // NCCL closed it: nothing more is posted
+  // The rdma protocol's receive side: buffers offered to the peer (the offer handed to the provider) whose data
+  // has not landed: the peer may be writing them now. A comm closed with such writes on a provider whose endpoint
+  // close races arrivals (Endpoint::closeRacesArrivals) waits for them until awaitUntilMs_ (fabric_closing.cc).
+  int awaitedWrites() const;
+  bool awaitingWrites() const;  // awaitedWrites() > 0 and the wait has not run out (nor the comm failed)
+  void holdForWrites();         // at close: sets awaitUntilMs_ where the wait is needed
+  int64_t awaitUntilMs_ = 0;
   // Delivery acknowledgements (Protocol::acks, wire::AckMsg). Receive side: the messages taken in one batch of
   // completions (whichever comm's call read it: on a shared endpoint, maybe another's) are acknowledged together
   // at its end (afterBatch), injected where the provider takes a message that size (copied at once: nothing to

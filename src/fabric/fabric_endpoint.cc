@@ -204,16 +204,14 @@ Status Endpoint::open(FabricDevice& dev, std::unique_ptr<Endpoint>* out, bool sh
 // rxm_conn.c), and a message that arrived meanwhile is handed back to the closed endpoint: rxm_handle_rx_buf ->
 // rxm_post_recv crashed both workers of conformance.fabric-tcp.private.v11 on 2.1.0 (an endpoint per connection,
 // closed right after its traffic). 1.17's rxm over tcp never did in thousands of such closes: drained there from 2.0.
-namespace {
-bool drainBeforeClose(const std::string& provider) {
+bool Endpoint::closeRacesArrivals(const std::string& provider) {
   if (provider.find("ofi_rxm") == std::string::npos) return false;
   if (provider.rfind("verbs", 0) == 0) return true;
   return provider.rfind("tcp", 0) == 0 && FI_MAJOR(fi_version()) >= 2;
 }
-}  // namespace
 
 Endpoint::~Endpoint() {
-  if (cq_ && ep_ && drainBeforeClose(dev_.props().provider)) {
+  if (cq_ && ep_ && closeRacesArrivals(dev_.props().provider)) {
     const int64_t until = coarseNowMs() + kCloseDrainMs;
     fi_cq_tagged_entry entries[16];
     do {

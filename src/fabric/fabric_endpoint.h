@@ -62,6 +62,11 @@ Status statusOfFiError(int err);
 class Endpoint {
  public:
   static constexpr int64_t kCloseDrainMs = 5;  // rxm over verbs: the queue read this long before closing (~Endpoint)
+  // rxm over verbs (and 2.x's over tcp): a comm closed with RMA writes offered and not yet landed keeps its
+  // endpoints open for at most this long, until they land (see fabric_closing.cc).
+  static constexpr int64_t kAwaitWritesMs = 3000;
+  // Whether closing an endpoint of `provider` races what peers send it (libfabric's rxm: ~Endpoint).
+  static bool closeRacesArrivals(const std::string& provider);
   static constexpr int kSharedOfferRecvs = 512;  // offer receives of a shared endpoint (see FabricSendComm)
   // shared: the endpoint of a shared group (its completion queue sized for every comm of a context, below).
   static Status open(FabricDevice& dev, std::unique_ptr<Endpoint>* out, bool shared = false);
