@@ -50,7 +50,11 @@ void EndpointGroup::drain() {
   auto quietSince = start;
   bool wasHeld = false;
   for (;;) {
-    if (!parked_.empty()) sweep();
+    if (!parked_.empty()) {
+      const size_t before = parked_.size();
+      sweep();
+      if (parked_.size() != before) quietSince = Clock::now();  // what a comm said as it left (a note) goes out first
+    }
     const int64_t nowMs = coarseNowMs();
     bool held = false;
     for (const Parked& p : parked_) held = held || p.holdUntilMs > nowMs;

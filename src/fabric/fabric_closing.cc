@@ -26,7 +26,23 @@ namespace weft::fabric {
 bool FabricDataComm::drained(DataSink* s) {
   auto* c = static_cast<FabricDataComm*>(s);
   if (!c->ackQ_.empty()) c->flushAcks();
-  return c->opsInFlight() == 0 && c->ackQ_.empty() && !c->awaitingWrites();
+  const bool done = c->opsInFlight() == 0 && c->ackQ_.empty() && !c->awaitingWrites();
+  if (done) c->noteWritesOver();  // its writes are over: the receiver need not wait for more
+  return done;
+}
+
+void FabricDataComm::noteWritesOver() {
+  if (recvSide_ || !proto_.rdma || !writesAwaited_) return;  // a failed comm too: it writes nothing more either
+  for (int k = 0; k < nRails_; ++k) {
+    if (rails_[k].ep != nullptr) (void)injectNote(k, wire::kWritesOver, peerId_);  // lost: the receiver waits it out
+  }
+}
+
+void FabricDataComm::onWritesOver(Endpoint* ep) noexcept {
+  for (int k = 0; k < nRails_; ++k) {
+    if (rails_[k].ep == ep) writesOverRails_ |= 1u << k;
+  }
+  peerWritesOver_ = std::popcount(writesOverRails_) >= nRails_;
 }
 
 int FabricDataComm::awaitedWrites() const {
@@ -43,7 +59,8 @@ int FabricDataComm::awaitedWrites() const {
 }
 
 bool FabricDataComm::awaitingWrites() const {
-  return awaitUntilMs_ != 0 && fatal_ == Status::kOk && coarseNowMs() < awaitUntilMs_ && awaitedWrites() > 0;
+  return awaitUntilMs_ != 0 && !peerWritesOver_ && fatal_ == Status::kOk && coarseNowMs() < awaitUntilMs_ &&
+         awaitedWrites() > 0;
 }
 
 // libfabric's rxm (over verbs; 2.x's over tcp too) closes a connection's endpoint before it reads what that
@@ -53,15 +70,17 @@ bool FabricDataComm::awaitingWrites() const {
 // teardown.inflight over 2.1's verbs;ofi_rxm, 1 run in 15 in the soft-RoCE guest). A large write shows nothing
 // until its last byte lands, so no quiet spell before the close (~Endpoint, EndpointGroup::drain) rules it out.
 // A receive comm closed with buffers offered to the peer and not yet written (an abort: NCCL closes with receives
-// outstanding, and the peer may be writing them) therefore keeps its endpoints open until they land, the comm
-// fails, or kAwaitWritesMs (WEFT_PEER_TIMEOUT if shorter) passes: a dead peer costs that once per close.
+// outstanding, and the peer may be writing them) therefore keeps its endpoints open until they land, the peer
+// says it writes no more (wire::kWritesOver, noteWritesOver), the comm fails, or kAwaitWritesMs (WEFT_PEER_TIMEOUT
+// if shorter) passes: a dead peer costs that once per close.
 void FabricDataComm::holdForWrites() {
-  if (!recvSide_ || fatal_ != Status::kOk || !Endpoint::closeRacesArrivals(dev_.props().provider)) return;
-  if (awaitedWrites() == 0) return;
+  if (!recvSide_ || fatal_ != Status::kOk || peerWritesOver_) return;
+  if (!Endpoint::closeRacesArrivals(dev_.props().provider) || awaitedWrites() == 0) return;
   awaitUntilMs_ = coarseNowMs() + std::min<int64_t>(Endpoint::kAwaitWritesMs, peerTimeoutMs_);
 }
 
 void FabricDataComm::closeComm(bool sendSide) {
+  writesAwaited_ = sendSide && proto_.rdma && (outstanding_ > 0 || offersHeld());
   ClosingComms::poll();
   refreshRailHealth();  // what its last log line says
   if (!ackQ_.empty()) flushAcks();  // owed to the sender (a private endpoint: best effort, it closes now)
@@ -97,6 +116,7 @@ void FabricDataComm::closeComm(bool sendSide) {
       WEFT_INFO(NCCL_NET, "comm with {}: endpoints close after {} ms waiting for the writes it offered ({} not landed)",
                 peerName_, coarseNowMs() - since, awaitedWrites());
     }
+    if (opsInFlight() == 0) noteWritesOver();
     delete this;
     return;
   }
@@ -117,6 +137,7 @@ void FabricDataComm::closeComm(bool sendSide) {
       }
     }
     if (opsInFlight() == 0 && ackQ_.empty() && !awaitingWrites()) {
+      noteWritesOver();
       delete this;  // leaves the table under the lock
     } else {
       WEFT_INFO(NCCL_NET, "comm with {} closed with {} operations in flight{}: parked until they complete", peerName_,
@@ -151,6 +172,7 @@ void FabricDataComm::onCloseNote(Endpoint* ep, bool ack) noexcept {
       return;
     }
     if (lingering_ || (r.note & kNoteWant) != 0) return;  // a notice to a send comm: not ours to answer
+    if (recvSide_) onWritesOver(ep);  // a lingering sender's notice: its sends (and so writes) are all done
     r.note |= kNoteWant;
     ++notesWaiting_;
     postNotes();  // an ack in flight already: this one goes when it has completed

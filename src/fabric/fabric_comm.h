@@ -187,6 +187,7 @@ class FabricDataComm : public DataSink, public numa::Placed {
   bool sendFailed(Endpoint* ep, FabricSendRequest& q, int k, int fiErr, Status st);
   void failOperation(Endpoint* ep, FabricRequest* r, int fiErr, Status st);
   void onCloseNote(Endpoint* ep, bool ack) noexcept override;
+  void onWritesOver(Endpoint* ep) noexcept override;
   void onRailNote(uint32_t rails) noexcept override;
   void refreshRailHealth() {
     if (railsDown_ > 0 && fatal_ == Status::kOk) recheckRails(coarseNowMs(), true);
@@ -322,6 +323,14 @@ class FabricDataComm : public DataSink, public numa::Placed {
   bool awaitingWrites() const;  // awaitedWrites() > 0 and the wait has not run out (nor the comm failed)
   void holdForWrites();         // at close: sets awaitUntilMs_ where the wait is needed
   int64_t awaitUntilMs_ = 0;
+  uint32_t writesOverRails_ = 0;  // receive side: rails on which the peer said it writes no more (wire::kWritesOver)
+  bool peerWritesOver_ = false;   // ... on every rail
+  void noteWritesOver();          // send side, closed with no write in the provider's hands: says so to the peer
+  // Send side: whether the receiver may be waiting for a write of this comm (set at close: NCCL closed it with sends
+  // outstanding, or holding offers no send took). Only then does the note go: over rxm a message to a peer that
+  // closed already opens a new connection (40 connect cycles over 8 rails grew the receiver by 68 descriptors).
+  bool writesAwaited_ = false;
+  virtual bool offersHeld() const { return false; }
   // Delivery acknowledgements (Protocol::acks, wire::AckMsg). Receive side: the messages taken in one batch of
   // completions (whichever comm's call read it: on a shared endpoint, maybe another's) are acknowledged together
   // at its end (afterBatch), injected where the provider takes a message that size (copied at once: nothing to
@@ -531,6 +540,7 @@ class FabricSendComm final : public CommAdaptor<SendComm, FabricDataComm> {
                bool* again);
   Status postSegments(FabricSendRequest* r, bool* again);  // the pieces from r->nextSeg on
 
+  bool offersHeld() const override { return table_ != nullptr && table_->size() > 0; }
   bool inject_;
   size_t stripeMin_;
   std::unique_ptr<OfferTable<OfferEntry>> table_;  // rdma only (start())

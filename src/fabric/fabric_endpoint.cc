@@ -722,6 +722,10 @@ void Endpoint::onProbe(size_t len) {
   }
   const uint64_t id = ctl_->probeIn[1];
   if (id == 0 || id > wire::kMaxCommId) return;
+  if (body == wire::kWritesOver) {
+    if (DataSink* sink = table_->forId(static_cast<uint32_t>(id), "a writes-over note")) sink->onWritesOver(this);
+    return;
+  }
   if (body != wire::kCloseNotice && body != wire::kCloseAck) return;
   if (DataSink* sink = table_->forId(static_cast<uint32_t>(id), body == wire::kCloseAck ? "a close ack" : "a close notice")) {
     sink->onCloseNote(this, body == wire::kCloseAck);

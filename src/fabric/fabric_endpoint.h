@@ -64,7 +64,7 @@ class Endpoint {
   static constexpr int64_t kCloseDrainMs = 5;  // rxm over verbs: the queue read this long before closing (~Endpoint)
   // rxm over verbs (and 2.x's over tcp): a comm closed with RMA writes offered and not yet landed keeps its
   // endpoints open for at most this long, until they land (see fabric_closing.cc).
-  static constexpr int64_t kAwaitWritesMs = 3000;
+  static constexpr int64_t kAwaitWritesMs = 1000;
   // Whether closing an endpoint of `provider` races what peers send it (libfabric's rxm: ~Endpoint).
   static bool closeRacesArrivals(const std::string& provider);
   static constexpr int kSharedOfferRecvs = 512;  // offer receives of a shared endpoint (see FabricSendComm)

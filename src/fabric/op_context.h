@@ -69,6 +69,8 @@ class DataSink {
   }
   // Asked for through CommTable::defer: the batch of completions that asked is over.
   virtual void afterBatch() noexcept {}
+  // The peer send comm closed and will write nothing more (wire::kWritesOver), said on the rail of endpoint `ep`.
+  virtual void onWritesOver(Endpoint* ep) noexcept { (void)ep; }
   // A close notice (ack false) or close ack (true) the peer sent this comm on the rail of endpoint `ep`.
   virtual void onCloseNote(Endpoint* ep, bool ack) noexcept {
     (void)ep;

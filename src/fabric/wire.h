@@ -269,6 +269,11 @@ constexpr uint64_t kRailDown = 0x6e64725f74666577;     // "weft_rdn"
 // rail carries both ways); kRailReady on rail 0 asks the receiver to re-admit it, which it answers with
 // AckMsg::readmit.
 constexpr uint64_t kRailUp = 0x7075725f74666577;  // "weft_rup"
+// The rdma protocol: a send comm NCCL closed, once none of its writes is in the provider's hands, tells the receive
+// comm (body[1]: its id) on every rail that nothing more will be written. It goes after the writes on each rail, so
+// the receiver has seen every write of the comm when it reads this; a receive comm closed with buffers offered stops
+// holding its endpoints for them (FabricDataComm::holdForWrites). An older peer drains it as a probe.
+constexpr uint64_t kWritesOver = 0x766f775f74666577;  // "weft_wov"
 enum RailUpStep : uint8_t { kRailHello = 1, kRailHelloAck = 2, kRailReady = 3 };
 inline uint64_t railUpWord(uint32_t commId, int rail, RailUpStep step, uint16_t attempt) {
   return (commId & 0xffffffu) | (static_cast<uint64_t>(rail & 0xff) << 24) | (static_cast<uint64_t>(step) << 32) |
