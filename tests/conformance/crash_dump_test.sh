@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# A worker that crashes leaves its dump under the build tree, named in the report, and none where the run started.
+# A worker that crashes says where (its stack, lines "crash\t...", naming the plugin file the crash is in), leaves its
+# dump under the build tree, named in the report, and none where the run started.
 # usage: crash_dump_test.sh WEFT_BINARY CRASH_PLUGIN_SO DUMP_DIR
 set -u
 weft=$1 plugin=$2 dumps=$3
@@ -13,6 +14,10 @@ out=$(cd "$start" && "$weft" conformance --plugin "$plugin" --table 11 --only co
 echo "$out" | tail -n 5
 fail() { echo "FAIL: $*"; exit 1; }
 echo "$out" | grep -q "killed by signal 11" || fail "the report does not say the worker died of SIGSEGV"
+T=$'\t'  # the crash lines' separator
+echo "$out" | grep -qE "^crash${T}(recv|send) worker \(pid [0-9]+\): SIGSEGV" || fail "no worker said it crashed (crash\t...)"
+echo "$out" | grep -qF "crash${T}  $plugin(" || fail "the crashed worker's stack does not name $plugin"
+echo "$out" | grep -E "^crash${T}" | head -n 4
 [ -z "$(ls -A "$start")" ] || fail "the worker left files where the run started: $(ls -A "$start")"
 [ -d "$dumps/recv" ] && [ -d "$dumps/send" ] || fail "no worker directories under $dumps"
 pattern=$(cat /proc/sys/kernel/core_pattern)

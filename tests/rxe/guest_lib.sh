@@ -17,6 +17,6 @@ step() {
   timeout "$limit" "$@" > "step-$name.log" 2>&1
   rc=$?
   t1=$(date +%s)
-  grep -E "^\[(PASS|FAIL|SKIP)\]|^conformance:|^FAIL |^# [0-9]+ passed|^rma |detected after|kept working|failed after|^netem |^(recv|send)\s+(down|flap|failover)" "step-$name.log" | sed "s/^/  /"
+  grep -E "^\[(PASS|FAIL|SKIP)\]|^conformance:|^FAIL |^# [0-9]+ passed|^rma |detected after|kept working|failed after|^netem |^(recv|send)\s+(down|flap|failover)|^crash" "step-$name.log" | sed "s/^/  /"
   if [ $rc -eq 0 ]; then echo "STEP $name: ok ($((t1 - t0)) s)"; else echo "STEP $name: FAILED rc=$rc ($((t1 - t0)) s), see step-$name.log"; tail -15 "step-$name.log"; fails=$((fails + 1)); fi
 }

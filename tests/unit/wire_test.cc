@@ -53,12 +53,14 @@ TEST_CASE("an acknowledgement key names a message among its comm's, and gives ba
   CHECK(AckMsg::bytes(0) == offsetof(AckMsg, key));
   CHECK(AckMsg::bytes(AckMsg::kMaxKeys, true) == sizeof(AckMsg));  // a re-admission's threshold after the keys
   CHECK(AckMsg::bytes(1, true) == AckMsg::bytes(2));
-  for (uint64_t body : {kRailDown, kRailUp}) {
+  for (uint64_t body : {kRailDown, kRailUp, kWritesOver}) {
     CHECK(body != kCloseNotice);
     CHECK(body != kCloseAck);
     CHECK(body != kProbeBody);
   }
   CHECK(kRailDown != kRailUp);
+  CHECK(kWritesOver != kRailDown);
+  CHECK(kWritesOver != kRailUp);
 }
 
 TEST_CASE("an acknowledgement from a peer before rail failover reads as epoch 0, re-admitting nothing", "[wire]") {

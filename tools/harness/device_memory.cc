@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "../mock_cuda/mock_cuda.h"
+#include "crash_report.h"
 
 namespace weft::harness {
 
@@ -199,17 +200,7 @@ void installDeviceFaultReport() {
     if (lib == nullptr) return;
     gOwns = reinterpret_cast<decltype(gOwns)>(dlsym(lib, "weftMockCudaOwns"));
     if (gOwns == nullptr) return;
-    void* probe[1];
-    backtrace(probe, 1);  // loads libgcc now, not inside the handler
-    static char altStack[64 * 1024];
-    stack_t ss{};
-    ss.ss_sp = altStack;
-    ss.ss_size = sizeof(altStack);
-    sigaltstack(&ss, nullptr);
-    struct sigaction sa {};
-    sa.sa_sigaction = onFault;
-    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
-    sigemptyset(&sa.sa_mask);
+    const struct sigaction sa = faultAction(onFault);
     sigaction(SIGSEGV, &sa, &gPrevious);
   });
 }

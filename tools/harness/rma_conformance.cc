@@ -15,6 +15,7 @@
 #include <random>
 #include <thread>
 
+#include "crash_report.h"
 #include "device_memory.h"
 #include "netns.h"
 #include "rma_api.h"
@@ -863,6 +864,7 @@ bool selected(const RmaOptions& o, const std::string& name) {
 }
 
 [[noreturn]] void rankMain(const RmaOptions& o, Shared* sh, int rank) {
+  installCrashReport(("rank " + std::to_string(rank)).c_str());
   Rank k;
   k.o = &o;
   k.sh = sh;

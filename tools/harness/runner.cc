@@ -22,6 +22,7 @@
 #include "check_support.h"
 #include "args.h"
 #include "checks.h"
+#include "crash_report.h"
 #include "process_pair.h"
 #include "verdict.h"
 
@@ -300,6 +301,7 @@ int runConformance(const RunOptions& o) {
 
 int runWorker(int argc, char** argv) {
   WorkerArgs wa = parseWorkerArgs(argc, argv);
+  installCrashReport(wa.role.c_str());
   setVerbose(wa.verbose);
   setvbuf(stdout, nullptr, _IOLBF, 0);
   auto report = [](const std::string& name, const char* verdict, const std::string& msg) {
