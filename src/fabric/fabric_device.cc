@@ -1,14 +1,22 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "fabric/fabric_device.h"
 
+#include <rdma/fi_cm.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_tagged.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
 #include <limits.h>
 #include <netinet/in.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -399,6 +407,70 @@ Status FabricDevice::open() {
             index_, props_.provider, props_.name, rdma_ ? "rdma" : "sendrecv", rdma_ ? eagerMax_ : 0,
             info_->domain_attr->mr_mode, injectSize_, injectSafe_ ? "" : " (not used: software progress)", maxMsgSize_,
             directedRecv_ ? ", directed receives" : "", link_.describe);
+  return Status::kOk;
+}
+
+namespace {
+// The inode of this process's PID namespace ("pid:[4026531836]"), 0 where it cannot be read.
+uint64_t pidNamespace() {
+  char link[64] = {};
+  ssize_t n = readlink("/proc/self/ns/pid", link, sizeof(link) - 1);
+  if (n <= 0) return 0;
+  const char* open = std::strchr(link, '[');
+  return open != nullptr ? std::strtoull(open + 1, nullptr, 10) : 0;
+}
+}  // namespace
+
+std::string FabricDevice::shmNamePrefix() {
+  static const std::string prefix = fmt::format("weft-{}-{}-", geteuid(), pidNamespace());
+  return prefix;
+}
+
+std::string FabricDevice::nextShmName() {
+  // One random part per process (a forked child keeps it, under its own process id).
+  static const uint64_t salt = randomToken();
+  static std::atomic<uint64_t> counter{0};
+  return fmt::format("{}{}-{:016x}-{}", shmNamePrefix(), getpid(), salt,
+                     counter.fetch_add(1, std::memory_order_relaxed));
+}
+
+int FabricDevice::sweepShmRegions(const std::string& dir) {
+  const std::string prefix = shmNamePrefix();
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return 0;
+  int removed = 0;
+  while (dirent* ent = readdir(d)) {
+    const char* name = ent->d_name;
+    if (std::strncmp(name, prefix.c_str(), prefix.size()) != 0) continue;
+    char* end = nullptr;
+    long pid = std::strtol(name + prefix.size(), &end, 10);
+    if (end == name + prefix.size() || *end != '-' || pid <= 0 || pid == getpid()) continue;
+    if (kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    struct stat st{};
+    if (fstatat(dirfd(d), name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
+      continue;
+    }
+    if (unlinkat(dirfd(d), name, 0) == 0) ++removed;
+  }
+  closedir(d);
+  return removed;
+}
+
+Status FabricDevice::nameEndpoint(fid_ep* ep, const char* who) {
+  if (props_.provider != "shm") return Status::kOk;
+  if (!shmSwept_.exchange(true)) {
+    if (int n = sweepShmRegions(); n > 0) {
+      WEFT_INFO(NCCL_INIT | NCCL_NET, "removed {} shm file(s) of weft processes of this user that died (/dev/shm/{}*)",
+                n, shmNamePrefix());
+    }
+  }
+  std::string name = nextShmName();
+  // The provider copies the string (NUL included).
+  int rc = fi_setname(&ep->fid, const_cast<char*>(name.c_str()), name.size() + 1);
+  if (rc != 0) {
+    WEFT_WARN("{}: naming the endpoint on {} ({}) failed: {}", who, props_.name, name, fi_strerror(-rc));
+    return Status::kSystem;
+  }
   return Status::kOk;
 }
 

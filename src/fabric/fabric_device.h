@@ -116,6 +116,24 @@ class FabricDevice final : public Registrar {
   void setWriteLen(int v) { writeLen_.store(v, std::memory_order_release); }
   std::mutex& measureMutex() { return measureMutex_; }
 
+  // Gives a new endpoint of this device, before fi_enable, the name its provider's local address is made of, where
+  // weft chooses it: shm only. shm keeps an endpoint's queues in a file of /dev/shm named by default after the process
+  // id and a per-process counter; a file left by a process that was killed keeps that name, and a later process with
+  // the same id (ids are reused; in a container every job starts near 1) is refused its endpoint (-FI_EBUSY: the
+  // provider sees the id alive, its own) or, across PID namespaces that share /dev/shm, two live jobs take one file.
+  // weft's names add the PID namespace and 64 random bits: "weft-<uid>-<pid namespace>-<pid>-<random>-<n>". The first
+  // shm endpoint of a device (once per process and NIC in a job) also removes the files of weft processes of this user and PID namespace that died
+  // (sweepShmRegions). Elsewhere nothing to do.
+  Status nameEndpoint(fid_ep* ep, const char* who);
+  // The name nameEndpoint gives the next shm endpoint of this process, and the part every name of this user and PID
+  // namespace starts with.
+  static std::string nextShmName();
+  static std::string shmNamePrefix();
+  // Removes from `dir` the files named by shmNamePrefix() whose process is gone (no such process id in this namespace)
+  // and that this user owns: what a killed process left (16 MiB each on 2.1). A live process, or one whose id was
+  // reused, keeps its file. Returns how many went.
+  static int sweepShmRegions(const std::string& dir = "/dev/shm");
+
   // Registers a buffer of weft's own (control messages, offers) for sends and receives where the provider needs
   // local registration; otherwise leaves *mr empty and *desc NULL. `what` names it in the warning on failure.
   Status registerInternal(void* buf, size_t len, const char* what, MrPtr* mr, void** desc);
@@ -154,6 +172,7 @@ class FabricDevice final : public Registrar {
   std::atomic<uint64_t> nextKey_{1};
   std::mutex openMutex_;  // guards the one-time opening of fabric_ and domain_
   std::atomic<int> writeLen_{-1};
+  std::atomic<bool> shmSwept_{false};  // nameEndpoint swept /dev/shm
   std::mutex measureMutex_;  // serializes the one measurement of writeLen_ (taken before openMutex_)
   bool opened_ = false;
   bool rmaOnly_ = false;

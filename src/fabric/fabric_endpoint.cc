@@ -165,6 +165,7 @@ Status Endpoint::open(FabricDevice& dev, std::unique_ptr<Endpoint>* out, bool sh
   }
   e->ep_.reset(ep);
   applyProviderOptions(dev, ep);
+  if (Status st = dev.nameEndpoint(ep, "endpoint"); st != Status::kOk) return st;
   if ((rc = fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV)) != 0 || (rc = fi_ep_bind(ep, &av->fid, 0)) != 0 ||
       (rc = fi_enable(ep)) != 0) {
     WEFT_WARN("binding/enabling the endpoint on {} failed: {}", where, fi_strerror(-rc));

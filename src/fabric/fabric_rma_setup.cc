@@ -117,6 +117,7 @@ Status RmaEndpoint::open(FabricDevice& dev, int nranksHint, std::unique_ptr<RmaE
   }
   e->ep.reset(ep);
   e->sendAfterWrite = ordered != nullptr;
+  if (Status st = dev.nameEndpoint(ep, "RMA"); st != Status::kOk) return st;
   if ((rc = fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV)) != 0 || (rc = fi_ep_bind(ep, &av->fid, 0)) != 0 ||
       (rc = fi_enable(ep)) != 0) {
     WEFT_WARN("RMA: binding or enabling the endpoint on {} failed: {}", where, fi_strerror(-rc));

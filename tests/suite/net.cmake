@@ -36,6 +36,11 @@ weft_conformance(NAME conformance.sockets.rdma.v11 OVER sockets
 weft_conformance(NAME conformance.shm.rdma.v11 OVER shm
                  ARGS --quick --env WEFT_PROTOCOL=rdma --skip data.send_larger_than_recv --skip weft.send_larger_than_recv)
 
+# shm between workers in PID namespaces of their own (as two containers sharing /dev/shm): both are process 1, and
+# libfabric's default endpoint names (process id and a counter) collided: -FI_EBUSY at fi_enable. weft names them.
+weft_conformance(NAME conformance.shm.pid_ns OVER shm
+                 ARGS --table 11 --quick --pid-ns --only connect --only data.sizes --only teardown --only soak)
+
 # Shared endpoints are the default (WEFT_FABRIC_SHARED_EP=1). 2,048 connections held at once between two processes,
 # in both protocols: each worker must hold one libfabric endpoint open. The 4-byte completion data without the comm
 # id cannot share an endpoint: a shared group carries those connections with sendrecv.

@@ -56,6 +56,7 @@ bool parsePairOption(Args& a, PairOptions& pair) {
   else if (f == "--recv-netns") pair.recvNetns = a.value();
   else if (f == "--send-netns") pair.sendNetns = a.value();
   else if (f == "--dump-dir") pair.dumpDir = a.value();
+  else if (f == "--pid-ns") pair.pidNs = true;
   else return false;
   return true;
 }

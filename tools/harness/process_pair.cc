@@ -6,6 +6,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -83,6 +84,8 @@ WorkerProcess spawnOne(const PairOptions& o, const std::vector<std::string>& wor
   if (pipe(pipefd) != 0) throw std::runtime_error("pipe failed");
   std::vector<std::string> args;
   if (!netns.empty()) args = {"ip", "netns", "exec", netns};
+  // --kill-child: the worker (pid 1 of its namespace) dies with the unshare process the harness kills and reaps.
+  if (o.pidNs) args.insert(args.end(), {"unshare", "--pid", "--fork", "--kill-child"});
   args.push_back(absolute(o.self));
   // The worker runs elsewhere: the files its flags name are found from here.
   for (size_t i = 0; i < workerArgs.size(); ++i) {
@@ -136,6 +139,26 @@ WorkerProcess spawnOne(const PairOptions& o, const std::vector<std::string>& wor
 }
 
 }  // namespace
+
+bool pidNamespacesWork(std::string* why) {
+  pid_t pid = fork();
+  if (pid < 0) {
+    *why = "fork failed";
+    return false;
+  }
+  if (pid == 0) {
+    int devnull = open("/dev/null", O_WRONLY);
+    if (devnull >= 0) dup2(devnull, 2), dup2(devnull, 1);
+    execlp("unshare", "unshare", "--pid", "--fork", "--kill-child", "true", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return true;
+  *why = WIFEXITED(status) && WEXITSTATUS(status) == 127 ? "no unshare command (util-linux)"
+                                                           : "unshare --pid failed (it needs root here)";
+  return false;
+}
 
 void spawnPair(const PairOptions& o, const std::vector<std::string>& args, WorkerProcess workers[2]) {
   int sv[2];

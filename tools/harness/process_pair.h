@@ -20,6 +20,9 @@ struct PairOptions {
   // beside this executable (<its dir>/../dumps). Worker flags that name files are made absolute first.
   std::string dumpDir;
   std::string recvNetns, sendNetns;
+  // Each worker in a new PID namespace of its own (unshare --pid --fork --kill-child, inside its network namespace
+  // if any): both can have the same process id, as in two containers that share /dev/shm.
+  bool pidNs = false;
   std::vector<std::string> env, recvEnv, sendEnv;  // KEY=VALUE
 };
 
@@ -35,6 +38,9 @@ struct WorkerProcess {
 };
 
 // Starts `self <args...> --role recv|send --oob-fd 3` twice.
+// Whether this machine lets us make PID namespaces (root, or unprivileged user namespaces); *why says why not.
+bool pidNamespacesWork(std::string* why);
+
 void spawnPair(const PairOptions& o, const std::vector<std::string>& args, WorkerProcess workers[2]);
 
 // Reads both workers' output line by line until both exit or `deadline` passes (then kills them and returns

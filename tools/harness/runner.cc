@@ -161,6 +161,10 @@ int runDiff(const RunOptions& a, const RunOptions& b) {
 
 int runConformance(const RunOptions& o) {
   std::string error;
+  if (o.pair.pidNs && !pidNamespacesWork(&error)) {
+    std::printf("SKIP: --pid-ns: %s\n", error.c_str());
+    return 77;
+  }
   auto plugin = LoadedPlugin::open(o.plugin, o.version, &error);
   if (!plugin) {
     std::fprintf(stderr, "weft conformance: %s\n", error.c_str());

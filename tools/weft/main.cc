@@ -63,6 +63,8 @@ void usage() {
                "      [--call-limit MS]         backstop: a listen/connect/accept call longer than this has blocked (10000)\n"
                "      [--env K=V] [--recv-env K=V] [--send-env K=V]   environment for both / one worker\n"
                "      [--recv-netns NS] [--send-netns NS]           run a worker inside a network namespace\n"
+               "      [--pid-ns]                each worker in a PID namespace of its own (as two containers that share\n"
+               "                                /dev/shm: their process ids can be equal); needs root, else SKIP (77)\n"
                "      [--dump-dir DIR]          the workers' directories, DIR/recv and DIR/send, where a crash leaves\n"
                "                                its core dump (default: build/dumps beside this weft)\n"
                "  bench [--plugin FILE]         latency, bandwidth, parallel connections and NCCL's step pattern\n"
