@@ -17,10 +17,13 @@
 #   --link-down lets the checks take the veths down and up (faults.link_down; only ever inside these namespaces).
 #   --pairs N (2 to 8, with --rails): N veth pairs, so N rails (default 2); more than 4 needs --table 12.
 #   --rate RATE: every veth sends at most RATE (tc tbf, e.g. 1gbit), so bandwidth follows the links, not the CPU.
+#   --cloud-nic "OPTS": every veth, both ends, is an emulated cloud NIC (tests/netns/cloud_nic.sh shape OPTS, e.g.
+#                       "--flow 1gbit --total 12gbit --buckets 64 --slow 3"; "" for its defaults).
 set -u
-rails="" cmd=conformance netem="" linkdown=0 pairs=2 rate=""
+rails="" cmd=conformance netem="" linkdown=0 pairs=2 rate="" cloud="" cloudSet=0
 while [ $# -gt 0 ]; do
   case "$1" in
+    --cloud-nic) cloud=$2; cloudSet=1; shift 2 ;;
     --rails) rails=$2; shift 2 ;;
     --pairs) pairs=$2; shift 2 ;;
     --rate) rate=$2; shift 2 ;;
@@ -53,6 +56,15 @@ for i in $(seq 0 $((npairs - 1))); do
     # shellcheck disable=SC2086
     ip netns exec "$a" tc qdisc add dev "$ia" root netem $netem &&
       ip netns exec "$b" tc qdisc add dev "$ib" root netem $netem || { echo "SKIP: tc netem unavailable"; exit 77; }
+  fi
+  if [ $cloudSet = 1 ]; then
+    for end in "$a $ia" "$b $ib"; do
+      read -r ns dev <<< "$end"
+      # shellcheck disable=SC2086
+      out=$("$(dirname "$0")/../netns/cloud_nic.sh" shape "$ns" "$dev" $cloud 2>&1) || {
+        case "$out" in *"no cls_bpf"*) echo "SKIP: $out"; exit 77 ;; esac
+        echo "cloud_nic.sh: $out"; exit 2; }
+    done
   fi
   if [ -n "$rate" ]; then
     for end in "$a $ia" "$b $ib"; do
@@ -87,8 +99,8 @@ for i in $(seq 0 $((npairs - 1))); do before[$i]=$(rxbytes "$a" "v${tag}a$i"); d
 
 "$weft" "$cmd" --plugin "$plugin" \
   --env 'WEFT_PROVIDER=tcp;ofi_rxm' \
-  --recv-netns "$a" --recv-env "WEFT_IFACE=v${tag}a" \
-  --send-netns "$b" --send-env "WEFT_IFACE=v${tag}b" "${extra[@]}" "$@"
+  --recv-netns "$a" --recv-env "WEFT_IFACE=v${tag}a" --recv-env "NCCL_SOCKET_IFNAME=v${tag}a" \
+  --send-netns "$b" --send-env "WEFT_IFACE=v${tag}b" --send-env "NCCL_SOCKET_IFNAME=v${tag}b" "${extra[@]}" "$@"
 rc=$?
 if [ -n "$netem" ]; then  # what the impaired link did to the traffic (sent, dropped, duplicated, reordered)
   for ns in "$a" "$b"; do

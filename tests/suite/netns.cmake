@@ -122,3 +122,9 @@ weft_conformance(NAME faults.netns.rail_flap_soak.tcp NETNS --rails fuse --link-
 weft_conformance(NAME faults.netns.rails_all_down.failover NETNS ${_flap} TIMEOUT 180 LOCKS cpu
                  ARGS --table 11 --only faults.rails_all_down --timeout 30 --env WEFT_PEER_TIMEOUT=6
                       --env WEFT_PROBE_INTERVAL=500 ${_sr_fo})
+
+# The emulated cloud NIC (tests/netns/cloud_nic.sh: a cap per TCP flow and in all, flows hashed over paths): its
+# classifier puts each flow's bytes in the bucket its hash names, and a slow bucket is capped (byte counters).
+# OPTIONAL: it needs the kernel's htb and cls_bpf, which no setup script can install (a skip says which is missing).
+weft_test(NAME netns.cloud_nic TIMEOUT 120 LABELS netns OPTIONAL
+          COMMAND ${PROJECT_SOURCE_DIR}/tests/netns/cloud_nic_test.sh EXPECT "^PASS: 16 flows")
