@@ -4,7 +4,9 @@
 # streaming and NCCL's bidirectional step pattern (--quick sizes), over loopback, each configuration once per
 # round, the rounds alternating, medians over rounds and ratios to NCCL's own Socket transport run the same way.
 #
-#   bench/transports.sh [--rounds 5] [--lf2 build/libfabric-2] [--out FILE] [--numa]
+#   bench/transports.sh [--rounds 5] [--lf2 build/libfabric-2] [--out FILE] [--numa] [--busy N]
+#
+# --busy N: every run beside N busy-loop processes (weft bench --busy): a host whose cores are all taken.
 #
 # --numa: the A/B of NUMA placement and thread binding instead (docs/topology.md): weft's TCP backend (with
 # WEFT_TIMING=1, so the record writer thread runs, bound or not) and tcp;ofi_rxm, each with WEFT_NUMA=off and =on;
@@ -17,13 +19,14 @@
 # library is missing is left out and said so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-rounds=5 lf2=build/libfabric-2 out="" numa=0
+rounds=5 lf2=build/libfabric-2 out="" numa=0 busy=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) rounds=${2:?}; shift 2 ;;
     --lf2) lf2=${2:?}; shift 2 ;;
     --out) out=${2:?}; shift 2 ;;
     --numa) numa=1; shift ;;
+    --busy) busy=${2:?}; shift 2 ;;
     *) echo "transports.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -68,7 +71,7 @@ for r in $(seq 1 "$rounds"); do
     args=()
     for e in $envs; do args+=(--env "$e"); done
     LD_LIBRARY_PATH="$lp" timeout 300 "$weft" bench --plugin "$plugin" --quick --rounds 1 --patterns lat,bw,steps \
-      --no-raw "${args[@]}" >"$raw/$label.$r" 2>&1 </dev/null || echo "transports.sh: $label round $r failed" >&2
+      --no-raw --busy "$busy" "${args[@]}" >"$raw/$label.$r" 2>&1 </dev/null || echo "transports.sh: $label round $r failed" >&2
   done
   echo "round $r of $rounds done" >&2
 done

@@ -28,6 +28,8 @@ struct BenchOptions {
   size_t connsSize = 1 << 20;                     // conns pattern: message size
   int rawMaxConns = 16;                           // raw references open at most this many links (memory)
   std::string rawProvider, rawIface;              // the raw reference (empty provider: none)
+  int busy = 0;                                   // busy-loop processes beside the workers (a host whose cores
+                                                  // are all taken: data loaders on every core)
   PairOptions pair;
 };
 

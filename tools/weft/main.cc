@@ -75,6 +75,8 @@ void usage() {
                "      [--lat-sizes 8,4096,...]  latency message sizes in bytes\n"
                "      [--conns-list 1,16,64]    connection counts of the conns pattern (default 1,2,4,8,16)\n"
                "      [--conns-size BYTES]      message size of the conns pattern (default 1 MiB)\n"
+               "      [--busy N]                N busy-loop processes beside the workers (a host whose cores are\n"
+               "                                all taken, as data loaders take them)\n"
                "      [--raw-max-conns N]       raw references run conns points up to N only (default 16: each raw\n"
                "                                link is its own endpoints, tens of MiB each over rxm)\n"
                "      [--raw-modes raw-tagged,raw-rma,raw-tagged-1ep]  which references to run (default: all)\n"
@@ -286,6 +288,7 @@ int bench(int argc, char** argv) {
         }
       }
     }
+    else if (f == "--busy") o.busy = a.number(0, 1024);
     else if (f == "--raw") o.rawProvider = a.value();
     else if (f == "--raw-iface") o.rawIface = a.value();
     else if (f == "--raw-modes") o.rawModes = a.value();
