@@ -42,7 +42,6 @@ void FabricDataComm::onWritesOver(Endpoint* ep) noexcept {
   for (int k = 0; k < nRails_; ++k) {
     if (rails_[k].ep == ep) writesOverRails_ |= 1u << k;
   }
-  peerWritesOver_ = std::popcount(writesOverRails_) >= nRails_;
 }
 
 int FabricDataComm::awaitedWrites() const {
@@ -59,7 +58,7 @@ int FabricDataComm::awaitedWrites() const {
 }
 
 bool FabricDataComm::awaitingWrites() const {
-  return awaitUntilMs_ != 0 && !peerWritesOver_ && fatal_ == Status::kOk && coarseNowMs() < awaitUntilMs_ &&
+  return awaitUntilMs_ != 0 && !peerWritesOver() && fatal_ == Status::kOk && coarseNowMs() < awaitUntilMs_ &&
          awaitedWrites() > 0;
 }
 
@@ -74,7 +73,7 @@ bool FabricDataComm::awaitingWrites() const {
 // says it writes no more (wire::kWritesOver, noteWritesOver), the comm fails, or kAwaitWritesMs (WEFT_PEER_TIMEOUT
 // if shorter) passes: a dead peer costs that once per close.
 void FabricDataComm::holdForWrites() {
-  if (!recvSide_ || fatal_ != Status::kOk || peerWritesOver_) return;
+  if (!recvSide_ || fatal_ != Status::kOk || peerWritesOver()) return;
   if (!Endpoint::closeRacesArrivals(dev_.props().provider) || awaitedWrites() == 0) return;
   awaitUntilMs_ = coarseNowMs() + std::min<int64_t>(Endpoint::kAwaitWritesMs, peerTimeoutMs_);
 }

@@ -28,6 +28,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -324,7 +325,7 @@ class FabricDataComm : public DataSink, public numa::Placed {
   void holdForWrites();         // at close: sets awaitUntilMs_ where the wait is needed
   int64_t awaitUntilMs_ = 0;
   uint32_t writesOverRails_ = 0;  // receive side: rails on which the peer said it writes no more (wire::kWritesOver)
-  bool peerWritesOver_ = false;   // ... on every rail
+  bool peerWritesOver() const { return std::popcount(writesOverRails_) >= nRails_; }  // ... on every rail
   void noteWritesOver();          // send side, closed with no write in the provider's hands: says so to the peer
   // Send side: whether the receiver may be waiting for a write of this comm (set at close: NCCL closed it with sends
   // outstanding, or holding offers no send took). Only then does the note go: over rxm a message to a peer that

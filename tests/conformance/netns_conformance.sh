@@ -45,13 +45,7 @@ npairs=1
 [ -n "$rails" ] && npairs=$pairs
 for i in $(seq 0 $((npairs - 1))); do
   ia="v${tag}a$i" ib="v${tag}b$i"
-  ip link add "$ia" type veth peer name "$ib" || { echo "SKIP: no veth support"; exit 77; }
-  ip link set "$ia" netns "$a"
-  ip link set "$ib" netns "$b"
-  ip -n "$a" addr add "10.211.$i.1/24" dev "$ia"
-  ip -n "$b" addr add "10.211.$i.2/24" dev "$ib"
-  ip -n "$a" link set "$ia" up
-  ip -n "$b" link set "$ib" up
+  netns_veth "$ia" "$ib" "10.211.$i.1" "10.211.$i.2"
   if [ -n "$netem" ]; then
     # shellcheck disable=SC2086
     ip netns exec "$a" tc qdisc add dev "$ia" root netem $netem &&
@@ -73,9 +67,6 @@ for i in $(seq 0 $((npairs - 1))); do
         { echo "SKIP: tc tbf unavailable"; exit 77; }
     done
   fi
-done
-for ns in "$a" "$b"; do
-  ip -n "$ns" link set lo up
 done
 
 extra=()

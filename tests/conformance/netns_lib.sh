@@ -14,3 +14,17 @@ netns_pair() {
     exit 77
   fi
 }
+
+# netns_veth IA IB ADDR_A ADDR_B: a veth pair between $a and $b (IA in $a with ADDR_A, IB in $b with ADDR_B, both
+# /24), both ends and each namespace's loopback up; exits 77 (skipped) without veth support.
+netns_veth() {
+  ip link add "$1" type veth peer name "$2" || { echo "SKIP: no veth support"; exit 77; }
+  ip link set "$1" netns "$a"
+  ip link set "$2" netns "$b"
+  ip -n "$a" addr add "$3/24" dev "$1"
+  ip -n "$b" addr add "$4/24" dev "$2"
+  ip -n "$a" link set "$1" up
+  ip -n "$b" link set "$2" up
+  ip -n "$a" link set lo up
+  ip -n "$b" link set lo up
+}

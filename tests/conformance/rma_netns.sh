@@ -16,15 +16,7 @@ tag="wr$$"
 # shellcheck source=tests/conformance/netns_lib.sh
 . "$(dirname "$0")/netns_lib.sh"
 netns_pair "$tag"
-ip link add "v${tag}a" type veth peer name "v${tag}b" || { echo "SKIP: no veth support"; exit 77; }
-ip link set "v${tag}a" netns "$a"
-ip link set "v${tag}b" netns "$b"
-ip -n "$a" addr add 10.212.0.1/24 dev "v${tag}a"
-ip -n "$b" addr add 10.212.0.2/24 dev "v${tag}b"
-for ns in "$a" "$b"; do
-  ip -n "$ns" link set lo up
-  ip -n "$ns" link set "v${tag}$([ "$ns" = "$a" ] && echo a || echo b)" up
-done
+netns_veth "v${tag}a" "v${tag}b" 10.212.0.1 10.212.0.2
 export CONFORMANCE_LINK_DOWN_OK=1 WEFT_IFACE="v${tag}"
 export WEFT_PEER_TIMEOUT="${WEFT_PEER_TIMEOUT:-3}"
 "$weft" conformance --rma --plugin "$plugin" --netns "$a,$b" "$@"

@@ -14,16 +14,7 @@ command -v python3 >/dev/null || { echo "SKIP: no python3"; exit 77; }
 tag="wcn$$"
 netns_pair "$tag"
 ia="v${tag}a" ib="v${tag}b"
-ip link add "$ia" type veth peer name "$ib" || { echo "SKIP: no veth support"; exit 77; }
-ip link set "$ia" netns "$a"
-ip link set "$ib" netns "$b"
-ip -n "$a" addr add 10.212.0.1/24 dev "$ia"
-ip -n "$b" addr add 10.212.0.2/24 dev "$ib"
-for end in "$a $ia" "$b $ib"; do
-  read -r ns dev <<< "$end"
-  ip -n "$ns" link set "$dev" up
-  ip -n "$ns" link set lo up
-done
+netns_veth "$ia" "$ib" 10.212.0.1 10.212.0.2
 buckets=64 slow=5
 out=$("$nic" shape "$b" "$ib" --flow 2gbit --total 8gbit --buckets $buckets --slow $slow 2>&1)
 rc=$?

@@ -15,15 +15,6 @@ namespace {
 char gRole[64] = "a";
 constexpr int kSignals[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT};
 
-void writeAll(const char* s, size_t n) {
-  while (n > 0) {
-    ssize_t w = write(STDERR_FILENO, s, n);
-    if (w <= 0) return;
-    s += w;
-    n -= static_cast<size_t>(w);
-  }
-}
-
 const char* signalName(int sig) {  // strsignal is not async-signal-safe
   switch (sig) {
     case SIGSEGV: return "SIGSEGV";
@@ -45,11 +36,11 @@ void onCrash(int sig, siginfo_t* si, void* uc) {
                                gRole, static_cast<int>(getpid()), signalName(sig), si != nullptr ? si->si_pid : 0)
                : std::snprintf(line, sizeof(line), "crash\t%s worker (pid %d): %s at %p; its stack:\n", gRole,
                                static_cast<int>(getpid()), signalName(sig), si->si_addr);
-  if (n > 0) writeAll(line, static_cast<size_t>(n) < sizeof(line) ? static_cast<size_t>(n) : sizeof(line) - 1);
+  if (n > 0) writeStderr(line, static_cast<size_t>(n) < sizeof(line) ? static_cast<size_t>(n) : sizeof(line) - 1);
   void* frames[64];
   const int depth = backtrace(frames, 64);
   for (int i = 1; i < depth; ++i) {  // frame 0 is this handler
-    writeAll("crash\t  ", 8);
+    writeStderr("crash\t  ", 8);
     backtrace_symbols_fd(frames + i, 1, STDERR_FILENO);
   }
   // The default action, as if we had never been here: a fault happens again on return; an abort is raised again.
@@ -61,6 +52,15 @@ void onCrash(int sig, siginfo_t* si, void* uc) {
 }
 
 }  // namespace
+
+void writeStderr(const char* s, size_t n) {
+  while (n > 0) {
+    ssize_t w = write(STDERR_FILENO, s, n);
+    if (w <= 0) return;
+    s += w;
+    n -= static_cast<size_t>(w);
+  }
+}
 
 struct sigaction faultAction(void (*handler)(int, siginfo_t*, void*)) {
   static const bool ready = [] {

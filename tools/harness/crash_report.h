@@ -7,6 +7,8 @@
 
 #include <signal.h>
 
+#include <cstddef>
+
 namespace weft::harness {
 
 // Once per process, before the plugin is loaded: SIGSEGV, SIGBUS, SIGILL, SIGFPE and SIGABRT. role: "recv",
@@ -17,5 +19,8 @@ void installCrashReport(const char* role);
 // now, not inside the handler; an alternate signal stack, so that a stack overflow still gets its report (once per
 // process); and the action for `handler` (SA_SIGINFO, on that stack).
 struct sigaction faultAction(void (*handler)(int, siginfo_t*, void*));
+
+// All of s[0, n) to stderr with write(2) alone: async-signal-safe, for those handlers.
+void writeStderr(const char* s, size_t n);
 
 }  // namespace weft::harness

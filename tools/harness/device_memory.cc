@@ -161,16 +161,6 @@ namespace {
 int (*gOwns)(const void*, uintptr_t*, size_t*) = nullptr;
 struct sigaction gPrevious;
 
-void writeAll(const char* s) {
-  size_t n = std::strlen(s);
-  while (n > 0) {
-    ssize_t w = write(STDERR_FILENO, s, n);
-    if (w <= 0) return;
-    s += w;
-    n -= static_cast<size_t>(w);
-  }
-}
-
 void onFault(int sig, siginfo_t* si, void* uc) {
   uintptr_t base = 0;
   size_t size = 0;
@@ -180,7 +170,7 @@ void onFault(int sig, siginfo_t* si, void* uc) {
                   "\nweft conformance: the CPU touched device memory at %p (byte %zu of a %zu-byte device "
                   "allocation): a GPU would fault here too. Stack:\n",
                   si->si_addr, static_cast<size_t>(reinterpret_cast<uintptr_t>(si->si_addr) - base), size);
-    writeAll(line);
+    writeStderr(line, std::strlen(line));
     void* frames[48];
     int n = backtrace(frames, 48);
     backtrace_symbols_fd(frames, n, STDERR_FILENO);
