@@ -421,7 +421,7 @@ uint64_t pidNamespace() {
 }
 }  // namespace
 
-std::string FabricDevice::shmNamePrefix() {
+const std::string& FabricDevice::shmNamePrefix() {
   static const std::string prefix = fmt::format("weft-{}-{}-", geteuid(), pidNamespace());
   return prefix;
 }
@@ -435,7 +435,7 @@ std::string FabricDevice::nextShmName() {
 }
 
 int FabricDevice::sweepShmRegions(const std::string& dir) {
-  const std::string prefix = shmNamePrefix();
+  const std::string& prefix = shmNamePrefix();
   DIR* d = opendir(dir.c_str());
   if (d == nullptr) return 0;
   int removed = 0;

@@ -128,7 +128,7 @@ class FabricDevice final : public Registrar {
   // The name nameEndpoint gives the next shm endpoint of this process, and the part every name of this user and PID
   // namespace starts with.
   static std::string nextShmName();
-  static std::string shmNamePrefix();
+  static const std::string& shmNamePrefix();
   // Removes from `dir` the files named by shmNamePrefix() whose process is gone (no such process id in this namespace)
   // and that this user owns: what a killed process left (16 MiB each on 2.1). A live process, or one whose id was
   // reused, keeps its file. Returns how many went.
