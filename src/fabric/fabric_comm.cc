@@ -293,7 +293,7 @@ void FabricDataComm::deliverySteps() {
 // The peer probed after a silence (every 1024 calls with something outstanding), rails seen down looked at again
 // (every 256 calls) (fabric_liveness.cc).
 void FabricDataComm::livenessSteps() {
-  if ((outstanding_ > 0 || waitingOffer_) && probeIntervalMs_ > 0 && (++polls_ & 1023) == 0) checkPeer();
+  if ((outstanding_ > 0 || waitingPeer_) && probeIntervalMs_ > 0 && (++polls_ & 1023) == 0) checkPeer();
   if (railsDown_ > 0 && (++railPolls_ & 255) == 0) recheckRails(coarseNowMs());
 }
 

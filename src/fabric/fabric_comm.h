@@ -491,7 +491,11 @@ class FabricDataComm : public DataSink, public numa::Placed {
   void postNotes();
   EndpointGroup* parkedIn_ = nullptr;  // parked: the group that owns it (group_ released)
   int outstanding_ = 0;
-  bool waitingOffer_ = false;  // isend is waiting for the receiver's offer
+  // isend is waiting on the peer: for the receiver's offer, or for the provider to take a send it pushes back on
+  // (a connection to a dead peer can push back for ever with nothing outstanding: probes must still run)
+  bool waitingPeer_ = false;
+  // For the stall warnings: what else fails with the outstanding requests.
+  const char* retriedSend() const { return waitingPeer_ ? ", and so does the send NCCL keeps retrying" : ""; }
   Silence silence_;  // how long nothing completed, as checkPeer sees it
   uint32_t polls_ = 0;
   // rdma receives: an offer the provider failed to send (the first), and when; see onError.

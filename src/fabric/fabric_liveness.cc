@@ -129,8 +129,8 @@ void FabricDataComm::checkPeer() {
         railDown(k, RailEvent::kPeerGone, "a liveness probe failed");
         if (failRail(k, RailEvent::kPeerGone, "a liveness probe failed")) break;  // the last rail's answers for the peer
         WEFT_WARN("peer {} on {} is gone: a liveness probe failed after {} ms without progress (process exited or "
-                  "was killed, or the connection broke); its {} outstanding requests fail",
-                  peerName_, railName(k), now - silence_.sinceMs(), outstanding_);
+                  "was killed, or the connection broke); its {} outstanding requests fail{}",
+                  peerName_, railName(k), now - silence_.sinceMs(), outstanding_, retriedSend());
         (void)why;  // the provider's error was logged with the completion; NCCL sees a remote failure
         fatal_ = Status::kRemote;
         return;
@@ -138,8 +138,8 @@ void FabricDataComm::checkPeer() {
         railDown(k, RailEvent::kProbeLost, "a liveness probe was not delivered");
         if (failRail(k, RailEvent::kProbeLost, "a liveness probe was not delivered")) break;
         WEFT_WARN("peer {} on {} unreachable: a liveness probe was not delivered within {} s (host down, link "
-                  "down, or traffic filtered); its {} outstanding requests fail (WEFT_PEER_TIMEOUT)",
-                  peerName_, railName(k), peerTimeoutMs_ / 1000, outstanding_);
+                  "down, or traffic filtered); its {} outstanding requests fail{} (WEFT_PEER_TIMEOUT)",
+                  peerName_, railName(k), peerTimeoutMs_ / 1000, outstanding_, retriedSend());
         fatal_ = Status::kRemote;
         return;
     }

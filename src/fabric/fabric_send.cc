@@ -361,12 +361,12 @@ Status FabricSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Re
         offer = table_->findOffer(key);
         // The receiver has not offered this buffer yet: NCCL retries. Waiting on the peer counts for liveness
         // like an outstanding request does (a dead receiver never offers).
-        waitingOffer_ = offer == nullptr;
+        waitingPeer_ = offer == nullptr;
         if (offer == nullptr) return fatal_;
       }
     }
   }
-  waitingOffer_ = false;
+  waitingPeer_ = false;
   FabricRequest* acquired = acquire();
   if (acquired == nullptr) return fatal_;  // all requests in flight: NCCL retries later (or the pool could not grow)
   FabricSendRequest* r = &asSend(acquired);
@@ -383,8 +383,9 @@ Status FabricSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Re
   }
   if (again) {
     release(r);
+    waitingPeer_ = true;  // the stall check watches the peer while NCCL retries
     progress();
-    return Status::kOk;
+    return fatal_;
   }
   if (st != Status::kOk) {
     release(r);
