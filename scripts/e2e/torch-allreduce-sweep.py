@@ -8,7 +8,7 @@ It runs the same sweep under torchrun once per transport, each rank made to look
 (rank_env.sh), so that NCCL's traffic goes through the network:
     weft    NCCL_NET_PLUGIN=weft over libfabric (WEFT_PROVIDER, default tcp;ofi_rxm)
     tcp     NCCL_NET_PLUGIN=weft with WEFT_BACKEND=tcp (weft's own sockets)
-    tcp2    the same with WEFT_TCP_SOCKETS=2 (two sockets per connection)
+    tcp2    the same with WEFT_TCP_FLOWS=2 (two flows per connection)
     tcp-untimed  the same with WEFT_TIMING=0 (weft's profiler loaded, asking NCCL for no events)
     tcp-bare     the same with NCCL_PROFILER_PLUGIN=none NCCL_TUNER_PLUGIN=none (the transport alone)
     socket-timed NCCL Socket with weft's profiler (libnccl-profiler-weft.so): what timing costs
@@ -90,7 +90,7 @@ def launch(args):
         "weft": dict(NCCL_NET_PLUGIN=plugin, NCCL_NET="weft", WEFT_BACKEND="fabric", WEFT_IFACE="lo",
                      WEFT_PROVIDER=os.environ.get("WEFT_PROVIDER", "tcp;ofi_rxm")),
         "tcp": dict(NCCL_NET_PLUGIN=plugin, NCCL_NET="weft", WEFT_BACKEND="tcp", WEFT_IFACE="lo"),
-        "tcp2": dict(NCCL_NET_PLUGIN=plugin, NCCL_NET="weft", WEFT_BACKEND="tcp", WEFT_IFACE="lo", WEFT_TCP_SOCKETS="2"),
+        "tcp2": dict(NCCL_NET_PLUGIN=plugin, NCCL_NET="weft", WEFT_BACKEND="tcp", WEFT_IFACE="lo", WEFT_TCP_FLOWS="2"),
         "tcp-untimed": dict(NCCL_NET_PLUGIN=plugin, NCCL_NET="weft", WEFT_BACKEND="tcp", WEFT_IFACE="lo",
                             WEFT_TIMING="0"),
         "tcp-bare": dict(NCCL_NET_PLUGIN=plugin, NCCL_NET="weft", WEFT_BACKEND="tcp", WEFT_IFACE="lo",

@@ -67,11 +67,15 @@ const std::vector<Def> kDefs = {
    "Native TCP backend: SO_SNDBUF and SO_RCVBUF of every data socket, in bytes (the kernel doubles the value and "
    "caps it at net.core.wmem_max/rmem_max). 0: the kernel's autotuning (net.ipv4.tcp_wmem/tcp_rmem), which grows "
    "a busy connection's buffers to its bandwidth-delay product and keeps an idle one small."},
-  {"WEFT_TCP_SOCKETS", Kind::kInt, "1", 1, 4, nullptr,
-   "Native TCP backend: data sockets per interface in every connection (at most 4 a connection in all, a fused "
-   "device's interfaces included); messages of WEFT_STRIPE_MIN bytes or more are cut into one piece per socket. "
-   "For many-core hosts whose NIC needs several flows to fill; on 2 cores over loopback more sockets measured no "
-   "faster (docs/tcp.md)."},
+  {"WEFT_TCP_FLOWS", Kind::kInt, "0", 0, 64, nullptr,
+   "Native TCP backend: TCP flows (sockets) per interface in every connection, at most 64 a connection (a fused "
+   "device's interfaces together). Flow 0 carries the message headers and every message below WEFT_STRIPE_MIN "
+   "bytes; a larger one is cut into WEFT_TCP_CHUNK pieces the flows take as they have room. 0: from the NIC's PCI "
+   "vendor, for clouds that cap each flow (16 on AWS ENA, 8 on Azure MANA, 4 on Google gVNIC and virtio-net), "
+   "else 1."},
+  {"WEFT_TCP_CHUNK", Kind::kInt, "131072", 4096, 1 << 30, nullptr,
+   "Native TCP backend, several flows: bytes a piece of a large message carries; each flow takes the next piece "
+   "when its socket has room, so a flow on a slower path carries less."},
   {"WEFT_TCP_BUSY_POLL", Kind::kInt, "0", 0, 1000000, nullptr,
    "Native TCP backend: SO_BUSY_POLL on every data socket, in microseconds: a recv that finds nothing polls the "
    "NIC's queue that long instead of returning (NICs with NAPI busy polling; needs CAP_NET_ADMIN above "
@@ -160,7 +164,7 @@ const std::vector<Def> kDefs = {
   {"WEFT_STRIPE_MIN", Kind::kInt, "262144", 4096, int64_t{1} << 40, nullptr,
    "On a multi-rail device with the rdma protocol, messages of at least this many bytes are split across all "
    "rails; smaller ones (and every tagged message) go to one rail, round-robin. Native TCP: messages of at least "
-   "this many bytes are cut into one piece per socket (WEFT_TCP_SOCKETS, fused interfaces); smaller ones go whole "
+   "this many bytes are cut into pieces over the flows (WEFT_TCP_FLOWS, fused interfaces); smaller ones go whole "
    "on the first."},
   {"WEFT_CQ_DATA", Kind::kChoice, "auto", 0, 0, "auto|4",
    "Remote completion data of the rdma protocol: auto = 8 bytes where the provider carries them, the compact "

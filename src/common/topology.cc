@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cstdlib>
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -84,6 +85,18 @@ int numaNodeOfNic(const std::string& name, const std::string& pciPath) {
   const Topology& t = Topology::host();
   const int pci = t.pciOfNic(name, pciPath);
   return pci < 0 ? -1 : t.pci()[pci].numa;
+}
+
+unsigned nicPciVendor(const std::string& name, const std::string& pciPath) {
+  return nicPciVendor(Topology::host(), name, pciPath);
+}
+
+unsigned nicPciVendor(const Topology& t, const std::string& name, const std::string& pciPath) {
+  const int pci = t.pciOfNic(name, pciPath);
+  if (pci >= 0 && t.pci()[pci].vendorId != 0) return t.pci()[pci].vendorId;
+  if (pciPath.empty()) return 0;
+  const std::string v = sysfs::readLine(pciPath + "/vendor");
+  return v.empty() ? 0 : static_cast<unsigned>(std::strtoul(v.c_str(), nullptr, 16));
 }
 
 Locality localityOf(const Topology& t, const std::string& nicName, const std::string& nicPciPath, int nicNuma,

@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <charconv>
 #include <cstring>
 
 #include "weft/common/log.h"
@@ -61,7 +62,20 @@ std::vector<Interface> interfaces() {
 
 }  // namespace
 
-uint32_t TcpBackend::providerHash() { return static_cast<uint32_t>(fnv1a64("weft-tcp-stream-v1")); }
+uint32_t TcpBackend::providerHash() { return static_cast<uint32_t>(fnv1a64("weft-tcp-stream-v2")); }
+
+// Flows a connection on this interface opens when WEFT_TCP_FLOWS does not say: clouds cap each TCP flow far below
+// the link and hash flows onto paths. NCCL's Socket transport opens 2 threads x 8 sockets on AWS and 4 x 1 on
+// Google (ncclNetSocketGetNsockNthread); MANA and virtio-net hosts cap flows too. Anything else: one flow.
+int TcpBackend::flowsForNic(unsigned vendor, const char** why) {
+  switch (vendor) {
+    case 0x1d0f: *why = "AWS ENA"; return 16;
+    case 0x1414: *why = "Azure MANA"; return 8;
+    case 0x1ae0: *why = "Google gVNIC"; return 4;
+    case 0x1af4: *why = "virtio-net"; return 4;
+    default: *why = "a NIC without a flow cap weft knows"; return 1;
+  }
+}
 
 TcpBackend::PendingConnect::~PendingConnect() {
   for (auto& ps : socks) {
@@ -87,7 +101,7 @@ std::unique_ptr<TcpBackend> TcpBackend::discover(std::string* why) {
   }
   auto b = std::unique_ptr<TcpBackend>(new TcpBackend());
   b->opts_ = SocketOptions::fromParams();
-  b->socketsPerInterface_ = static_cast<int>(params::getInt("WEFT_TCP_SOCKETS"));
+  const int forcedFlows = static_cast<int>(params::getInt("WEFT_TCP_FLOWS"));
   b->pending_.setTimeout(static_cast<int>(params::getInt("WEFT_CONNECT_TIMEOUT")));
   const int maxRecvs = static_cast<int>(params::getInt("WEFT_TCP_MAX_RECVS"));
   for (const auto& i : chosen) {
@@ -97,7 +111,7 @@ std::unique_ptr<TcpBackend> TcpBackend::discover(std::string* why) {
     ra.ifname = i.name;
     ra.addr = i.addr;
     ra.len = i.len;
-    for (int k = 0; k < b->socketsPerInterface_; ++k) d->rails.push_back(ra);
+    d->rails.push_back(ra);
     d->registrar = std::make_unique<NullRegistrar>();
     d->cache = std::make_unique<MrCache>(d->registrar.get());
     DeviceProps& p = d->props;
@@ -111,9 +125,13 @@ std::unique_ptr<TcpBackend> TcpBackend::discover(std::string* why) {
     p.speedMbps = sysfs::netdevSpeedMbps(i.name);
     p.maxRecvs = maxRecvs;
     p.regIsGlobal = true;
+    const char* why = "WEFT_TCP_FLOWS";
+    d->flows = forcedFlows > 0 ? forcedFlows : flowsForNic(topo::nicPciVendor(i.name, p.pciPath), &why);
+    const int flows = d->flows;
     const int k = b->slots_.add(std::move(d), p);
-    WEFT_INFO(NCCL_INIT | NCCL_NET, "NET/weft device {}: {} (native TCP) at {}, {} Mb/s, pci {}", k, p.name, p.fabric,
-              p.speedMbps, p.pciPath.empty() ? "none" : p.pciPath);
+    WEFT_INFO(NCCL_INIT | NCCL_NET, "NET/weft device {}: {} (native TCP) at {}, {} Mb/s, pci {}, {} flow{} a connection "
+              "({})", k, p.name, p.fabric, p.speedMbps, p.pciPath.empty() ? "none" : p.pciPath, flows,
+              flows > 1 ? "s" : "", why);
   }
   return b;
 }
@@ -142,15 +160,10 @@ Status TcpBackend::makeVDevice(const int* devs, int n, int* out) {
     }
   }
   if (count >= kMaxDevices) return Status::kInternal;
-  // WEFT_TCP_SOCKETS per interface while the connection has at most 4 sockets in all (kSocketsForStriping), one
-  // per interface at least: 8 interfaces (v12) give 8 sockets.
-  constexpr int kSocketsForStriping = 4;
-  const int per = std::max(1, std::min(socketsPerInterface_, kSocketsForStriping / n));
-  // The listen handle carries every socket's address (1 byte, then 7 per IPv4 and 19 per IPv6 one): eight IPv4
+  // The listen handle carries every interface's address (1 byte, then 7 per IPv4 and 19 per IPv6 one): eight IPv4
   // interfaces fit its 100 bytes, at most five IPv6 ones.
   size_t handleBytes = 1;
-  for (int j = 0; j < n; ++j)
-    handleBytes += static_cast<size_t>(per) * (slots_.device(devs[j]).rails[0].addr.ss_family == AF_INET ? 7 : 19);
+  for (int j = 0; j < n; ++j) handleBytes += slots_.device(devs[j]).rails[0].addr.ss_family == AF_INET ? 7 : 19;
   if (handleBytes > WireHandle::kMaxAddr) {
     WEFT_WARN("makeVDevice: the addresses of these {} interfaces take {} bytes; NCCL's handle leaves {} for them "
               "(at most 5 IPv6 interfaces a device)", n, handleBytes, WireHandle::kMaxAddr);
@@ -160,7 +173,8 @@ Status TcpBackend::makeVDevice(const int* devs, int n, int* out) {
     *out = slots_.addMemberView(devs[0]);
     return Status::kOk;
   }
-  // A device of its own: one rail per member interface, in the order NCCL gave them (rail k meets rail k).
+  // A device of its own: its member interfaces in the order NCCL gave them (interface k meets interface k), each
+  // with its flows: flow k leaves by interface k % n.
   auto d = std::make_unique<TcpDevice>();
   d->registrar = std::make_unique<NullRegistrar>();
   d->cache = std::make_unique<MrCache>(d->registrar.get());
@@ -171,14 +185,16 @@ Status TcpBackend::makeVDevice(const int* devs, int n, int* out) {
   p.fabric.clear();
   for (int j = 0; j < n; ++j) {
     const TcpDevice& m = slots_.device(devs[j]);
-    for (int k = 0; k < per; ++k) d->rails.push_back(m.rails[0]);
+    d->rails.push_back(m.rails[0]);
+    d->flows = std::max(d->flows, m.flows);
     p.name += (j ? "+" : "") + m.props.name;
     p.speedMbps += m.props.speedMbps;
     p.fabric += (j ? "," : "") + m.props.fabric;
   }
   p.guid = fnv1a64("weft-tcp/" + p.name);
-  WEFT_INFO(NCCL_INIT | NCCL_NET, "NET/weft device {}: {} fused by NCCL, {} sockets a connection, {} Mb/s", count,
-            p.name, d->rails.size(), p.speedMbps);
+  d->flows = std::min(kMaxFlows / n * n, d->flows * n);  // as many on each interface
+  WEFT_INFO(NCCL_INIT | NCCL_NET, "NET/weft device {}: {} fused by NCCL, {} flows a connection, {} Mb/s", count,
+            p.name, d->flows, p.speedMbps);
   DeviceProps slot = p;  // what NCCL sees also names the members
   slot.vdevCount = n;
   for (int j = 0; j < n; ++j) slot.vdevs[j] = devs[j];
@@ -186,8 +202,8 @@ Status TcpBackend::makeVDevice(const int* devs, int n, int* out) {
   return Status::kOk;
 }
 
-// The handle's address bytes: the rail count, then per rail its family (4 or 6), port (network order) and address.
-// Four IPv6 rails take 77 of the 100 bytes.
+// The handle's address bytes: the interface count, then per interface its family (4 or 6), port (network order)
+// and address. Four IPv6 interfaces take 77 of the 100 bytes.
 namespace {
 
 bool encodeRails(const std::vector<sockaddr_storage>& addrs, WireHandle* h) {
@@ -277,13 +293,13 @@ Status TcpBackend::listen(int dev, const CommConfig& config, void* handle, Liste
   h.providerHash = providerHash();
   h.token = randomToken();
   if (!encodeRails(addrs, &h)) {
-    WEFT_WARN("listen on {}: {} rail addresses do not fit in NCCL's handle", d.props.name, addrs.size());
+    WEFT_WARN("listen on {}: {} interface addresses do not fit in NCCL's handle", d.props.name, addrs.size());
     for (int f : fds) ::close(f);
     return Status::kInternal;
   }
   h.encode(handle);
   WEFT_INFO(NCCL_NET, "listening on {} at {}{}", d.props.name, sockaddrString(reinterpret_cast<sockaddr*>(&addrs[0])),
-            addrs.size() > 1 ? " and " + std::to_string(addrs.size() - 1) + " more rails" : std::string());
+            addrs.size() > 1 ? " and " + std::to_string(addrs.size() - 1) + " more interfaces" : std::string());
   *out = new TcpListenComm(d, std::move(fds), h.token, opts_);
   return Status::kOk;
 }
@@ -304,15 +320,16 @@ Status TcpBackend::connect(int dev, const CommConfig& config, void* handle, Send
       return Status::kInvalidUsage;
     }
     const TcpDevice& d = slots_.device(dev);
-    // Rail k meets rail k, over the rails both ends have.
-    const size_t rails = std::min(peer.size(), d.rails.size());
+    // Interface k meets interface k, over the interfaces both ends have; this end's flows are spread over them.
+    const size_t ifaces = std::min(peer.size(), d.rails.size());
+    const size_t flows = std::max<size_t>(ifaces, static_cast<size_t>(d.flows) / d.rails.size() * ifaces);
     pc.peerName = sockaddrString(reinterpret_cast<sockaddr*>(&peer[0]));
     pc.token = h.token;
     pc.nonce = randomToken();
-    pc.socks.resize(rails);
-    pc.peer.assign(peer.begin(), peer.begin() + static_cast<long>(rails));
-    for (size_t k = 0; k < rails; ++k) {
-      if (Status st = startRail(d, pc, k); st != Status::kOk) return st;
+    pc.socks.resize(flows);
+    pc.peer.assign(peer.begin(), peer.begin() + static_cast<long>(ifaces));
+    for (size_t k = 0; k < flows; ++k) {
+      if (Status st = startFlow(d, pc, k); st != Status::kOk) return st;
     }
     return Status::kOk;
   };
@@ -324,12 +341,13 @@ namespace {
 bool noRoute(int err) { return err == ENETUNREACH || err == EHOSTUNREACH; }
 }  // namespace
 
-Status TcpBackend::startRail(const TcpDevice& d, PendingConnect& pc, size_t k) {
-  const sockaddr_storage& sa = pc.peer[k];
+Status TcpBackend::startFlow(const TcpDevice& d, PendingConnect& pc, size_t k) {
+  const size_t j = k % pc.peer.size();  // its interface
+  const sockaddr_storage& sa = pc.peer[j];
   PendingConnect::Sock& ps = pc.socks[k];
   int fd = -1;
-  if (pc.socks.size() > 1 && d.rails[k].addr.ss_family == sa.ss_family) {
-    fd = bindTcpSocket(d.rails[k].addr, d.rails[k].len, SOCK_NONBLOCK | SOCK_CLOEXEC);  // leave by rail k
+  if (pc.peer.size() > 1 && d.rails[j].addr.ss_family == sa.ss_family) {
+    fd = bindTcpSocket(d.rails[j].addr, d.rails[j].len, SOCK_NONBLOCK | SOCK_CLOEXEC);  // leave by interface j
   } else {
     fd = ::socket(sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   }
@@ -356,13 +374,13 @@ Status TcpBackend::startRail(const TcpDevice& d, PendingConnect& pc, size_t k) {
 
 Status TcpBackend::pollConnect(int dev, PendingConnect& pc, SendComm** out) {
   TcpDevice& d = slots_.device(dev);
-  const int rails = static_cast<int>(pc.socks.size());
+  const int flows = static_cast<int>(pc.socks.size());
   bool all = true;
-  for (int k = 0; k < rails; ++k) {
+  for (int k = 0; k < flows; ++k) {
     PendingConnect::Sock& ps = pc.socks[k];
-    if (ps.fd < 0) {  // no route when last tried (a rail whose interface is down): again, within the timeout
+    if (ps.fd < 0) {  // no route when last tried (its interface is down): again, within the timeout
       if (std::chrono::steady_clock::now() >= ps.retryAt) {
-        if (Status st = startRail(d, pc, static_cast<size_t>(k)); st != Status::kOk) return st;
+        if (Status st = startFlow(d, pc, static_cast<size_t>(k)); st != Status::kOk) return st;
       }
       if (ps.fd < 0) {
         all = false;
@@ -387,8 +405,9 @@ Status TcpBackend::pollConnect(int dev, PendingConnect& pc, SendComm** out) {
       hello.token = pc.token;
       hello.tunerDigest = transport::localDigest();
       hello.nonce = pc.nonce;
-      hello.rail = static_cast<uint8_t>(k);
-      hello.rails = static_cast<uint8_t>(rails);
+      hello.flow = static_cast<uint8_t>(k);
+      hello.flows = static_cast<uint8_t>(flows);
+      hello.ifaces = static_cast<uint8_t>(pc.peer.size());
       ssize_t w = ::send(ps.fd, reinterpret_cast<uint8_t*>(&hello) + ps.helloSent, sizeof(hello) - ps.helloSent,
                          MSG_NOSIGNAL | MSG_DONTWAIT);
       if (w < 0 && noRoute(errno) && ps.helloSent == 0) {  // the connect itself found no route: again later
@@ -401,7 +420,7 @@ Status TcpBackend::pollConnect(int dev, PendingConnect& pc, SendComm** out) {
       if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
         WEFT_WARN("connect to {} on {} failed{}: {} (nothing listening there any more, a firewall/security group, "
                   "or an address this host cannot reach)",
-                  pc.peerName, d.props.name, rails > 1 ? " on rail " + std::to_string(k) : std::string(),
+                  pc.peerName, d.props.name, flows > 1 ? " on flow " + std::to_string(k) : std::string(),
                   std::strerror(errno));
         return Status::kRemote;
       }
@@ -440,7 +459,7 @@ Status TcpBackend::pollConnect(int dev, PendingConnect& pc, SendComm** out) {
                 transport::agreementMismatch(a.tunerDigest, pc.peerName));
       return Status::kInvalidUsage;
     }
-    if (a.status != Hello::kAccepted || a.token != pc.token || a.nonce != pc.nonce || a.rail != k) {
+    if (a.status != Hello::kAccepted || a.token != pc.token || a.nonce != pc.nonce || a.flow != k) {
       WEFT_WARN("connect to {} on {}: refused by the listener ({})", pc.peerName, d.props.name,
                 a.status == Hello::kWrongToken   ? "wrong token: the handle belongs to another listen or job"
                 : a.status == Hello::kUsed       ? "the handle was used already: a replayed handle"
@@ -456,9 +475,10 @@ Status TcpBackend::pollConnect(int dev, PendingConnect& pc, SendComm** out) {
     fds.push_back(ps.fd);
     ps.fd = -1;  // the comm owns it now
   }
-  *out = numa::make<TcpSendComm>(d.props.numaNode, d, std::move(fds), pc.peerName, opts_);
+  *out = numa::make<TcpSendComm>(d.props.numaNode, d, std::move(fds), static_cast<int>(pc.peer.size()), pc.peerName,
+                                 opts_);
   WEFT_INFO(NCCL_NET, "connected to {} on {} (tcp{})", pc.peerName, d.props.name,
-            rails > 1 ? ", " + std::to_string(rails) + " rails" : std::string());
+            flows > 1 ? ", " + std::to_string(flows) + " flows" : std::string());
   return Status::kOk;
 }
 
@@ -467,10 +487,20 @@ bool TcpBackend::stat(std::string_view key, long long* value) const {
   static constexpr std::pair<std::string_view, std::atomic<int64_t> Counters::*> kStats[] = {
       {"tcp.send_calls", &Counters::sendCalls},   {"tcp.recv_calls", &Counters::recvCalls},
       {"tcp.bytes_sent", &Counters::bytesSent},   {"tcp.bytes_received", &Counters::bytesReceived},
-      {"tcp.comms_open", &Counters::commsOpen}};
+      {"tcp.comms_open", &Counters::commsOpen},   {"tcp.flows_open", &Counters::flowsOpen}};
   for (const auto& [name, member] : kStats) {
     if (key != name) continue;
     *value = (counters().*member).load(std::memory_order_relaxed);
+    return true;
+  }
+  // tcp.flow_bytes_sent.K: bytes sent on flow K of every connection (the flows' share of a transfer)
+  constexpr std::string_view kFlowBytes = "tcp.flow_bytes_sent.";
+  if (key.substr(0, kFlowBytes.size()) == kFlowBytes) {
+    int k = -1;
+    const std::string_view num = key.substr(kFlowBytes.size());
+    auto [p, ec] = std::from_chars(num.data(), num.data() + num.size(), k);
+    if (ec != std::errc() || p != num.data() + num.size() || k < 0 || k >= kMaxFlows) return false;
+    *value = counters().flowBytesSent[k].load(std::memory_order_relaxed);
     return true;
   }
   return false;

@@ -28,20 +28,22 @@ class TcpBackend final : public SlottedBackend<TcpDevice> {
   const char* name() const override { return "tcp"; }
   Status listen(int dev, const CommConfig& config, void* handle, ListenComm** out) override;
   Status connect(int dev, const CommConfig& config, void* handle, SendComm** out) override;
-  // NCCL's NIC fusion: a device with one rail (socket) per member interface, at most kMaxRails; one member gives
-  // that interface again.
+  // NCCL's NIC fusion: a device over its member interfaces (at most kMaxRails), each with its flows; one member
+  // gives that interface again.
   Status makeVDevice(const int* devs, int n, int* out) override;
   bool stat(std::string_view key, long long* value) const override;
   std::string describe(int dev) const override;
 
   static uint32_t providerHash();
+  // Flows a connection opens on a NIC of this PCI vendor when WEFT_TCP_FLOWS is 0; *why names the NIC.
+  static int flowsForNic(unsigned vendor, const char** why);
   // A device's interfaces and their addresses (the RMA transport listens on the first one's).
   const TcpDevice& device(int dev) const { return slots_.device(dev); }
   const SocketOptions& socketOptions() const { return opts_; }
 
  private:
   struct PendingConnect {
-    struct Sock {  // one per rail
+    struct Sock {  // one per flow
       int fd = -1;  // -1: not started, or waiting to try again (retryAt)
       size_t helloSent = 0;
       Hello answer{};
@@ -49,7 +51,7 @@ class TcpBackend final : public SlottedBackend<TcpDevice> {
       std::chrono::steady_clock::time_point retryAt{};
     };
     std::vector<Sock> socks;
-    std::vector<sockaddr_storage> peer;  // the listener's address on each rail
+    std::vector<sockaddr_storage> peer;  // the listener's address on each interface
     std::string peerName;
     uint64_t token = 0;
     uint64_t nonce = 0;
@@ -58,12 +60,11 @@ class TcpBackend final : public SlottedBackend<TcpDevice> {
     ~PendingConnect();
   };
   Status pollConnect(int dev, PendingConnect& pc, SendComm** out);
-  // Opens rail k's socket and starts its connect. No route to the peer now (the rail's interface is down:
-  // ENETUNREACH, EHOSTUNREACH) leaves the rail waiting to try again in 100 ms, until the connect's timeout.
-  Status startRail(const TcpDevice& d, PendingConnect& pc, size_t k);
+  // Opens flow k's socket and starts its connect. No route to the peer now (its interface is down: ENETUNREACH,
+  // EHOSTUNREACH) leaves the flow waiting to try again in 100 ms, until the connect's timeout.
+  Status startFlow(const TcpDevice& d, PendingConnect& pc, size_t k);
 
   SocketOptions opts_;
-  int socketsPerInterface_ = 1;  // WEFT_TCP_SOCKETS
   PendingConnects<PendingConnect> pending_;
 };
 

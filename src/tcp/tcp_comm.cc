@@ -54,6 +54,7 @@ SocketOptions SocketOptions::fromParams() {
   o.busyPollUs = static_cast<int>(params::getInt("WEFT_TCP_BUSY_POLL"));
   o.writeMax = static_cast<size_t>(params::getInt("WEFT_TCP_WRITE_MAX"));
   o.stripeMin = static_cast<uint64_t>(params::getInt("WEFT_STRIPE_MIN"));
+  o.chunk = static_cast<uint32_t>(params::getInt("WEFT_TCP_CHUNK"));
   return o;
 }
 
@@ -96,22 +97,32 @@ Status TcpRequest::test(bool* done, int* sizes) {
   return comm->testRequest(this, done, sizes);
 }
 
-TcpDataComm::TcpDataComm(TcpDevice& dev, std::vector<int> fds, std::string peerName)
-    : dev_(dev), nRails_(static_cast<int>(fds.size())), peerName_(std::move(peerName)),
-      pool_(kMaxPool, dev.props.numaNode) {
-  for (int k = 0; k < nRails_; ++k) {
-    rails_[k].fd = fds[k];
-    health_[k].setDevice(static_cast<size_t>(k) < dev_.rails.size() ? dev_.rails[k].ifname.c_str()
+TcpDataComm::TcpDataComm(TcpDevice& dev, std::vector<int> fds, int ifaces, std::string peerName)
+    : dev_(dev), nFlows_(static_cast<int>(fds.size())), nIfaces_(std::clamp(ifaces, 1, kMaxRails)),
+      peerName_(std::move(peerName)), pool_(kMaxPool, dev.props.numaNode) {
+  flows_ = numa::makeArray<Flow>(fds.size(), dev.props.numaNode);
+  if (!flows_) {
+    for (int fd : fds) ::close(fd);
+    throw std::bad_alloc();
+  }
+  for (int k = 0; k < nFlows_; ++k) {
+    flows_[k].fd = fds[k];
+    flows_[k].iface = static_cast<uint8_t>(k % nIfaces_);
+  }
+  for (int j = 0; j < nIfaces_; ++j) {
+    health_[j].setDevice(static_cast<size_t>(j) < dev_.rails.size() ? dev_.rails[j].ifname.c_str()
                                                                      : dev_.props.name.c_str());
   }
   add(counters().commsOpen, 1);
+  add(counters().flowsOpen, nFlows_);
 }
 
 TcpDataComm::~TcpDataComm() {
-  for (int k = 0; k < nRails_; ++k) {
-    if (rails_[k].fd >= 0) ::close(rails_[k].fd);
+  for (int k = 0; k < nFlows_; ++k) {
+    if (flows_[k].fd >= 0) ::close(flows_[k].fd);
   }
   add(counters().commsOpen, -1);
+  add(counters().flowsOpen, -nFlows_);
 }
 
 TcpRequest* TcpDataComm::acquire() {
@@ -139,21 +150,27 @@ void TcpDataComm::fail(Status st, const std::string& why) {
   WEFT_WARN("connection with {} on {} failed: {}", peerName_, dev_.props.name, why);
 }
 
-// A rail of a multi-rail comm is marked down by what failed it (its health, weft/common/rail_health.h). A socket
-// cannot come back: no recovery here (docs/failover.md).
-void TcpDataComm::railDown(int k, RailEvent why) {
-  if (nRails_ > 1 && k >= 0 && k < nRails_) health_[k].markDown(why);
+// The interface of a comm over several is marked down by what failed one of its flows (its health,
+// weft/common/rail_health.h). A socket cannot come back: no recovery here (docs/failover.md).
+void TcpDataComm::flowDown(int k, RailEvent why) {
+  if (nIfaces_ > 1 && k >= 0 && k < nFlows_) health_[flows_[k].iface].markDown(why);
+}
+
+std::string TcpDataComm::flowName(int k) const {
+  if (nFlows_ <= 1) return {};
+  std::string s = " (flow " + std::to_string(k) + " of " + std::to_string(nFlows_);
+  if (nIfaces_ > 1) s += ", " + dev_.rails[flows_[k].iface % dev_.rails.size()].ifname;
+  return s + ")";
 }
 
 void TcpDataComm::failErrno(int err, const char* call, int k) {
   const bool peer = err == EPIPE || err == ECONNRESET || err == ETIMEDOUT || err == EHOSTUNREACH || err == ENETUNREACH;
   const bool unreachable = err == EHOSTUNREACH || err == ENETUNREACH;
-  railDown(k, err == ETIMEDOUT ? RailEvent::kProbeLost
+  flowDown(k, err == ETIMEDOUT ? RailEvent::kProbeLost
               : unreachable ? RailEvent::kLinkDown
               : peer        ? RailEvent::kPeerGone
                             : RailEvent::kErrorCompletion);
-  std::string why = std::string(call) + (nRails_ > 1 ? " on rail " + std::to_string(k) : std::string()) + ": " +
-                    std::strerror(err);
+  std::string why = std::string(call) + flowName(k) + ": " + std::strerror(err);
   if (err == ETIMEDOUT) {
     why += " (the peer stopped answering: host or link down)";
   } else if (unreachable) {
@@ -214,13 +231,22 @@ Status TcpDataComm::deregisterMr(MemHandle* mh) {
 }
 
 
-// Where piece k of a message of `size` bytes cut into `n` pieces starts, and its length (the last takes the rest).
-uint64_t pieceOffset(uint64_t size, int k, int n) { return size / static_cast<uint64_t>(n) * static_cast<uint64_t>(k); }
-uint64_t pieceLength(uint64_t size, int k, int n) {
-  return k == n - 1 ? size - pieceOffset(size, k, n) : size / static_cast<uint64_t>(n);
-}
-
 // ---- sending ----------------------------------------------------------------------------------------------------
+
+TcpSendComm::TcpSendComm(TcpDevice& dev, std::vector<int> fds, int ifaces, std::string peerName,
+                         const SocketOptions& opts)
+    : TcpComm<SendComm>(dev, std::move(fds), ifaces, std::move(peerName)), writeMax_(opts.writeMax),
+      stripeMin_(std::max<uint64_t>(opts.stripeMin, 1)), chunk_(std::max<uint32_t>(opts.chunk, 4096)) {
+  if (nFlows_ > 1) {
+    const size_t n = static_cast<size_t>(nFlows_) * kItemsPerFlow;
+    items_ = numa::makeArray<Item>(n, dev.props.numaNode);
+    if (!items_) throw std::bad_alloc();
+    for (size_t i = n; i-- > 0;) {
+      items_[i].next = freeItems_;
+      freeItems_ = &items_[i];
+    }
+  }
+}
 
 Status TcpSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Request** request) {
   *request = nullptr;
@@ -230,115 +256,171 @@ Status TcpSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Reque
   if (r == nullptr) return Status::kOk;  // back-pressure
   r->n = 0;
   r->size = size;
-  const uint32_t check = MsgHeader::kCheck ^ seq_++;
-  const auto* src = static_cast<const uint8_t*>(data);
-  const int pieces = nRails_ > 1 && size >= stripeMin_ ? nRails_ : 1;
-  r->segsLeft = static_cast<uint8_t>(pieces);
-  for (int k = 0; k < pieces; ++k) {
-    TcpRequest::Segment& g = r->seg[k];
-    // rail 0's header names the whole message (the receiver matches on it); a piece's header its own length
-    g.hdr.size = k == 0 ? size : pieceLength(size, k, pieces);
-    g.hdr.tag = tag;
-    g.hdr.check = check;
-    g.src = src + pieceOffset(size, k, pieces);
-    g.len = pieceLength(size, k, pieces);
-    g.sent = 0;
-    g.next = nullptr;
-    Rail& q = rails_[k];
-    const bool idle = q.head == nullptr;
-    if (q.tail != nullptr) {
-      q.tail->seg[k].next = r;
-    } else {
-      q.head = r;
+  r->seq = seq_++;
+  r->assigned = 0;
+  r->itemsLeft = 1;
+  const bool pieces = nFlows_ > 1 && size >= stripeMin_;
+  Item& h = r->head;
+  MsgHeader mhdr{size | (pieces ? MsgHeader::kInPieces : 0), tag, msgCheck(r->seq)};
+  std::memcpy(h.hdr, &mhdr, sizeof(mhdr));
+  h.src = static_cast<const uint8_t*>(data);
+  h.len = pieces ? 0 : size;
+  h.sent = 0;
+  h.r = r;
+  h.next = nullptr;
+  r->next = nullptr;
+  if (pieces) {
+    (bulkTail_ ? bulkTail_->next : bulkHead_) = r;
+    bulkTail_ = r;
+  } else {
+    r->assigned = size;
+  }
+  Flow& f0 = flows_[0];
+  const bool idle = f0.head == nullptr;
+  enqueue(f0, &h);
+  if (pieces) {
+    progress();  // every flow with room takes a piece now
+  } else if (idle) {
+    while (progressFlow(0)) {  // header and payload leave in this call when the socket has room
     }
-    q.tail = r;
-    if (idle) progressRail(k);  // header and payload leave in this call when the socket has room
   }
   *request = r;
   return Status::kOk;
 }
 
+void TcpSendComm::enqueue(Flow& f, Item* it) {
+  it->next = nullptr;
+  (f.tail ? f.tail->next : f.head) = it;
+  f.tail = it;
+  f.queued += it->total();
+}
+
+// Flow k pulls the next chunk of the oldest message still in pieces: a flow whose socket takes bytes faster pulls
+// more often, so a slow path carries less.
+//
+// Flow 0 takes pieces of the newest message only: a piece of an earlier one behind a later header would wait on
+// the receiver for that later message's receive, which NCCL may post only once the earlier one completed.
+bool TcpSendComm::pullPiece(int k) {
+  TcpRequest* r = bulkHead_;
+  if (r == nullptr || freeItems_ == nullptr) return false;
+  if (k == 0 && r->seq != seq_ - 1) return false;
+  Item* it = freeItems_;
+  freeItems_ = it->next;
+  const uint64_t len = std::min<uint64_t>(chunk_, r->size - r->assigned);
+  PieceHeader ph{r->assigned, static_cast<uint32_t>(len), pieceCheck(r->seq)};
+  std::memcpy(it->hdr, &ph, sizeof(ph));
+  it->src = r->head.src + r->assigned;
+  it->len = len;
+  it->sent = 0;
+  it->r = r;
+  r->assigned += len;
+  ++r->itemsLeft;
+  if (r->assigned == r->size) {
+    bulkHead_ = r->next;
+    if (bulkHead_ == nullptr) bulkTail_ = nullptr;
+    r->next = nullptr;
+  }
+  enqueue(flows_[k], it);
+  return true;
+}
+
+void TcpSendComm::itemDone(Item* it) {
+  TcpRequest* r = it->r;
+  if (it != &r->head) {
+    it->r = nullptr;
+    it->next = freeItems_;
+    freeItems_ = it;
+  }
+  if (--r->itemsLeft == 0 && r->assigned == r->size) r->complete = true;
+}
+
+// The flows write in turns, one sendmsg each a round, while any took all it was offered: pieces go to the flows
+// in step with what each socket takes.
 void TcpSendComm::progress() {
-  for (int k = 0; k < nRails_ && fatal_ == Status::kOk; ++k) {
-    if (rails_[k].head != nullptr) progressRail(k);
+  bool more = true;
+  while (more && fatal_ == Status::kOk) {
+    more = false;
+    for (int k = 0; k < nFlows_ && fatal_ == Status::kOk; ++k) {
+      if (flows_[k].head != nullptr || bulkHead_ != nullptr) more = progressFlow(k) || more;
+    }
   }
 }
 
-void TcpSendComm::progressRail(int k) {
-  if (fatal_ != Status::kOk) return;
-  Rail& q = rails_[k];
+bool TcpSendComm::progressFlow(int k) {
+  Flow& f = flows_[k];
   constexpr int kIov = 64;
-  while (q.head != nullptr) {
+  {
+    // A flow keeps about two chunks queued: one being written, one to follow in the same call.
+    while (f.queued < 2 * uint64_t{chunk_} && bulkHead_ != nullptr && pullPiece(k)) {
+    }
+    if (f.head == nullptr) return false;
     iovec iov[kIov];
     int n = 0;
     size_t want = 0;
     // At most writeMax_ bytes a call: one huge sendmsg (8 queued 1 MiB messages) measured half the bandwidth of
     // 512 KiB ones on loopback (docs/tcp.md), the receiver draining while the sender copies.
-    for (TcpRequest* r = q.head; r != nullptr && n + 2 <= kIov && want < writeMax_; r = r->seg[k].next) {
-      TcpRequest::Segment& g = r->seg[k];
-      if (g.sent < sizeof(MsgHeader)) {
-        iov[n++] = {reinterpret_cast<uint8_t*>(&g.hdr) + g.sent, sizeof(MsgHeader) - g.sent};
-        want += sizeof(MsgHeader) - g.sent;
+    for (Item* it = f.head; it != nullptr && n + 2 <= kIov && want < writeMax_; it = it->next) {
+      if (it->sent < sizeof(it->hdr)) {
+        iov[n++] = {it->hdr + it->sent, sizeof(it->hdr) - it->sent};
+        want += sizeof(it->hdr) - it->sent;
       }
-      const uint64_t off = g.sent > sizeof(MsgHeader) ? g.sent - sizeof(MsgHeader) : 0;
-      if (g.len > off && want < writeMax_) {
-        const size_t len = static_cast<size_t>(std::min<uint64_t>(g.len - off, writeMax_ - want));
-        iov[n++] = {const_cast<uint8_t*>(g.src) + off, len};
+      const uint64_t off = it->sent > sizeof(it->hdr) ? it->sent - sizeof(it->hdr) : 0;
+      if (it->len > off && want < writeMax_) {
+        const size_t len = static_cast<size_t>(std::min<uint64_t>(it->len - off, writeMax_ - want));
+        iov[n++] = {const_cast<uint8_t*>(it->src) + off, len};
         want += len;
       }
     }
     msghdr msg{};
     msg.msg_iov = iov;
     msg.msg_iovlen = static_cast<size_t>(n);
-    const ssize_t w = ::sendmsg(q.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-    add(counters().sendCalls, 1);
+    ssize_t w;
+    do {
+      w = ::sendmsg(f.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      add(counters().sendCalls, 1);
+    } while (w < 0 && errno == EINTR);
     if (w < 0) {
-      if (errno == EINTR) continue;
-      if (wouldBlock(errno)) return;
-      failErrno(errno, "send", k);
-      return;
+      if (!wouldBlock(errno)) failErrno(errno, "send", k);
+      return false;
     }
     add(counters().bytesSent, w);
-    RailHealth& h = health_[k];
+    add(counters().flowBytesSent[k], w);
+    RailHealth& h = health_[f.iface];
     RailHealth::bump(h.bytes, w);
+    f.queued -= static_cast<uint64_t>(w);
     uint64_t left = static_cast<uint64_t>(w);
-    while (q.head != nullptr && left > 0) {
-      TcpRequest* r = q.head;
-      TcpRequest::Segment& g = r->seg[k];
-      const uint64_t total = sizeof(MsgHeader) + g.len;
-      const uint64_t take = std::min(left, total - g.sent);
-      g.sent += take;
+    while (f.head != nullptr && left > 0) {
+      Item* it = f.head;
+      const uint64_t take = std::min(left, it->total() - it->sent);
+      it->sent += take;
       left -= take;
-      if (g.sent < total) break;
-      q.head = g.next;
-      if (q.head == nullptr) q.tail = nullptr;
-      RailHealth::bump(h.msgs, 1);
-      if (--r->segsLeft == 0) r->complete = true;
+      if (it->sent < it->total()) break;
+      f.head = it->next;
+      if (f.head == nullptr) f.tail = nullptr;
+      if (it == &it->r->head) RailHealth::bump(h.msgs, 1);
+      itemDone(it);
     }
-    if (static_cast<size_t>(w) < want) return;  // the socket is full
+    // the socket took all: more may go now
+    return static_cast<size_t>(w) == want && (f.head != nullptr || bulkHead_ != nullptr);
   }
 }
 
-void TcpSendComm::forget(TcpRequest* r) {
-  for (int k = 0; k < nRails_; ++k) {
-    Rail& q = rails_[k];
-    TcpRequest* prev = nullptr;
-    for (TcpRequest* p = q.head; p != nullptr; prev = p, p = p->seg[k].next) {
-      if (p != r) continue;
-      (prev ? prev->seg[k].next : q.head) = r->seg[k].next;
-      if (q.tail == r) q.tail = prev;
-      break;
-    }
-  }
-}
+// The comm has failed (test reports a request only then): nothing is sent again, but the request must not stay
+// in the queue of messages whose pieces are handed out.
+void TcpSendComm::forget(TcpRequest* r) { unlink(bulkHead_, bulkTail_, r); }
 
 // ---- receiving --------------------------------------------------------------------------------------------------
 
-TcpRecvComm::TcpRecvComm(TcpDevice& dev, std::vector<int> fds, std::string peerName, const SocketOptions& opts)
-    : TcpComm<RecvComm>(dev, std::move(fds), std::move(peerName)), stage_(numa::makeArray<uint8_t>(kStage, dev.props.numaNode)),
-      stripeMin_(opts.stripeMin) {
+TcpRecvComm::TcpRecvComm(TcpDevice& dev, std::vector<int> fds, int ifaces, std::string peerName,
+                         const SocketOptions& opts)
+    : TcpComm<RecvComm>(dev, std::move(fds), ifaces, std::move(peerName)),
+      stage_(numa::makeArray<uint8_t>(kStage, dev.props.numaNode)) {
+  (void)opts;  // the sender decides what travels in pieces (its header says so)
   if (!stage_) throw std::bad_alloc();
-  for (int k = 1; k < nRails_; ++k) rails_[k].pieces.reset(new Rail::Piece[Rail::kPieces]);
+  if (nFlows_ > 1) {
+    slots_ = numa::makeArray<Slot>(kWindow, dev.props.numaNode);
+    if (!slots_) throw std::bad_alloc();
+  }
 }
 
 TcpRecvComm::~TcpRecvComm() {
@@ -442,18 +524,22 @@ void TcpRecvComm::forget(TcpRequest* r) {
   unlink(head_, tail_, r);
 }
 
-size_t TcpRecvComm::readSome(int k, uint8_t* p, size_t len) {
+size_t TcpRecvComm::readSome(int k, uint8_t* p, size_t len, bool mayEnd) {
   for (;;) {
-    const ssize_t got = ::recv(rails_[k].fd, p, len, MSG_DONTWAIT);
+    const ssize_t got = ::recv(flows_[k].fd, p, len, MSG_DONTWAIT);
     add(counters().recvCalls, 1);
     if (got > 0) {
       add(counters().bytesReceived, got);
       return static_cast<size_t>(got);
     }
     if (got == 0) {
-      railDown(k, RailEvent::kPeerGone);
-      fail(Status::kRemote, std::string("the peer closed the connection") +
-                                (nRails_ > 1 ? " (rail " + std::to_string(k) + ")" : std::string()) +
+      if (mayEnd) {
+        flows_[k].ended = true;
+        flowEnded(k);
+        return 0;
+      }
+      flowDown(k, RailEvent::kPeerGone);
+      fail(Status::kRemote, "the peer closed the connection" + flowName(k) +
                                 " with receives outstanding: its process ended or closed the comm");
       return 0;
     }
@@ -461,6 +547,18 @@ size_t TcpRecvComm::readSome(int k, uint8_t* p, size_t len) {
     if (!wouldBlock(errno)) failErrno(errno, "recv", k);
     return 0;
   }
+}
+
+// A sender closes its comm once its sends are in the kernel: flows end one by one, each at a message or piece
+// boundary. Headers come on flow 0 only; pieces on any flow.
+void TcpRecvComm::flowEnded(int k) {
+  bool all = true;
+  for (int j = 0; j < nFlows_; ++j) all = all && flows_[j].ended;
+  const bool headersWanted = flows_[0].ended && unmatched_ > 0;
+  if (!headersWanted && !(all && piecesOpen())) return;
+  flowDown(k, RailEvent::kPeerGone);
+  fail(Status::kRemote, "the peer closed the connection" + flowName(k) +
+                            " with receives outstanding: its process ended or closed the comm");
 }
 
 bool TcpRecvComm::fillStage() {
@@ -471,89 +569,146 @@ bool TcpRecvComm::fillStage() {
     end_ -= begin_;
     begin_ = 0;
   }
-  const size_t got = readSome(0, stage_.get() + end_, kStage - end_);
+  // Between messages (nothing staged, none being placed), flow 0 may end while other flows still bring pieces.
+  const bool between = begin_ == end_ && cur_ == nullptr && curU_ == nullptr;
+  const size_t got = readSome(0, stage_.get() + end_, kStage - end_, between);
   end_ += got;
   return got > 0;
+}
+
+int TcpRecvComm::pieceSlot(const PieceHeader& h, int k, bool* wait) {
+  *wait = false;
+  const uint32_t seq = h.check & kSeqMask;
+  const uint32_t behind = (seq_ - seq) & kSeqMask;  // 1: the message flow 0 matched last
+  if (nFlows_ > 1 && isPiece(h.check)) {
+    if (behind == 0 || behind > kSeqMask / 2) {  // flow 0 has not matched it yet
+      *wait = true;
+      return -1;
+    }
+    const int i = static_cast<int>(seq % kWindow);
+    const Slot& s = slots_[i];
+    if (behind <= kWindow && s.open && s.seq == seq && h.len <= s.left && h.offset <= s.size - h.len) return i;
+  }
+  fail(Status::kRemote, "a piece header" + flowName(k) + " names no message in flight (message " +
+                            std::to_string(seq) + ", " + std::to_string(h.len) + " bytes at " +
+                            std::to_string(h.offset) + "): the streams are corrupt or out of step");
+  return -1;
+}
+
+void TcpRecvComm::pieceIn(int slot, uint64_t n) {
+  Slot& s = slots_[slot];
+  s.left -= n;
+  if (s.left == 0) {
+    s.open = false;
+    --openSlots_;
+  }
+  if (s.u != nullptr) {
+    unexpectedIn(s.u, n);
+  } else {
+    bytesIn(s.r, s.buf, n);
+  }
 }
 
 bool TcpRecvComm::matchHeader() {
   MsgHeader h;
   std::memcpy(&h, stage_.get() + begin_, sizeof(h));
-  if (h.check != (MsgHeader::kCheck ^ seq_)) {
+  if (isPiece(h.check)) {  // a piece of a message flow 0 matched before
+    PieceHeader ph;
+    std::memcpy(&ph, &h, sizeof(ph));
+    bool wait = false;
+    const int slot = pieceSlot(ph, 0, &wait);
+    if (slot < 0) {
+      if (wait) fail(Status::kRemote, "a piece on flow 0 came before its message's header: the stream is corrupt");
+      return false;
+    }
+    begin_ += sizeof(ph);
+    Slot& s = slots_[slot];
+    cur_ = s.r;
+    curU_ = s.u;
+    curBuf_ = s.buf;
+    curSlot_ = slot;
+    curOff_ = ph.offset;
+    curLeft_ = ph.len;
+    if (curLeft_ == 0) cur_ = nullptr, curU_ = nullptr, curSlot_ = -1;
+    return true;
+  }
+  // Read only for the pieces of open messages (no receive waits for a header): the header stays staged. No piece
+  // of an earlier message follows it on flow 0 (the sender's rule, pullPiece).
+  if (unmatched_ == 0) return false;
+  if (h.check != msgCheck(seq_)) {
     fail(Status::kRemote, "a message header failed its check (message " + std::to_string(seq_) +
                               "): the stream is corrupt or out of step");
     return false;
   }
-  const int pieces = nRails_ > 1 && h.size >= stripeMin_ ? nRails_ : 1;
-  for (int k = 1; k < pieces; ++k) {
-    if (rails_[k].pieceCount == Rail::kPieces) return false;  // rail k is that far behind: match later
+  const bool pieces = (h.size & MsgHeader::kInPieces) != 0;
+  const uint64_t size = h.size & ~MsgHeader::kInPieces;
+  if (pieces && nFlows_ == 1) {
+    fail(Status::kRemote, "a message in pieces on a connection of one flow: the stream is corrupt");
+    return false;
   }
-  for (TcpRequest* r = head_; r != nullptr; r = r->next) {
+  Slot* slot = nullptr;
+  if (pieces) {
+    slot = &slots_[seq_ % kWindow];
+    if (slot->open) return false;  // the message kWindow before is not all in yet: match later
+  }
+  TcpRequest* mr = nullptr;
+  int mi = 0;
+  for (TcpRequest* r = head_; r != nullptr && mr == nullptr; r = r->next) {
     if (r->matched == r->n) continue;
     for (int i = 0; i < r->n; ++i) {
       if (r->bufMatched[i] || r->tags[i] != h.tag) continue;
-      if (h.size > r->cap[i]) {
+      if (size > r->cap[i]) {
         // The receive fails and, the stream holding bytes nobody will take, so does the comm.
-        fail(Status::kInvalidUsage, "a " + std::to_string(h.size) + "-byte message (tag " + std::to_string(h.tag) +
+        fail(Status::kInvalidUsage, "a " + std::to_string(size) + "-byte message (tag " + std::to_string(h.tag) +
                                         ") arrived for a " + std::to_string(r->cap[i]) +
                                         "-byte receive: sender and receiver disagree on the size");
         return false;
       }
-      begin_ += sizeof(MsgHeader);
-      ++seq_;
-      r->bufMatched[i] = true;
-      ++r->matched;
-      --unmatched_;
-      r->want[i] = h.size;
-      r->got[i] = 0;
-      for (int k = 1; k < pieces; ++k) {
-        Rail& q = rails_[k];
-        Rail::Piece& p = q.pieces[(q.pieceHead + q.pieceCount++) % Rail::kPieces];
-        p.r = r;
-        p.u = nullptr;
-        p.buf = static_cast<uint8_t>(i);
-        p.check = h.check;
-        p.off = pieceOffset(h.size, k, pieces);
-        p.len = pieceLength(h.size, k, pieces);
-      }
-      cur_ = r;
-      curBuf_ = i;
-      curOff_ = 0;
-      curLeft_ = pieceLength(h.size, 0, pieces);
-      if (curLeft_ == 0) {
-        cur_ = nullptr;
-        bytesIn(r, i, 0);
-      }
-      return true;
+      mr = r;
+      mi = i;
+      break;
     }
   }
-  // Its receive is not posted yet: held aside while there is room (the rest of its pieces and payload land there);
-  // otherwise the header waits.
-  if (unexpBytes_ + h.size > kUnexpectedMax) return false;
-  auto* u = new Unexpected;
-  u->tag = h.tag;
-  u->size = h.size;
-  u->data.reset(new uint8_t[h.size > 0 ? h.size : 1]);
-  (unexpTail_ ? unexpTail_->next : unexpHead_) = u;
-  unexpTail_ = u;
-  unexpBytes_ += h.size;
-  begin_ += sizeof(MsgHeader);
-  ++seq_;
-  for (int k = 1; k < pieces; ++k) {
-    Rail& q = rails_[k];
-    Rail::Piece& p = q.pieces[(q.pieceHead + q.pieceCount++) % Rail::kPieces];
-    p.r = nullptr;
-    p.u = u;
-    p.check = h.check;
-    p.off = pieceOffset(h.size, k, pieces);
-    p.len = pieceLength(h.size, k, pieces);
+  Unexpected* u = nullptr;
+  if (mr == nullptr) {
+    // Its receive is not posted yet: held aside while there is room (the rest of its payload lands there);
+    // otherwise the header waits.
+    if (unexpBytes_ + size > kUnexpectedMax) return false;
+    u = new Unexpected;
+    u->tag = h.tag;
+    u->size = size;
+    u->data.reset(new uint8_t[size > 0 ? size : 1]);
+    (unexpTail_ ? unexpTail_->next : unexpHead_) = u;
+    unexpTail_ = u;
+    unexpBytes_ += size;
+  } else {
+    mr->bufMatched[mi] = true;
+    ++mr->matched;
+    --unmatched_;
+    mr->want[mi] = size;
+    mr->got[mi] = 0;
   }
+  begin_ += sizeof(MsgHeader);
+  if (slot != nullptr && size > 0) {
+    *slot = Slot{mr, u, static_cast<uint8_t>(mi), true, seq_ & kSeqMask, size, size};
+    ++openSlots_;
+  }
+  ++seq_;
+  cur_ = mr;
   curU_ = u;
+  curBuf_ = mi;
+  curSlot_ = -1;
   curOff_ = 0;
-  curLeft_ = pieceLength(h.size, 0, pieces);
-  if (curLeft_ == 0) {
-    curU_ = nullptr;
-    unexpectedIn(u, 0);
+  curLeft_ = pieces ? 0 : size;
+  if (curLeft_ == 0) {  // nothing follows on flow 0: an empty message, or one in pieces
+    cur_ = nullptr, curU_ = nullptr;
+    if (size == 0 || !pieces) {
+      if (u != nullptr) {
+        unexpectedIn(u, 0);
+      } else {
+        bytesIn(mr, mi, 0);
+      }
+    }
   }
   return true;
 }
@@ -566,12 +721,13 @@ void TcpRecvComm::bytesIn(TcpRequest* r, int i, uint64_t n) {
   forget(r);  // completed requests leave the queue (from anywhere: a later group may fill before an earlier one)
 }
 
-void TcpRecvComm::progressRail0() {
+void TcpRecvComm::progressFlow0() {
   while (fatal_ == Status::kOk) {
     if (cur_ != nullptr || curU_ != nullptr) {
       TcpRequest* r = cur_;
       Unexpected* u = curU_;
       const int i = curBuf_;
+      const int slot = curSlot_;
       uint8_t* dst = (u != nullptr ? u->base() : r->dst[i]) + curOff_;
       uint64_t n = 0;
       if (end_ > begin_) {
@@ -588,8 +744,10 @@ void TcpRecvComm::progressRail0() {
       curOff_ += n;
       curLeft_ -= n;
       const bool drained = curLeft_ > 0 && end_ == begin_;  // a direct read came short: the socket is empty now
-      if (curLeft_ == 0) cur_ = nullptr, curU_ = nullptr;
-      if (u != nullptr) {
+      if (curLeft_ == 0) cur_ = nullptr, curU_ = nullptr, curSlot_ = -1;
+      if (slot >= 0) {
+        pieceIn(slot, n);
+      } else if (u != nullptr) {
         unexpectedIn(u, n);
       } else {
         bytesIn(r, i, n);
@@ -597,9 +755,14 @@ void TcpRecvComm::progressRail0() {
       if (drained) return;
       continue;
     }
-    // Nothing posted that waits for a header: leave the bytes in the socket (and the end of the stream too: a
-    // sender that closed after its last message has ended rail 0 while other rails still bring pieces).
-    if (unmatched_ == 0) return;
+    // Nothing posted that waits for a header and no message in pieces open: leave the bytes in the socket (and
+    // the end of the stream too: a sender that closed after its last message has ended flow 0 while other flows
+    // still bring pieces).
+    if (unmatched_ == 0 && !piecesOpen()) return;
+    if (flows_[0].ended) {
+      flowEnded(0);
+      return;
+    }
     if (end_ - begin_ >= sizeof(MsgHeader)) {
       if (!matchHeader()) return;
       continue;
@@ -609,52 +772,45 @@ void TcpRecvComm::progressRail0() {
 }
 
 void TcpRecvComm::progressPieces(int k) {
-  Rail& q = rails_[k];
-  while (fatal_ == Status::kOk) {
-    if (!q.inPiece) {
-      if (q.pieceCount == 0) return;  // rail 0 has matched no message with a piece here yet
-      q.cur = q.pieces[q.pieceHead];
-      q.pieceHead = (q.pieceHead + 1) % Rail::kPieces;
-      --q.pieceCount;
-      q.inPiece = true;
-      q.hdrGot = 0;
-    }
-    Rail::Piece& c = q.cur;
-    if (q.hdrGot < sizeof(MsgHeader)) {
-      const size_t n = readSome(k, reinterpret_cast<uint8_t*>(&q.hdrIn) + q.hdrGot, sizeof(MsgHeader) - q.hdrGot);
-      if (n == 0) return;
-      q.hdrGot += n;
-      if (q.hdrGot < sizeof(MsgHeader)) return;
-      const int32_t tag = c.u != nullptr ? c.u->tag : c.r->tags[c.buf];
-      if (q.hdrIn.check != c.check || q.hdrIn.size != c.len || q.hdrIn.tag != tag) {
-        fail(Status::kRemote, "a piece header on rail " + std::to_string(k) +
-                                  " does not match its message: the streams are corrupt or out of step");
-        return;
+  Flow& f = flows_[k];
+  while (fatal_ == Status::kOk && !f.ended) {
+    if (!f.inPiece) {
+      if (f.hdrGot < sizeof(PieceHeader)) {
+        const size_t n = readSome(k, reinterpret_cast<uint8_t*>(&f.hdrIn) + f.hdrGot, sizeof(PieceHeader) - f.hdrGot,
+                                  f.hdrGot == 0);
+        if (n == 0) return;
+        f.hdrGot += n;
+        if (f.hdrGot < sizeof(PieceHeader)) return;
       }
+      bool wait = false;
+      const int slot = pieceSlot(f.hdrIn, k, &wait);
+      if (slot < 0) return;  // its message is not matched yet (flow 0 will), or the comm failed
+      f.hdrGot = 0;
+      f.slot = slot;
+      f.off = f.hdrIn.offset;
+      f.left = f.hdrIn.len;
+      f.inPiece = true;
     }
-    if (c.len > 0) {
-      uint8_t* dst = (c.u != nullptr ? c.u->base() : c.r->dst[c.buf]) + c.off;
-      const size_t n = readSome(k, dst, c.len);
+    if (f.left > 0) {
+      const Slot& s = slots_[f.slot];
+      uint8_t* dst = (s.u != nullptr ? s.u->base() : s.r->dst[s.buf]) + f.off;
+      const size_t n = readSome(k, dst, f.left);
       if (n == 0) return;
-      c.off += n;
-      c.len -= n;
-      const bool more = c.len > 0;
-      if (!more) q.inPiece = false;
-      if (c.u != nullptr) {
-        unexpectedIn(c.u, n);
-      } else {
-        bytesIn(c.r, c.buf, n);
-      }
+      f.off += n;
+      f.left -= n;
+      const bool more = f.left > 0;
+      if (!more) f.inPiece = false;
+      pieceIn(f.slot, n);
       if (more) return;  // the socket is empty for now
       continue;
     }
-    q.inPiece = false;
+    f.inPiece = false;
   }
 }
 
 void TcpRecvComm::progress() {
-  progressRail0();
-  for (int k = 1; k < nRails_ && fatal_ == Status::kOk; ++k) progressPieces(k);
+  progressFlow0();
+  for (int k = 1; k < nFlows_ && fatal_ == Status::kOk; ++k) progressPieces(k);
 }
 
 // ---- listening --------------------------------------------------------------------------------------------------
@@ -669,22 +825,24 @@ TcpListenComm::~TcpListenComm() {
 
 Status TcpListenComm::accept(RecvComm** recvComm) {
   *recvComm = nullptr;
-  for (size_t k = 0; k < listenFds_.size() && incoming_.size() < kMaxIncoming; ++k) {
-    sockaddr_storage sa{};
-    socklen_t len = sizeof(sa);
-    int fd = ::accept4(listenFds_[k], reinterpret_cast<sockaddr*>(&sa), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) {
-      if (errno == EINTR || errno == ECONNABORTED || wouldBlock(errno)) continue;
-      WEFT_WARN("accept on {}: {}", dev_.props.name, std::strerror(errno));
-      return errno == EMFILE || errno == ENFILE ? Status::kSystem : Status::kInternal;
+  for (size_t k = 0; k < listenFds_.size(); ++k) {
+    while (incoming_.size() < kMaxIncoming) {
+      sockaddr_storage sa{};
+      socklen_t len = sizeof(sa);
+      int fd = ::accept4(listenFds_[k], reinterpret_cast<sockaddr*>(&sa), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) {
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        if (wouldBlock(errno)) break;
+        WEFT_WARN("accept on {}: {}", dev_.props.name, std::strerror(errno));
+        return errno == EMFILE || errno == ENFILE ? Status::kSystem : Status::kInternal;
+      }
+      Incoming in;
+      in.fd = fd;
+      in.listenIface = static_cast<int>(k);
+      in.peer = sockaddrString(reinterpret_cast<sockaddr*>(&sa));
+      in.started = std::chrono::steady_clock::now();
+      incoming_.push_back(std::move(in));
     }
-    // One a call per rail: NCCL's listen has one connector (more, refused, come on later calls).
-    Incoming in;
-    in.fd = fd;
-    in.listenRail = static_cast<int>(k);
-    in.peer = sockaddrString(reinterpret_cast<sockaddr*>(&sa));
-    in.started = std::chrono::steady_clock::now();
-    incoming_.push_back(std::move(in));
   }
   bool mismatch = false;
   for (size_t k = 0; k < incoming_.size();) {
@@ -705,15 +863,16 @@ Status TcpListenComm::accept(RecvComm** recvComm) {
   // A peer whose tuner would decide differently fails the accept, as on the other backends: NCCL's init then
   // stops with the warning that names both, instead of hanging later.
   if (mismatch) return Status::kInvalidUsage;
-  // A connection is complete when every one of its rails said hello (same nonce).
+  // A connection is complete when every one of its flows said hello (same nonce).
   for (const Incoming& first : incoming_) {
-    if (!first.ready || first.hello.rail != 0) continue;
-    const int rails = first.hello.rails;
-    std::vector<size_t> members(static_cast<size_t>(rails), SIZE_MAX);
+    if (!first.ready || first.hello.flow != 0) continue;
+    const int flows = first.hello.flows;
+    std::vector<size_t> members(static_cast<size_t>(flows), SIZE_MAX);
     for (size_t k = 0; k < incoming_.size(); ++k) {
       const Incoming& in = incoming_[k];
-      if (in.ready && in.hello.nonce == first.hello.nonce && in.hello.rails == rails && in.hello.rail < rails) {
-        members[in.hello.rail] = k;
+      if (in.ready && in.hello.nonce == first.hello.nonce && in.hello.flows == flows &&
+          in.hello.ifaces == first.hello.ifaces && in.hello.flow < flows) {
+        members[in.hello.flow] = k;
       }
     }
     if (std::find(members.begin(), members.end(), SIZE_MAX) != members.end()) continue;
@@ -723,6 +882,7 @@ Status TcpListenComm::accept(RecvComm** recvComm) {
       fds.push_back(incoming_[m].fd);  // -1 where the answer could not be sent (the connector is gone)
     }
     const std::string peer = first.peer;
+    const int ifaces = first.hello.ifaces;
     std::vector<Incoming> rest;
     for (size_t k = 0; k < incoming_.size(); ++k) {
       if (std::find(members.begin(), members.end(), k) == members.end()) rest.push_back(incoming_[k]);
@@ -737,9 +897,9 @@ Status TcpListenComm::accept(RecvComm** recvComm) {
     }
     used_ = true;
     for (int fd : fds) opts_.applyConnected(fd);
-    *recvComm = numa::make<TcpRecvComm>(dev_.props.numaNode, dev_, fds, peer, opts_);
+    *recvComm = numa::make<TcpRecvComm>(dev_.props.numaNode, dev_, fds, ifaces, peer, opts_);
     WEFT_INFO(NCCL_NET, "accepted {} on {} (tcp{})", peer, dev_.props.name,
-              fds.size() > 1 ? ", " + std::to_string(fds.size()) + " rails" : std::string());
+              fds.size() > 1 ? ", " + std::to_string(fds.size()) + " flows" : std::string());
     return Status::kOk;
   }
   return Status::kOk;
@@ -755,8 +915,9 @@ void TcpListenComm::answer(Incoming& in, uint16_t status, const char* why) {
   a.token = in.hello.token;
   a.tunerDigest = transport::localDigest();
   a.nonce = in.hello.nonce;
-  a.rail = in.hello.rail;
-  a.rails = in.hello.rails;
+  a.flow = in.hello.flow;
+  a.flows = in.hello.flows;
+  a.ifaces = in.hello.ifaces;
   if (why != nullptr) WEFT_WARN("accept on {}: refused {}: {}", dev_.props.name, in.peer, why);
   const ssize_t w = ::send(in.fd, &a, sizeof(a), MSG_NOSIGNAL | MSG_DONTWAIT);
   if (status != Hello::kAccepted || w != static_cast<ssize_t>(sizeof(a))) {
@@ -783,8 +944,9 @@ bool TcpListenComm::serve(Incoming& in, bool* tunerMismatch) {
     answer(in, Hello::kBadRequest, "not a weft TCP hello of this version (run the same weft build on every node)");
   } else if (h.token != token_) {
     answer(in, Hello::kWrongToken, "wrong token: the handle belongs to another listen or job");
-  } else if (h.rails < 1 || h.rails > listenFds_.size() || h.rail >= h.rails || h.rail != in.listenRail) {
-    answer(in, Hello::kBadRequest, "a rail this listen does not have");
+  } else if (h.flows < 1 || h.flows > kMaxFlows || h.flow >= h.flows || h.ifaces < 1 ||
+             h.ifaces > listenFds_.size() || h.flow % h.ifaces != in.listenIface) {
+    answer(in, Hello::kBadRequest, "a flow or interface this listen does not have");
   } else if (used_) {
     answer(in, Hello::kUsed, "this listen's handle was used already (a replayed handle)");
   } else if (!transport::agreesWith(h.tunerDigest)) {

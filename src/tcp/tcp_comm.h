@@ -16,11 +16,15 @@
 // with its tag that has no message yet (grouped receives: any order within a group); one that matches none waits
 // in the staging buffer, unread further, until NCCL posts its receive (TCP's window holds the sender back).
 //
-// Rails: a device NCCL fused from several interfaces (makeVDevice) gives each comm one socket per interface, rail k
-// of one end to rail k of the other. Messages below WEFT_STRIPE_MIN bytes travel whole on rail 0; a larger one is
-// cut into one piece per rail: rail 0 carries its header (with the whole size, for matching) and piece 0, rail k a
-// piece header (the piece's size and the message's check word) and piece k. Each rail's stream is in message order,
-// so the receiver reads rail k's pieces in the order rail 0 matched their messages (a short queue per rail).
+// Flows: a connection may have several TCP flows (a cloud NIC caps each flow far below the link, and hashes flows
+// onto paths): WEFT_TCP_FLOWS, or a count from the interface's NIC (tcp_backend.cc), times the interfaces of a
+// device NCCL fused (makeVDevice); flow k leaves by interface k % interfaces and meets the listener's socket on the
+// same interface. Flow 0 carries every message header, in order, and every message below WEFT_STRIPE_MIN bytes
+// whole. A larger message's header says "in pieces" and carries no payload: its bytes are cut into chunks of
+// WEFT_TCP_CHUNK bytes that the flows pull as they have room (a flow that falls behind, on a slow path, takes
+// less), each behind a piece header (offset, length, the message's sequence number). The receiver places a piece
+// by its offset once flow 0 has matched its message; a flow whose next piece is for a message not matched yet
+// waits (each flow's pieces are in message order).
 //
 // Failures: the peer's process dying closes its socket (EOF or reset: requests fail at once); a peer host or link
 // that goes silent is found by TCP itself (TCP_USER_TIMEOUT on unacknowledged data, keepalive probes on an idle
@@ -46,41 +50,58 @@
 
 namespace weft::tcp {
 
-// Both directions of the connection handshake (32 bytes).
-// Both directions of the connection handshake (40 bytes), on every rail's socket.
+constexpr int kMaxFlows = 64;  // TCP flows a connection may have (NCCL's Socket transport: 64 sockets at most)
+
+// Both directions of the connection handshake (40 bytes), on every flow's socket.
 struct Hello {
   static constexpr uint32_t kMagic = 0x57465443;  // "WFTC"
-  static constexpr uint16_t kVersion = 1;
+  static constexpr uint16_t kVersion = 2;          // 2: flows and pieces
   enum : uint16_t { kRequest = 0xffff, kAccepted = 0, kWrongToken = 1, kBadRequest = 2, kUsed = 3, kTunerMismatch = 4 };
   uint32_t magic;
   uint16_t version;
   uint16_t status;  // kRequest from the connector; the listener's verdict in its answer
   uint64_t token;
   uint64_t tunerDigest;
-  uint64_t nonce;   // the connector's, the same on all its rails: which sockets form one connection
-  uint8_t rail;     // this socket's rail
-  uint8_t rails;    // the connection's rail count
-  uint8_t pad[6];
+  uint64_t nonce;   // the connector's, the same on all its flows: which sockets form one connection
+  uint8_t flow;     // this socket's flow
+  uint8_t flows;    // the connection's flow count
+  uint8_t ifaces;   // interfaces the flows are spread over (flow k: interface k % ifaces)
+  uint8_t pad[5];
 };
 static_assert(sizeof(Hello) == 40);
 
+// Every header's check word: its kind in the top byte, the message's sequence number (24 bits) below: a stream
+// out of step or corrupt fails the check.
+constexpr uint32_t kSeqMask = 0xffffff;
+constexpr uint32_t msgCheck(uint32_t seq) { return 0x4d000000u | (seq & kSeqMask); }    // 'M'
+constexpr uint32_t pieceCheck(uint32_t seq) { return 0x50000000u | (seq & kSeqMask); }  // 'P'
+constexpr bool isPiece(uint32_t check) { return (check >> 24) == 0x50; }
+
 struct MsgHeader {
-  static constexpr uint32_t kCheck = 0x5746544d;  // "WFTM", xor the message's sequence number
+  static constexpr uint64_t kInPieces = uint64_t{1} << 63;  // in size: the payload travels as pieces
   uint64_t size;
   int32_t tag;
   uint32_t check;
 };
 static_assert(sizeof(MsgHeader) == 16);
 
+struct PieceHeader {
+  uint64_t offset;  // in the message
+  uint32_t len;
+  uint32_t check;
+};
+static_assert(sizeof(PieceHeader) == 16);
+
 // Process-wide counters (weftNetStat "tcp.*"): system calls and bytes of the data path.
 struct Counters {
-  std::atomic<int64_t> sendCalls{0}, recvCalls{0}, bytesSent{0}, bytesReceived{0}, commsOpen{0};
+  std::atomic<int64_t> sendCalls{0}, recvCalls{0}, bytesSent{0}, bytesReceived{0}, commsOpen{0}, flowsOpen{0};
+  std::atomic<int64_t> flowBytesSent[kMaxFlows] = {};  // by flow index, every comm's together
 };
 Counters& counters();
 
 // What every comm of one device shares: its props (for names) and the registration cache. Registration is
 // bookkeeping only (TCP needs none), kept so handles behave as on the other backends.
-constexpr int kMaxRails = kMaxDevsPerNic;  // sockets a connection may have; per table: weft::maxDevsPerNic()
+constexpr int kMaxRails = kMaxDevsPerNic;  // interfaces a device may have; per table: weft::maxDevsPerNic()
 
 struct RailAddr {
   std::string ifname;
@@ -91,6 +112,7 @@ struct RailAddr {
 struct TcpDevice {
   DeviceProps props;
   std::vector<RailAddr> rails;  // one for an interface; several for a device NCCL fused
+  int flows = 1;                // flows a connection opens (all interfaces together)
   std::unique_ptr<Registrar> registrar;
   std::unique_ptr<MrCache> cache;
 };
@@ -102,7 +124,8 @@ struct SocketOptions {
   int sockBuf = 0;  // SO_SNDBUF/SO_RCVBUF; 0: the kernel's autotuning
   int busyPollUs = 0;  // SO_BUSY_POLL; 0: off
   size_t writeMax = 512 << 10;
-  uint64_t stripeMin = 256 << 10;  // WEFT_STRIPE_MIN: from this size a message is cut into one piece per rail
+  uint64_t stripeMin = 256 << 10;  // WEFT_STRIPE_MIN: from this size a message travels in pieces over the flows
+  uint32_t chunk = 128 << 10;      // WEFT_TCP_CHUNK: a piece's size
   static SocketOptions fromParams();
   // Before connect or listen (buffer sizes decide the window scale at the SYN).
   void applyEarly(int fd) const;
@@ -125,26 +148,33 @@ struct Unexpected {
   uint8_t* base() const;
 };
 
+// A run of bytes queued on one flow: a 16-byte header (a message's or a piece's) and its payload.
+struct Item {
+  alignas(8) uint8_t hdr[16] = {};
+  const uint8_t* src = nullptr;
+  uint64_t len = 0;   // payload bytes
+  uint64_t sent = 0;  // header and payload
+  TcpRequest* r = nullptr;
+  Item* next = nullptr;
+  uint64_t total() const { return sizeof(hdr) + len; }
+};
+
 class TcpRequest final : public Request {
  public:
   Status test(bool* done, int* sizes) override;
   TcpDataComm* comm = nullptr;
-  TcpRequest* next = nullptr;  // receives: the comm's queue of posted requests
+  TcpRequest* next = nullptr;  // receives: the comm's queue of posted requests; sends: the queue of messages
+                               // whose pieces are not all handed to flows yet
   uint16_t poolIndex = 0;
   bool inUse = false;
   bool complete = false;
   uint8_t n = 0;  // receive buffers; 0 for a send
-  // send: per rail a segment (header, then payload; `sent` counts both), queued on that rail's socket
-  struct Segment {
-    MsgHeader hdr{};
-    const uint8_t* src = nullptr;
-    uint64_t len = 0;
-    uint64_t sent = 0;
-    TcpRequest* next = nullptr;
-  };
-  Segment seg[kMaxRails];
+  // send: its header on flow 0 (with the payload when whole), the pieces not handed to a flow yet, items unsent
+  Item head;
   uint64_t size = 0;
-  uint8_t segsLeft = 0;
+  uint64_t assigned = 0;  // payload bytes handed to flows as pieces
+  uint32_t seq = 0;
+  uint32_t itemsLeft = 0;
   // recv: per buffer, its place, capacity and tag, the message's size and how much of it has arrived
   uint8_t matched = 0, filled = 0;
   uint8_t* dst[kMaxRecvs] = {};
@@ -155,34 +185,27 @@ class TcpRequest final : public Request {
   bool bufMatched[kMaxRecvs] = {};
 };
 
-// One socket of a comm.
-struct Rail {
+// One TCP flow of a comm.
+struct Flow {
   int fd = -1;
-  // send: its queue of segments
-  TcpRequest* head = nullptr;
-  TcpRequest* tail = nullptr;
-  // recv, rails 1+: the piece being read (request, buffer, where, how much left; the header first) and the pieces
-  // rail 0 matched for this rail since, in order
-  struct Piece {
-    TcpRequest* r = nullptr;  // where it goes: a receive's buffer, or a message held aside (u)
-    Unexpected* u = nullptr;
-    uint8_t buf = 0;
-    uint32_t check = 0;
-    uint64_t off = 0, len = 0;
-  };
-  static constexpr int kPieces = 64;
-  std::unique_ptr<Piece[]> pieces;  // ring, rails 1+ of a receive comm only
-  uint32_t pieceHead = 0, pieceCount = 0;
-  Piece cur;
-  bool inPiece = false;
-  MsgHeader hdrIn{};
+  uint8_t iface = 0;  // the device's interface it leaves by (its health)
+  // send: its queue of items and their unsent bytes
+  Item* head = nullptr;
+  Item* tail = nullptr;
+  uint64_t queued = 0;
+  // recv: the piece header being read (flows 1+) and the piece being placed
+  PieceHeader hdrIn{};
   size_t hdrGot = 0;
+  bool inPiece = false;
+  bool ended = false;  // the peer closed it at a message boundary (the other flows may still bring pieces)
+  int slot = -1;
+  uint64_t off = 0, left = 0;
 };
 
 // A comm, its requests and its staging buffer live on the NUMA node of its interface (numa::make, docs/topology.md).
 class TcpDataComm : public numa::Placed {
  public:
-  TcpDataComm(TcpDevice& dev, std::vector<int> fds, std::string peerName);
+  TcpDataComm(TcpDevice& dev, std::vector<int> fds, int ifaces, std::string peerName);
   virtual ~TcpDataComm();
   TcpDataComm(const TcpDataComm&) = delete;
   TcpDataComm& operator=(const TcpDataComm&) = delete;
@@ -194,26 +217,30 @@ class TcpDataComm : public numa::Placed {
   std::string commDeviceName() const { return dev_.props.name; }
   const DeviceProps& commDeviceProps() const { return dev_.props; }
   void refreshRailHealth() {}  // a socket's failure is recorded when it happens
-  int railCount() const { return nRails_; }
+  int railCount() const { return nIfaces_; }
   const RailHealth* railHealth(int* n) const {
-    *n = nRails_ > 1 ? nRails_ : 0;
-    return nRails_ > 1 ? health_ : nullptr;
+    *n = nIfaces_ > 1 ? nIfaces_ : 0;
+    return nIfaces_ > 1 ? health_ : nullptr;
   }
+  int flowCount() const { return nFlows_; }
 
  protected:
   TcpRequest* acquire();
   void release(TcpRequest* r);
   virtual void forget(TcpRequest* r) = 0;  // a failed request leaves the comm's queues
   void fail(Status st, const std::string& why);
-  // A system call's error on rail k, as the comm's failure (kRemote for what a dead or silent peer causes).
+  // A system call's error on flow k, as the comm's failure (kRemote for what a dead or silent peer causes).
   void failErrno(int err, const char* call, int k);
-  void railDown(int k, RailEvent why);
+  void flowDown(int k, RailEvent why);
+  std::string flowName(int k) const;  // " (flow k)" on a comm with several, else empty
   Status checkMh(const MemHandle* mh, const void* data, size_t size, const char* op) const;
 
   TcpDevice& dev_;
-  Rail rails_[kMaxRails];
-  RailHealth health_[kMaxRails];  // multi-rail comms: each socket's (messages and bytes sent, why it failed)
-  int nRails_ = 1;
+  numa::ArrayPtr<Flow> flows_;
+  int nFlows_ = 1;
+  int nIfaces_ = 1;
+  RailHealth health_[kMaxRails];  // comms over several interfaces: each interface's (messages and bytes sent,
+                                  // why it failed)
   std::string peerName_;
   Status fatal_ = Status::kOk;
   uint32_t seq_ = 0;  // messages started (send) or matched (recv) on this comm
@@ -230,22 +257,30 @@ using TcpComm = CommAdaptor<Iface, TcpDataComm>;
 
 class TcpSendComm final : public TcpComm<SendComm> {
  public:
-  TcpSendComm(TcpDevice& dev, std::vector<int> fds, std::string peerName, const SocketOptions& opts)
-      : TcpComm<SendComm>(dev, std::move(fds), std::move(peerName)), writeMax_(opts.writeMax),
-        stripeMin_(opts.stripeMin) {}
+  TcpSendComm(TcpDevice& dev, std::vector<int> fds, int ifaces, std::string peerName, const SocketOptions& opts);
   Status isend(void* data, size_t size, int tag, MemHandle* mh, Request** request) override;
   void progress() override;
 
  private:
   void forget(TcpRequest* r) override;
-  void progressRail(int k);
+  bool progressFlow(int k);  // one sendmsg on flow k: true when it took all and more is queued or to hand out
+  void enqueue(Flow& f, Item* it);
+  bool pullPiece(int k);  // hands flow k the next piece of the oldest message in pieces: false when none
+  void itemDone(Item* it);
   size_t writeMax_;  // bytes one sendmsg offers at most (WEFT_TCP_WRITE_MAX)
   uint64_t stripeMin_;
+  uint32_t chunk_;
+  TcpRequest* bulkHead_ = nullptr;  // messages whose pieces are not all handed out, in order
+  TcpRequest* bulkTail_ = nullptr;
+  // piece items (several flows only): a free list over one array
+  numa::ArrayPtr<Item> items_;
+  Item* freeItems_ = nullptr;
+  static constexpr int kItemsPerFlow = 8;
 };
 
 class TcpRecvComm final : public TcpComm<RecvComm> {
  public:
-  TcpRecvComm(TcpDevice& dev, std::vector<int> fds, std::string peerName, const SocketOptions& opts);
+  TcpRecvComm(TcpDevice& dev, std::vector<int> fds, int ifaces, std::string peerName, const SocketOptions& opts);
   ~TcpRecvComm() override;
   Status irecv(int n, void** data, const size_t* sizes, const int* tags, MemHandle** mhs, bool optional,
                Request** request) override;
@@ -257,24 +292,45 @@ class TcpRecvComm final : public TcpComm<RecvComm> {
 
  private:
   void forget(TcpRequest* r) override;
-  void progressRail0();
-  void progressPieces(int k);  // rails 1+
+  void progressFlow0();
+  void progressPieces(int k);  // flows 1+
   bool fillStage();  // one recv into the staging buffer: true when bytes came
   bool matchHeader();  // the header at the front of the staging buffer found its receive buffer
+  // A piece header's message (its slot) once flow 0 matched it: -1 and *wait while it has not, -1 and the comm
+  // failed for a piece no message in flight can take.
+  int pieceSlot(const PieceHeader& h, int k, bool* wait);
+  void pieceIn(int slot, uint64_t n);  // n bytes of a piece into its message
   void bytesIn(TcpRequest* r, int buf, uint64_t n);  // completes the buffer, and the request, when all are in
-  // read into [p, p + len) on rail k: bytes read, 0 for "nothing now" (or failed: fatal_ set)
-  size_t readSome(int k, uint8_t* p, size_t len);
+  // read into [p, p + len) on flow k: bytes read, 0 for "nothing now" (or failed: fatal_ set). The end of the
+  // stream where `mayEnd` (flow k is between messages or pieces) only marks the flow ended.
+  size_t readSome(int k, uint8_t* p, size_t len, bool mayEnd = false);
+  void flowEnded(int k);  // fails the comm when what it still waits for can no longer come
+  bool piecesOpen() const { return openSlots_ > 0; }
+  int openSlots_ = 0;
   TcpRequest* head_ = nullptr;  // posted receives, in order; completed ones leave from anywhere
   TcpRequest* tail_ = nullptr;
   int unmatched_ = 0;  // posted buffers whose message's header has not come yet
   numa::ArrayPtr<uint8_t> stage_;
   size_t begin_ = 0, end_ = 0;  // unread bytes of the staging buffer
-  // rail 0's payload in progress: request, buffer, where it goes, bytes left
+  // flow 0's payload in progress: request, buffer, where it goes, bytes left; or a piece (its slot)
   TcpRequest* cur_ = nullptr;
   Unexpected* curU_ = nullptr;  // or the message held aside it goes to
   int curBuf_ = 0;
+  int curSlot_ = -1;
   uint64_t curOff_ = 0, curLeft_ = 0;
-  // Messages held aside, in arrival order, and their bytes (at most kUnexpectedMax: beyond, rail 0 waits as TCP
+  // Messages in pieces that flow 0 matched and whose bytes are not all in, by sequence number (several flows only):
+  // flow 0 matches no further message in pieces while the one kWindow before it is still open.
+  struct Slot {
+    TcpRequest* r = nullptr;
+    Unexpected* u = nullptr;
+    uint8_t buf = 0;
+    bool open = false;
+    uint32_t seq = 0;
+    uint64_t size = 0, left = 0;
+  };
+  static constexpr int kWindow = 128;
+  numa::ArrayPtr<Slot> slots_;
+  // Messages held aside, in arrival order, and their bytes (at most kUnexpectedMax: beyond, flow 0 waits as TCP
   // holds the sender back).
   Unexpected* unexpHead_ = nullptr;
   Unexpected* unexpTail_ = nullptr;
@@ -284,12 +340,11 @@ class TcpRecvComm final : public TcpComm<RecvComm> {
   void dropUnexpected(Unexpected* u);
   // Matches buffer i of a just-posted receive to the oldest message held aside with its tag: false when none.
   bool matchUnexpected(TcpRequest* r, int i);
-  uint64_t stripeMin_;
 };
 
 class TcpListenComm final : public ListenComm {
  public:
-  // One listening socket per rail of the device.
+  // One listening socket per interface of the device.
   TcpListenComm(TcpDevice& dev, std::vector<int> fds, uint64_t token, SocketOptions opts);
   ~TcpListenComm() override;
   Status accept(RecvComm** recvComm) override;
@@ -297,11 +352,11 @@ class TcpListenComm final : public ListenComm {
  private:
   struct Incoming {
     int fd = -1;
-    int listenRail = 0;  // the listening socket it came in on
+    int listenIface = 0;  // the listening socket it came in on
     std::string peer;
     Hello hello{};
     size_t got = 0;
-    bool ready = false;  // a well-formed hello for this listen is in, waiting for its connection's other rails
+    bool ready = false;  // a well-formed hello for this listen is in, waiting for its connection's other flows
     std::chrono::steady_clock::time_point started;
   };
   // Reads what has arrived of its hello. Returns true when the socket is finished with here (refused and closed);
@@ -314,7 +369,7 @@ class TcpListenComm final : public ListenComm {
   SocketOptions opts_;
   bool used_ = false;  // a connection was accepted: the handle is spent
   std::vector<Incoming> incoming_;
-  static constexpr size_t kMaxIncoming = 16;
+  static constexpr size_t kMaxIncoming = 2 * kMaxFlows;
   static constexpr std::chrono::seconds kHelloTimeout{30};
 };
 

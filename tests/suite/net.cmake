@@ -98,7 +98,7 @@ weft_conformance(NAME conformance.fabric-tcp.timing_off.v11 OVER fabric-tcp
                  ARGS --table 11 --quick --only data --only profiler --env WEFT_TIMING=0)
 
 # weft's own TCP backend (WEFT_BACKEND=tcp): every check on v11 (weft.unreachable_peer with a 3 s connect timeout),
-# the quick set on the other tables; options off by default (two sockets a connection, busy polling); grouping off
+# the quick set on the other tables; options off by default (several flows a connection, busy polling); grouping off
 # (maxRecvs 1, as NCCL's Socket transport: the grouped checks skip).
 foreach(v 7 9 11 12)
   set(_quick --quick)
@@ -107,8 +107,15 @@ foreach(v 7 9 11 12)
   endif()
   weft_conformance(NAME conformance.tcp.v${v} OVER tcp ARGS --table ${v} ${_quick})
 endforeach()
-weft_conformance(NAME conformance.tcp.sockets2.v11 OVER tcp
-                 ARGS --table 11 --quick --env WEFT_TCP_SOCKETS=2 --env WEFT_TCP_BUSY_POLL=50)
+# Several flows a connection (docs/tcp.md): every check at 4 and at 16 flows, pieces small enough that the checks'
+# 64 KiB-1 MiB messages travel in pieces over all of them; busy polling on beside.
+weft_conformance(NAME conformance.tcp.flows4.v11 OVER tcp
+                 ARGS --table 11 --quick --env WEFT_TCP_FLOWS=4 --env WEFT_STRIPE_MIN=16384 --env WEFT_TCP_CHUNK=16384
+                      --env WEFT_TCP_BUSY_POLL=50)
+# (16 flows are opened at connect: 2,048 connections would take 32,768 sockets a process; 512 here.)
+weft_conformance(NAME conformance.tcp.flows16.v11 OVER tcp
+                 ARGS --table 11 --quick --conns 512 --env WEFT_TCP_FLOWS=16 --env WEFT_STRIPE_MIN=16384
+                      --env WEFT_TCP_CHUNK=8192)
 weft_conformance(NAME conformance.tcp.maxrecvs1.v11 OVER tcp ARGS --table 11 --quick --env WEFT_TCP_MAX_RECVS=1)
 
 # GPU memory (--mem cuda, the mock CUDA driver) where the provider has no FI_HMEM (Debian's libfabric): weft does not

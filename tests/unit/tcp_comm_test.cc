@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// The native TCP backend's data comms (src/tcp/tcp_comm.h) between two ends of socket pairs, one pair per rail,
-// through a relay that can change what one end sends: framing, the header check, messages held aside until their
-// receive is posted, a message cut over rails and assembled, and malformed input from a peer (a wrong check word,
-// a message larger than its receive, a stream cut short), which must fail the comm cleanly and touch no buffer.
+// The native TCP backend's data comms (src/tcp/tcp_comm.h) between two ends of socket pairs, one pair per flow,
+// through a relay that can change what one end sends or slow one flow down: framing, the header check, messages
+// held aside until their receive is posted, messages cut into pieces over 2-16 flows and assembled, pieces
+// balanced away from a slow flow, and malformed input from a peer (a wrong check word, a piece no message in
+// flight can take, a message larger than its receive, a stream cut short), which must fail the comm cleanly and
+// touch no buffer.
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -17,13 +19,15 @@
 #include <memory>
 #include <vector>
 
+#include "tcp/tcp_backend.h"
 #include "tcp/tcp_comm.h"
 
 namespace weft::tcp {
 namespace {
 
-// Sender and receiver joined per rail by two socket pairs and a relay in between (the relay copies what the sender
-// wrote on rail k to the receiver's socket, through mutate(k, offset, bytes) when set; cut(k) closes the rail).
+// Sender and receiver joined per flow by two socket pairs and a relay in between (the relay copies what the sender
+// wrote on flow k to the receiver's socket, through mutate(k, offset, bytes) when set; limit[k] ends the flow's
+// stream after that many bytes; every[k] relays flow k on one relay() call in that many only: a slow path).
 struct Link {
   TcpDevice dev;
   std::unique_ptr<TcpSendComm> send;
@@ -32,12 +36,13 @@ struct Link {
   std::vector<uint64_t> relayed;               // bytes relayed so far, per rail
   std::function<void(int, uint64_t, uint8_t*, size_t)> mutate;
 
-  explicit Link(int rails, uint64_t stripeMin = 256 << 10) {
+  explicit Link(int flows, uint64_t stripeMin = 256 << 10, uint32_t chunk = 128 << 10) {
     dev.props.name = "test";
     SocketOptions opts;
     opts.stripeMin = stripeMin;
+    opts.chunk = chunk;
     std::vector<int> sendFds, recvFds;
-    for (int k = 0; k < rails; ++k) {
+    for (int k = 0; k < flows; ++k) {
       int a[2], b[2];
       REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, a) == 0);
       REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, b) == 0);
@@ -48,23 +53,27 @@ struct Link {
       relayed.push_back(0);
       pending.emplace_back();
       limit.push_back(UINT64_MAX);
+      every.push_back(1);
     }
-    send = std::make_unique<TcpSendComm>(dev, sendFds, "peer", opts);
-    recv = std::make_unique<TcpRecvComm>(dev, recvFds, "peer", opts);
+    send = std::make_unique<TcpSendComm>(dev, sendFds, 1, "peer", opts);
+    recv = std::make_unique<TcpRecvComm>(dev, recvFds, 1, "peer", opts);
   }
   ~Link() {
     for (int fd : senderPeer) ::close(fd);
     for (int fd : receiverPeer) ::close(fd);
   }
-  // Moves what the sender wrote on each rail on to the receiver, as far as the receiver's socket takes it now.
+  // Moves what the sender wrote on each flow on to the receiver, as far as the receiver's socket takes it now.
   void relay() {
+    ++calls;
     for (size_t k = 0; k < senderPeer.size(); ++k) {
+      if (calls % every[k] != 0) continue;
       Pending& q = pending[k];
       if (q.off == q.bytes.size()) {
         q.bytes.resize(4096);
         q.off = 0;
         ssize_t n = ::read(senderPeer[k], q.bytes.data(), q.bytes.size());
         q.bytes.resize(n > 0 ? static_cast<size_t>(n) : 0);
+        if (n == 0) ::shutdown(receiverPeer[k], SHUT_WR);  // the sender closed: so does the receiver's stream
         if (n <= 0) continue;
         if (mutate) mutate(static_cast<int>(k), relayed[k], q.bytes.data(), q.bytes.size());
         if (relayed[k] + q.bytes.size() > limit[k]) q.bytes.resize(limit[k] - relayed[k]);
@@ -83,7 +92,9 @@ struct Link {
     size_t off = 0;
   };
   std::vector<Pending> pending;
-  std::vector<uint64_t> limit;  // per rail: bytes relayed before the receiver sees the stream end
+  std::vector<uint64_t> limit;  // per flow: bytes relayed before the receiver sees the stream end
+  std::vector<uint64_t> every;  // per flow: relayed on one call in this many
+  uint64_t calls = 0;
 };
 
 // Tests every request until each is done or one fails; returns the first failure (kOk when all are done). Bounded:
@@ -173,11 +184,13 @@ TEST_CASE("TCP: a message whose receive is not posted yet is held aside and deli
   CHECK(bufEarly == early);
 }
 
-TEST_CASE("TCP: a message cut over two rails is assembled in order", "[tcp]") {
-  Link l(2, /*stripeMin=*/4096);
+// Messages of every size, small ones whole and large ones in pieces, over `flows` flows: each arrives whole, in
+// order, and every flow carried some of them.
+void piecesRoundTrip(int flows, uint32_t chunk) {
+  Link l(flows, /*stripeMin=*/4096, chunk);
   std::vector<std::vector<uint8_t>> out, in;
   std::vector<Request*> reqs;
-  const size_t sizes[] = {100, 4096, 65537, 1 << 20, 3000, (1 << 20) + 3};
+  const size_t sizes[] = {100, 4096, 65537, 1 << 20, 3000, (1 << 20) + 3, 0, 4 << 20, 5000, 300000};
   for (size_t i = 0; i < std::size(sizes); ++i) {
     out.push_back(pattern(sizes[i], static_cast<uint8_t>(40 + i)));
     in.emplace_back(sizes[i], 0);
@@ -189,7 +202,82 @@ TEST_CASE("TCP: a message cut over two rails is assembled in order", "[tcp]") {
     INFO("message " << i);
     CHECK(in[i] == out[i]);
   }
-  CHECK(l.relayed[1] > 0);  // rail 1 carried pieces
+  for (int k = 0; k < flows; ++k) {
+    INFO("flow " << k);
+    CHECK(l.relayed[k] > 0);
+  }
+}
+
+TEST_CASE("TCP: messages cut into pieces over 2, 4 and 16 flows are assembled in order", "[tcp]") {
+  piecesRoundTrip(2, 4096);
+  piecesRoundTrip(4, 65536);
+  piecesRoundTrip(16, 16384);
+}
+
+TEST_CASE("TCP: a flow on a slow path carries fewer pieces, and every message still arrives whole", "[tcp]") {
+  Link l(4, /*stripeMin=*/65536, /*chunk=*/32768);
+  l.every[2] = 8;  // flow 2 moves an eighth as often as the others
+  std::vector<std::vector<uint8_t>> out, in;
+  std::vector<Request*> reqs;
+  for (int i = 0; i < 8; ++i) {
+    out.push_back(pattern(4 << 20, static_cast<uint8_t>(i)));
+    in.emplace_back(4 << 20, 0);
+  }
+  for (int i = 0; i < 8; ++i) reqs.push_back(irecv(l, in[i], i));
+  for (int i = 0; i < 8; ++i) reqs.push_back(isend(l, out[i], i));
+  REQUIRE(drive(l, reqs) == Status::kOk);
+  for (int i = 0; i < 8; ++i) CHECK(in[i] == out[i]);
+  // (flow 0 takes pieces of the newest message only: it carries less whatever its path)
+  const uint64_t fastest = std::max(l.relayed[1], l.relayed[3]);
+  const uint64_t slowest = std::min(l.relayed[1], l.relayed[3]);
+  INFO("bytes per flow: " << l.relayed[0] << " " << l.relayed[1] << " " << l.relayed[2] << " " << l.relayed[3]);
+  CHECK(l.relayed[2] * 2 < slowest);  // the slow flow took less than half of a healthy one's share
+  CHECK(slowest * 2 > fastest);       // the healthy ones shared evenly
+}
+
+TEST_CASE("TCP: a message in pieces whose receive is not posted yet is held aside, and grouped receives match "
+          "any order", "[tcp]") {
+  Link l(4, /*stripeMin=*/4096, /*chunk=*/8192);
+  auto early = pattern(300000, 3), later = pattern(200000, 9), a = pattern(70000, 1), b = pattern(90000, 2);
+  std::vector<uint8_t> bufEarly(300000), bufLater(200000), bufA(70000), bufB(90000);
+  Request* rl = irecv(l, bufLater, 8);
+  Request* s1 = isend(l, early, 7);  // no receive for tag 7 yet: held aside, its pieces too
+  Request* s2 = isend(l, later, 8);
+  REQUIRE(drive(l, {rl, s1, s2}) == Status::kOk);
+  CHECK(bufLater == later);
+  Request* re = irecv(l, bufEarly, 7);
+  REQUIRE(drive(l, {re}) == Status::kOk);
+  CHECK(bufEarly == early);
+  // one grouped receive for tags 11 and 12; the sends come in the other order
+  Request* g = nullptr;
+  void* data[2] = {bufA.data(), bufB.data()};
+  size_t sz[2] = {bufA.size(), bufB.size()};
+  int tags[2] = {11, 12};
+  REQUIRE(l.recv->irecv(2, data, sz, tags, nullptr, false, &g) == Status::kOk);
+  REQUIRE(g != nullptr);
+  Request* sb = isend(l, b, 12);
+  Request* sa = isend(l, a, 11);
+  REQUIRE(drive(l, {g, sa, sb}) == Status::kOk);
+  CHECK(bufA == a);
+  CHECK(bufB == b);
+}
+
+TEST_CASE("TCP: a sender that closes after its last message in pieces still delivers every piece", "[tcp]") {
+  Link l(4, /*stripeMin=*/4096, /*chunk=*/8192);
+  auto out = pattern(256 << 10, 5);
+  std::vector<uint8_t> in(256 << 10, 0);
+  Request* s = isend(l, out, 3);
+  // the send completes into the socket buffers (nothing is posted to take it yet), then the sender closes
+  bool done = false;
+  for (int i = 0; i < 100000 && !done; ++i) {
+    REQUIRE(s->test(&done, nullptr) == Status::kOk);
+    if (!done) l.relay();
+  }
+  REQUIRE(done);
+  l.send.reset();
+  Request* r = irecv(l, in, 3);
+  REQUIRE(drive(l, {r}) == Status::kOk);
+  CHECK(in == out);
 }
 
 TEST_CASE("TCP: a header whose check word is wrong fails the comm and touches no buffer", "[tcp]") {
@@ -228,16 +316,19 @@ TEST_CASE("TCP: a message larger than its receive fails the comm and writes noth
   CHECK(std::count(in.begin(), in.end(), 0xcd) == static_cast<long>(in.size()));
 }
 
-TEST_CASE("TCP: a piece header on rail 1 with a wrong check word fails the comm", "[tcp]") {
-  Link l(2, /*stripeMin=*/4096);
-  l.mutate = [](int k, uint64_t off, uint8_t* p, size_t n) {
-    if (k == 1 && off == 0 && n >= 16) p[13] ^= 0x40;  // rail 1's first piece header
-  };
-  auto out = pattern(1 << 16, 4);
-  std::vector<uint8_t> in(1 << 16, 0);
-  Request* r = irecv(l, in, 2);
-  isend(l, out, 2);
-  CHECK(drive(l, {r}) == Status::kRemote);
+TEST_CASE("TCP: a piece header that names no message in flight fails the comm", "[tcp]") {
+  for (int field : {15, 3}) {  // its kind (the check word's top byte); its offset (far past the message)
+    INFO("byte " << field << " of flow 1's first piece header changed");
+    Link l(2, /*stripeMin=*/4096, /*chunk=*/8192);
+    l.mutate = [field](int k, uint64_t off, uint8_t* p, size_t n) {
+      if (k == 1 && off == 0 && n >= 16) p[field] ^= 0x40;
+    };
+    auto out = pattern(1 << 16, 4);
+    std::vector<uint8_t> in(1 << 16, 0);
+    Request* r = irecv(l, in, 2);
+    isend(l, out, 2);
+    CHECK(drive(l, {r}) == Status::kRemote);
+  }
 }
 
 TEST_CASE("TCP: a stream cut short in the middle of a message fails the receive, never completes it", "[tcp]") {
@@ -248,6 +339,18 @@ TEST_CASE("TCP: a stream cut short in the middle of a message fails the receive,
   Request* r = irecv(l, in, 4);
   isend(l, out, 4);
   CHECK(drive(l, {r}) == Status::kRemote);
+}
+
+TEST_CASE("TCP: flows a connection opens follow the NIC's vendor: clouds that cap flows get several", "[tcp]") {
+  const char* why = nullptr;
+  CHECK(TcpBackend::flowsForNic(0x1d0f, &why) == 16);  // AWS ENA: NCCL Socket's 2 threads x 8 sockets
+  CHECK(std::string(why) == "AWS ENA");
+  CHECK(TcpBackend::flowsForNic(0x1ae0, &why) == 4);   // Google gVNIC: NCCL's 4 x 1
+  CHECK(TcpBackend::flowsForNic(0x1414, &why) == 8);   // Azure MANA
+  CHECK(TcpBackend::flowsForNic(0x1af4, &why) == 4);   // virtio-net
+  CHECK(TcpBackend::flowsForNic(0x15b3, &why) == 1);   // ConnectX: no cap known
+  CHECK(TcpBackend::flowsForNic(0, &why) == 1);        // loopback, veth
+  for (unsigned v : {0x1d0fu, 0x1ae0u, 0x1414u, 0x1af4u}) CHECK(TcpBackend::flowsForNic(v, &why) <= kMaxFlows);
 }
 
 }  // namespace weft::tcp

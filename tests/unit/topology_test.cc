@@ -5,6 +5,8 @@
 #include <catch2/catch.hpp>
 
 #include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <fstream>
 
@@ -224,4 +226,22 @@ TEST_CASE("topology: the PCI path NCCL gets for a NIC is the exact sysfs path, t
     closedir(d);
   }
   if (physical == 0) WARN("no network interface with a PCI device here: only virtual ones compared");
+}
+
+TEST_CASE("topology: a NIC's PCI vendor comes from the topology, else from sysfs; a virtual NIC has none",
+          "[topology]") {
+  const Topology t = fixture("dgx-h100.xml");
+  CHECK(weft::topo::nicPciVendor(t, "enp82s0f0np0", "") == 0x15b3);  // ConnectX, from hwloc
+  // a NIC the topology does not know: its PCI function's vendor file
+  char dir[] = "/tmp/weft-vendor-XXXXXX";
+  REQUIRE(mkdtemp(dir) != nullptr);
+  const std::string path = std::string(dir) + "/0000:00:05.0";
+  REQUIRE(mkdir(path.c_str(), 0755) == 0);
+  std::ofstream(path + "/vendor") << "0x1d0f\n";
+  CHECK(weft::topo::nicPciVendor(t, "ens5", path) == 0x1d0f);
+  CHECK(weft::topo::nicPciVendor(t, "veth0", "") == 0);                      // no PCI device
+  CHECK(weft::topo::nicPciVendor(t, "ens6", std::string(dir) + "/none") == 0);  // no vendor file
+  std::remove((path + "/vendor").c_str());
+  rmdir(path.c_str());
+  rmdir(dir);
 }

@@ -125,6 +125,10 @@ bool isGpu(unsigned classId, unsigned vendorId);
 std::string nicPciPath(const std::string& name, bool rdma);
 // The NUMA node of a NIC in the host topology (by its PCI path, else its name); -1 when unknown or several.
 int numaNodeOfNic(const std::string& name, const std::string& pciPath);
+// The PCI vendor id of a NIC: from the host topology, else sysfs's device/vendor of the network interface; 0 for
+// a virtual NIC (loopback, veth) or one neither knows.
+unsigned nicPciVendor(const std::string& name, const std::string& pciPath);
+unsigned nicPciVendor(const Topology& t, const std::string& name, const std::string& pciPath);
 // Where a connection's NIC sits against its GPU, for its record (docs/topology.md §records): the NIC's NUMA node
 // (`nicNuma` where the backend knows it, else the topology's), the GPU's bus id, and the path between them
 // (kUnknown when either is not in the topology).
