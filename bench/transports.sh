@@ -4,7 +4,11 @@
 # streaming and NCCL's bidirectional step pattern (--quick sizes), over loopback, each configuration once per
 # round, the rounds alternating, medians over rounds and ratios to NCCL's own Socket transport run the same way.
 #
-#   bench/transports.sh [--rounds 5] [--lf2 build/libfabric-2] [--out FILE] [--numa] [--busy N]
+#   bench/transports.sh [--rounds 5] [--lf2 build/libfabric-2] [--out FILE] [--numa] [--busy N] [--tcp-only]
+#                       [--base PLUGIN]
+#
+# --tcp-only: NCCL Socket and weft's TCP backend only. --base PLUGIN: another build's plugin file (an earlier commit)
+# as "weft-tcp-base" beside this one's, for a before/after A/B in the same rounds.
 #
 # --busy N: every run beside N busy-loop processes (weft bench --busy): a host whose cores are all taken.
 #
@@ -19,7 +23,7 @@
 # library is missing is left out and said so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-rounds=5 lf2=build/libfabric-2 out="" numa=0 busy=0
+rounds=5 lf2=build/libfabric-2 out="" numa=0 busy=0 tcponly=0 base=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) rounds=${2:?}; shift 2 ;;
@@ -27,6 +31,8 @@ while [ $# -gt 0 ]; do
     --out) out=${2:?}; shift 2 ;;
     --numa) numa=1; shift ;;
     --busy) busy=${2:?}; shift 2 ;;
+    --tcp-only) tcponly=1; shift ;;
+    --base) base=${2:?}; shift 2 ;;
     *) echo "transports.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -61,6 +67,10 @@ elif [ -n "$lf2lib" ]; then
 else
   echo "transports.sh: no libfabric 2.x at $lf2 (scripts/libfabric2.sh): its configurations are left out" >&2
 fi
+if [ $tcponly = 1 ]; then
+  configs=("${configs[0]}" "${configs[1]}")
+fi
+[ -n "$base" ] && configs+=("weft-tcp-base||$base|WEFT_BACKEND=tcp WEFT_IFACE=lo")
 [ -f "$socket" ] || echo "transports.sh: no NCCL Socket shim at $socket: ratios are to the first configuration" >&2
 raw=$(mktemp -d /tmp/weft-transports-XXXXXX)
 trap 'rm -rf "$raw"' EXIT
@@ -95,7 +105,7 @@ for path in sorted(glob.glob(os.path.join(raw, "*.*"))):
         m = re.match(r"\s+(\d+)\s+([\d.]+)\s*$", line)
         if section == "steps" and m:
             data.setdefault(label, {}).setdefault(f"steps {m.group(1)} conns", []).append(float(m.group(2)))
-pref = ["socket", "weft-tcp", "weft-tcp+numa", "rxm-1.17", "rxm-1.17+numa", "rxm-2.x", "tcp-2.x", "shm-1.17",
+pref = ["socket", "weft-tcp", "weft-tcp-base", "weft-tcp+numa", "rxm-1.17", "rxm-1.17+numa", "rxm-2.x", "tcp-2.x", "shm-1.17",
         "shm-2.x"]
 order = [l for l in pref if l in order] + [l for l in order if l not in pref]
 base = order[0]

@@ -17,6 +17,7 @@
 #include "weft/nccl/net.h"
 #include "weft/transport/agreement.h"
 #include "weft/transport/handle.h"
+#include "tcp/tcp_acceptor.h"
 
 namespace weft::tcp {
 namespace {
@@ -112,6 +113,7 @@ std::unique_ptr<TcpBackend> TcpBackend::discover(std::string* why) {
     ra.addr = i.addr;
     ra.len = i.len;
     d->rails.push_back(ra);
+    d->acceptor = std::make_shared<Acceptor>(d->rails, b->opts_, i.name);
     d->registrar = std::make_unique<NullRegistrar>();
     d->cache = std::make_unique<MrCache>(d->registrar.get());
     DeviceProps& p = d->props;
@@ -193,6 +195,7 @@ Status TcpBackend::makeVDevice(const int* devs, int n, int* out) {
   }
   p.guid = fnv1a64("weft-tcp/" + p.name);
   d->flows = std::min(kMaxFlows / n * n, d->flows * n);  // as many on each interface
+  d->acceptor = std::make_shared<Acceptor>(d->rails, opts_, p.name);
   WEFT_INFO(NCCL_INIT | NCCL_NET, "NET/weft device {}: {} fused by NCCL, {} flows a connection, {} Mb/s", count,
             p.name, d->flows, p.speedMbps);
   DeviceProps slot = p;  // what NCCL sees also names the members
@@ -270,37 +273,18 @@ Status TcpBackend::listen(int dev, const CommConfig& config, void* handle, Liste
   if (!validDevice(dev, "listen")) return Status::kInternal;
   if (handle == nullptr) return Status::kInternal;
   TcpDevice& d = slots_.device(dev);
-  std::vector<int> fds;
   std::vector<sockaddr_storage> addrs;
-  for (const RailAddr& ra : d.rails) {
-    sockaddr_storage sa = ra.addr;
-    socklen_t len = ra.len;
-    int fd = bindTcpSocket(sa, len, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd >= 0) opts_.applyEarly(fd);  // accepted sockets inherit the buffer sizes
-    if (fd < 0 || ::listen(fd, 64) != 0 || ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
-      const int err = errno;
-      WEFT_WARN("listen on {}: cannot open a listening socket at {}: {}", d.props.name,
-                sockaddrString(reinterpret_cast<sockaddr*>(&sa)), std::strerror(err));
-      if (fd >= 0) ::close(fd);
-      for (int f : fds) ::close(f);
-      return err == EMFILE || err == ENFILE ? Status::kSystem : Status::kInternal;
-    }
-    fds.push_back(fd);
-    addrs.push_back(sa);
-  }
+  if (Status st = d.acceptor->open(&addrs); st != Status::kOk) return st;
   WireHandle h;
   h.backend = BackendId::kTcp;
   h.providerHash = providerHash();
   h.token = randomToken();
   if (!encodeRails(addrs, &h)) {
     WEFT_WARN("listen on {}: {} interface addresses do not fit in NCCL's handle", d.props.name, addrs.size());
-    for (int f : fds) ::close(f);
     return Status::kInternal;
   }
   h.encode(handle);
-  WEFT_INFO(NCCL_NET, "listening on {} at {}{}", d.props.name, sockaddrString(reinterpret_cast<sockaddr*>(&addrs[0])),
-            addrs.size() > 1 ? " and " + std::to_string(addrs.size() - 1) + " more interfaces" : std::string());
-  *out = new TcpListenComm(d, std::move(fds), h.token, opts_);
+  *out = new TcpListenComm(d, h.token, opts_);
   return Status::kOk;
 }
 
@@ -321,16 +305,15 @@ Status TcpBackend::connect(int dev, const CommConfig& config, void* handle, Send
     }
     const TcpDevice& d = slots_.device(dev);
     // Interface k meets interface k, over the interfaces both ends have; this end's flows are spread over them.
+    // Flow 0 opens now; the others once the connection carries bulk data (TcpSendComm::startJoins).
     const size_t ifaces = std::min(peer.size(), d.rails.size());
-    const size_t flows = std::max<size_t>(ifaces, static_cast<size_t>(d.flows) / d.rails.size() * ifaces);
+    pc.flows = std::clamp<size_t>(static_cast<size_t>(d.flows) / d.rails.size() * ifaces, 1, kMaxFlows);
     pc.peerName = sockaddrString(reinterpret_cast<sockaddr*>(&peer[0]));
     pc.token = h.token;
     pc.nonce = randomToken();
-    pc.socks.resize(flows);
+    pc.socks.resize(1);
     pc.peer.assign(peer.begin(), peer.begin() + static_cast<long>(ifaces));
-    for (size_t k = 0; k < flows; ++k) {
-      if (Status st = startFlow(d, pc, k); st != Status::kOk) return st;
-    }
+    if (Status st = startFlow(d, pc, 0); st != Status::kOk) return st;
     return Status::kOk;
   };
   return pending_.connect(*this, dev, handle, kCauses, out, start,
@@ -406,7 +389,7 @@ Status TcpBackend::pollConnect(int dev, PendingConnect& pc, SendComm** out) {
       hello.tunerDigest = transport::localDigest();
       hello.nonce = pc.nonce;
       hello.flow = static_cast<uint8_t>(k);
-      hello.flows = static_cast<uint8_t>(flows);
+      hello.flows = static_cast<uint8_t>(pc.flows);
       hello.ifaces = static_cast<uint8_t>(pc.peer.size());
       ssize_t w = ::send(ps.fd, reinterpret_cast<uint8_t*>(&hello) + ps.helloSent, sizeof(hello) - ps.helloSent,
                          MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -475,10 +458,14 @@ Status TcpBackend::pollConnect(int dev, PendingConnect& pc, SendComm** out) {
     fds.push_back(ps.fd);
     ps.fd = -1;  // the comm owns it now
   }
-  *out = numa::make<TcpSendComm>(d.props.numaNode, d, std::move(fds), static_cast<int>(pc.peer.size()), pc.peerName,
-                                 opts_);
+  JoinPlan plan;
+  plan.token = pc.token;
+  plan.nonce = pc.nonce;
+  plan.peers = pc.peer;
+  *out = numa::make<TcpSendComm>(d.props.numaNode, d, std::move(fds), static_cast<int>(pc.flows),
+                                 static_cast<int>(pc.peer.size()), pc.peerName, opts_, std::move(plan));
   WEFT_INFO(NCCL_NET, "connected to {} on {} (tcp{})", pc.peerName, d.props.name,
-            flows > 1 ? ", " + std::to_string(flows) + " flows" : std::string());
+            pc.flows > 1 ? ", " + std::to_string(pc.flows) + " flows as it carries bulk data" : std::string());
   return Status::kOk;
 }
 

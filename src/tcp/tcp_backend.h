@@ -55,6 +55,7 @@ class TcpBackend final : public SlottedBackend<TcpDevice> {
     std::string peerName;
     uint64_t token = 0;
     uint64_t nonce = 0;
+    size_t flows = 1;  // the connection's, flow 0 opened here
     uint8_t handleBytes[kHandleSize];
     std::chrono::steady_clock::time_point started;
     ~PendingConnect();

@@ -2,6 +2,7 @@
 #include "tcp/tcp_comm.h"
 
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -10,11 +11,13 @@
 #include <climits>
 #include <cstring>
 
+#include "weft/common/clock.h"
 #include "weft/common/log.h"
 #include "weft/common/netif.h"
 #include "weft/common/params.h"
 #include "weft/nccl/net.h"
 #include "weft/transport/agreement.h"
+#include "tcp/tcp_acceptor.h"
 
 namespace weft::tcp {
 
@@ -97,16 +100,18 @@ Status TcpRequest::test(bool* done, int* sizes) {
   return comm->testRequest(this, done, sizes);
 }
 
-TcpDataComm::TcpDataComm(TcpDevice& dev, std::vector<int> fds, int ifaces, std::string peerName)
-    : dev_(dev), nFlows_(static_cast<int>(fds.size())), nIfaces_(std::clamp(ifaces, 1, kMaxRails)),
+TcpDataComm::TcpDataComm(TcpDevice& dev, std::vector<int> fds, int flows, int ifaces, std::string peerName)
+    : dev_(dev), nFlows_(std::clamp(std::max(flows, static_cast<int>(fds.size())), 1, kMaxFlows)),
+      ready_(static_cast<int>(fds.size())), nIfaces_(std::clamp(ifaces, 1, kMaxRails)),
       peerName_(std::move(peerName)), pool_(kMaxPool, dev.props.numaNode) {
-  flows_ = numa::makeArray<Flow>(fds.size(), dev.props.numaNode);
+  flows_ = numa::makeArray<Flow>(static_cast<size_t>(nFlows_), dev.props.numaNode);
   if (!flows_) {
     for (int fd : fds) ::close(fd);
     throw std::bad_alloc();
   }
   for (int k = 0; k < nFlows_; ++k) {
-    flows_[k].fd = fds[k];
+    flows_[k].fd = static_cast<size_t>(k) < fds.size() ? fds[k] : -1;
+    flows_[k].ready = flows_[k].fd >= 0;
     flows_[k].iface = static_cast<uint8_t>(k % nIfaces_);
   }
   for (int j = 0; j < nIfaces_; ++j) {
@@ -114,7 +119,7 @@ TcpDataComm::TcpDataComm(TcpDevice& dev, std::vector<int> fds, int ifaces, std::
                                                                      : dev_.props.name.c_str());
   }
   add(counters().commsOpen, 1);
-  add(counters().flowsOpen, nFlows_);
+  add(counters().flowsOpen, ready_);
 }
 
 TcpDataComm::~TcpDataComm() {
@@ -122,7 +127,7 @@ TcpDataComm::~TcpDataComm() {
     if (flows_[k].fd >= 0) ::close(flows_[k].fd);
   }
   add(counters().commsOpen, -1);
-  add(counters().flowsOpen, -nFlows_);
+  add(counters().flowsOpen, -ready_);
 }
 
 TcpRequest* TcpDataComm::acquire() {
@@ -233,10 +238,11 @@ Status TcpDataComm::deregisterMr(MemHandle* mh) {
 
 // ---- sending ----------------------------------------------------------------------------------------------------
 
-TcpSendComm::TcpSendComm(TcpDevice& dev, std::vector<int> fds, int ifaces, std::string peerName,
-                         const SocketOptions& opts)
-    : TcpComm<SendComm>(dev, std::move(fds), ifaces, std::move(peerName)), writeMax_(opts.writeMax),
-      stripeMin_(std::max<uint64_t>(opts.stripeMin, 1)), chunk_(std::max<uint32_t>(opts.chunk, 4096)) {
+TcpSendComm::TcpSendComm(TcpDevice& dev, std::vector<int> fds, int flows, int ifaces, std::string peerName,
+                         const SocketOptions& opts, JoinPlan plan)
+    : TcpComm<SendComm>(dev, std::move(fds), flows, ifaces, std::move(peerName)), plan_(std::move(plan)),
+      writeMax_(opts.writeMax), stripeMin_(std::max<uint64_t>(opts.stripeMin, 1)),
+      chunk_(std::max<uint32_t>(opts.chunk, 4096)), opts_(opts) {
   if (nFlows_ > 1) {
     const size_t n = static_cast<size_t>(nFlows_) * kItemsPerFlow;
     items_ = numa::makeArray<Item>(n, dev.props.numaNode);
@@ -252,6 +258,18 @@ Status TcpSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Reque
   *request = nullptr;
   if (fatal_ != Status::kOk) return fatal_;
   if (Status st = checkMh(mh, data, size, "isend"); st != Status::kOk) return st;
+  if (size >= stripeMin_ && nFlows_ > 1) {
+    // Bulk data: the other flows open now. A large message waits for them a moment (NCCL retries a NULL
+    // request), so that even the first one travels over all of them.
+    if (!joinsStarted_) startJoins();
+    if (joiningLeft_ > 0) {
+      pollJoins();
+      if (joiningLeft_ > 0 && std::chrono::steady_clock::now() - joinStart_ < kJoinWait) {
+        progress();
+        return fatal_;
+      }
+    }
+  }
   TcpRequest* r = acquire();
   if (r == nullptr) return Status::kOk;  // back-pressure
   r->n = 0;
@@ -259,9 +277,10 @@ Status TcpSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Reque
   r->seq = seq_++;
   r->assigned = 0;
   r->itemsLeft = 1;
-  const bool pieces = nFlows_ > 1 && size >= stripeMin_;
+  const bool pieces = ready_ > 1 && size >= stripeMin_;
   Item& h = r->head;
-  MsgHeader mhdr{size | (pieces ? MsgHeader::kInPieces : 0), tag, msgCheck(r->seq)};
+  MsgHeader mhdr{size | (pieces ? MsgHeader::kInPieces : 0) | (joiningLeft_ > 0 ? MsgHeader::kJoining : 0), tag,
+                 msgCheck(r->seq)};
   std::memcpy(h.hdr, &mhdr, sizeof(mhdr));
   h.src = static_cast<const uint8_t*>(data);
   h.len = pieces ? 0 : size;
@@ -337,21 +356,130 @@ void TcpSendComm::itemDone(Item* it) {
 // The flows write in turns, one sendmsg each a round, while any took all it was offered: pieces go to the flows
 // in step with what each socket takes.
 void TcpSendComm::progress() {
+  if (joiningLeft_ > 0) pollJoins();
   bool more = true;
+  // the first flow of a round turns, so that no flow is always first to take pieces
+  const int first = nFlows_ > 1 ? static_cast<int>(turn_++ % static_cast<uint32_t>(nFlows_)) : 0;
   while (more && fatal_ == Status::kOk) {
     more = false;
-    for (int k = 0; k < nFlows_ && fatal_ == Status::kOk; ++k) {
-      if (flows_[k].head != nullptr || bulkHead_ != nullptr) more = progressFlow(k) || more;
+    for (int i = 0; i < nFlows_ && fatal_ == Status::kOk; ++i) {
+      const int k = first + i < nFlows_ ? first + i : first + i - nFlows_;
+      if (flows_[k].ready && (flows_[k].head != nullptr || bulkHead_ != nullptr)) more = progressFlow(k) || more;
     }
   }
+}
+
+TcpSendComm::~TcpSendComm() = default;  // the flows' sockets close with the data comm
+
+void TcpSendComm::startJoins() {
+  joinsStarted_ = true;
+  if (plan_.peers.empty()) return;
+  joining_.reset(new Joining[static_cast<size_t>(nFlows_)]);
+  joinStart_ = std::chrono::steady_clock::now();
+  for (int k = 1; k < nFlows_; ++k) {
+    const size_t j = static_cast<size_t>(k) % plan_.peers.size();
+    const sockaddr_storage& sa = plan_.peers[j];
+    int fd = -1;
+    if (plan_.peers.size() > 1 && j < dev_.rails.size() && dev_.rails[j].addr.ss_family == sa.ss_family) {
+      fd = bindTcpSocket(dev_.rails[j].addr, dev_.rails[j].len, SOCK_NONBLOCK | SOCK_CLOEXEC);  // by interface j
+    } else {
+      fd = ::socket(sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    }
+    if (fd < 0) {
+      WEFT_INFO(NCCL_NET, "connection with {} on {}: flow {} not opened ({}); {} flows carry it", peerName_,
+                dev_.props.name, k, std::strerror(errno), k);
+      break;
+    }
+    opts_.applyEarly(fd);
+    const socklen_t len = sa.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+    if (::connect(fd, reinterpret_cast<const sockaddr*>(&sa), len) != 0 && errno != EINPROGRESS) {
+      WEFT_INFO(NCCL_NET, "connection with {} on {}: flow {} could not connect ({}); left out", peerName_,
+                dev_.props.name, k, std::strerror(errno));
+      ::close(fd);
+      continue;
+    }
+    flows_[k].fd = fd;
+    ++joiningLeft_;
+  }
+}
+
+// Each joining flow, without blocking: connected, hello sent, answer read. A flow that fails to join is closed and
+// left out; the connection carries on with the flows it has.
+void TcpSendComm::pollJoins() {
+  const bool late = std::chrono::steady_clock::now() - joinStart_ > std::chrono::seconds(30);
+  for (int k = 1; k < nFlows_ && joiningLeft_ > 0; ++k) {
+    Flow& f = flows_[k];
+    if (f.fd < 0 || f.ready) continue;
+    Joining& jn = joining_[k];
+    const char* why = nullptr;
+    if (!jn.connected) {
+      pollfd p{f.fd, POLLOUT, 0};
+      if (::poll(&p, 1, 0) > 0) jn.connected = true;
+    }
+    if (jn.connected && jn.helloSent < sizeof(Hello)) {
+      Hello hello{};
+      hello.magic = Hello::kMagic;
+      hello.version = Hello::kVersion;
+      hello.status = Hello::kRequest;
+      hello.token = plan_.token;
+      hello.tunerDigest = transport::localDigest();
+      hello.nonce = plan_.nonce;
+      hello.flow = static_cast<uint8_t>(k);
+      hello.flows = static_cast<uint8_t>(nFlows_);
+      hello.ifaces = static_cast<uint8_t>(plan_.peers.size());
+      const ssize_t w = ::send(f.fd, reinterpret_cast<uint8_t*>(&hello) + jn.helloSent, sizeof(hello) - jn.helloSent,
+                               MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (w > 0) jn.helloSent += static_cast<size_t>(w);
+      if (w < 0 && !wouldBlock(errno) && errno != EINTR) why = std::strerror(errno);
+    }
+    if (why == nullptr && jn.helloSent == sizeof(Hello)) {
+      while (jn.answerGot < sizeof(Hello)) {
+        const ssize_t r = ::recv(f.fd, reinterpret_cast<uint8_t*>(&jn.answer) + jn.answerGot,
+                                 sizeof(Hello) - jn.answerGot, MSG_DONTWAIT);
+        if (r > 0) {
+          jn.answerGot += static_cast<size_t>(r);
+          continue;
+        }
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0 && wouldBlock(errno)) break;
+        why = r == 0 ? "the listener closed it" : std::strerror(errno);
+        break;
+      }
+      if (jn.answerGot == sizeof(Hello)) {
+        const Hello& a = jn.answer;
+        if (a.magic != Hello::kMagic || a.version != Hello::kVersion || a.status != Hello::kAccepted ||
+            a.token != plan_.token || a.nonce != plan_.nonce || a.flow != k) {
+          why = "refused by the listener";
+        } else {
+          opts_.applyConnected(f.fd);
+          f.ready = true;
+          ++ready_;
+          --joiningLeft_;
+          add(counters().flowsOpen, 1);
+          if (joiningLeft_ == 0) {
+            WEFT_INFO(NCCL_NET, "connection with {} on {}: {} flows", peerName_, dev_.props.name, ready_);
+          }
+          continue;
+        }
+      }
+    }
+    if (why == nullptr && late) why = "no answer within 30 s";
+    if (why == nullptr) continue;
+    WEFT_INFO(NCCL_NET, "connection with {} on {}: flow {} did not join ({}); left out", peerName_, dev_.props.name,
+              k, why);
+    ::close(f.fd);
+    f.fd = -1;
+    --joiningLeft_;
+  }
+  if (joiningLeft_ == 0) joining_.reset();
 }
 
 bool TcpSendComm::progressFlow(int k) {
   Flow& f = flows_[k];
   constexpr int kIov = 64;
   {
-    // A flow keeps about two chunks queued: one being written, one to follow in the same call.
-    while (f.queued < 2 * uint64_t{chunk_} && bulkHead_ != nullptr && pullPiece(k)) {
+    // A flow takes a piece when less than one is queued on it: one being written, at most one to follow.
+    while (f.queued < chunk_ && bulkHead_ != nullptr && pullPiece(k)) {
     }
     if (f.head == nullptr) return false;
     iovec iov[kIov];
@@ -411,19 +539,49 @@ void TcpSendComm::forget(TcpRequest* r) { unlink(bulkHead_, bulkTail_, r); }
 
 // ---- receiving --------------------------------------------------------------------------------------------------
 
-TcpRecvComm::TcpRecvComm(TcpDevice& dev, std::vector<int> fds, int ifaces, std::string peerName,
-                         const SocketOptions& opts)
-    : TcpComm<RecvComm>(dev, std::move(fds), ifaces, std::move(peerName)),
-      stage_(numa::makeArray<uint8_t>(kStage, dev.props.numaNode)) {
-  (void)opts;  // the sender decides what travels in pieces (its header says so)
+TcpRecvComm::TcpRecvComm(TcpDevice& dev, std::vector<int> fds, int flows, int ifaces, std::string peerName,
+                         std::shared_ptr<Acceptor> acceptor, uint64_t token, uint64_t nonce)
+    : TcpComm<RecvComm>(dev, std::move(fds), flows, ifaces, std::move(peerName)),
+      acceptor_(std::move(acceptor)), token_(token), stage_(numa::makeArray<uint8_t>(kStage, dev.props.numaNode)) {
   if (!stage_) throw std::bad_alloc();
   if (nFlows_ > 1) {
     slots_ = numa::makeArray<Slot>(kWindow, dev.props.numaNode);
     if (!slots_) throw std::bad_alloc();
+    if (acceptor_ && ready_ < nFlows_) {
+      box_.nonce = nonce;
+      box_.flows = nFlows_;
+      acceptor_->addJoin(token_, &box_);
+    }
+  }
+}
+
+// Flows the acceptor handed over, into their places.
+void TcpRecvComm::adoptFlows() {
+  std::vector<std::pair<int, int>> got;
+  {
+    std::lock_guard<std::mutex> lock(acceptor_->mutex());
+    got.swap(box_.fds);
+    box_.waiting.store(0, std::memory_order_relaxed);
+  }
+  for (auto [k, fd] : got) {
+    Flow& f = flows_[k];
+    if (k <= 0 || k >= nFlows_ || f.fd >= 0) {
+      ::close(fd);
+      continue;
+    }
+    f.fd = fd;
+    f.ready = true;
+    ++ready_;
+    add(counters().flowsOpen, 1);
+  }
+  if (ready_ == nFlows_) {
+    acceptor_->removeJoin(token_, &box_);
+    WEFT_INFO(NCCL_NET, "connection with {} on {}: {} flows", peerName_, dev_.props.name, ready_);
   }
 }
 
 TcpRecvComm::~TcpRecvComm() {
+  if (acceptor_ && nFlows_ > 1 && ready_ < nFlows_) acceptor_->removeJoin(token_, &box_);
   while (unexpHead_ != nullptr) {
     Unexpected* u = unexpHead_;
     unexpHead_ = u->next;
@@ -532,7 +690,9 @@ size_t TcpRecvComm::readSome(int k, uint8_t* p, size_t len, bool mayEnd) {
       add(counters().bytesReceived, got);
       return static_cast<size_t>(got);
     }
-    if (got == 0) {
+    // Between pieces a flow may end: the sender closed after its last send. A reset there is an end too: a
+    // sender that closes while a flow is still joining (its answer unread) resets that flow, which carried nothing.
+    if (got == 0 || (got < 0 && errno == ECONNRESET && mayEnd && k > 0)) {
       if (mayEnd) {
         flows_[k].ended = true;
         flowEnded(k);
@@ -552,8 +712,9 @@ size_t TcpRecvComm::readSome(int k, uint8_t* p, size_t len, bool mayEnd) {
 // A sender closes its comm once its sends are in the kernel: flows end one by one, each at a message or piece
 // boundary. Headers come on flow 0 only; pieces on any flow.
 void TcpRecvComm::flowEnded(int k) {
+  if (box_.waiting.load(std::memory_order_acquire) > 0) adoptFlows();
   bool all = true;
-  for (int j = 0; j < nFlows_; ++j) all = all && flows_[j].ended;
+  for (int j = 0; j < nFlows_; ++j) all = all && (flows_[j].ended || flows_[j].fd < 0);
   const bool headersWanted = flows_[0].ended && unmatched_ > 0;
   if (!headersWanted && !(all && piecesOpen())) return;
   flowDown(k, RailEvent::kPeerGone);
@@ -641,7 +802,7 @@ bool TcpRecvComm::matchHeader() {
     return false;
   }
   const bool pieces = (h.size & MsgHeader::kInPieces) != 0;
-  const uint64_t size = h.size & ~MsgHeader::kInPieces;
+  const uint64_t size = h.size & MsgHeader::kSizeMask;
   if (pieces && nFlows_ == 1) {
     fail(Status::kRemote, "a message in pieces on a connection of one flow: the stream is corrupt");
     return false;
@@ -689,6 +850,7 @@ bool TcpRecvComm::matchHeader() {
     mr->got[mi] = 0;
   }
   begin_ += sizeof(MsgHeader);
+  joinHint_ = (h.size & MsgHeader::kJoining) != 0;
   if (slot != nullptr && size > 0) {
     *slot = Slot{mr, u, static_cast<uint8_t>(mi), true, seq_ & kSeqMask, size, size};
     ++openSlots_;
@@ -773,7 +935,7 @@ void TcpRecvComm::progressFlow0() {
 
 void TcpRecvComm::progressPieces(int k) {
   Flow& f = flows_[k];
-  while (fatal_ == Status::kOk && !f.ended) {
+  while (fatal_ == Status::kOk && !f.ended && f.fd >= 0) {
     if (!f.inPiece) {
       if (f.hdrGot < sizeof(PieceHeader)) {
         const size_t n = readSome(k, reinterpret_cast<uint8_t*>(&f.hdrIn) + f.hdrGot, sizeof(PieceHeader) - f.hdrGot,
@@ -809,155 +971,56 @@ void TcpRecvComm::progressPieces(int k) {
 }
 
 void TcpRecvComm::progress() {
+  if (ready_ < nFlows_ && acceptor_) {
+    // flows on their way: the acceptor is polled now and then while the sender says so, or pieces are open
+    if (box_.waiting.load(std::memory_order_acquire) > 0) {
+      adoptFlows();
+    } else if (joinHint_ || piecesOpen() ? (++joinPolls_ & 15) == 0 : coarseNowMs() != lastJoinPollMs_) {
+      // every millisecond at most while nothing says flows are on their way (a connection that carries small
+      // messages only never opens them: the look costs a clock read)
+      lastJoinPollMs_ = coarseNowMs();
+      (void)acceptor_->poll(false);
+      if (box_.waiting.load(std::memory_order_acquire) > 0) adoptFlows();
+    }
+  }
   progressFlow0();
   for (int k = 1; k < nFlows_ && fatal_ == Status::kOk; ++k) progressPieces(k);
 }
 
 // ---- listening --------------------------------------------------------------------------------------------------
 
-TcpListenComm::TcpListenComm(TcpDevice& dev, std::vector<int> fds, uint64_t token, SocketOptions opts)
-    : dev_(dev), listenFds_(std::move(fds)), token_(token), opts_(opts) {}
-
-TcpListenComm::~TcpListenComm() {
-  for (auto& in : incoming_) ::close(in.fd);
-  for (int fd : listenFds_) ::close(fd);
+TcpListenComm::TcpListenComm(TcpDevice& dev, uint64_t token, SocketOptions opts)
+    : dev_(dev), token_(token), opts_(opts) {
+  dev_.acceptor->addListen(token_);
 }
+
+TcpListenComm::~TcpListenComm() { dev_.acceptor->removeListen(token_); }
 
 Status TcpListenComm::accept(RecvComm** recvComm) {
   *recvComm = nullptr;
-  for (size_t k = 0; k < listenFds_.size(); ++k) {
-    while (incoming_.size() < kMaxIncoming) {
-      sockaddr_storage sa{};
-      socklen_t len = sizeof(sa);
-      int fd = ::accept4(listenFds_[k], reinterpret_cast<sockaddr*>(&sa), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) {
-        if (errno == EINTR || errno == ECONNABORTED) continue;
-        if (wouldBlock(errno)) break;
-        WEFT_WARN("accept on {}: {}", dev_.props.name, std::strerror(errno));
-        return errno == EMFILE || errno == ENFILE ? Status::kSystem : Status::kInternal;
-      }
-      Incoming in;
-      in.fd = fd;
-      in.listenIface = static_cast<int>(k);
-      in.peer = sockaddrString(reinterpret_cast<sockaddr*>(&sa));
-      in.started = std::chrono::steady_clock::now();
-      incoming_.push_back(std::move(in));
-    }
-  }
+  Arrival a;
   bool mismatch = false;
-  for (size_t k = 0; k < incoming_.size();) {
-    Incoming& in = incoming_[k];
-    if (!in.ready && serve(in, &mismatch)) {
-      incoming_.erase(incoming_.begin() + static_cast<long>(k));
-      continue;
-    }
-    if (!in.ready && std::chrono::steady_clock::now() - in.started > kHelloTimeout) {
-      WEFT_WARN("accept on {}: {} connected but sent no complete hello within {} s; dropped", dev_.props.name,
-                in.peer, kHelloTimeout.count());
-      ::close(in.fd);
-      incoming_.erase(incoming_.begin() + static_cast<long>(k));
-      continue;
-    }
-    ++k;
-  }
+  Status error = Status::kOk;
+  const bool got = dev_.acceptor->takeArrival(token_, &a, &mismatch, &error);
   // A peer whose tuner would decide differently fails the accept, as on the other backends: NCCL's init then
   // stops with the warning that names both, instead of hanging later.
   if (mismatch) return Status::kInvalidUsage;
-  // A connection is complete when every one of its flows said hello (same nonce).
-  for (const Incoming& first : incoming_) {
-    if (!first.ready || first.hello.flow != 0) continue;
-    const int flows = first.hello.flows;
-    std::vector<size_t> members(static_cast<size_t>(flows), SIZE_MAX);
-    for (size_t k = 0; k < incoming_.size(); ++k) {
-      const Incoming& in = incoming_[k];
-      if (in.ready && in.hello.nonce == first.hello.nonce && in.hello.flows == flows &&
-          in.hello.ifaces == first.hello.ifaces && in.hello.flow < flows) {
-        members[in.hello.flow] = k;
-      }
-    }
-    if (std::find(members.begin(), members.end(), SIZE_MAX) != members.end()) continue;
-    std::vector<int> fds;
-    for (size_t m : members) {
-      answer(incoming_[m], Hello::kAccepted, nullptr);
-      fds.push_back(incoming_[m].fd);  // -1 where the answer could not be sent (the connector is gone)
-    }
-    const std::string peer = first.peer;
-    const int ifaces = first.hello.ifaces;
-    std::vector<Incoming> rest;
-    for (size_t k = 0; k < incoming_.size(); ++k) {
-      if (std::find(members.begin(), members.end(), k) == members.end()) rest.push_back(incoming_[k]);
-    }
-    incoming_ = std::move(rest);
-    if (std::find(fds.begin(), fds.end(), -1) != fds.end()) {
-      WEFT_INFO(NCCL_NET, "accept on {}: {} went away during the handshake", dev_.props.name, peer);
-      for (int fd : fds) {
-        if (fd >= 0) ::close(fd);
-      }
-      return Status::kOk;
-    }
-    used_ = true;
-    for (int fd : fds) opts_.applyConnected(fd);
-    *recvComm = numa::make<TcpRecvComm>(dev_.props.numaNode, dev_, fds, ifaces, peer, opts_);
-    WEFT_INFO(NCCL_NET, "accepted {} on {} (tcp{})", peer, dev_.props.name,
-              fds.size() > 1 ? ", " + std::to_string(fds.size()) + " flows" : std::string());
+  if (error != Status::kOk) return error;
+  if (!got) return Status::kOk;
+  // The comm exists (and waits for its further flows) before the connector hears it is accepted.
+  auto* comm = numa::make<TcpRecvComm>(dev_.props.numaNode, dev_, std::vector<int>{a.fd}, a.hello.flows,
+                                       a.hello.ifaces, a.peer, dev_.acceptor, token_, a.hello.nonce);
+  if (!sendAnswer(a.fd, a.hello, Hello::kAccepted)) {
+    WEFT_INFO(NCCL_NET, "accept on {}: {} went away during the handshake", dev_.props.name, a.peer);
+    delete comm;  // closes the socket
     return Status::kOk;
   }
+  opts_.applyConnected(a.fd);
+  *recvComm = comm;
+  WEFT_INFO(NCCL_NET, "accepted {} on {} (tcp{})", a.peer, dev_.props.name,
+            a.hello.flows > 1 ? ", " + std::to_string(a.hello.flows) + " flows as it carries bulk data"
+                              : std::string());
   return Status::kOk;
-}
-
-// Sends the verdict; a refusal closes the socket. An accepted socket whose answer could not be sent whole (32 bytes
-// into a fresh connection's empty buffer: only when the connector is gone) is closed too, its fd set to -1.
-void TcpListenComm::answer(Incoming& in, uint16_t status, const char* why) {
-  Hello a{};
-  a.magic = Hello::kMagic;
-  a.version = Hello::kVersion;
-  a.status = status;
-  a.token = in.hello.token;
-  a.tunerDigest = transport::localDigest();
-  a.nonce = in.hello.nonce;
-  a.flow = in.hello.flow;
-  a.flows = in.hello.flows;
-  a.ifaces = in.hello.ifaces;
-  if (why != nullptr) WEFT_WARN("accept on {}: refused {}: {}", dev_.props.name, in.peer, why);
-  const ssize_t w = ::send(in.fd, &a, sizeof(a), MSG_NOSIGNAL | MSG_DONTWAIT);
-  if (status != Hello::kAccepted || w != static_cast<ssize_t>(sizeof(a))) {
-    ::close(in.fd);
-    in.fd = -1;
-  }
-}
-
-bool TcpListenComm::serve(Incoming& in, bool* tunerMismatch) {
-  while (in.got < sizeof(Hello)) {
-    ssize_t r = ::recv(in.fd, reinterpret_cast<uint8_t*>(&in.hello) + in.got, sizeof(Hello) - in.got, MSG_DONTWAIT);
-    if (r > 0) {
-      in.got += static_cast<size_t>(r);
-      continue;
-    }
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0 && wouldBlock(errno)) return false;
-    WEFT_INFO(NCCL_NET, "accept on {}: {} went away during the handshake", dev_.props.name, in.peer);
-    ::close(in.fd);
-    return true;
-  }
-  const Hello& h = in.hello;
-  if (h.magic != Hello::kMagic || h.version != Hello::kVersion || h.status != Hello::kRequest) {
-    answer(in, Hello::kBadRequest, "not a weft TCP hello of this version (run the same weft build on every node)");
-  } else if (h.token != token_) {
-    answer(in, Hello::kWrongToken, "wrong token: the handle belongs to another listen or job");
-  } else if (h.flows < 1 || h.flows > kMaxFlows || h.flow >= h.flows || h.ifaces < 1 ||
-             h.ifaces > listenFds_.size() || h.flow % h.ifaces != in.listenIface) {
-    answer(in, Hello::kBadRequest, "a flow or interface this listen does not have");
-  } else if (used_) {
-    answer(in, Hello::kUsed, "this listen's handle was used already (a replayed handle)");
-  } else if (!transport::agreesWith(h.tunerDigest)) {
-    WEFT_WARN("accept on {}: {}", dev_.props.name, transport::agreementMismatch(h.tunerDigest, in.peer));
-    answer(in, Hello::kTunerMismatch, nullptr);
-    *tunerMismatch = true;
-  } else {
-    in.ready = true;
-    return false;
-  }
-  return true;
 }
 
 }  // namespace weft::tcp

@@ -79,6 +79,8 @@ constexpr bool isPiece(uint32_t check) { return (check >> 24) == 0x50; }
 
 struct MsgHeader {
   static constexpr uint64_t kInPieces = uint64_t{1} << 63;  // in size: the payload travels as pieces
+  static constexpr uint64_t kJoining = uint64_t{1} << 62;   // in size: the sender is opening more flows
+  static constexpr uint64_t kSizeMask = kJoining - 1;
   uint64_t size;
   int32_t tag;
   uint32_t check;
@@ -103,6 +105,8 @@ Counters& counters();
 // bookkeeping only (TCP needs none), kept so handles behave as on the other backends.
 constexpr int kMaxRails = kMaxDevsPerNic;  // interfaces a device may have; per table: weft::maxDevsPerNic()
 
+class Acceptor;
+
 struct RailAddr {
   std::string ifname;
   sockaddr_storage addr{};
@@ -111,6 +115,7 @@ struct RailAddr {
 
 struct TcpDevice {
   DeviceProps props;
+  std::shared_ptr<Acceptor> acceptor;  // its listening sockets
   std::vector<RailAddr> rails;  // one for an interface; several for a device NCCL fused
   int flows = 1;                // flows a connection opens (all interfaces together)
   std::unique_ptr<Registrar> registrar;
@@ -135,6 +140,21 @@ struct SocketOptions {
 
 class TcpDataComm;
 class TcpRequest;
+
+// Flows that joined an accepted connection, for its receive comm to adopt (filled under the acceptor's mutex).
+struct JoinBox {
+  std::atomic<int> waiting{0};
+  std::vector<std::pair<int, int>> fds;  // (flow, fd)
+  uint64_t nonce = 0;
+  int flows = 1;
+};
+
+// What a send comm needs to open its connection's further flows: the listener's address on each interface, the
+// handle's token and the connection's nonce.
+struct JoinPlan {
+  uint64_t token = 0, nonce = 0;
+  std::vector<sockaddr_storage> peers;
+};
 
 // A message whose receive was not posted when its header came (a PXN sub ahead of the others in its group), held
 // aside in memory of its own until a receive matches it; from then on its remaining bytes go to that receive.
@@ -187,7 +207,8 @@ class TcpRequest final : public Request {
 
 // One TCP flow of a comm.
 struct Flow {
-  int fd = -1;
+  int fd = -1;        // -1: not open (yet)
+  bool ready = false;  // send: open and accepted by the peer; recv: adopted
   uint8_t iface = 0;  // the device's interface it leaves by (its health)
   // send: its queue of items and their unsent bytes
   Item* head = nullptr;
@@ -205,7 +226,8 @@ struct Flow {
 // A comm, its requests and its staging buffer live on the NUMA node of its interface (numa::make, docs/topology.md).
 class TcpDataComm : public numa::Placed {
  public:
-  TcpDataComm(TcpDevice& dev, std::vector<int> fds, int ifaces, std::string peerName);
+  // fds: the flows open now (flow 0 first); `flows` in all, the rest joining later.
+  TcpDataComm(TcpDevice& dev, std::vector<int> fds, int flows, int ifaces, std::string peerName);
   virtual ~TcpDataComm();
   TcpDataComm(const TcpDataComm&) = delete;
   TcpDataComm& operator=(const TcpDataComm&) = delete;
@@ -223,6 +245,7 @@ class TcpDataComm : public numa::Placed {
     return nIfaces_ > 1 ? health_ : nullptr;
   }
   int flowCount() const { return nFlows_; }
+  int flowsReady() const { return ready_; }
 
  protected:
   TcpRequest* acquire();
@@ -238,6 +261,7 @@ class TcpDataComm : public numa::Placed {
   TcpDevice& dev_;
   numa::ArrayPtr<Flow> flows_;
   int nFlows_ = 1;
+  int ready_ = 1;  // flows open and usable
   int nIfaces_ = 1;
   RailHealth health_[kMaxRails];  // comms over several interfaces: each interface's (messages and bytes sent,
                                   // why it failed)
@@ -257,7 +281,9 @@ using TcpComm = CommAdaptor<Iface, TcpDataComm>;
 
 class TcpSendComm final : public TcpComm<SendComm> {
  public:
-  TcpSendComm(TcpDevice& dev, std::vector<int> fds, int ifaces, std::string peerName, const SocketOptions& opts);
+  TcpSendComm(TcpDevice& dev, std::vector<int> fds, int flows, int ifaces, std::string peerName,
+              const SocketOptions& opts, JoinPlan plan);
+  ~TcpSendComm() override;
   Status isend(void* data, size_t size, int tag, MemHandle* mh, Request** request) override;
   void progress() override;
 
@@ -267,9 +293,26 @@ class TcpSendComm final : public TcpComm<SendComm> {
   void enqueue(Flow& f, Item* it);
   bool pullPiece(int k);  // hands flow k the next piece of the oldest message in pieces: false when none
   void itemDone(Item* it);
+  // Further flows: connected once the connection carries a message in pieces' size, each with its hello; a flow
+  // that cannot join (refused, no answer within the hello timeout) is left out.
+  void startJoins();
+  void pollJoins();
+  struct Joining {
+    size_t helloSent = 0, answerGot = 0;
+    Hello answer{};
+    bool connected = false;
+  };
+  JoinPlan plan_;
+  std::unique_ptr<Joining[]> joining_;
+  int joiningLeft_ = 0;
+  bool joinsStarted_ = false;
+  std::chrono::steady_clock::time_point joinStart_;
+  static constexpr std::chrono::milliseconds kJoinWait{200};  // a large message waits this long for them at most
   size_t writeMax_;  // bytes one sendmsg offers at most (WEFT_TCP_WRITE_MAX)
   uint64_t stripeMin_;
   uint32_t chunk_;
+  SocketOptions opts_;
+  uint32_t turn_ = 0;               // which flow writes first in a round
   TcpRequest* bulkHead_ = nullptr;  // messages whose pieces are not all handed out, in order
   TcpRequest* bulkTail_ = nullptr;
   // piece items (several flows only): a free list over one array
@@ -280,7 +323,8 @@ class TcpSendComm final : public TcpComm<SendComm> {
 
 class TcpRecvComm final : public TcpComm<RecvComm> {
  public:
-  TcpRecvComm(TcpDevice& dev, std::vector<int> fds, int ifaces, std::string peerName, const SocketOptions& opts);
+  TcpRecvComm(TcpDevice& dev, std::vector<int> fds, int flows, int ifaces, std::string peerName,
+              std::shared_ptr<Acceptor> acceptor, uint64_t token, uint64_t nonce);
   ~TcpRecvComm() override;
   Status irecv(int n, void** data, const size_t* sizes, const int* tags, MemHandle** mhs, bool optional,
                Request** request) override;
@@ -307,6 +351,14 @@ class TcpRecvComm final : public TcpComm<RecvComm> {
   void flowEnded(int k);  // fails the comm when what it still waits for can no longer come
   bool piecesOpen() const { return openSlots_ > 0; }
   int openSlots_ = 0;
+  // Flows joining later: the acceptor hands them over in box_; polled while the sender says it opens flows.
+  void adoptFlows();
+  std::shared_ptr<Acceptor> acceptor_;
+  uint64_t token_ = 0;
+  JoinBox box_;
+  bool joinHint_ = false;
+  uint32_t joinPolls_ = 0;
+  int64_t lastJoinPollMs_ = 0;
   TcpRequest* head_ = nullptr;  // posted receives, in order; completed ones leave from anywhere
   TcpRequest* tail_ = nullptr;
   int unmatched_ = 0;  // posted buffers whose message's header has not come yet
@@ -342,35 +394,17 @@ class TcpRecvComm final : public TcpComm<RecvComm> {
   bool matchUnexpected(TcpRequest* r, int i);
 };
 
+// A listen: its token, registered with the device's acceptor (tcp_acceptor.h), whose sockets the handle names.
 class TcpListenComm final : public ListenComm {
  public:
-  // One listening socket per interface of the device.
-  TcpListenComm(TcpDevice& dev, std::vector<int> fds, uint64_t token, SocketOptions opts);
+  TcpListenComm(TcpDevice& dev, uint64_t token, SocketOptions opts);
   ~TcpListenComm() override;
   Status accept(RecvComm** recvComm) override;
 
  private:
-  struct Incoming {
-    int fd = -1;
-    int listenIface = 0;  // the listening socket it came in on
-    std::string peer;
-    Hello hello{};
-    size_t got = 0;
-    bool ready = false;  // a well-formed hello for this listen is in, waiting for its connection's other flows
-    std::chrono::steady_clock::time_point started;
-  };
-  // Reads what has arrived of its hello. Returns true when the socket is finished with here (refused and closed);
-  // a good hello leaves it ready.
-  bool serve(Incoming& in, bool* tunerMismatch);
-  void answer(Incoming& in, uint16_t status, const char* why);
   TcpDevice& dev_;
-  std::vector<int> listenFds_;
   uint64_t token_;
   SocketOptions opts_;
-  bool used_ = false;  // a connection was accepted: the handle is spent
-  std::vector<Incoming> incoming_;
-  static constexpr size_t kMaxIncoming = 2 * kMaxFlows;
-  static constexpr std::chrono::seconds kHelloTimeout{30};
 };
 
 }  // namespace weft::tcp

@@ -55,8 +55,8 @@ struct Link {
       limit.push_back(UINT64_MAX);
       every.push_back(1);
     }
-    send = std::make_unique<TcpSendComm>(dev, sendFds, 1, "peer", opts);
-    recv = std::make_unique<TcpRecvComm>(dev, recvFds, 1, "peer", opts);
+    send = std::make_unique<TcpSendComm>(dev, sendFds, flows, 1, "peer", opts, JoinPlan{});
+    recv = std::make_unique<TcpRecvComm>(dev, recvFds, flows, 1, "peer", nullptr, 0, 0);
   }
   ~Link() {
     for (int fd : senderPeer) ::close(fd);
