@@ -73,6 +73,11 @@ const std::vector<Def> kDefs = {
    "bytes; a larger one is cut into WEFT_TCP_CHUNK pieces the flows take as they have room. 0: from the NIC's PCI "
    "vendor, for clouds that cap each flow (16 on AWS ENA, 8 on Azure MANA, 4 on Google gVNIC and virtio-net), "
    "else 1."},
+  {"WEFT_TCP_NOTSENT_LOWAT", Kind::kInt, "262144", 0, 1 << 30, nullptr,
+   "Native TCP backend, connections of several flows: TCP_NOTSENT_LOWAT on each flow's socket, in bytes: the "
+   "kernel takes no more from a flow while this much of it is unsent, so pieces go to the flows whose path "
+   "drains and a message header on flow 0 never waits behind megabytes of buffered pieces. 0: off (the kernel's "
+   "buffers fill to their autotuned size)."},
   {"WEFT_TCP_CHUNK", Kind::kInt, "131072", 4096, 1 << 30, nullptr,
    "Native TCP backend, several flows: bytes a piece of a large message carries; each flow takes the next piece "
    "when its socket has room, so a flow on a slower path carries less."},

@@ -129,11 +129,18 @@ std::unique_ptr<TcpBackend> TcpBackend::discover(std::string* why) {
     p.regIsGlobal = true;
     const char* why = "WEFT_TCP_FLOWS";
     d->flows = forcedFlows > 0 ? forcedFlows : flowsForNic(topo::nicPciVendor(i.name, p.pciPath), &why);
+    if (forcedFlows == 0 && d->flows == 1 && !i.loopback) {
+      // A NIC without a flow cap weft knows: each connection finds its count, from one flow up.
+      d->flows = kGrowMax;
+      d->grow = true;
+      why = "a NIC weft does not know: grown while more flows add bandwidth";
+    }
     const int flows = d->flows;
+    const bool grow = d->grow;
     const int k = b->slots_.add(std::move(d), p);
-    WEFT_INFO(NCCL_INIT | NCCL_NET, "NET/weft device {}: {} (native TCP) at {}, {} Mb/s, pci {}, {} flow{} a connection "
-              "({})", k, p.name, p.fabric, p.speedMbps, p.pciPath.empty() ? "none" : p.pciPath, flows,
-              flows > 1 ? "s" : "", why);
+    WEFT_INFO(NCCL_INIT | NCCL_NET, "NET/weft device {}: {} (native TCP) at {}, {} Mb/s, pci {}, {}{} flow{} a "
+              "connection ({})", k, p.name, p.fabric, p.speedMbps, p.pciPath.empty() ? "none" : p.pciPath,
+              grow ? "up to " : "", flows, flows > 1 ? "s" : "", why);
   }
   return b;
 }
@@ -189,6 +196,7 @@ Status TcpBackend::makeVDevice(const int* devs, int n, int* out) {
     const TcpDevice& m = slots_.device(devs[j]);
     d->rails.push_back(m.rails[0]);
     d->flows = std::max(d->flows, m.flows);
+    d->grow = d->grow || m.grow;
     p.name += (j ? "+" : "") + m.props.name;
     p.speedMbps += m.props.speedMbps;
     p.fabric += (j ? "," : "") + m.props.fabric;

@@ -37,6 +37,7 @@ class TcpBackend final : public SlottedBackend<TcpDevice> {
   static uint32_t providerHash();
   // Flows a connection opens on a NIC of this PCI vendor when WEFT_TCP_FLOWS is 0; *why names the NIC.
   static int flowsForNic(unsigned vendor, const char** why);
+  static constexpr int kGrowMax = 16;  // flows a connection may grow to on a NIC weft does not know
   // A device's interfaces and their addresses (the RMA transport listens on the first one's).
   const TcpDevice& device(int dev) const { return slots_.device(dev); }
   const SocketOptions& socketOptions() const { return opts_; }

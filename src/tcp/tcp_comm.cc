@@ -58,6 +58,7 @@ SocketOptions SocketOptions::fromParams() {
   o.writeMax = static_cast<size_t>(params::getInt("WEFT_TCP_WRITE_MAX"));
   o.stripeMin = static_cast<uint64_t>(params::getInt("WEFT_STRIPE_MIN"));
   o.chunk = static_cast<uint32_t>(params::getInt("WEFT_TCP_CHUNK"));
+  o.notsentLowat = static_cast<int>(params::getInt("WEFT_TCP_NOTSENT_LOWAT"));
   return o;
 }
 
@@ -66,6 +67,10 @@ void SocketOptions::applyEarly(int fd) const {
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sockBuf, sizeof(sockBuf));
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sockBuf, sizeof(sockBuf));
   }
+}
+
+void SocketOptions::applyFlow(int fd) const {
+  if (notsentLowat > 0) setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &notsentLowat, sizeof(notsentLowat));
 }
 
 void SocketOptions::applyConnected(int fd) const {
@@ -243,6 +248,8 @@ TcpSendComm::TcpSendComm(TcpDevice& dev, std::vector<int> fds, int flows, int if
     : TcpComm<SendComm>(dev, std::move(fds), flows, ifaces, std::move(peerName)), plan_(std::move(plan)),
       writeMax_(opts.writeMax), stripeMin_(std::max<uint64_t>(opts.stripeMin, 1)),
       chunk_(std::max<uint32_t>(opts.chunk, 4096)), opts_(opts) {
+  grow_ = dev.grow && nFlows_ > 1;
+  opened_ = ready_;  // flow 0, or every flow where the caller opened them all
   if (nFlows_ > 1) {
     const size_t n = static_cast<size_t>(nFlows_) * kItemsPerFlow;
     items_ = numa::makeArray<Item>(n, dev.props.numaNode);
@@ -261,7 +268,7 @@ Status TcpSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Reque
   if (size >= stripeMin_ && nFlows_ > 1) {
     // Bulk data: the other flows open now. A large message waits for them a moment (NCCL retries a NULL
     // request), so that even the first one travels over all of them.
-    if (!joinsStarted_) startJoins();
+    if (!joinsStarted_) openFlows(grow_ ? nIfaces_ : nFlows_);  // growing: the first window on a flow an interface
     if (joiningLeft_ > 0) {
       pollJoins();
       if (joiningLeft_ > 0 && std::chrono::steady_clock::now() - joinStart_ < kJoinWait) {
@@ -277,6 +284,7 @@ Status TcpSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Reque
   r->seq = seq_++;
   r->assigned = 0;
   r->itemsLeft = 1;
+  if (grow_ && size >= stripeMin_) bulkStarted();
   const bool pieces = ready_ > 1 && size >= stripeMin_;
   Item& h = r->head;
   MsgHeader mhdr{size | (pieces ? MsgHeader::kInPieces : 0) | (joiningLeft_ > 0 ? MsgHeader::kJoining : 0), tag,
@@ -288,6 +296,7 @@ Status TcpSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Reque
   h.r = r;
   h.next = nullptr;
   r->next = nullptr;
+  r->hdrNext = nullptr;
   if (pieces) {
     (bulkTail_ ? bulkTail_->next : bulkHead_) = r;
     bulkTail_ = r;
@@ -296,7 +305,9 @@ Status TcpSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Reque
   }
   Flow& f0 = flows_[0];
   const bool idle = f0.head == nullptr;
-  enqueue(f0, &h);
+  (heldTail_ ? heldTail_->hdrNext : heldHead_) = r;
+  heldTail_ = r;
+  releaseHeaders();
   if (pieces) {
     progress();  // every flow with room takes a piece now
   } else if (idle) {
@@ -316,13 +327,9 @@ void TcpSendComm::enqueue(Flow& f, Item* it) {
 
 // Flow k pulls the next chunk of the oldest message still in pieces: a flow whose socket takes bytes faster pulls
 // more often, so a slow path carries less.
-//
-// Flow 0 takes pieces of the newest message only: a piece of an earlier one behind a later header would wait on
-// the receiver for that later message's receive, which NCCL may post only once the earlier one completed.
 bool TcpSendComm::pullPiece(int k) {
   TcpRequest* r = bulkHead_;
-  if (r == nullptr || freeItems_ == nullptr) return false;
-  if (k == 0 && r->seq != seq_ - 1) return false;
+  if (r == nullptr || freeItems_ == nullptr || k >= active_) return false;
   Item* it = freeItems_;
   freeItems_ = it->next;
   const uint64_t len = std::min<uint64_t>(chunk_, r->size - r->assigned);
@@ -334,13 +341,28 @@ bool TcpSendComm::pullPiece(int k) {
   it->r = r;
   r->assigned += len;
   ++r->itemsLeft;
+  enqueue(flows_[k], it);
   if (r->assigned == r->size) {
     bulkHead_ = r->next;
     if (bulkHead_ == nullptr) bulkTail_ = nullptr;
     r->next = nullptr;
+    releaseHeaders();  // the headers held behind it may go now
   }
-  enqueue(flows_[k], it);
   return true;
+}
+
+// A header goes on flow 0 once no earlier message has pieces still to hand out: a piece of an earlier message
+// behind a later header on flow 0 would wait, on the receiver, for that later message's receive, which NCCL may
+// post only once the earlier one completed. Holding the later header back costs nothing: its message's own
+// pieces are handed out only after the earlier ones' anyway, and NCCL consumes a connection's messages in order.
+void TcpSendComm::releaseHeaders() {
+  while (heldHead_ != nullptr && (bulkHead_ == nullptr || static_cast<int32_t>(bulkHead_->seq - heldHead_->seq) >= 0)) {
+    TcpRequest* r = heldHead_;
+    heldHead_ = r->hdrNext;
+    if (heldHead_ == nullptr) heldTail_ = nullptr;
+    r->hdrNext = nullptr;
+    enqueue(flows_[0], &r->head);
+  }
 }
 
 void TcpSendComm::itemDone(Item* it) {
@@ -350,7 +372,10 @@ void TcpSendComm::itemDone(Item* it) {
     it->next = freeItems_;
     freeItems_ = it;
   }
-  if (--r->itemsLeft == 0 && r->assigned == r->size) r->complete = true;
+  if (--r->itemsLeft == 0 && r->assigned == r->size) {
+    r->complete = true;
+    if (grow_ && r->size >= stripeMin_) bulkDone(r->size, r->seq);
+  }
 }
 
 // The flows write in turns, one sendmsg each a round, while any took all it was offered: pieces go to the flows
@@ -359,11 +384,12 @@ void TcpSendComm::progress() {
   if (joiningLeft_ > 0) pollJoins();
   bool more = true;
   // the first flow of a round turns, so that no flow is always first to take pieces
-  const int first = nFlows_ > 1 ? static_cast<int>(turn_++ % static_cast<uint32_t>(nFlows_)) : 0;
+  const int n = opened_;  // flows [opened_, nFlows_) are not open
+  const int first = n > 1 ? static_cast<int>(turn_++ % static_cast<uint32_t>(n)) : 0;
   while (more && fatal_ == Status::kOk) {
     more = false;
-    for (int i = 0; i < nFlows_ && fatal_ == Status::kOk; ++i) {
-      const int k = first + i < nFlows_ ? first + i : first + i - nFlows_;
+    for (int i = 0; i < n && fatal_ == Status::kOk; ++i) {
+      const int k = first + i < n ? first + i : first + i - n;
       if (flows_[k].ready && (flows_[k].head != nullptr || bulkHead_ != nullptr)) more = progressFlow(k) || more;
     }
   }
@@ -371,12 +397,17 @@ void TcpSendComm::progress() {
 
 TcpSendComm::~TcpSendComm() = default;  // the flows' sockets close with the data comm
 
-void TcpSendComm::startJoins() {
+void TcpSendComm::openFlows(int upTo) {
+  upTo = std::min(upTo, nFlows_);
+  if (plan_.peers.empty() || upTo <= opened_) {
+    joinsStarted_ = true;
+    return;
+  }
+  if (!joinsStarted_) opts_.applyFlow(flows_[0].fd);
   joinsStarted_ = true;
-  if (plan_.peers.empty()) return;
-  joining_.reset(new Joining[static_cast<size_t>(nFlows_)]);
+  if (!joining_) joining_.reset(new Joining[static_cast<size_t>(nFlows_)]);
   joinStart_ = std::chrono::steady_clock::now();
-  for (int k = 1; k < nFlows_; ++k) {
+  for (int k = opened_; k < upTo; ++k) {
     const size_t j = static_cast<size_t>(k) % plan_.peers.size();
     const sockaddr_storage& sa = plan_.peers[j];
     int fd = -1;
@@ -388,6 +419,7 @@ void TcpSendComm::startJoins() {
     if (fd < 0) {
       WEFT_INFO(NCCL_NET, "connection with {} on {}: flow {} not opened ({}); {} flows carry it", peerName_,
                 dev_.props.name, k, std::strerror(errno), k);
+      upTo = nFlows_;  // no more
       break;
     }
     opts_.applyEarly(fd);
@@ -398,9 +430,60 @@ void TcpSendComm::startJoins() {
       ::close(fd);
       continue;
     }
+    joining_[k] = Joining{};
     flows_[k].fd = fd;
     ++joiningLeft_;
   }
+  opened_ = upTo;
+}
+
+// Growing (a NIC weft does not know, WEFT_TCP_FLOWS unset): bulk messages' bytes over the time some were in
+// flight, per window; the flows double while a window with more of them carries at least 10% more.
+void TcpSendComm::bulkStarted() {
+  if (bulkOut_++ == 0) busyFrom_ = std::chrono::steady_clock::now();
+}
+
+void TcpSendComm::bulkDone(uint64_t size, uint32_t seq) {
+  const auto now = std::chrono::steady_clock::now();
+  if (--bulkOut_ == 0) busy_ += now - busyFrom_;
+  if (static_cast<int32_t>(seq - settleSeq_) < 0) {
+    // a message sent before the count changed (queued on fewer flows): the window starts after the last of them
+    winBytes_ = 0;
+    busy_ = {};
+    busyFrom_ = now;
+    return;
+  }
+  winBytes_ += size;
+  const auto busy = busy_ + (bulkOut_ > 0 ? now - busyFrom_ : std::chrono::steady_clock::duration{});
+  if (winBytes_ < kGrowWindowBytes || busy < kGrowWindowTime) return;
+  const double gbps = static_cast<double>(winBytes_) * 8 / std::chrono::duration<double, std::nano>(busy).count();
+  winBytes_ = 0;
+  busy_ = {};
+  busyFrom_ = now;
+  // measured while flows joined, or the first window since the count changed (socket buffers filling, messages
+  // queued before on fewer flows draining): again
+  if (joiningLeft_ > 0) {
+    settleSeq_ = seq_;
+    return;
+  }
+  if (lastGbps_ > 0 && gbps < lastGbps_ * 1.1) {
+    // the last ones added nothing: they stay open but take no pieces (the flows below lastFlows_ carry on)
+    grow_ = false;
+    if (gbps < lastGbps_) active_ = std::max(1, opened_ / 2);
+    WEFT_INFO(NCCL_NET, "connection with {} on {}: {} flows carry its pieces ({} carried {:.2f} Gb/s, {} {:.2f})",
+              peerName_, dev_.props.name, std::min(active_, ready_), lastFlows_, lastGbps_, ready_, gbps);
+    return;
+  }
+  lastGbps_ = gbps;
+  lastFlows_ = ready_;
+  if (opened_ >= nFlows_) {
+    grow_ = false;
+    WEFT_INFO(NCCL_NET, "connection with {} on {}: {} flows ({:.2f} Gb/s), the most it may have", peerName_,
+              dev_.props.name, ready_, gbps);
+    return;
+  }
+  openFlows(std::max(2, opened_ * 2));
+  settleSeq_ = seq_;
 }
 
 // Each joining flow, without blocking: connected, hello sent, answer read. A flow that fails to join is closed and
@@ -452,6 +535,7 @@ void TcpSendComm::pollJoins() {
           why = "refused by the listener";
         } else {
           opts_.applyConnected(f.fd);
+          opts_.applyFlow(f.fd);
           f.ready = true;
           ++ready_;
           --joiningLeft_;
@@ -471,7 +555,6 @@ void TcpSendComm::pollJoins() {
     f.fd = -1;
     --joiningLeft_;
   }
-  if (joiningLeft_ == 0) joining_.reset();
 }
 
 bool TcpSendComm::progressFlow(int k) {
@@ -535,7 +618,16 @@ bool TcpSendComm::progressFlow(int k) {
 
 // The comm has failed (test reports a request only then): nothing is sent again, but the request must not stay
 // in the queue of messages whose pieces are handed out.
-void TcpSendComm::forget(TcpRequest* r) { unlink(bulkHead_, bulkTail_, r); }
+void TcpSendComm::forget(TcpRequest* r) {
+  unlink(bulkHead_, bulkTail_, r);
+  TcpRequest* prev = nullptr;
+  for (TcpRequest* p = heldHead_; p != nullptr; prev = p, p = p->hdrNext) {
+    if (p != r) continue;
+    (prev ? prev->hdrNext : heldHead_) = r->hdrNext;
+    if (heldTail_ == r) heldTail_ = prev;
+    break;
+  }
+}
 
 // ---- receiving --------------------------------------------------------------------------------------------------
 

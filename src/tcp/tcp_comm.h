@@ -117,7 +117,8 @@ struct TcpDevice {
   DeviceProps props;
   std::shared_ptr<Acceptor> acceptor;  // its listening sockets
   std::vector<RailAddr> rails;  // one for an interface; several for a device NCCL fused
-  int flows = 1;                // flows a connection opens (all interfaces together)
+  int flows = 1;                // flows a connection opens (all interfaces together); growing: at most
+  bool grow = false;            // a NIC weft does not know: flows added while they add bandwidth
   std::unique_ptr<Registrar> registrar;
   std::unique_ptr<MrCache> cache;
 };
@@ -131,6 +132,9 @@ struct SocketOptions {
   size_t writeMax = 512 << 10;
   uint64_t stripeMin = 256 << 10;  // WEFT_STRIPE_MIN: from this size a message travels in pieces over the flows
   uint32_t chunk = 128 << 10;      // WEFT_TCP_CHUNK: a piece's size
+  int notsentLowat = 256 << 10;    // WEFT_TCP_NOTSENT_LOWAT: on the flows of a connection of several; 0 off
+  // On a send flow of a connection with several flows.
+  void applyFlow(int fd) const;
   static SocketOptions fromParams();
   // Before connect or listen (buffer sizes decide the window scale at the SYN).
   void applyEarly(int fd) const;
@@ -193,6 +197,7 @@ class TcpRequest final : public Request {
   Item head;
   uint64_t size = 0;
   uint64_t assigned = 0;  // payload bytes handed to flows as pieces
+  TcpRequest* hdrNext = nullptr;  // send: the queue of messages whose header is held back
   uint32_t seq = 0;
   uint32_t itemsLeft = 0;
   // recv: per buffer, its place, capacity and tag, the message's size and how much of it has arrived
@@ -295,8 +300,10 @@ class TcpSendComm final : public TcpComm<SendComm> {
   void itemDone(Item* it);
   // Further flows: connected once the connection carries a message in pieces' size, each with its hello; a flow
   // that cannot join (refused, no answer within the hello timeout) is left out.
-  void startJoins();
+  void openFlows(int upTo);  // connects flows [opened_, upTo)
   void pollJoins();
+  void bulkStarted();
+  void bulkDone(uint64_t size, uint32_t seq);
   struct Joining {
     size_t helloSent = 0, answerGot = 0;
     Hello answer{};
@@ -305,7 +312,20 @@ class TcpSendComm final : public TcpComm<SendComm> {
   JoinPlan plan_;
   std::unique_ptr<Joining[]> joining_;
   int joiningLeft_ = 0;
+  int opened_ = 1;  // flows [0, opened_) were opened (or tried)
+  int active_ = kMaxFlows;  // flows [0, active_) take pieces
   bool joinsStarted_ = false;
+  // growing the flow count while it adds bandwidth (TcpDevice::grow)
+  bool grow_ = false;
+  int bulkOut_ = 0;
+  uint64_t winBytes_ = 0;
+  std::chrono::steady_clock::time_point busyFrom_;
+  std::chrono::steady_clock::duration busy_{};
+  double lastGbps_ = 0;
+  int lastFlows_ = 0;
+  uint32_t settleSeq_ = 0;  // windows count messages from this one on (sent since the count last changed)
+  static constexpr uint64_t kGrowWindowBytes = uint64_t{16} << 20;
+  static constexpr std::chrono::milliseconds kGrowWindowTime{20};
   std::chrono::steady_clock::time_point joinStart_;
   static constexpr std::chrono::milliseconds kJoinWait{200};  // a large message waits this long for them at most
   size_t writeMax_;  // bytes one sendmsg offers at most (WEFT_TCP_WRITE_MAX)
@@ -315,6 +335,9 @@ class TcpSendComm final : public TcpComm<SendComm> {
   uint32_t turn_ = 0;               // which flow writes first in a round
   TcpRequest* bulkHead_ = nullptr;  // messages whose pieces are not all handed out, in order
   TcpRequest* bulkTail_ = nullptr;
+  TcpRequest* heldHead_ = nullptr;  // messages whose header waits for an earlier message's pieces, in order
+  TcpRequest* heldTail_ = nullptr;
+  void releaseHeaders();
   // piece items (several flows only): a free list over one array
   numa::ArrayPtr<Item> items_;
   Item* freeItems_ = nullptr;
