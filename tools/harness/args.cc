@@ -82,6 +82,7 @@ WorkerArgs parseWorkerArgs(int argc, char** argv) {
     else if (f == "--soak") w.soakMessages = a.number(1, 2000000000);
     else if (f == "--cycles") w.cycles = a.number(1, 10000000);
     else if (f == "--conns") w.conns = a.number(1, 1000000);
+    else if (f == "--min-flows") w.minFlows = a.number(1, 64);
     else if (f == "--max-endpoints") w.maxEndpoints = a.number(0, 1000000);
     else if (f == "--trace-dir") w.traceDir = a.value();
     else if (f == "--max-recvs") w.maxRecvs = a.number(1, 8);

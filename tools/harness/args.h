@@ -46,6 +46,7 @@ struct WorkerArgs {
   int64_t soakMessages = 0;  // soak.random: messages in all (0: the check's default)
   int cycles = 0;            // hygiene.*: cycles (0: the checks' defaults)
   int conns = 0;             // comms.scale: connections held at once (0: the check's default)
+  int minFlows = 0;          // weft.tcp_flows: flows a large transfer must spread over (0: from WEFT_TCP_FLOWS)
   int maxEndpoints = -1;     // comms.scale: endpoints the plugin may report open per process (-1: not checked)
   std::string traceDir;      // diff.stream: trace files written here
   int maxRecvs = 0;          // diff.stream: grouped receives of at most this many buffers (0: the receiver's)

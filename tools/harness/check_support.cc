@@ -39,6 +39,7 @@ bool WorkerSession::open(const WorkerArgs& wa, std::string* error) {
   env.soakMessages = wa.soakMessages;
   env.cycles = wa.cycles;
   env.conns = wa.conns;
+  env.minFlows = wa.minFlows;
   env.plugin = plugin_.get();
   env.maxEndpoints = wa.maxEndpoints;
   env.traceDir = wa.traceDir;

@@ -92,6 +92,9 @@ const std::vector<Check>& allChecks() {
        weftWrongToken},
       {"weft.replayed_handle", "a second connect to a used handle is refused; the first connection still works",
        weftReplayedHandle},
+      {"weft.tcp_flows", "TCP backend: one flow while a connection carries small messages; a large transfer spread "
+       "over several, each with a fair part of the bytes (--min-flows, WEFT_TCP_FLOWS)",
+       weftTcpFlows},
       {"weft.unreachable_peer", "connect to a closed listen or a silent listener fails within WEFT_CONNECT_TIMEOUT",
        weftUnreachablePeer},
       {"weft.misuse", "double close and deregister, test after completion, NULL out-pointers, foreign memory "

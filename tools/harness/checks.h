@@ -29,6 +29,7 @@ struct CheckEnv {
   int64_t soakMessages = 0;  // soak.random: messages in all (0: default)
   int cycles = 0;            // hygiene.*: cycles (0: default)
   int conns = 0;             // comms.scale: connections (0: default)
+  int minFlows = 0;          // weft.tcp_flows: flows a large transfer must spread over (0: from WEFT_TCP_FLOWS)
   int maxEndpoints = -1;     // comms.scale: plugin-reported endpoints allowed open (-1: not checked)
   std::string traceDir;      // diff.stream: where each role writes what it observed (weft diff compares them)
   int maxRecvs = 0;          // diff.stream: buffers per grouped receive at most (0: what the receiver offers)

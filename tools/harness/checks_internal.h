@@ -90,6 +90,7 @@ void weftGarbageHandles(CheckEnv& env);
 void weftIflushHost(CheckEnv& env);
 void weftMisuse(CheckEnv& env);
 void weftReplayedHandle(CheckEnv& env);
+void weftTcpFlows(CheckEnv& env);
 void weftSendLargerThanRecv(CheckEnv& env);
 void weftDeliveryAck(CheckEnv& env);
 void weftUnreachablePeer(CheckEnv& env);

@@ -205,6 +205,75 @@ void weftReplayedHandle(CheckEnv& env) {
   closeConn(env, c);
 }
 
+// weft's TCP backend (docs/tcp.md, "Flows"): a connection that carried small messages only holds one flow; a large
+// transfer then travels over several, at least `want` of them each with a fair part of the bytes: 10%, or half an
+// even share where there are more than 5 flows (16 flows carry 6.25% each). Counted by the plugin per flow index
+// (weftNetStat tcp.flow_bytes_sent.K, tcp.flows_open), as deltas around this check's own connection.
+void weftTcpFlows(CheckEnv& env) {
+  requireWeft(env);
+  long long flows0 = 0;
+  if (env.plugin == nullptr || !env.plugin->stat("tcp.flows_open", &flows0)) throw CheckSkip("not weft's TCP backend");
+  const int forced = static_cast<int>(params::getInt("WEFT_TCP_FLOWS"));
+  const int want = env.minFlows > 0 ? env.minFlows : forced >= 4 ? 4 : 0;
+  if (want == 0) {
+    throw CheckSkip("run with WEFT_TCP_FLOWS of 4 or more, or --min-flows N where the NIC decides (on loopback a "
+                    "connection keeps one flow)");
+  }
+  Conn c = establish(env);
+  StreamSpec small;
+  for (int i = 0; i < 64; ++i) small.sizes.push_back(64);
+  small.slotSize = 64;
+  stream(env, c, small);
+  long long flows1 = 0;
+  env.plugin->stat("tcp.flows_open", &flows1);
+  if (flows1 - flows0 != 1) {
+    fail("a connection that carried only 64-byte messages holds " + std::to_string(flows1 - flows0) +
+         " flows (one expected: flows open as it carries bulk data)");
+  }
+  constexpr int kFlows = 64;
+  std::vector<long long> before(kFlows, 0), after(kFlows, 0);
+  for (int k = 0; k < kFlows; ++k) env.plugin->stat(("tcp.flow_bytes_sent." + std::to_string(k)).c_str(), &before[k]);
+  StreamSpec bulk;
+  for (int i = 0; i < 256; ++i) bulk.sizes.push_back(1 << 20);
+  bulk.slotSize = 1 << 20;
+  stream(env, c, bulk);
+  long long flows2 = 0;
+  env.plugin->stat("tcp.flows_open", &flows2);
+  if (env.recv()) {
+    std::printf("INFO	flows open on the receiving side: 1 after small messages, %lld after 256 MiB\n", flows2 - flows0);
+    closeConn(env, c);
+    return;
+  }
+  long long total = 0;
+  std::vector<long long> bytes(kFlows, 0);
+  for (int k = 0; k < kFlows; ++k) {
+    env.plugin->stat(("tcp.flow_bytes_sent." + std::to_string(k)).c_str(), &after[k]);
+    bytes[k] = after[k] - before[k];
+    total += bytes[k];
+  }
+  int used = 0;
+  for (long long b : bytes) used += b > 0;
+  const double fair = used > 5 ? 0.5 / used : 0.10;
+  int fairShare = 0;
+  std::string shares;
+  for (int k = 0; k < kFlows; ++k) {
+    if (bytes[k] == 0) continue;
+    const double share = total > 0 ? static_cast<double>(bytes[k]) / static_cast<double>(total) : 0;
+    fairShare += share >= fair;
+    char one[16];
+    std::snprintf(one, sizeof(one), "%s%.1f%%", shares.empty() ? "" : " ", share * 100);
+    shares += one;
+  }
+  std::printf("INFO	256 MiB over %lld flows (%d carried bytes; shares %s)\n", flows2 - flows0, used, shares.c_str());
+  closeConn(env, c);
+  if (fairShare < want) {
+    char pct[16];
+    std::snprintf(pct, sizeof(pct), "%.1f%%", fair * 100);
+    fail(std::to_string(fairShare) + " flows carried " + pct + " of the bytes or more; " + std::to_string(want) +
+         " expected (shares: " + shares + ")");
+  }
+}
+
 void weftUnreachablePeer(CheckEnv& env) {
   requireWeft(env);
   int64_t limit = params::getInt("WEFT_CONNECT_TIMEOUT");

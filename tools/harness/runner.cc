@@ -211,6 +211,7 @@ int runConformance(const RunOptions& o) {
   if (o.soakMessages > 0) args.insert(args.end(), {"--soak", std::to_string(o.soakMessages)});
   if (o.cycles > 0) args.insert(args.end(), {"--cycles", std::to_string(o.cycles)});
   if (o.conns > 0) args.insert(args.end(), {"--conns", std::to_string(o.conns)});
+  if (o.minFlows > 0) args.insert(args.end(), {"--min-flows", std::to_string(o.minFlows)});
   if (o.maxEndpoints >= 0) args.insert(args.end(), {"--max-endpoints", std::to_string(o.maxEndpoints)});
   if (!o.traceDir.empty()) args.insert(args.end(), {"--trace-dir", o.traceDir});
   if (o.maxRecvs > 0) args.insert(args.end(), {"--max-recvs", std::to_string(o.maxRecvs)});

@@ -22,6 +22,7 @@ struct RunOptions {
   int64_t soakMessages = 0;  // soak.random: how many messages (0: 20,000; 2,000 with --quick)
   int cycles = 0;            // hygiene.*: cycles (0: 2,000 connect and 10,000 register cycles; fewer with --quick)
   int conns = 0;             // comms.scale: connections held at once (0: 64; 16 with --quick)
+  int minFlows = 0;          // weft.tcp_flows: flows a large transfer must spread over (0: from WEFT_TCP_FLOWS)
   int maxEndpoints = -1;     // comms.scale: libfabric endpoints a worker may hold open (plugin-reported; -1: any)
   std::string traceDir;      // diff.stream: each role writes DIR/recv.trace, DIR/send.trace
   int maxRecvs = 0;          // diff.stream: buffers per grouped receive at most (0: the receiver's maxRecvs)

@@ -58,6 +58,8 @@ void usage() {
                "      [--cuda-context]          host buffers, with device 0's CUDA context current in the workers\n"
                "      [--cycles N]              cycles for hygiene.* (default 2,000 connects, 10,000 registrations)\n"
                "      [--conns N]               connections held at once by comms.scale (default 1,024; 256 with --quick)\n"
+               "      [--min-flows N]           weft.tcp_flows: flows a large transfer must spread over (default:\n"
+               "                                WEFT_TCP_FLOWS where it is 4 or more, else the check skips)\n"
                "      [--max-endpoints N]       comms.scale fails if a worker holds more libfabric endpoints open\n"
                "                                (as the plugin reports them through weftNetStat; others: not checked)\n"
                "      [--call-limit MS]         backstop: a listen/connect/accept call longer than this has blocked (10000)\n"
@@ -194,6 +196,7 @@ int conformance(int argc, char** argv) {
     else if (f == "--soak") o.soakMessages = a.number(1, 2000000000);
     else if (f == "--cycles") o.cycles = a.number(1, 10000000);
     else if (f == "--conns") o.conns = a.number(1, 1000000);
+    else if (f == "--min-flows") o.minFlows = a.number(1, 64);
     else if (f == "--max-endpoints") o.maxEndpoints = a.number(0, 1000000);
     else if (f == "--verbose") o.verbose = true;
     else if (f == "--timeout") o.timeoutSec = a.number(1, 3600);
