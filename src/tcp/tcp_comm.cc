@@ -469,7 +469,7 @@ void TcpSendComm::bulkDone(uint64_t size, uint32_t seq) {
   if (lastGbps_ > 0 && gbps < lastGbps_ * 1.1) {
     // the last ones added nothing: they stay open but take no pieces (the flows below lastFlows_ carry on)
     grow_ = false;
-    if (gbps < lastGbps_) active_ = std::max(1, opened_ / 2);
+    if (gbps < lastGbps_) active_ = std::max(1, lastFlows_);
     WEFT_INFO(NCCL_NET, "connection with {} on {}: {} flows carry its pieces ({} carried {:.2f} Gb/s, {} {:.2f})",
               peerName_, dev_.props.name, std::min(active_, ready_), lastFlows_, lastGbps_, ready_, gbps);
     return;
@@ -482,7 +482,7 @@ void TcpSendComm::bulkDone(uint64_t size, uint32_t seq) {
               dev_.props.name, ready_, gbps);
     return;
   }
-  openFlows(std::max(2, opened_ * 2));
+  openFlows(opened_ * 4);
   settleSeq_ = seq_;
 }
 

@@ -324,8 +324,8 @@ class TcpSendComm final : public TcpComm<SendComm> {
   double lastGbps_ = 0;
   int lastFlows_ = 0;
   uint32_t settleSeq_ = 0;  // windows count messages from this one on (sent since the count last changed)
-  static constexpr uint64_t kGrowWindowBytes = uint64_t{16} << 20;
-  static constexpr std::chrono::milliseconds kGrowWindowTime{20};
+  static constexpr uint64_t kGrowWindowBytes = uint64_t{8} << 20;
+  static constexpr std::chrono::milliseconds kGrowWindowTime{10};
   std::chrono::steady_clock::time_point joinStart_;
   static constexpr std::chrono::milliseconds kJoinWait{200};  // a large message waits this long for them at most
   size_t writeMax_;  // bytes one sendmsg offers at most (WEFT_TCP_WRITE_MAX)
