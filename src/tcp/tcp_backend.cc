@@ -389,17 +389,9 @@ Status TcpBackend::pollConnect(int dev, PendingConnect& pc, SendComm** out) {
       }
     }
     if (ps.helloSent < sizeof(Hello)) {
-      Hello hello{};
-      hello.magic = Hello::kMagic;
-      hello.version = Hello::kVersion;
-      hello.status = Hello::kRequest;
-      hello.token = pc.token;
-      hello.tunerDigest = transport::localDigest();
-      hello.nonce = pc.nonce;
-      hello.flow = static_cast<uint8_t>(k);
-      hello.flows = static_cast<uint8_t>(pc.flows);
-      hello.ifaces = static_cast<uint8_t>(pc.peer.size());
-      ssize_t w = ::send(ps.fd, reinterpret_cast<uint8_t*>(&hello) + ps.helloSent, sizeof(hello) - ps.helloSent,
+      const Hello hello =
+          helloRequest(pc.token, pc.nonce, k, static_cast<int>(pc.flows), static_cast<int>(pc.peer.size()));
+      ssize_t w = ::send(ps.fd, reinterpret_cast<const uint8_t*>(&hello) + ps.helloSent, sizeof(hello) - ps.helloSent,
                          MSG_NOSIGNAL | MSG_DONTWAIT);
       if (w < 0 && noRoute(errno) && ps.helloSent == 0) {  // the connect itself found no route: again later
         ::close(ps.fd);

@@ -28,13 +28,14 @@ Counters& counters() {
 
 namespace {
 
-// Takes `node` out of a singly linked list (through its `next`) with a tail pointer; nothing when it is not there.
+// Takes `node` out of a singly linked list (through `link`, its `next` by default) with a tail pointer; nothing
+// when it is not there.
 template <typename T>
-void unlink(T*& head, T*& tail, T* node) {
+void unlink(T*& head, T*& tail, T* node, T* T::*link = &T::next) {
   T* prev = nullptr;
-  for (T* p = head; p != nullptr; prev = p, p = p->next) {
+  for (T* p = head; p != nullptr; prev = p, p = p->*link) {
     if (p != node) continue;
-    (prev ? prev->next : head) = node->next;
+    (prev ? prev->*link : head) = node->*link;
     if (tail == node) tail = prev;
     return;
   }
@@ -45,6 +46,20 @@ bool wouldBlock(int e) { return e == EAGAIN || e == EWOULDBLOCK; }
 void add(std::atomic<int64_t>& c, int64_t v) { c.fetch_add(v, std::memory_order_relaxed); }
 
 }  // namespace
+
+Hello helloRequest(uint64_t token, uint64_t nonce, int flow, int flows, int ifaces) {
+  Hello h{};
+  h.magic = Hello::kMagic;
+  h.version = Hello::kVersion;
+  h.status = Hello::kRequest;
+  h.token = token;
+  h.tunerDigest = transport::localDigest();
+  h.nonce = nonce;
+  h.flow = static_cast<uint8_t>(flow);
+  h.flows = static_cast<uint8_t>(flows);
+  h.ifaces = static_cast<uint8_t>(ifaces);
+  return h;
+}
 
 // ---- socket options ---------------------------------------------------------------------------------------------
 
@@ -500,18 +515,10 @@ void TcpSendComm::pollJoins() {
       if (::poll(&p, 1, 0) > 0) jn.connected = true;
     }
     if (jn.connected && jn.helloSent < sizeof(Hello)) {
-      Hello hello{};
-      hello.magic = Hello::kMagic;
-      hello.version = Hello::kVersion;
-      hello.status = Hello::kRequest;
-      hello.token = plan_.token;
-      hello.tunerDigest = transport::localDigest();
-      hello.nonce = plan_.nonce;
-      hello.flow = static_cast<uint8_t>(k);
-      hello.flows = static_cast<uint8_t>(nFlows_);
-      hello.ifaces = static_cast<uint8_t>(plan_.peers.size());
-      const ssize_t w = ::send(f.fd, reinterpret_cast<uint8_t*>(&hello) + jn.helloSent, sizeof(hello) - jn.helloSent,
-                               MSG_NOSIGNAL | MSG_DONTWAIT);
+      const Hello hello = helloRequest(plan_.token, plan_.nonce, k, nFlows_, static_cast<int>(plan_.peers.size()));
+      const auto* bytes = reinterpret_cast<const uint8_t*>(&hello);
+      const ssize_t w =
+          ::send(f.fd, bytes + jn.helloSent, sizeof(hello) - jn.helloSent, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (w > 0) jn.helloSent += static_cast<size_t>(w);
       if (w < 0 && !wouldBlock(errno) && errno != EINTR) why = std::strerror(errno);
     }
@@ -620,13 +627,7 @@ bool TcpSendComm::progressFlow(int k) {
 // in the queue of messages whose pieces are handed out.
 void TcpSendComm::forget(TcpRequest* r) {
   unlink(bulkHead_, bulkTail_, r);
-  TcpRequest* prev = nullptr;
-  for (TcpRequest* p = heldHead_; p != nullptr; prev = p, p = p->hdrNext) {
-    if (p != r) continue;
-    (prev ? prev->hdrNext : heldHead_) = r->hdrNext;
-    if (heldTail_ == r) heldTail_ = prev;
-    break;
-  }
+  unlink(heldHead_, heldTail_, r, &TcpRequest::hdrNext);
 }
 
 // ---- receiving --------------------------------------------------------------------------------------------------

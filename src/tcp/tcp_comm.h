@@ -69,6 +69,8 @@ struct Hello {
   uint8_t pad[5];
 };
 static_assert(sizeof(Hello) == 40);
+// A connector's hello for flow `flow` of a connection of `flows` over `ifaces` interfaces.
+Hello helloRequest(uint64_t token, uint64_t nonce, int flow, int flows, int ifaces);
 
 // Every header's check word: its kind in the top byte, the message's sequence number (24 bits) below: a stream
 // out of step or corrupt fails the check.

@@ -147,6 +147,21 @@ Request* irecv(Link& l, std::vector<uint8_t>& buf, int tag) {
   return r;
 }
 
+// Tag 7 comes first but only tag 8's receive is posted: tag 7 must wait aside, tag 8 must not wait behind it; tag 7
+// is delivered whole once its receive is posted.
+void heldAside(Link& l, size_t earlySize, size_t laterSize) {
+  auto early = pattern(earlySize, 3), later = pattern(laterSize, 9);
+  std::vector<uint8_t> bufEarly(earlySize), bufLater(laterSize);
+  Request* rl = irecv(l, bufLater, 8);
+  Request* s1 = isend(l, early, 7);
+  Request* s2 = isend(l, later, 8);
+  REQUIRE(drive(l, {rl, s1, s2}) == Status::kOk);
+  CHECK(bufLater == later);
+  Request* re = irecv(l, bufEarly, 7);
+  REQUIRE(drive(l, {re}) == Status::kOk);
+  CHECK(bufEarly == early);
+}
+
 }  // namespace
 
 TEST_CASE("TCP: messages of every size arrive whole and in order over one socket", "[tcp]") {
@@ -171,17 +186,7 @@ TEST_CASE("TCP: messages of every size arrive whole and in order over one socket
 
 TEST_CASE("TCP: a message whose receive is not posted yet is held aside and delivered once it is", "[tcp]") {
   Link l(1);
-  auto early = pattern(20000, 3), later = pattern(500, 9);
-  std::vector<uint8_t> bufEarly(20000), bufLater(500);
-  // Tag 7 comes first but only tag 8's receive is posted: tag 7 must wait aside, tag 8 must not wait behind it.
-  Request* rl = irecv(l, bufLater, 8);
-  Request* s1 = isend(l, early, 7);
-  Request* s2 = isend(l, later, 8);
-  REQUIRE(drive(l, {rl, s1, s2}) == Status::kOk);
-  CHECK(bufLater == later);
-  Request* re = irecv(l, bufEarly, 7);
-  REQUIRE(drive(l, {re}) == Status::kOk);
-  CHECK(bufEarly == early);
+  heldAside(l, 20000, 500);
 }
 
 // Messages of every size, small ones whole and large ones in pieces, over `flows` flows: each arrives whole, in
@@ -237,16 +242,9 @@ TEST_CASE("TCP: a flow on a slow path carries fewer pieces, and every message st
 TEST_CASE("TCP: a message in pieces whose receive is not posted yet is held aside, and grouped receives match "
           "any order", "[tcp]") {
   Link l(4, /*stripeMin=*/4096, /*chunk=*/8192);
-  auto early = pattern(300000, 3), later = pattern(200000, 9), a = pattern(70000, 1), b = pattern(90000, 2);
-  std::vector<uint8_t> bufEarly(300000), bufLater(200000), bufA(70000), bufB(90000);
-  Request* rl = irecv(l, bufLater, 8);
-  Request* s1 = isend(l, early, 7);  // no receive for tag 7 yet: held aside, its pieces too
-  Request* s2 = isend(l, later, 8);
-  REQUIRE(drive(l, {rl, s1, s2}) == Status::kOk);
-  CHECK(bufLater == later);
-  Request* re = irecv(l, bufEarly, 7);
-  REQUIRE(drive(l, {re}) == Status::kOk);
-  CHECK(bufEarly == early);
+  heldAside(l, 300000, 200000);  // in pieces: held aside, its pieces too
+  auto a = pattern(70000, 1), b = pattern(90000, 2);
+  std::vector<uint8_t> bufA(70000), bufB(90000);
   // one grouped receive for tags 11 and 12; the sends come in the other order
   Request* g = nullptr;
   void* data[2] = {bufA.data(), bufB.data()};
