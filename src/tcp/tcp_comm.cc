@@ -410,8 +410,6 @@ void TcpSendComm::progress() {
   }
 }
 
-TcpSendComm::~TcpSendComm() = default;  // the flows' sockets close with the data comm
-
 void TcpSendComm::openFlows(int upTo) {
   upTo = std::min(upTo, nFlows_);
   if (plan_.peers.empty() || upTo <= opened_) {
@@ -504,7 +502,7 @@ void TcpSendComm::bulkDone(uint64_t size, uint32_t seq) {
 // Each joining flow, without blocking: connected, hello sent, answer read. A flow that fails to join is closed and
 // left out; the connection carries on with the flows it has.
 void TcpSendComm::pollJoins() {
-  const bool late = std::chrono::steady_clock::now() - joinStart_ > std::chrono::seconds(30);
+  const bool late = std::chrono::steady_clock::now() - joinStart_ > Acceptor::kHelloTimeout;
   for (int k = 1; k < nFlows_ && joiningLeft_ > 0; ++k) {
     Flow& f = flows_[k];
     if (f.fd < 0 || f.ready) continue;
@@ -554,7 +552,7 @@ void TcpSendComm::pollJoins() {
         }
       }
     }
-    if (why == nullptr && late) why = "no answer within 30 s";
+    if (why == nullptr && late) why = "no answer within the hello timeout";
     if (why == nullptr) continue;
     WEFT_INFO(NCCL_NET, "connection with {} on {}: flow {} did not join ({}); left out", peerName_, dev_.props.name,
               k, why);

@@ -251,8 +251,6 @@ class TcpDataComm : public numa::Placed {
     *n = nIfaces_ > 1 ? nIfaces_ : 0;
     return nIfaces_ > 1 ? health_ : nullptr;
   }
-  int flowCount() const { return nFlows_; }
-  int flowsReady() const { return ready_; }
 
  protected:
   TcpRequest* acquire();
@@ -290,7 +288,6 @@ class TcpSendComm final : public TcpComm<SendComm> {
  public:
   TcpSendComm(TcpDevice& dev, std::vector<int> fds, int flows, int ifaces, std::string peerName,
               const SocketOptions& opts, JoinPlan plan);
-  ~TcpSendComm() override;
   Status isend(void* data, size_t size, int tag, MemHandle* mh, Request** request) override;
   void progress() override;
 
