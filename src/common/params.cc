@@ -17,8 +17,9 @@ namespace {
 // clang-format off
 const std::vector<Def> kDefs = {
   {"WEFT_BACKEND", Kind::kChoice, "auto", 0, 0, "auto|verbs|fabric|tcp",
-   "Transport: verbs = native ibverbs (InfiniBand, RoCE); fabric = libfabric; tcp = weft's own TCP sockets (one "
-   "per connection and interface, progressed inline; host memory only); auto = verbs where an active InfiniBand "
+   "Transport: verbs = native ibverbs (InfiniBand, RoCE); fabric = libfabric; tcp = weft's own TCP sockets (as "
+   "many flows a connection as the NIC needs, moved on NCCL's thread or by WEFT_TCP_THREADS helpers; host memory "
+   "only); auto = verbs where an active InfiniBand "
    "or RoCE port exists (after WEFT_IB_HCA), else tcp where libfabric has no hardware provider (efa, "
    "verbs;ofi_rxm) and WEFT_PROVIDER is unset, else libfabric. A forced backend that finds no device declines "
    "(NCCL uses its own transports) rather than falling back."},
@@ -78,6 +79,10 @@ const std::vector<Def> kDefs = {
    "kernel takes no more from a flow while this much of it is unsent, so pieces go to the flows whose path "
    "drains and a message header on flow 0 never waits behind megabytes of buffered pieces. 0: off (the kernel's "
    "buffers fill to their autotuned size)."},
+  {"WEFT_TCP_THREADS", Kind::kInt, "0", 0, 16, nullptr,
+   "Native TCP backend: helper threads per device that move the sockets of a connection's piece flows (flows 1 "
+   "and up), bound near the NIC's NUMA node, so that several cores copy a connection's bytes. 0: every flow moves "
+   "on NCCL's proxy thread (the default until a many-core host measures a gain, docs/tcp.md)."},
   {"WEFT_TCP_CHUNK", Kind::kInt, "131072", 4096, 1 << 30, nullptr,
    "Native TCP backend, several flows: bytes a piece of a large message carries; each flow takes the next piece "
    "when its socket has room, so a flow on a slower path carries less."},

@@ -18,6 +18,7 @@
 #include "weft/transport/agreement.h"
 #include "weft/transport/handle.h"
 #include "tcp/tcp_acceptor.h"
+#include "tcp/tcp_helpers.h"
 
 namespace weft::tcp {
 namespace {
@@ -105,6 +106,7 @@ std::unique_ptr<TcpBackend> TcpBackend::discover(std::string* why) {
   const int forcedFlows = static_cast<int>(params::getInt("WEFT_TCP_FLOWS"));
   b->pending_.setTimeout(static_cast<int>(params::getInt("WEFT_CONNECT_TIMEOUT")));
   const int maxRecvs = static_cast<int>(params::getInt("WEFT_TCP_MAX_RECVS"));
+  b->helperThreads_ = helperThreadsFromParams();
   for (const auto& i : chosen) {
     if (b->slots_.count() >= kMaxDevices) break;
     auto d = std::make_unique<TcpDevice>();
@@ -135,6 +137,7 @@ std::unique_ptr<TcpBackend> TcpBackend::discover(std::string* why) {
       d->grow = true;
       why = "a NIC weft does not know: grown while more flows add bandwidth";
     }
+    if (b->helperThreads_ > 0) d->helpers = std::make_shared<HelperPool>(b->helperThreads_, p.numaNode, p.name);
     const int flows = d->flows;
     const bool grow = d->grow;
     const int k = b->slots_.add(std::move(d), p);
@@ -204,6 +207,7 @@ Status TcpBackend::makeVDevice(const int* devs, int n, int* out) {
   p.guid = fnv1a64("weft-tcp/" + p.name);
   d->flows = std::min(kMaxFlows / n * n, d->flows * n);  // as many on each interface
   d->acceptor = std::make_shared<Acceptor>(d->rails, opts_, p.name);
+  if (helperThreads_ > 0) d->helpers = std::make_shared<HelperPool>(helperThreads_, p.numaNode, p.name);
   WEFT_INFO(NCCL_INIT | NCCL_NET, "NET/weft device {}: {} fused by NCCL, {} flows a connection, {} Mb/s", count,
             p.name, d->flows, p.speedMbps);
   DeviceProps slot = p;  // what NCCL sees also names the members
@@ -474,7 +478,8 @@ bool TcpBackend::stat(std::string_view key, long long* value) const {
   static constexpr std::pair<std::string_view, std::atomic<int64_t> Counters::*> kStats[] = {
       {"tcp.send_calls", &Counters::sendCalls},   {"tcp.recv_calls", &Counters::recvCalls},
       {"tcp.bytes_sent", &Counters::bytesSent},   {"tcp.bytes_received", &Counters::bytesReceived},
-      {"tcp.comms_open", &Counters::commsOpen},   {"tcp.flows_open", &Counters::flowsOpen}};
+      {"tcp.comms_open", &Counters::commsOpen},   {"tcp.flows_open", &Counters::flowsOpen},
+      {"tcp.helper_threads", &Counters::helperThreads}, {"tcp.helper_bytes", &Counters::helperBytes}};
   for (const auto& [name, member] : kStats) {
     if (key != name) continue;
     *value = (counters().*member).load(std::memory_order_relaxed);

@@ -67,6 +67,7 @@ class TcpBackend final : public SlottedBackend<TcpDevice> {
   Status startFlow(const TcpDevice& d, PendingConnect& pc, size_t k);
 
   SocketOptions opts_;
+  int helperThreads_ = 0;  // WEFT_TCP_THREADS: each device's helper pool
   PendingConnects<PendingConnect> pending_;
 };
 

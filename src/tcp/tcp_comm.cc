@@ -19,6 +19,7 @@
 #include "weft/nccl/net.h"
 #include "weft/transport/agreement.h"
 #include "tcp/tcp_acceptor.h"
+#include "tcp/tcp_helpers.h"
 #include "tcp/tcp_util.h"
 
 namespace weft::tcp {
@@ -156,6 +157,24 @@ void TcpDataComm::fail(Status st, const std::string& why) {
   if (fatal_ != Status::kOk) return;
   fatal_ = st;
   WEFT_WARN("connection with {} on {} failed: {}", peerName_, dev_.props.name, why);
+  detachHelpers();  // nothing moves on a failed comm: its buffers are NCCL's again
+}
+
+void TcpDataComm::helpFlow(int k, bool send) {
+  if (!dev_.helpers || k < 1 || k >= nFlows_ || flows_[k].task != nullptr || flows_[k].fd < 0) return;
+  if (!tasks_) tasks_.reset(new FlowTask[static_cast<size_t>(nFlows_)]);
+  FlowTask& t = tasks_[k];
+  t.fd = flows_[k].fd;
+  t.send = send;
+  if (dev_.helpers->attach(&t)) flows_[k].task = &t;
+}
+
+// The flows keep their tasks (a flow once helped is never moved inline: its state is the task's).
+void TcpDataComm::detachHelpers() {
+  if (!tasks_) return;
+  for (int k = 1; k < nFlows_; ++k) {
+    if (flows_[k].task != nullptr) dev_.helpers->detach(flows_[k].task);
+  }
 }
 
 // The interface of a comm over several is marked down by what failed one of its flows (its health,

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Listen, send and receive comms of the native TCP backend (WEFT_BACKEND=tcp): one non-blocking TCP_NODELAY
-// socket per comm, progressed inline from isend, irecv and test (no helper thread, no poll, no wake-up fds, no
-// lock on the data path: NCCL calls a comm's data path from one thread, docs/nccl-semantics.md §threads).
+// socket per comm, progressed inline from isend, irecv and test (no poll, no wake-up fds, no lock on the data path:
+// NCCL calls a comm's data path from one thread, docs/nccl-semantics.md §threads). With WEFT_TCP_THREADS the
+// sockets of flows 1 and up move on a device's helper threads instead (tcp_helpers.h); every decision stays here.
 //
 // Connection: the handle names the listen socket's address and a random token. connect() opens a non-blocking
 // TCP connection and sends a hello (token, the tuner's digest); the listener checks it and answers; the connector
@@ -99,6 +100,7 @@ static_assert(sizeof(PieceHeader) == 16);
 // Process-wide counters (weftNetStat "tcp.*"): system calls and bytes of the data path.
 struct Counters {
   std::atomic<int64_t> sendCalls{0}, recvCalls{0}, bytesSent{0}, bytesReceived{0}, commsOpen{0}, flowsOpen{0};
+  std::atomic<int64_t> helperThreads{0}, helperBytes{0};  // helper threads running; bytes they sent or received
   std::atomic<int64_t> flowBytesSent[kMaxFlows] = {};  // by flow index, every comm's together
 };
 Counters& counters();
@@ -108,6 +110,8 @@ Counters& counters();
 constexpr int kMaxRails = kMaxDevsPerNic;  // interfaces a device may have; per table: weft::maxDevsPerNic()
 
 class Acceptor;
+class HelperPool;
+struct FlowTask;
 
 struct RailAddr {
   std::string ifname;
@@ -123,6 +127,7 @@ struct TcpDevice {
   bool grow = false;            // a NIC weft does not know: flows added while they add bandwidth
   std::unique_ptr<Registrar> registrar;
   std::unique_ptr<MrCache> cache;
+  std::shared_ptr<HelperPool> helpers;  // WEFT_TCP_THREADS > 0: threads that move piece flows (tcp_helpers.h)
 };
 
 // The socket settings of a data connection (TCP_NODELAY, liveness, buffer sizes), from the WEFT_* parameters.
@@ -167,6 +172,7 @@ struct JoinPlan {
 struct Unexpected {
   int32_t tag = 0;
   uint64_t size = 0, got = 0;
+  int helperPieces = 0;  // pieces helpers read into `data` now: it stays until they are in, even once matched
   std::unique_ptr<uint8_t[]> data;
   TcpRequest* r = nullptr;  // the receive it was matched to, and which buffer
   int buf = 0;
@@ -228,6 +234,11 @@ struct Flow {
   bool ended = false;  // the peer closed it at a message boundary (the other flows may still bring pieces)
   int slot = -1;
   uint64_t off = 0, left = 0;
+  // A helper thread moves this flow's socket (tcp_helpers.h): its task, what the comm posted and retired of it.
+  FlowTask* task = nullptr;
+  uint32_t postedItems = 0, retired = 0;
+  uint64_t seenWritten = 0;
+  Unexpected* aside = nullptr;  // receive: the piece at the helper lands in this message's own memory
 };
 
 // A comm, its requests and its staging buffer live on the NUMA node of its interface (numa::make, docs/topology.md).
@@ -262,6 +273,10 @@ class TcpDataComm : public numa::Placed {
   void flowDown(int k, RailEvent why);
   std::string flowName(int k) const;  // " (flow k)" on a comm with several, else empty
   Status checkMh(const MemHandle* mh, const void* data, size_t size, const char* op) const;
+  // Flow k (1 and up) is open: a device with helper threads gives it to one.
+  void helpFlow(int k, bool send);
+  // No helper touches the comm's flows, or the memory they named, once this returns (close, failure).
+  void detachHelpers();
 
   TcpDevice& dev_;
   numa::ArrayPtr<Flow> flows_;
@@ -273,6 +288,7 @@ class TcpDataComm : public numa::Placed {
   std::string peerName_;
   Status fatal_ = Status::kOk;
   uint32_t seq_ = 0;  // messages started (send) or matched (recv) on this comm
+  std::unique_ptr<FlowTask[]> tasks_;  // by flow, once a helper moves one
 
  private:
   // Requests (weft/transport/request_pool.h), up to kMaxPool in flight.
@@ -288,12 +304,14 @@ class TcpSendComm final : public TcpComm<SendComm> {
  public:
   TcpSendComm(TcpDevice& dev, std::vector<int> fds, int flows, int ifaces, std::string peerName,
               const SocketOptions& opts, JoinPlan plan);
+  ~TcpSendComm() override;
   Status isend(void* data, size_t size, int tag, MemHandle* mh, Request** request) override;
   void progress() override;
 
  private:
   void forget(TcpRequest* r) override;
   bool progressFlow(int k);  // one sendmsg on flow k: true when it took all and more is queued or to hand out
+  void progressHelped(int k);  // flow k's helper: what it wrote retired, pieces handed to it
   void enqueue(Flow& f, Item* it);
   bool pullPiece(int k);  // hands flow k the next piece of the oldest message in pieces: false when none
   void itemDone(Item* it);
@@ -360,6 +378,7 @@ class TcpRecvComm final : public TcpComm<RecvComm> {
   void forget(TcpRequest* r) override;
   void progressFlow0();
   void progressPieces(int k);  // flows 1+
+  void progressHelped(int k);  // flows 1+ that a helper moves: piece headers to their messages, bytes counted in
   bool fillStage();  // one recv into the staging buffer: true when bytes came
   bool matchHeader();  // the header at the front of the staging buffer found its receive buffer
   // A piece header's message (its slot) once flow 0 matched it: -1 and *wait while it has not, -1 and the comm
@@ -414,6 +433,7 @@ class TcpRecvComm final : public TcpComm<RecvComm> {
   void dropUnexpected(Unexpected* u);
   // Matches buffer i of a just-posted receive to the oldest message held aside with its tag: false when none.
   bool matchUnexpected(TcpRequest* r, int i);
+  void copyAside(Unexpected* u, uint8_t* dst);
 };
 
 // A listen: its token, registered with the device's acceptor (tcp_acceptor.h), whose sockets the handle names.

@@ -16,6 +16,7 @@
 #include "weft/common/log.h"
 #include "weft/common/netif.h"
 #include "tcp/tcp_acceptor.h"
+#include "tcp/tcp_helpers.h"
 #include "tcp/tcp_util.h"
 
 namespace weft::tcp {
@@ -38,6 +39,7 @@ TcpRecvComm::TcpRecvComm(TcpDevice& dev, std::vector<int> fds, int flows, int if
       acceptor_->addJoin(token_, &box_);
     }
   }
+  for (int k = 1; k < nFlows_; ++k) helpFlow(k, false);
 }
 
 // Flows the acceptor handed over, into their places.
@@ -58,6 +60,7 @@ void TcpRecvComm::adoptFlows() {
     f.ready = true;
     ++ready_;
     add(counters().flowsOpen, 1);
+    helpFlow(k, false);
   }
   if (ready_ == nFlows_) {
     acceptor_->removeJoin(token_, &box_);
@@ -66,6 +69,7 @@ void TcpRecvComm::adoptFlows() {
 }
 
 TcpRecvComm::~TcpRecvComm() {
+  detachHelpers();  // before the messages held aside go: a helper may be reading into one
   if (acceptor_ && nFlows_ > 1 && ready_ < nFlows_) acceptor_->removeJoin(token_, &box_);
   while (unexpHead_ != nullptr) {
     Unexpected* u = unexpHead_;
@@ -92,6 +96,30 @@ void TcpRecvComm::unexpectedIn(Unexpected* u, uint64_t n) {
   bytesIn(r, i, n);
 }
 
+// A message held aside into the receive that matched it: all of it but the pieces helpers are reading into it now
+// (those are copied over once they are in, progressHelped).
+void TcpRecvComm::copyAside(Unexpected* u, uint8_t* dst) {
+  if (u->size == 0) return;
+  if (u->helperPieces == 0) {
+    std::memcpy(dst, u->data.get(), u->size);
+    return;
+  }
+  std::pair<uint64_t, uint64_t> busy[kMaxFlows];  // [begin, end) a helper writes
+  int n = 0;
+  for (int k = 1; k < nFlows_; ++k) {
+    if (flows_[k].aside != u) continue;
+    const uint64_t at = static_cast<uint64_t>(flows_[k].task->dst - u->data.get());
+    busy[n++] = {at, at + flows_[k].task->len};
+  }
+  std::sort(busy, busy + n);
+  uint64_t from = 0;
+  for (int j = 0; j <= n; ++j) {
+    const uint64_t to = j < n ? busy[j].first : u->size;
+    if (to > from) std::memcpy(dst + from, u->data.get() + from, to - from);
+    if (j < n) from = std::max(from, busy[j].second);
+  }
+}
+
 bool TcpRecvComm::matchUnexpected(TcpRequest* r, int i) {
   for (Unexpected* u = unexpHead_; u != nullptr; u = u->next) {
     if (u->r != nullptr || u->tag != r->tags[i]) continue;
@@ -107,14 +135,14 @@ bool TcpRecvComm::matchUnexpected(TcpRequest* r, int i) {
     r->want[i] = u->size;
     r->got[i] = 0;
     // What has arrived moves over; the rest will land in the buffer itself (base() follows the match).
-    if (u->size > 0) std::memcpy(r->dst[i], u->data.get(), u->size);
+    copyAside(u, r->dst[i]);
     const uint64_t arrived = u->got;
     if (arrived == u->size) {
       dropUnexpected(u);
     } else {
       u->r = r;
       u->buf = i;
-      u->data.reset();
+      if (u->helperPieces == 0) u->data.reset();  // else once the pieces helpers read into it are in
     }
     bytesIn(r, i, arrived);
     return true;
@@ -469,7 +497,75 @@ void TcpRecvComm::progress() {
     }
   }
   progressFlow0();
-  for (int k = 1; k < nFlows_ && fatal_ == Status::kOk; ++k) progressPieces(k);
+  for (int k = 1; k < nFlows_ && fatal_ == Status::kOk; ++k) {
+    if (flows_[k].task != nullptr) {
+      progressHelped(k);
+    } else {
+      progressPieces(k);
+    }
+  }
+}
+
+// A flow a helper moves: a piece header it read goes to its message (or waits, as inline, until flow 0 matched
+// it), and the helper is told where the bytes go; a piece it read whole is counted in. A piece read into a message
+// held aside that a receive matched meanwhile is copied over to that receive.
+void TcpRecvComm::progressHelped(int k) {
+  Flow& f = flows_[k];
+  FlowTask& t = *f.task;
+  for (int round = 0; round < 4 && fatal_ == Status::kOk && !f.ended; ++round) {
+    switch (t.state.load(std::memory_order_acquire)) {
+      case FlowTask::kHeaderReady: {
+        bool wait = false;
+        const int slot = pieceSlot(t.hdr, k, &wait);
+        if (slot < 0) return;  // not matched yet, or the comm failed
+        if (t.hdr.len == 0) {
+          t.state.store(FlowTask::kHeader, std::memory_order_release);
+          kick(&t);
+          continue;
+        }
+        const Slot& s = slots_[slot];
+        f.slot = slot;
+        f.aside = s.u != nullptr && s.u->r == nullptr ? s.u : nullptr;
+        if (f.aside != nullptr) ++f.aside->helperPieces;
+        t.dst = (s.u != nullptr ? s.u->base() : s.r->dst[s.buf]) + t.hdr.offset;
+        t.len = t.hdr.len;
+        t.got = 0;
+        t.state.store(FlowTask::kBody, std::memory_order_release);
+        kick(&t);
+        return;
+      }
+      case FlowTask::kBodyDone: {
+        const uint64_t n = t.len, off = t.hdr.offset;  // read before the helper may take the next header
+        Unexpected* u = f.aside;
+        f.aside = nullptr;
+        t.state.store(FlowTask::kHeader, std::memory_order_release);
+        kick(&t);
+        if (u != nullptr && --u->helperPieces >= 0 && u->r != nullptr) {
+          std::memcpy(u->r->dst[u->buf] + off, u->data.get() + off, n);
+          if (u->helperPieces == 0) u->data.reset();
+        }
+        pieceIn(f.slot, n);
+        continue;
+      }
+      case FlowTask::kEnded:
+        f.ended = true;
+        flowEnded(k);
+        return;
+      case FlowTask::kFailed: {
+        const int e = t.err.load(std::memory_order_relaxed);
+        if (e == FlowTask::kClosedMidPiece) {
+          flowDown(k, RailEvent::kPeerGone);
+          fail(Status::kRemote, "the peer closed the connection" + flowName(k) +
+                                    " inside a piece: its process ended or closed the comm");
+        } else {
+          failErrno(e, "recv", k);
+        }
+        return;
+      }
+      default:
+        return;  // the helper's turn
+    }
+  }
 }
 
 }  // namespace weft::tcp

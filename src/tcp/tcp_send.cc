@@ -16,6 +16,7 @@
 #include "weft/common/log.h"
 #include "weft/common/netif.h"
 #include "tcp/tcp_acceptor.h"
+#include "tcp/tcp_helpers.h"
 #include "tcp/tcp_util.h"
 
 namespace weft::tcp {
@@ -40,7 +41,10 @@ TcpSendComm::TcpSendComm(TcpDevice& dev, std::vector<int> fds, int flows, int if
       freeItems_ = &items_[i];
     }
   }
+  for (int k = 1; k < ready_; ++k) helpFlow(k, true);
 }
+
+TcpSendComm::~TcpSendComm() { detachHelpers(); }
 
 Status TcpSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Request** request) {
   *request = nullptr;
@@ -104,6 +108,10 @@ void TcpSendComm::enqueue(Flow& f, Item* it) {
   (f.tail ? f.tail->next : f.head) = it;
   f.tail = it;
   f.queued += it->total();
+  if (f.task != nullptr) {
+    f.task->ring[f.postedItems % FlowTask::kRing] = it;
+    f.task->posted.store(++f.postedItems, std::memory_order_release);
+  }
 }
 
 // Flow k pulls the next chunk of the oldest message still in pieces: a flow whose socket takes bytes faster pulls
@@ -311,6 +319,7 @@ void TcpSendComm::pollJoins() {
           ++ready_;
           --joiningLeft_;
           add(counters().flowsOpen, 1);
+          helpFlow(k, true);
           if (joiningLeft_ == 0) {
             WEFT_INFO(NCCL_NET, "connection with {} on {}: {} flows", peerName_, dev_.props.name, ready_);
           }
@@ -328,9 +337,46 @@ void TcpSendComm::pollJoins() {
   }
 }
 
+// A flow a helper moves: the bytes it wrote counted, the items it finished retired (completing their messages),
+// and pieces handed to it while less than one is left to write, as progressFlow does inline.
+void TcpSendComm::progressHelped(int k) {
+  Flow& f = flows_[k];
+  FlowTask& t = *f.task;
+  if (const int e = t.err.load(std::memory_order_acquire); e != 0) {
+    failErrno(e, "send", k);
+    return;
+  }
+  const uint32_t done = t.done.load(std::memory_order_acquire);
+  const uint64_t written = t.written.load(std::memory_order_acquire);
+  if (written != f.seenWritten) {
+    const uint64_t w = written - f.seenWritten;
+    f.seenWritten = written;
+    f.queued -= w;
+    add(counters().flowBytesSent[k], static_cast<int64_t>(w));
+    RailHealth::bump(health_[f.iface].bytes, w);
+  }
+  while (f.retired != done && f.head != nullptr) {
+    Item* it = f.head;
+    f.head = it->next;
+    if (f.head == nullptr) f.tail = nullptr;
+    ++f.retired;
+    itemDone(it);
+  }
+  if (fatal_ != Status::kOk) return;
+  bool posted = false;
+  while (f.queued < chunk_ && bulkHead_ != nullptr && f.postedItems - f.retired < FlowTask::kRing && pullPiece(k)) {
+    posted = true;
+  }
+  if (posted) kick(&t);
+}
+
 bool TcpSendComm::progressFlow(int k) {
   Flow& f = flows_[k];
   constexpr int kIov = 64;
+  if (f.task != nullptr) {
+    progressHelped(k);
+    return false;  // the helper writes; nothing to repeat here
+  }
   {
     // A flow takes a piece when less than one is queued on it: one being written, at most one to follow.
     while (f.queued < chunk_ && bulkHead_ != nullptr && pullPiece(k)) {

@@ -115,6 +115,16 @@ weft_conformance(NAME conformance.tcp.flows4.v11 OVER tcp
 weft_conformance(NAME conformance.tcp.flows16.v11 OVER tcp
                  ARGS --table 11 --quick --env WEFT_TCP_FLOWS=16 --env WEFT_STRIPE_MIN=16384 --env WEFT_TCP_CHUNK=8192)
 weft_conformance(NAME conformance.tcp.maxrecvs1.v11 OVER tcp ARGS --table 11 --quick --env WEFT_TCP_MAX_RECVS=1)
+# Helper threads (WEFT_TCP_THREADS, docs/tcp.md): every check at 16 flows with 2 helpers moving flows 1 and up
+# (weft.tcp_flows asks them for a quarter of the bytes on each side), and the dead-peer checks with them at 4 flows.
+weft_conformance(NAME conformance.tcp.threads2.flows16.v11 OVER tcp
+                 ARGS --table 11 --env WEFT_TCP_FLOWS=16 --env WEFT_STRIPE_MIN=16384 --env WEFT_TCP_CHUNK=8192
+                      --env WEFT_TCP_THREADS=2)
+foreach(check sender_killed receiver_killed killed_many)
+  weft_conformance(NAME faults.tcp.threads2.${check} OVER tcp TIMEOUT 300 LABELS faults
+                   ARGS --only faults.${check} --timeout 40 --env WEFT_TCP_FLOWS=4 --env WEFT_STRIPE_MIN=16384
+                        --env WEFT_TCP_CHUNK=16384 --env WEFT_TCP_THREADS=2)
+endforeach()
 
 # GPU memory (--mem cuda, the mock CUDA driver) where the provider has no FI_HMEM (Debian's libfabric): weft does not
 # advertise NCCL_PTR_CUDA, and every device check must say so (a skip: the run exits 77) instead of passing.

@@ -17,10 +17,12 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "tcp/tcp_backend.h"
 #include "tcp/tcp_comm.h"
+#include "tcp/tcp_helpers.h"
 
 namespace weft::tcp {
 namespace {
@@ -36,8 +38,10 @@ struct Link {
   std::vector<uint64_t> relayed;               // bytes relayed so far, per rail
   std::function<void(int, uint64_t, uint8_t*, size_t)> mutate;
 
-  explicit Link(int flows, uint64_t stripeMin = 256 << 10, uint32_t chunk = 128 << 10) {
+  // threads: helper threads that move flows 1 and up (WEFT_TCP_THREADS, tcp_helpers.h); 0: all inline
+  explicit Link(int flows, uint64_t stripeMin = 256 << 10, uint32_t chunk = 128 << 10, int threads = 0) {
     dev.props.name = "test";
+    if (threads > 0) dev.helpers = std::make_shared<HelperPool>(threads, -1, "test");
     SocketOptions opts;
     opts.stripeMin = stripeMin;
     opts.chunk = chunk;
@@ -191,8 +195,8 @@ TEST_CASE("TCP: a message whose receive is not posted yet is held aside and deli
 
 // Messages of every size, small ones whole and large ones in pieces, over `flows` flows: each arrives whole, in
 // order, and every flow carried some of them.
-void piecesRoundTrip(int flows, uint32_t chunk) {
-  Link l(flows, /*stripeMin=*/4096, chunk);
+void piecesRoundTrip(int flows, uint32_t chunk, int threads = 0) {
+  Link l(flows, /*stripeMin=*/4096, chunk, threads);
   std::vector<std::vector<uint8_t>> out, in;
   std::vector<Request*> reqs;
   const size_t sizes[] = {100, 4096, 65537, 1 << 20, 3000, (1 << 20) + 3, 0, 4 << 20, 5000, 300000};
@@ -219,8 +223,8 @@ TEST_CASE("TCP: messages cut into pieces over 2, 4 and 16 flows are assembled in
   piecesRoundTrip(16, 16384);
 }
 
-TEST_CASE("TCP: a flow on a slow path carries fewer pieces, and every message still arrives whole", "[tcp]") {
-  Link l(4, /*stripeMin=*/65536, /*chunk=*/32768);
+void slowFlow(int threads) {
+  Link l(4, /*stripeMin=*/65536, /*chunk=*/32768, threads);
   l.every[2] = 8;  // flow 2 moves an eighth as often as the others
   std::vector<std::vector<uint8_t>> out, in;
   std::vector<Request*> reqs;
@@ -232,11 +236,19 @@ TEST_CASE("TCP: a flow on a slow path carries fewer pieces, and every message st
   for (int i = 0; i < 8; ++i) reqs.push_back(isend(l, out[i], i));
   REQUIRE(drive(l, reqs) == Status::kOk);
   for (int i = 0; i < 8; ++i) CHECK(in[i] == out[i]);
-  const uint64_t fastest = std::max({l.relayed[0], l.relayed[1], l.relayed[3]});
   const uint64_t slowest = std::min({l.relayed[0], l.relayed[1], l.relayed[3]});
   INFO("bytes per flow: " << l.relayed[0] << " " << l.relayed[1] << " " << l.relayed[2] << " " << l.relayed[3]);
   CHECK(l.relayed[2] * 2 < slowest);  // the slow flow took less than half of a healthy one's share
-  CHECK(slowest * 2 > fastest);       // the healthy ones shared evenly
+  // The healthy ones shared evenly: all three inline; with helpers flows 1 and 3 (flow 0, on the comm's own thread,
+  // takes its next piece without a hand-over and so may carry more).
+  const uint64_t fastest = threads > 0 ? std::max(l.relayed[1], l.relayed[3])
+                                       : std::max({l.relayed[0], l.relayed[1], l.relayed[3]});
+  const uint64_t slowHealthy = threads > 0 ? std::min(l.relayed[1], l.relayed[3]) : slowest;
+  CHECK(slowHealthy * 2 > fastest);
+}
+
+TEST_CASE("TCP: a flow on a slow path carries fewer pieces, and every message still arrives whole", "[tcp]") {
+  slowFlow(0);
 }
 
 TEST_CASE("TCP: a message in pieces whose receive is not posted yet is held aside, and grouped receives match "
@@ -348,6 +360,127 @@ TEST_CASE("TCP: flows a connection opens follow the NIC's vendor: clouds that ca
   CHECK(TcpBackend::flowsForNic(0x15b3, &why) == 1);   // ConnectX: no cap known
   CHECK(TcpBackend::flowsForNic(0, &why) == 1);        // loopback, veth
   for (unsigned v : {0x1d0fu, 0x1ae0u, 0x1414u, 0x1af4u}) CHECK(TcpBackend::flowsForNic(v, &why) <= kMaxFlows);
+}
+
+// ---- helper threads (WEFT_TCP_THREADS): flows 1 and up move on them, the same meaning as inline ----------------
+
+namespace {
+int64_t helperBytes() { return counters().helperBytes.load(); }
+}  // namespace
+
+TEST_CASE("TCP: with helper threads, messages in pieces over 2, 4 and 16 flows are assembled in order, and the "
+          "helpers moved the pieces of flows 1 and up", "[tcp]") {
+  for (int threads : {1, 2, 3}) {
+    INFO(threads << " helper threads");
+    const int64_t before = helperBytes();
+    piecesRoundTrip(2, 4096, threads);
+    piecesRoundTrip(4, 65536, threads);
+    piecesRoundTrip(16, 16384, threads);
+    // both sides of flows 1+ (about 3/4 of 2 x 3 x 6.6 MB) went through helpers' system calls
+    CHECK(helperBytes() - before > 3 * (6 << 20) / 2);
+  }
+}
+
+TEST_CASE("TCP: with helper threads, a flow on a slow path carries fewer pieces", "[tcp]") { slowFlow(2); }
+
+TEST_CASE("TCP: with helper threads, a message held aside while its pieces are read is delivered whole once its "
+          "receive is posted, wherever its pieces were then", "[tcp]") {
+  Link l(4, /*stripeMin=*/4096, /*chunk=*/8192, 2);
+  heldAside(l, 300000, 200000);
+  // The receive comes while pieces are on their way: some in the memory held aside, some at a helper, the rest
+  // still in the sockets. Each round posts it after a different number of relay passes.
+  for (int round = 0; round < 24; ++round) {
+    INFO("round " << round);
+    auto out = pattern(1 << 20, static_cast<uint8_t>(round));
+    std::vector<uint8_t> in(1 << 20, 0);
+    auto other = pattern(100, 1);
+    std::vector<uint8_t> otherIn(100);
+    Request* ro = irecv(l, otherIn, 99);  // something posted, so that the first message is read and held aside
+    Request* s = isend(l, out, 20 + round);
+    Request* so = isend(l, other, 99);
+    for (int i = 0; i < round * 3; ++i) {
+      l.relay();
+      bool d = false;
+      REQUIRE(ro->test(&d, nullptr) == Status::kOk);
+      if (d) break;
+    }
+    Request* r = irecv(l, in, 20 + round);
+    REQUIRE(drive(l, {r, s, so}) == Status::kOk);
+    CHECK(in == out);
+  }
+}
+
+TEST_CASE("TCP: with helper threads, a sender that closes after its last message in pieces still delivers every "
+          "piece", "[tcp]") {
+  Link l(4, /*stripeMin=*/4096, /*chunk=*/8192, 2);
+  auto out = pattern(256 << 10, 5);
+  std::vector<uint8_t> in(256 << 10, 0);
+  Request* s = isend(l, out, 3);
+  bool done = false;
+  for (int i = 0; i < 1000000 && !done; ++i) {
+    REQUIRE(s->test(&done, nullptr) == Status::kOk);
+    if (!done) l.relay();
+  }
+  REQUIRE(done);
+  l.send.reset();
+  Request* r = irecv(l, in, 3);
+  REQUIRE(drive(l, {r}) == Status::kOk);
+  CHECK(in == out);
+}
+
+TEST_CASE("TCP: with helper threads, a stream cut short inside a piece fails the comm, never completes it",
+          "[tcp]") {
+  Link l(2, /*stripeMin=*/4096, /*chunk=*/65536, 1);
+  l.limit[1] = 16 + 3000;  // flow 1's first piece header and part of its bytes, then the stream ends
+  auto out = pattern(1 << 20, 6);
+  std::vector<uint8_t> in(1 << 20, 0);
+  Request* r = irecv(l, in, 4);
+  isend(l, out, 4);
+  CHECK(drive(l, {r}) == Status::kRemote);
+}
+
+TEST_CASE("TCP: with helper threads, a piece header that names no message in flight fails the comm", "[tcp]") {
+  Link l(2, /*stripeMin=*/4096, /*chunk=*/8192, 1);
+  l.mutate = [](int k, uint64_t off, uint8_t* p, size_t n) {
+    if (k == 1 && off == 0 && n >= 16) p[3] ^= 0x40;  // its offset, far past the message
+  };
+  auto out = pattern(1 << 16, 4);
+  std::vector<uint8_t> in(1 << 16, 0);
+  Request* r = irecv(l, in, 2);
+  isend(l, out, 2);
+  CHECK(drive(l, {r}) == Status::kRemote);
+}
+
+TEST_CASE("TCP: a helper pool starts threads only as flows attach, at most its count, and detached flows are "
+          "never touched again", "[tcp]") {
+  const int64_t threads0 = counters().helperThreads.load();
+  {
+    HelperPool pool(2, -1, "test");
+    CHECK(counters().helperThreads.load() == threads0);  // none yet
+    int a[2];
+    REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, a) == 0);
+    std::vector<FlowTask> tasks(5);
+    for (auto& t : tasks) {
+      t.fd = a[0];
+      t.send = false;
+      REQUIRE(pool.attach(&t));
+    }
+    // threads start asynchronously: wait (bounded) until both count themselves
+    for (int i = 0; i < 2000 && counters().helperThreads.load() - threads0 < 2; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    CHECK(counters().helperThreads.load() - threads0 == 2);
+    for (auto& t : tasks) pool.detach(&t);
+    // a byte written now is read by nobody: every task is detached
+    REQUIRE(::write(a[1], "x", 1) == 1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    char c = 0;
+    CHECK(::recv(a[0], &c, 1, MSG_DONTWAIT) == 1);
+    for (auto& t : tasks) CHECK(t.state.load() == FlowTask::kHeader);
+    ::close(a[0]);
+    ::close(a[1]);
+  }
+  CHECK(counters().helperThreads.load() == threads0);  // joined with the pool
 }
 
 }  // namespace weft::tcp

@@ -226,11 +226,22 @@ void weftTcpFlows(CheckEnv& env) {
   stream(env, c, small);
   long long flows1 = 0;
   env.plugin->stat("tcp.flows_open", &flows1);
+  // The sender's bulk sends (which open the flows) start only once the receiver counted: its last receives of
+  // the small messages may otherwise adopt flows the sender, done first, already opened.
+  if (env.recv()) {
+    env.oob.send("counted");
+  } else if (env.oob.recvString(std::chrono::seconds(60)) != "counted") {
+    fail("peer out of step");
+  }
   if (flows1 - flows0 != 1) {
     fail("a connection that carried only 64-byte messages holds " + std::to_string(flows1 - flows0) +
          " flows (one expected: flows open as it carries bulk data)");
   }
   constexpr int kFlows = 64;
+  // With helper threads (WEFT_TCP_THREADS), flows 1 and up move on them, on both sides: they must carry a part.
+  const bool helped = params::getInt("WEFT_TCP_THREADS") > 0;
+  long long helperBytes0 = 0, helperBytes1 = 0, helpers = 0;
+  env.plugin->stat("tcp.helper_bytes", &helperBytes0);
   std::vector<long long> before(kFlows, 0), after(kFlows, 0);
   for (int k = 0; k < kFlows; ++k) env.plugin->stat(("tcp.flow_bytes_sent." + std::to_string(k)).c_str(), &before[k]);
   StreamSpec bulk;
@@ -239,6 +250,18 @@ void weftTcpFlows(CheckEnv& env) {
   stream(env, c, bulk);
   long long flows2 = 0;
   env.plugin->stat("tcp.flows_open", &flows2);
+  env.plugin->stat("tcp.helper_bytes", &helperBytes1);
+  env.plugin->stat("tcp.helper_threads", &helpers);
+  if (helped) {
+    const long long moved = helperBytes1 - helperBytes0;
+    std::printf("INFO	%s: %lld helper threads moved %.1f%% of the 256 MiB\n", env.recv() ? "receiving" : "sending",
+                helpers, 100.0 * static_cast<double>(moved) / (256.0 * (1 << 20)));
+    if (moved < (256ll << 20) / 4) {
+      closeConn(env, c);
+      fail(std::string("with WEFT_TCP_THREADS the helper threads ") + (env.recv() ? "received " : "sent ") +
+           std::to_string(moved) + " of 256 MiB's bytes (a quarter or more expected: flows 1 and up are theirs)");
+    }
+  }
   if (env.recv()) {
     std::printf("INFO	flows open on the receiving side: 1 after small messages, %lld after 256 MiB\n", flows2 - flows0);
     closeConn(env, c);
