@@ -105,6 +105,10 @@ const std::vector<Def> kDefs = {
   {"WEFT_PROBE_INTERVAL", Kind::kInt, "1000", 0, 3600000, nullptr,
    "Milliseconds a connection may have requests outstanding with nothing completing before weft sends its peer "
    "a liveness probe (a dead peer process then fails the requests at once). 0: never probe."},
+  {"WEFT_STALL_S", Kind::kInt, "30", 0, 86400, nullptr,
+   "Seconds a connection may have requests outstanding with no byte moving before NCCL's log gets one warning for "
+   "the stall (what it waits for, and whether the peer has not posted its side, the bytes stopped mid-message, or "
+   "the peer is gone; docs/hangs.md), and an INFO line when bytes move again. 0: no stall lines."},
   {"WEFT_PEER_TIMEOUT", Kind::kInt, "10", 1, 86400, nullptr,
    "Seconds a liveness probe may stay undelivered before the peer counts as unreachable (host or link down) and "
    "the connection's requests fail with ncclRemoteError."},

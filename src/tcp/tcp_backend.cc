@@ -479,7 +479,8 @@ bool TcpBackend::stat(std::string_view key, long long* value) const {
       {"tcp.send_calls", &Counters::sendCalls},   {"tcp.recv_calls", &Counters::recvCalls},
       {"tcp.bytes_sent", &Counters::bytesSent},   {"tcp.bytes_received", &Counters::bytesReceived},
       {"tcp.comms_open", &Counters::commsOpen},   {"tcp.flows_open", &Counters::flowsOpen},
-      {"tcp.helper_threads", &Counters::helperThreads}, {"tcp.helper_bytes", &Counters::helperBytes}};
+      {"tcp.helper_threads", &Counters::helperThreads}, {"tcp.helper_bytes", &Counters::helperBytes},
+      {"tcp.stalls", &Counters::stalls}};
   for (const auto& [name, member] : kStats) {
     if (key != name) continue;
     *value = (counters().*member).load(std::memory_order_relaxed);

@@ -124,6 +124,7 @@ TcpDataComm::TcpDataComm(TcpDevice& dev, std::vector<int> fds, int flows, int if
   }
   add(counters().commsOpen, 1);
   add(counters().flowsOpen, ready_);
+  stallMs_ = params::getInt("WEFT_STALL_S") * 1000;
 }
 
 TcpDataComm::~TcpDataComm() {
@@ -144,6 +145,7 @@ TcpRequest* TcpDataComm::acquire() {
   r->next = nullptr;
   r->inUse = true;
   r->complete = false;
+  if (stallMs_ > 0) r->postedMs = coarseNowMs();
   return r;
 }
 
@@ -212,7 +214,10 @@ Status TcpDataComm::testRequest(TcpRequest* r, bool* done, int* sizes) {
   *done = false;
   if (!r->complete) progress();
   if (!r->complete) {
-    if (fatal_ == Status::kOk) return Status::kOk;
+    if (fatal_ == Status::kOk) {
+      if (stallMs_ > 0 && (++stallTick_ & 255) == 0) watchStall(r);
+      return Status::kOk;
+    }
     // The request is NCCL's no more once an error is reported: it leaves the queues and returns to the pool.
     forget(r);
     release(r);
@@ -228,6 +233,45 @@ Status TcpDataComm::testRequest(TcpRequest* r, bool* done, int* sizes) {
   }
   release(r);
   return Status::kOk;
+}
+
+// Bytes that moved since the last look (a system call of the comm's, or a helper inside a piece) end a quiet spell;
+// a request waits from its posting at the earliest (a comm that sat idle, untested, is not stalled).
+void TcpDataComm::watchStall(TcpRequest* r) {
+  const int64_t now = coarseNowMs();
+  const uint64_t sig = movedSignature();
+  if (sig != movedSeen_ || quietSinceMs_ == 0) {
+    if (stallReported_) {
+      WEFT_INFO(NCCL_NET, "connection with {} on {}: bytes move again after {} s", peerName_, dev_.props.name,
+                (now - quietSinceMs_) / 1000);
+    }
+    movedSeen_ = sig;
+    quietSinceMs_ = now;
+    stallReported_ = false;
+    return;
+  }
+  const int64_t quiet = now - std::max(quietSinceMs_, r->postedMs);
+  if (stallReported_ || quiet < stallMs_) return;
+  stallReported_ = true;
+  add(counters().stalls, 1);
+  std::string cause;
+  try {
+    cause = stallCause(now);
+  } catch (...) {
+    cause = "(its state could not be described)";
+  }
+  WEFT_WARN("connection with {} on {}: stalled, no byte moved for {} s with requests outstanding: {} "
+            "(WEFT_STALL_S; docs/hangs.md)", peerName_, dev_.props.name, quiet / 1000, cause);
+}
+
+uint64_t TcpDataComm::movedSignature() const {
+  uint64_t s = moved_;
+  if (tasks_) {
+    for (int k = 1; k < nFlows_; ++k) {
+      s += tasks_[k].got.load(std::memory_order_relaxed) + tasks_[k].written.load(std::memory_order_relaxed);
+    }
+  }
+  return s;
 }
 
 // TCP reads and writes any host memory: a NULL handle passes.

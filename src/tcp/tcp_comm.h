@@ -101,6 +101,7 @@ static_assert(sizeof(PieceHeader) == 16);
 struct Counters {
   std::atomic<int64_t> sendCalls{0}, recvCalls{0}, bytesSent{0}, bytesReceived{0}, commsOpen{0}, flowsOpen{0};
   std::atomic<int64_t> helperThreads{0}, helperBytes{0};  // helper threads running; bytes they sent or received
+  std::atomic<int64_t> stalls{0};  // stall episodes reported (WEFT_STALL_S)
   std::atomic<int64_t> flowBytesSent[kMaxFlows] = {};  // by flow index, every comm's together
 };
 Counters& counters();
@@ -201,6 +202,7 @@ class TcpRequest final : public Request {
   bool inUse = false;
   bool complete = false;
   uint8_t n = 0;  // receive buffers; 0 for a send
+  int64_t postedMs = 0;  // isend/irecv (coarse clock): its age in a stall's warning
   // send: its header on flow 0 (with the payload when whole), the pieces not handed to a flow yet, items unsent
   Item head;
   uint64_t size = 0;
@@ -277,6 +279,14 @@ class TcpDataComm : public numa::Placed {
   void helpFlow(int k, bool send);
   // No helper touches the comm's flows, or the memory they named, once this returns (close, failure).
   void detachHelpers();
+  // Stalls (docs/hangs.md): bytes moving on any flow count (++moved_ where a system call or a helper moved some);
+  // a comm whose outstanding requests see none for WEFT_STALL_S warns once per episode, with what stallCause says.
+  void watchStall(TcpRequest* r);
+  // What the comm waits for and why, for the warning: the oldest request, its bytes, and the case (the peer has
+  // not posted its side; the bytes stopped mid-message; ...), from the comm's state and the kernel's TCP_INFO.
+  virtual std::string stallCause(int64_t nowMs) = 0;
+  uint64_t movedSignature() const;  // moved_ and what helpers are moving now
+  uint64_t moved_ = 0;
 
   TcpDevice& dev_;
   numa::ArrayPtr<Flow> flows_;
@@ -291,6 +301,11 @@ class TcpDataComm : public numa::Placed {
   std::unique_ptr<FlowTask[]> tasks_;  // by flow, once a helper moves one
 
  private:
+  int64_t stallMs_ = 0;  // 0: no watch
+  uint64_t movedSeen_ = 0;
+  int64_t quietSinceMs_ = 0;
+  uint32_t stallTick_ = 0;
+  bool stallReported_ = false;
   // Requests (weft/transport/request_pool.h), up to kMaxPool in flight.
   static constexpr int kMaxPool = 512;
   using Pool = RequestPool<numa::ArrayPtr<TcpRequest>>;
@@ -310,6 +325,7 @@ class TcpSendComm final : public TcpComm<SendComm> {
 
  private:
   void forget(TcpRequest* r) override;
+  std::string stallCause(int64_t nowMs) override;
   bool progressFlow(int k);  // one sendmsg on flow k: true when it took all and more is queued or to hand out
   void progressHelped(int k);  // flow k's helper: what it wrote retired, pieces handed to it
   void enqueue(Flow& f, Item* it);
@@ -376,6 +392,7 @@ class TcpRecvComm final : public TcpComm<RecvComm> {
 
  private:
   void forget(TcpRequest* r) override;
+  std::string stallCause(int64_t nowMs) override;
   void progressFlow0();
   void progressPieces(int k);  // flows 1+
   void progressHelped(int k);  // flows 1+ that a helper moves: piece headers to their messages, bytes counted in

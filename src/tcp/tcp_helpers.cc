@@ -85,8 +85,9 @@ bool stepRecv(FlowTask& t) {
     p = reinterpret_cast<uint8_t*>(&t.hdr) + t.hdrGot;
     want = sizeof(PieceHeader) - t.hdrGot;
   } else {
-    p = t.dst + t.got;
-    want = static_cast<size_t>(t.len - t.got);
+    const uint64_t got = t.got.load(std::memory_order_relaxed);
+    p = t.dst + got;
+    want = static_cast<size_t>(t.len - got);
   }
   ssize_t got;
   do {
@@ -103,8 +104,9 @@ bool stepRecv(FlowTask& t) {
         t.state.store(FlowTask::kHeaderReady, std::memory_order_release);
       }
     } else {
-      t.got += static_cast<uint64_t>(got);
-      if (t.got == t.len) t.state.store(FlowTask::kBodyDone, std::memory_order_release);
+      const uint64_t now = t.got.load(std::memory_order_relaxed) + static_cast<uint64_t>(got);
+      t.got.store(now, std::memory_order_relaxed);
+      if (now == t.len) t.state.store(FlowTask::kBodyDone, std::memory_order_release);
     }
     return true;
   }

@@ -65,7 +65,8 @@ struct FlowTask {
   PieceHeader hdr{};
   size_t hdrGot = 0;          // helper
   uint8_t* dst = nullptr;     // comm, before kBody
-  uint64_t len = 0, got = 0;  // comm sets len before kBody; the helper counts got
+  uint64_t len = 0;           // comm, before kBody
+  std::atomic<uint64_t> got{0};  // the helper counts the body's bytes (the comm's stall watch reads it)
   std::atomic<int> err{0};
   Helper* helper = nullptr;  // set by attach, cleared by detach (the comm's thread)
   // helper-private: its last call found the socket full (send) or empty (receive)

@@ -201,6 +201,7 @@ size_t TcpRecvComm::readSome(int k, uint8_t* p, size_t len, bool mayEnd) {
     add(counters().recvCalls, 1);
     if (got > 0) {
       add(counters().bytesReceived, got);
+      ++moved_;
       return static_cast<size_t>(got);
     }
     // Between pieces a flow may end: the sender closed after its last send. A reset there is an end too: a
@@ -529,7 +530,8 @@ void TcpRecvComm::progressHelped(int k) {
         if (f.aside != nullptr) ++f.aside->helperPieces;
         t.dst = (s.u != nullptr ? s.u->base() : s.r->dst[s.buf]) + t.hdr.offset;
         t.len = t.hdr.len;
-        t.got = 0;
+        t.got.store(0, std::memory_order_relaxed);
+        ++moved_;
         t.state.store(FlowTask::kBody, std::memory_order_release);
         kick(&t);
         return;
@@ -538,6 +540,7 @@ void TcpRecvComm::progressHelped(int k) {
         const uint64_t n = t.len, off = t.hdr.offset;  // read before the helper may take the next header
         Unexpected* u = f.aside;
         f.aside = nullptr;
+        ++moved_;
         t.state.store(FlowTask::kHeader, std::memory_order_release);
         kick(&t);
         if (u != nullptr && --u->helperPieces >= 0 && u->r != nullptr) {

@@ -352,6 +352,7 @@ void TcpSendComm::progressHelped(int k) {
     const uint64_t w = written - f.seenWritten;
     f.seenWritten = written;
     f.queued -= w;
+    ++moved_;
     add(counters().flowBytesSent[k], static_cast<int64_t>(w));
     RailHealth::bump(health_[f.iface].bytes, w);
   }
@@ -413,6 +414,7 @@ bool TcpSendComm::progressFlow(int k) {
     }
     add(counters().bytesSent, w);
     add(counters().flowBytesSent[k], w);
+    ++moved_;
     RailHealth& h = health_[f.iface];
     RailHealth::bump(h.bytes, w);
     f.queued -= static_cast<uint64_t>(w);

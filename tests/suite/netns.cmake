@@ -68,8 +68,9 @@ foreach(proto sendrecv rdma)
   weft_conformance(NAME faults.netns.link_down.private.${proto} NETNS --link-down TIMEOUT 120 LOCKS cpu
                    ARGS ${_linkdown} --env WEFT_PROTOCOL=${proto} --env WEFT_FABRIC_SHARED_EP=0)
 endforeach()
+# With stall lines due first (WEFT_STALL_S=1, docs/hangs.md): the sender's says the bytes stopped on the way.
 weft_conformance(NAME faults.netns.link_down.tcp NETNS --link-down TIMEOUT 120 LOCKS cpu
-                 ARGS ${_linkdown} --env WEFT_BACKEND=tcp)
+                 ARGS ${_linkdown} --env WEFT_BACKEND=tcp --env WEFT_STALL_S=1)
 
 # One rail of two goes down (faults.rail_down, tests/conformance/rail_down_test.sh): a 1.2 s flap is survived and
 # counted, a rail that stays down fails the comm within WEFT_PEER_TIMEOUT; the per-rail health is in the connection

@@ -95,6 +95,9 @@ const std::vector<Check>& allChecks() {
       {"weft.tcp_flows", "TCP backend: one flow while a connection carries small messages; a large transfer spread "
        "over several, each with a fair part of the bytes (--min-flows, WEFT_TCP_FLOWS)",
        weftTcpFlows},
+      {"weft.stall_lines", "a connection waiting with no byte moving for WEFT_STALL_S warns once: a receive whose "
+       "send is posted late says the peer has not posted it, a send whose receive is posted late that the peer "
+       "reads nothing; both arrive intact after", weftStallLines},
       {"weft.unreachable_peer", "connect to a closed listen or a silent listener fails within WEFT_CONNECT_TIMEOUT",
        weftUnreachablePeer},
       {"weft.misuse", "double close and deregister, test after completion, NULL out-pointers, foreign memory "

@@ -236,6 +236,7 @@ void faultsLinkDown(CheckEnv& env) {
     throw CheckSkip("takes a link down: only under netns_conformance.sh --link-down");
   if (!privateNetns()) throw CheckSkip("refusing to take links down outside a private network namespace");
   Conn c = establish(env, "link");
+  const int w0 = warningCount();
   const size_t size = 1 << 20;
   Buffer buf(size * 8);
   Registration reg(env.net, c.comm(), buf.data(), buf.size());
@@ -283,6 +284,18 @@ void faultsLinkDown(CheckEnv& env) {
     fail("pending requests over a link that went down neither failed nor completed within " +
          std::to_string(env.timeout.count()) + " s");
   std::printf("INFO\tlink down detected after %.0f ms (%s)\n", ms, resultName(r));
+  // With stall lines due before the failure (WEFT_STALL_S below WEFT_PEER_TIMEOUT, weft only: docs/hangs.md), the
+  // sender's says where the bytes stopped: on the way (its own retransmissions show it).
+  const int64_t stall = env.isWeft ? params::getInt("WEFT_STALL_S") : 0;
+  if (!env.recv() && stall > 0 && stall < params::getInt("WEFT_PEER_TIMEOUT")) {
+    bool said = false;
+    for (const std::string& w : warningsSince(w0)) {
+      if (w.find("stalled") == std::string::npos) continue;
+      std::printf("INFO\t%s\n", w.c_str());
+      said = said || w.find("bytes stopped on the way") != std::string::npos;
+    }
+    if (!said) fail("no stall warning said the bytes stopped on the way before the link's failure was found");
+  }
   reg.release();
   closeThenReconnect(env, c, size, 77);
 }

@@ -91,6 +91,7 @@ void weftIflushHost(CheckEnv& env);
 void weftMisuse(CheckEnv& env);
 void weftReplayedHandle(CheckEnv& env);
 void weftTcpFlows(CheckEnv& env);
+void weftStallLines(CheckEnv& env);
 void weftSendLargerThanRecv(CheckEnv& env);
 void weftDeliveryAck(CheckEnv& env);
 void weftUnreachablePeer(CheckEnv& env);

@@ -9,6 +9,7 @@
 #include <climits>
 #include <cstdarg>
 #include <cstdio>
+#include <deque>
 #include <mutex>
 #include <set>
 #include <type_traits>
@@ -20,6 +21,8 @@ std::atomic<int> gWarnings{0};
 std::atomic<bool> gVerbose{false};
 std::mutex gLastMutex;
 std::string gLast;
+std::deque<std::string> gAll;  // the warnings so far, the last kKeep (guarded by gLastMutex)
+constexpr size_t kKeep = 1024;
 
 // NCCL's ncclProfilerCallback as it behaves with a profiler that asks for net-plugin events
 // (docs/nccl-semantics.md §net-events): start (0) dereferences pHandle (so a NULL one is a crash in NCCL: counted here) and writes an event handle; stop (1)
@@ -297,6 +300,17 @@ void resetNetEventStats() {
 
 void setVerbose(bool v) { gVerbose = v; }
 int warningCount() { return gWarnings.load(); }
+std::vector<std::string> warningsSince(int count) {
+  std::lock_guard<std::mutex> lock(gLastMutex);
+  const int total = gWarnings.load();
+  const int first = total - static_cast<int>(gAll.size());  // index of gAll's front
+  std::vector<std::string> out;
+  for (int i = std::max(count, first); i < total && i - first < static_cast<int>(gAll.size()); ++i) {
+    out.push_back(gAll[static_cast<size_t>(i - first)]);
+  }
+  return out;
+}
+
 std::string lastWarning() {
   std::lock_guard<std::mutex> lock(gLastMutex);
   return gLast;
@@ -309,9 +323,11 @@ void harnessLogger(ncclDebugLogLevel level, unsigned long, const char* file, int
   vsnprintf(buf, sizeof(buf), fmt, ap);
   va_end(ap);
   if (level == NCCL_LOG_WARN) {
-    ++gWarnings;
     std::lock_guard<std::mutex> lock(gLastMutex);
+    ++gWarnings;  // under the lock: warningsSince maps counts to gAll
     gLast = buf;
+    gAll.push_back(buf);
+    if (gAll.size() > kKeep) gAll.pop_front();
   }
   if (level == NCCL_LOG_WARN || gVerbose) {
     std::fprintf(stderr, "[plugin %s] %s:%d %s\n", level == NCCL_LOG_WARN ? "WARN" : "INFO", file ? file : "?", line,

@@ -102,6 +102,8 @@ class LoadedPlugin {
 void harnessLogger(ncclDebugLogLevel level, unsigned long flags, const char* file, int line, const char* fmt, ...);
 int warningCount();
 std::string lastWarning();
+// The warnings logged after the first `count` (warningCount() before), as far as the last 1,024 reach.
+std::vector<std::string> warningsSince(int count);
 void setVerbose(bool v);
 
 }  // namespace weft::harness

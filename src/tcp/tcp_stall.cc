@@ -1,0 +1,163 @@
+// SPDX-License-Identifier: Apache-2.0
+// What a stalled TCP comm waits for, and why (the warning of TcpDataComm::watchStall; docs/hangs.md). The kernel's
+// TCP_INFO tells the cases apart on a sender: a peer whose receive window is closed is alive (its host acknowledges
+// everything) but reads nothing, so it has not posted its receive; unacknowledged segments being retransmitted mean
+// the bytes stopped on the way (the link, or the peer's host). A receiver with a message half in is waiting on the
+// link; one with nothing in is waiting on a peer that has not posted its send. A peer whose process died is not a
+// stall: its sockets close and the comm fails at once.
+//
+// <linux/tcp.h> (for tcpi_snd_wnd, which glibc's <netinet/tcp.h> lacks) is included here only: the two headers
+// cannot meet in one file.
+#include <linux/tcp.h>
+#include <sys/socket.h>
+
+#include <cstring>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "tcp/tcp_comm.h"
+#include "weft/common/sysfs.h"
+
+namespace weft::tcp {
+namespace {
+
+struct TcpInfo {
+  bool ok = false;
+  unsigned state = 0;
+  unsigned sndWnd = 0;  // the peer's advertised receive window (bytes)
+  unsigned unacked = 0, retransmits = 0, backoff = 0, probes = 0, totalRetrans = 0;
+  unsigned notsent = 0;  // bytes in the socket not sent yet
+  unsigned lastAckMs = 0;  // since the peer's host last acknowledged anything (a keepalive's answer included)
+};
+
+TcpInfo tcpInfo(int fd) {
+  TcpInfo out;
+  tcp_info ti{};
+  socklen_t len = sizeof(ti);
+  if (fd < 0 || ::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0) return out;
+  out.ok = true;
+  out.state = ti.tcpi_state;
+  out.unacked = ti.tcpi_unacked;
+  out.retransmits = ti.tcpi_retransmits;
+  out.backoff = ti.tcpi_backoff;
+  out.probes = ti.tcpi_probes;
+  out.totalRetrans = ti.tcpi_total_retrans;
+  out.lastAckMs = ti.tcpi_last_ack_recv;
+  // fields the kernel may not fill (older kernels write a shorter struct)
+  constexpr size_t kWndEnd = offsetof(tcp_info, tcpi_snd_wnd) + sizeof(ti.tcpi_snd_wnd);
+  out.sndWnd = len >= kWndEnd ? ti.tcpi_snd_wnd : ~0u;
+  constexpr size_t kNotsentEnd = offsetof(tcp_info, tcpi_notsent_bytes) + sizeof(ti.tcpi_notsent_bytes);
+  out.notsent = len >= kNotsentEnd ? ti.tcpi_notsent_bytes : 0;
+  return out;
+}
+
+std::string secs(int64_t ms) { return fmt::format("{} s", ms / 1000); }
+
+constexpr const char* kBehind =
+    "that rank is behind (in compute, or waiting on another rank: its own stall lines say on whom)";
+
+}  // namespace
+
+std::string TcpSendComm::stallCause(int64_t nowMs) {
+  // The oldest message not all in the kernel yet: on a flow's queue, with pieces to hand out, or its header held.
+  TcpRequest* oldest = nullptr;
+  auto consider = [&](TcpRequest* r) {
+    if (r != nullptr && (oldest == nullptr || static_cast<int32_t>(r->seq - oldest->seq) < 0)) oldest = r;
+  };
+  int busy = -1;  // a flow with bytes queued
+  for (int k = 0; k < nFlows_; ++k) {
+    if (flows_[k].head == nullptr) continue;
+    consider(flows_[k].head->r);
+    if (busy < 0 || flows_[k].queued > flows_[busy].queued) busy = k;
+  }
+  consider(bulkHead_);
+  consider(heldHead_);
+  std::string what = "nothing queued";
+  if (oldest != nullptr) {
+    MsgHeader h;
+    std::memcpy(&h, oldest->head.hdr, sizeof(h));
+    what = fmt::format("message {} (tag {}, {} bytes, posted {} ago) is not all sent", oldest->seq, h.tag,
+                       oldest->size, secs(nowMs - oldest->postedMs));
+  }
+  // Flows that have not joined yet wait for the peer's process too (its calls answer them).
+  if (joiningLeft_ > 0) what += fmt::format(" ({} of its flows are still joining)", joiningLeft_);
+  if (busy < 0) return what;
+  const TcpInfo ti = tcpInfo(flows_[busy].fd);
+  if (!ti.ok) return what;
+  const std::string flow = flowName(busy);
+  if (ti.sndWnd == 0) {
+    return what + fmt::format("; the peer's receive window is closed{}: its process is alive (its host "
+                              "acknowledges every byte) but reads nothing, so it has not posted the receive: {}",
+                              flow, kBehind);
+  }
+  if (ti.unacked > 0 && (ti.retransmits > 0 || ti.backoff > 0 || ti.probes > 0)) {
+    return what + fmt::format("; the bytes stopped on the way{}: {} segments unacknowledged, retransmitted {} "
+                              "times (backoff {}): the link, or the peer's host (it fails after WEFT_PEER_TIMEOUT "
+                              "if nothing is acknowledged)",
+                              flow, ti.unacked, ti.retransmits, ti.backoff);
+  }
+  if (ti.unacked == 0 && ti.notsent > 0) {
+    // Nothing in flight although the peer's window is open: the kernel cannot send at all.
+    const std::string ifname = flows_[busy].iface < dev_.rails.size() ? dev_.rails[flows_[busy].iface].ifname : "";
+    const bool down = !ifname.empty() && !sysfs::linkUp(sysfs::linkSourceFor(ifname, nullptr));
+    return what + fmt::format("; nothing is in flight{} although the peer's window is open ({} bytes wait in the "
+                              "socket): {} (the comm fails after WEFT_PEER_TIMEOUT)",
+                              flow, ti.notsent,
+                              down ? "the bytes stopped on the way: this host's link " + ifname + " is down"
+                                   : "the bytes stopped on the way: this host's route to the peer is gone");
+  }
+  return what + fmt::format("; the socket{} is full ({} bytes unsent, peer window {} bytes, {} unacknowledged)",
+                            flow, ti.notsent, ti.sndWnd, ti.unacked);
+}
+
+std::string TcpRecvComm::stallCause(int64_t nowMs) {
+  TcpRequest* r = head_;  // the oldest posted receive not complete
+  int waiting = 0;
+  for (TcpRequest* q = head_; q != nullptr; q = q->next) ++waiting;
+  // A message half in: the one flow 0 is reading, or one in pieces whose bytes are not all in.
+  uint64_t got = 0, size = 0;
+  bool mid = false;
+  if (cur_ != nullptr || curU_ != nullptr) {
+    mid = true;
+    if (cur_ != nullptr) got = cur_->got[curBuf_], size = cur_->want[curBuf_];
+    if (curU_ != nullptr) got = curU_->got, size = curU_->size;
+  }
+  for (int i = 0; slots_ && i < kWindow && !mid; ++i) {
+    if (!slots_[i].open) continue;
+    mid = true;
+    size = slots_[i].size;
+    got = slots_[i].size - slots_[i].left;
+  }
+  if (mid) {
+    return fmt::format("a message stopped half way: {} of its {} bytes arrived, then nothing on its {} flow{}; the "
+                       "bytes stopped on the way: the link, or the peer's host (a peer process that ended would "
+                       "have closed its sockets; a silent host fails the comm after WEFT_PEER_TIMEOUT)",
+                       got, size, ready_, ready_ > 1 ? "s" : "");
+  }
+  std::string what = fmt::format("{} receive{} wait", waiting, waiting == 1 ? "" : "s");
+  if (r != nullptr) {
+    what += fmt::format(" (the oldest: tag {}{}, up to {} bytes, posted {} ago)", r->tags[0], r->n > 1 ? " and more" : "",
+                        r->cap[0], secs(nowMs - r->postedMs));
+  }
+  const TcpInfo ti = tcpInfo(flows_[0].fd);
+  std::string aside;
+  int held = 0;
+  for (Unexpected* u = unexpHead_; u != nullptr; u = u->next) ++held;
+  if (held > 0) aside = fmt::format("; {} message{} for other tags came and are held aside", held, held == 1 ? "" : "s");
+  if (!ti.ok || ti.state != 1 /* TCP_ESTABLISHED (<netinet/tcp.h>, which cannot be included here) */) {
+    return what + " and the peer has sent nothing for them" + aside;
+  }
+  // Keepalives go out after a second of silence, one a second (SocketOptions): a live host answers each.
+  if (ti.probes > 0 && ti.lastAckMs > 2500) {
+    return what + fmt::format(" and the peer has sent nothing for them{}; its host has answered nothing for {} "
+                              "(keepalive probes unanswered: {}): the link, or the peer's host, is down (the comm "
+                              "fails after WEFT_PEER_TIMEOUT)",
+                              aside, secs(ti.lastAckMs), ti.probes);
+  }
+  return what + fmt::format(" and the peer has sent nothing for them{}; its connection is up (its host answered {} "
+                            "ms ago), so its process is alive but has not posted the matching send: {}",
+                            aside, ti.lastAckMs, kBehind);
+}
+
+}  // namespace weft::tcp
