@@ -16,13 +16,14 @@
 #include "weft/common/log.h"
 #include "weft/common/numa.h"
 #include "weft/common/params.h"
+#include "tcp/tcp_util.h"
 
 namespace weft::tcp {
 
 namespace {
 
-bool wouldBlock(int e) { return e == EAGAIN || e == EWOULDBLOCK; }
-void add(std::atomic<int64_t>& c, int64_t v) { c.fetch_add(v, std::memory_order_relaxed); }
+using detail::add;
+using detail::wouldBlock;
 
 // One sendmsg of what the ring holds, in order: true when bytes moved.
 bool stepSend(FlowTask& t) {
@@ -41,14 +42,7 @@ bool stepSend(FlowTask& t) {
     if (it->len > p) iov[n++] = {const_cast<uint8_t*>(it->src) + p, static_cast<size_t>(it->len - p)};
     off = 0;
   }
-  msghdr msg{};
-  msg.msg_iov = iov;
-  msg.msg_iovlen = static_cast<size_t>(n);
-  ssize_t w;
-  do {
-    w = ::sendmsg(t.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-    add(counters().sendCalls, 1);
-  } while (w < 0 && errno == EINTR);
+  const ssize_t w = detail::sendIov(t.fd, iov, n, counters().sendCalls);
   if (w < 0) {
     if (wouldBlock(errno)) {
       t.blocked = true;

@@ -400,14 +400,7 @@ bool TcpSendComm::progressFlow(int k) {
         want += len;
       }
     }
-    msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = static_cast<size_t>(n);
-    ssize_t w;
-    do {
-      w = ::sendmsg(f.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-      add(counters().sendCalls, 1);
-    } while (w < 0 && errno == EINTR);
+    const ssize_t w = detail::sendIov(f.fd, iov, n, counters().sendCalls);
     if (w < 0) {
       if (!wouldBlock(errno)) failErrno(errno, "send", k);
       return false;
