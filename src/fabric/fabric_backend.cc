@@ -385,6 +385,7 @@ bool FabricBackend::stat(std::string_view key, long long* value) const {
   static constexpr std::pair<std::string_view, int64_t (*)()> kStats[] = {
       {"fabric.endpoints_open", &Endpoint::openCount},
       {"fabric.probes_sent", &Endpoint::probesSent},
+      {"fabric.stalls", &Endpoint::stalls},
       {"fabric.rail_downs", &Endpoint::railDowns},
       {"fabric.rail_recoveries", &Endpoint::railRecoveries},
       {"fabric.rail_failovers", &Endpoint::railFailovers},

@@ -36,6 +36,9 @@ FabricDataComm::FabricDataComm(std::shared_ptr<EndpointGroup> group, std::vector
       pool_(static_cast<size_t>(poolSize), dev_.props().numaNode),
       probeIntervalMs_(params::getInt("WEFT_PROBE_INTERVAL")),
       peerTimeoutMs_(params::getInt("WEFT_PEER_TIMEOUT") * 1000) {
+  stallMs_ = params::getInt("WEFT_STALL_S") * 1000;
+  // Mb/s / 100 -> bytes per ms: speed * 1e6 / 8 / 100 / 1000
+  floorBytesPerMs_ = std::max<uint64_t>(1000, static_cast<uint64_t>(std::max(dev_.props().speedMbps, 0)) * 10 / 8);
   health_ = std::make_unique<RailHealth[]>(rails_.size());
   railDownSinceMs_.assign(rails_.size(), 0);
   unreachableSinceMs_.assign(rails_.size(), 0);
@@ -177,7 +180,7 @@ FabricRequest* FabricDataComm::acquire() {
   if (i < 0) return nullptr;
   FabricRequest* r = &req(i);
   r->magic_ = kRequestMagic;
-  ++outstanding_;
+  if (outstanding_++ == 0) ++busyEpoch_;
   r->n = 0;
   r->doneBufs = 0;
   r->ops = 0;
@@ -200,6 +203,7 @@ FabricRequest* FabricDataComm::acquire() {
     q.resends = 0;
     q.rma = q.rewrite = false;
     q.rewrites = q.busyCtx = q.liveCtx = 0;
+    q.size = 0;
   }
   return r;
 }
@@ -211,6 +215,7 @@ void FabricDataComm::release(FabricRequest* r) {
     --reoffers_;
   }
   r->magic_ = 0;
+  if (!recvSide_) bytesInFlight_ -= static_cast<uint64_t>(asSend(r).size);
   --outstanding_;
   pool_.giveBack(r->poolIndex);
 }

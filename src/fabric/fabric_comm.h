@@ -497,12 +497,23 @@ class FabricDataComm : public DataSink, public numa::Placed {
   // For the stall warnings: what else fails with the outstanding requests.
   const char* retriedSend() const { return waitingPeer_ ? ", and so does the send NCCL keeps retrying" : ""; }
   Silence silence_;  // how long nothing completed, as checkPeer sees it
+  // Stall warnings (WEFT_STALL_S, docs/hangs.md): from checkPeer, once per stall; busyEpoch_ counts the times the
+  // comm went from nothing outstanding to something (a stall starts no earlier than that).
+  void reportStall(int64_t nowMs, int64_t quietMs);
+  int64_t stallMs_ = 0;
+  uint32_t busyEpoch_ = 0, stallEpoch_ = 0;
+  int64_t stallFromMs_ = 0;
+  bool stallReported_ = false;
   uint32_t polls_ = 0;
   // rdma receives: an offer the provider failed to send (the first), and when; see onError.
   Status offerError_ = Status::kOk;
   int64_t offerErrorMs_ = 0;
   int64_t probeIntervalMs_;
   int64_t peerTimeoutMs_;
+  // A probe goes behind the messages queued to the same peer on providers that deliver in order (tcp, shm): its
+  // deadline grows with the send bytes in flight, drained at no less than 1% of the NIC's speed (as verbs does).
+  uint64_t bytesInFlight_ = 0;
+  uint64_t floorBytesPerMs_ = 1000;
 };
 
 class FabricSendComm final : public CommAdaptor<SendComm, FabricDataComm> {

@@ -89,6 +89,7 @@ void Endpoint::applyProviderOptions(FabricDevice& dev, fid_ep* ep) {
 namespace {
 std::atomic<int64_t> gOpen{0};    // endpoints open in this process
 std::atomic<int64_t> gProbes{0};  // liveness probes handed to the provider
+std::atomic<int64_t> gStalls{0};  // stall warnings (WEFT_STALL_S)
 std::atomic<int64_t> gFlushReads{0};  // read-back flush reads completed
 }  // namespace
 
@@ -228,6 +229,13 @@ Endpoint::~Endpoint() {
 
 int64_t Endpoint::openCount() { return gOpen.load(std::memory_order_relaxed); }
 int64_t Endpoint::probesSent() { return gProbes.load(std::memory_order_relaxed); }
+int64_t Endpoint::stalls() { return gStalls.load(std::memory_order_relaxed); }
+void Endpoint::countStall() { gStalls.fetch_add(1, std::memory_order_relaxed); }
+
+int64_t Endpoint::probeDeliveredMs(fi_addr_t to) const {
+  auto it = liveness_.find(to);
+  return it == liveness_.end() || !it->second ? 0 : it->second->deliveredMs;
+}
 
 namespace {
 std::atomic<int64_t> gRailDowns{0}, gRailRecoveries{0}, gRailFailovers{0}, gMovedMsgs{0}, gRailReadmits{0}, gPeerResets{0};
@@ -486,6 +494,7 @@ void Endpoint::handleControl(OpContext* ctx, bool ok, Status st) {
     case OpKind::kProbeSend: {  // the peer's host took it (alive), or it failed (gone)
       auto* l = static_cast<Liveness*>(ctx->owner);
       l->state = Liveness::kIdle;
+      if (ok) l->deliveredMs = coarseNowMs();
       if (!ok && st != Status::kOk && l->error == Status::kOk) {
         l->error = st;
         l->errorMs = coarseNowMs();

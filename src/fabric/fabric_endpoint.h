@@ -88,6 +88,8 @@ class Endpoint {
   // probes sent so far.
   static int64_t openCount();
   static int64_t probesSent();
+  static int64_t stalls();  // stall warnings of this process's fabric comms (WEFT_STALL_S)
+  static void countStall();
   // Rails comms saw go down and come back, every comm together (weftNetStat "fabric.rail_downs",
   // "fabric.rail_recoveries"; per comm: FabricDataComm's RailHealth).
   static int64_t railDowns();
@@ -185,6 +187,8 @@ class Endpoint {
   // (the peer's address reused by a new process since) is forgotten and the peer probed again.
   PeerVerdict checkPeer(fi_addr_t to, int64_t stalledSinceMs, int64_t nowMs, int64_t intervalMs, int64_t timeoutMs,
                         Status* why);
+  // When a probe to `to` last completed without error (0: none yet): the peer took it.
+  int64_t probeDeliveredMs(fi_addr_t to) const;
   // How long this endpoint's NIC has been seen down (0: up), from sysfs read at most every 100 ms
   // (FabricDevice::linkSource: a network interface's operstate, or the port state of the RDMA device the domain
   // is on, EFA's included); a device sysfs does not know counts as up.
@@ -260,6 +264,7 @@ class Endpoint {
     enum : uint8_t { kIdle, kQueued, kInFlight } state = kIdle;
     int64_t sentMs = 0;   // when the last probe was queued (0: never)
     int64_t errorMs = 0;  // when `error` was seen
+    int64_t deliveredMs = 0;  // when a probe last completed without error (the peer took it)
     Status error = Status::kOk;
     OpContext ctx;  // kind kProbeSend, owner: this
   };

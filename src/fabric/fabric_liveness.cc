@@ -97,7 +97,17 @@ void FabricDataComm::checkPeer() {
   if (fatal_ != Status::kOk) return;
   int64_t now = coarseNowMs();
   if (railsDown_ > 0) recheckRails(now);
-  if (silence_.restarted(now)) return;  // something completed since the last look
+  if (busyEpoch_ != stallEpoch_) {  // busy again after nothing was outstanding: a stall starts no earlier
+    stallEpoch_ = busyEpoch_;
+    stallFromMs_ = now;
+  }
+  if (silence_.restarted(now)) {  // something completed since the last look
+    if (stallReported_) {
+      WEFT_INFO(NCCL_NET, "comm with {}: requests complete again", peerName_);
+      stallReported_ = false;
+    }
+    return;
+  }
   if (now - silence_.sinceMs() < probeIntervalMs_) return;
 
   // Stalled past the probe interval: a NIC whose link is down (its own cable, or for a veth the peer end) fails
@@ -118,12 +128,14 @@ void FabricDataComm::checkPeer() {
       return;
     }
   }
-  // Every rail is probed: a link down on one NIC of a device stalls the messages that rail carries.
+  // Every rail is probed: a link down on one NIC of a device stalls the messages that rail carries. A probe may
+  // wait behind this comm's sends in flight: its deadline grows with their bytes (bytesInFlight_).
+  const int64_t probeDeadlineMs = peerTimeoutMs_ + static_cast<int64_t>(bytesInFlight_ / floorBytesPerMs_);
   for (int k = 0; k < nRails_; ++k) {
     if ((failed_ & (1u << k)) != 0) continue;
     Rail& rail = rails_[k];
     Status why = Status::kOk;
-    switch (rail.ep->checkPeer(rail.peer, silence_.sinceMs(), now, probeIntervalMs_, peerTimeoutMs_, &why)) {
+    switch (rail.ep->checkPeer(rail.peer, silence_.sinceMs(), now, probeIntervalMs_, probeDeadlineMs, &why)) {
       case Endpoint::PeerVerdict::kOk: break;
       case Endpoint::PeerVerdict::kGone:
         railDown(k, RailEvent::kPeerGone, "a liveness probe failed");
@@ -138,12 +150,56 @@ void FabricDataComm::checkPeer() {
         railDown(k, RailEvent::kProbeLost, "a liveness probe was not delivered");
         if (failRail(k, RailEvent::kProbeLost, "a liveness probe was not delivered")) break;
         WEFT_WARN("peer {} on {} unreachable: a liveness probe was not delivered within {} s (host down, link "
-                  "down, or traffic filtered); its {} outstanding requests fail{} (WEFT_PEER_TIMEOUT)",
-                  peerName_, railName(k), peerTimeoutMs_ / 1000, outstanding_, retriedSend());
+                  "down, or traffic filtered); its {} outstanding requests fail{} (WEFT_PEER_TIMEOUT{})",
+                  peerName_, railName(k), probeDeadlineMs / 1000, outstanding_, retriedSend(),
+                  bytesInFlight_ > 0 ? fmt::format(", and time for the {} bytes queued ahead of the probe",
+                                                   bytesInFlight_)
+                                     : std::string());
         fatal_ = Status::kRemote;
         return;
     }
   }
+  // No probe failed: a peer that is behind, not a dead one (those fail above). Said once a probe sent during this
+  // quiet spell was taken (the peer is reachable), or, where none was taken yet (a provider that delivers in order
+  // keeps it behind the waiting message), two probe intervals later with that said.
+  // Sends in flight get the time their bytes take at 1% of the NIC's speed first (a large message shows no
+  // completion until it is all there).
+  const int64_t quiet = now - std::max(silence_.sinceMs(), stallFromMs_);
+  const int64_t due = stallMs_ + static_cast<int64_t>(bytesInFlight_ / floorBytesPerMs_);
+  if (stallMs_ > 0 && !stallReported_ && quiet >= due &&
+      (rails_[0].ep->probeDeliveredMs(rails_[0].peer) >= now - quiet || quiet >= due + 2 * probeIntervalMs_)) {
+    reportStall(now, quiet);
+  }
+}
+
+// What a stalled comm waits for (docs/hangs.md). The provider reports no partial progress, so "nothing completed"
+// is all there is to say of the bytes; the probes say whether the peer is reachable.
+void FabricDataComm::reportStall(int64_t nowMs, int64_t quietMs) {
+  stallReported_ = true;
+  Endpoint::countStall();
+  const int64_t took = rails_[0].ep->probeDeliveredMs(rails_[0].peer);
+  const bool taken = took >= nowMs - quietMs;
+  const std::string reach =
+      taken ? fmt::format("the peer is reachable (it took a liveness probe {} ms ago), so", nowMs - took)
+            : std::string("no liveness probe was taken yet (this provider may keep it behind the waiting messages; "
+                          "an unreachable peer fails the comm after WEFT_PEER_TIMEOUT), so most likely");
+  const int n = std::max(outstanding_, waitingPeer_ ? 1 : 0);
+  std::string what;
+  if (recvSide_) {
+    what = fmt::format("{} receive{} wait and nothing has come for them; {} it has not posted the matching send (or "
+                       "a message larger than the link carries in WEFT_STALL_S is still arriving: the provider "
+                       "reports no partial progress)", n, n == 1 ? "" : "s", reach);
+  } else if (proto_.rdma) {
+    what = fmt::format("{} send{} wait for the peer to offer its buffer; {} it has not posted the receive", n,
+                       n == 1 ? "" : "s", reach);
+  } else {
+    what = fmt::format("{} send{} wait for the peer to take them; {} it has not posted the receive (or a message "
+                       "larger than the link carries in WEFT_STALL_S is still moving: the provider reports no partial "
+                       "progress)", n, n == 1 ? "" : "s", reach);
+  }
+  WEFT_WARN("comm with {} on {}: stalled, nothing completed for {} s: {}: that rank is behind (in compute, or waiting "
+            "on another rank: its own stall lines say on whom) (WEFT_STALL_S; docs/hangs.md)",
+            peerName_, railName(0), quietMs / 1000, what);
 }
 
 }  // namespace weft::fabric

@@ -372,6 +372,7 @@ Status FabricSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Re
   FabricSendRequest* r = &asSend(acquired);
   r->n = 1;
   r->size = static_cast<int>(size > INT_MAX ? INT_MAX : size);
+  bytesInFlight_ += static_cast<uint64_t>(r->size);
   r->ackKey = key;
   Status st;
   bool again = false;

@@ -219,6 +219,10 @@ Status VerbsBackend::pollConnect(int dev, PendingConnect& pc, SendComm** out) {
 }
 
 bool VerbsBackend::stat(std::string_view key, long long* value) const {
+  if (key == "verbs.stalls") {
+    *value = stallCount().load(std::memory_order_relaxed);
+    return true;
+  }
   if (key != "flush_reads") return false;
   *value = VerbsRecvComm::flushReads();
   return true;

@@ -187,6 +187,7 @@ VerbsDataComm::VerbsDataComm(std::unique_ptr<QpSet> qps, std::string peerName, i
   stripeMin_ = static_cast<uint64_t>(params::getInt("WEFT_STRIPE_MIN"));
   // Mb/s / 100 -> bytes per ms: speed * 1e6 / 8 / 100 / 1000
   floorBytesPerMs_ = std::max<uint64_t>(1000, static_cast<uint64_t>(dev_.props().speedMbps) * 10 / 8);
+  stallMs_ = params::getInt("WEFT_STALL_S") * 1000;
 }
 
 VerbsDataComm::~VerbsDataComm() {
@@ -235,6 +236,7 @@ void VerbsDataComm::progress() {
     if (wc[i].status == IBV_WC_SUCCESS && (wc[i].wr_id >> 32) == kProbe) {
       probeDone(wc[i]);
     } else if (wc[i].status == IBV_WC_SUCCESS) {
+      ++dataDone_;
       onCompletion(wc[i]);
     } else {
       onError(wc[i]);
@@ -246,6 +248,55 @@ void VerbsDataComm::progress() {
 void VerbsDataComm::probeDone(const ibv_wc& wc) {
   if (int qp = qpIndex(wc.qp_num); qp >= 0) --sendQueued_[qp];
   --probesInFlight_;
+  if (wc.status == IBV_WC_SUCCESS) probeOkMs_ = coarseNowMs();
+}
+
+// A stall: no data completion since the comm last became busy or last completed something, for WEFT_STALL_S, with
+// a probe acknowledged since (the peer's NIC answers: the peer is reachable; an unreachable one fails in checkPeer).
+void VerbsDataComm::watchStall(int64_t nowMs) {
+  if (busyEpoch_ != stallEpoch_ || dataDone_ != stallSeenDone_) {
+    if (stallReported_ && dataDone_ != stallSeenDone_) {
+      WEFT_INFO(NCCL_NET, "connection to {} on {}: requests complete again", peerName_, dev_.props().name);
+    }
+    stallEpoch_ = busyEpoch_;
+    stallSeenDone_ = dataDone_;
+    stallFromMs_ = nowMs;
+    stallReported_ = false;
+    return;
+  }
+  if (stallReported_ || nowMs - stallFromMs_ < stallMs_ || probeOkMs_ < stallFromMs_) return;
+  // An RDMA write completes only once all of it landed: a large message still on its way shows no completion.
+  // The outstanding requests' bytes get the time they take at 1% of the port's speed (as the probe's deadline).
+  uint64_t pending = 0;
+  for (size_t i = 0; i < pool_.allocated(); ++i) {
+    const VerbsRequest* r = reqAt(i);
+    if (r == nullptr || !r->inUse || r->reported) continue;
+    if (!r->recv) pending += r->size;
+    for (int j = 0; r->recv && j < r->n; ++j) pending += r->bufDone[j] ? 0 : r->cap[j];
+  }
+  if (nowMs - stallFromMs_ < stallMs_ + static_cast<int64_t>(pending / floorBytesPerMs_)) return;
+  stallReported_ = true;
+  stallCount().fetch_add(1, std::memory_order_relaxed);
+  WEFT_WARN("connection to {} on {}: stalled, nothing completed for {} s: {}; the peer is reachable (its NIC "
+            "acknowledged a liveness probe {} ms ago), so {}: that rank is behind (in compute, or waiting on another "
+            "rank: its own stall lines say on whom) (WEFT_STALL_S; docs/hangs.md)",
+            peerName_, dev_.props().name, (nowMs - stallFromMs_) / 1000,
+            fmt::format("{} request{} outstanding{}", outstanding_, outstanding_ == 1 ? "" : "s",
+                        waitingOffer_ ? ", a send waiting for the peer's offer" : ""),
+            nowMs - probeOkMs_, stallWhat());
+}
+
+std::atomic<int64_t>& stallCount() {
+  static std::atomic<int64_t> n{0};
+  return n;
+}
+
+std::string VerbsSendComm::stallWhat() const {
+  return "no offer of a buffer has come for these sends: the peer has not posted the receive";
+}
+
+std::string VerbsRecvComm::stallWhat() const {
+  return "nothing has come for these receives, whose offers the peer has: it has not posted the matching send";
 }
 
 void VerbsDataComm::opDone(VerbsRequest* r) {
@@ -313,6 +364,7 @@ void VerbsDataComm::checkPeer() {
     return;
   }
   const int64_t now = coarseNowMs();
+  if (stallMs_ > 0) watchStall(now);
   if (silence_.restarted(now)) {
     probeSentMs_ = now;  // the peer answered something: a probe still queued gets its full time again
     return;
@@ -587,7 +639,7 @@ Status VerbsSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Req
   bytesInFlight_ += r->bytes[0];
   seqs_.consume(tag);
   table_.eraseOffer(key);
-  ++outstanding_;
+  countPosted();
   *request = r;
   return Status::kOk;
 }
@@ -759,7 +811,7 @@ Status VerbsRecvComm::irecv(int n, void** data, const size_t* sizes, const int* 
   r->ops = 1;
   r->offerPending = true;
   for (int i = 0; i < n; ++i) seqs_.consume(tags[i]);
-  ++outstanding_;
+  countPosted();
   *request = r;
   return Status::kOk;
 }
@@ -826,7 +878,7 @@ Status VerbsRecvComm::iflush(int n, void** data, const int* sizes, MemHandle** m
   }
   ++flushQueued_;
   r->ops = 1;
-  ++outstanding_;
+  countPosted();
   *request = r;
   return Status::kOk;
 }

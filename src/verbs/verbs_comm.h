@@ -22,6 +22,7 @@
 // after WEFT_PEER_TIMEOUT at the latest.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -167,6 +168,9 @@ class VerbsRequest final : public Request {
 };
 
 // A comm, its requests and its offer buffers live on the NUMA node of its NIC (numa::make, docs/topology.md).
+// Stall warnings of this process's verbs comms (weftNetStat verbs.stalls).
+std::atomic<int64_t>& stallCount();
+
 class VerbsDataComm : public numa::Placed {
  public:
   VerbsDataComm(std::unique_ptr<QpSet> qps, std::string peerName, int poolSize);
@@ -202,6 +206,18 @@ class VerbsDataComm : public numa::Placed {
   void probeDone(const ibv_wc& wc);  // a liveness probe's work request came back (either way)
   int qpIndex(uint32_t qpNum) const;
   void checkPeer();
+  // Stall warnings (WEFT_STALL_S, docs/hangs.md): requests outstanding with no data completion (probes do not count)
+  // for that long, while the peer's NIC acknowledges probes: once per stall, from checkPeer.
+  void watchStall(int64_t nowMs);
+  virtual std::string stallWhat() const = 0;  // what the comm's requests wait for (send or receive side)
+  int64_t stallMs_ = 0;
+  uint64_t dataDone_ = 0, stallSeenDone_ = 0;  // completions other than probes
+  uint32_t busyEpoch_ = 0, stallEpoch_ = 0;  // times the comm went from nothing outstanding to something
+  int64_t stallFromMs_ = 0, probeOkMs_ = 0;
+  bool stallReported_ = false;
+  void countPosted() {
+    if (outstanding_++ == 0) ++busyEpoch_;
+  }
   Status checkMh(const MemHandle* mh, const void* data, size_t size, const char* op) const;
   void postProbe();
   void fail(Status st) {
@@ -240,6 +256,7 @@ using VerbsComm = CommAdaptor<Iface, VerbsDataComm>;
 
 class VerbsSendComm final : public VerbsComm<SendComm> {
  public:
+  std::string stallWhat() const override;
   // QPs sized for a sender: RDMA writes of up to kMaxRequests x maxRecvs sends and probes out, offers in.
   static std::unique_ptr<QpSet> makeQps(VerbsDevice& dev, int nQps) {
     return std::make_unique<QpSet>(dev, nQps, kMaxRequests * kMaxRecvs + 16, kOfferRecvs + 16);
@@ -261,6 +278,7 @@ class VerbsSendComm final : public VerbsComm<SendComm> {
 
 class VerbsRecvComm final : public VerbsComm<RecvComm> {
  public:
+  std::string stallWhat() const override;
   // QPs sized for a receiver: offers (one per receive) and probes out, an immediate per offered buffer in.
   static std::unique_ptr<QpSet> makeQps(VerbsDevice& dev, int nQps) {
     return std::make_unique<QpSet>(dev, nQps, kMaxRequests + 16, kMaxRequests * kMaxRecvs + 16);

@@ -15,89 +15,121 @@ std::string warnedWith(int from, const std::string& needle) {
   return {};
 }
 
-void* post(CheckEnv& env, Conn& c, bool send, void* data, size_t size, int tag, void* mh) {
+// One isend or irecv call: the request, or nullptr (the plugin wants the call again, as NCCL makes it).
+void* postOnce(CheckEnv& env, Conn& c, bool send, void* data, size_t size, int tag, void* mh) {
   void* req = nullptr;
-  Deadline d(env.timeout);
-  while (req == nullptr) {
-    if (send) {
-      expectOk(env.net.isend(c.sendComm, data, size, tag, mh, &req), "isend");
-    } else {
-      void* bufs[1] = {data};
-      size_t sizes[1] = {size};
-      int tags[1] = {tag};
-      void* mhs[1] = {mh};
-      expectOk(env.net.irecv(c.recvComm, 1, bufs, sizes, tags, mhs, &req), "irecv");
-    }
-    if (d.expired()) fail(std::string(send ? "isend" : "irecv") + " kept answering NULL");
+  if (send) {
+    expectOk(env.net.isend(c.sendComm, data, size, tag, mh, &req), "isend");
+  } else {
+    void* bufs[1] = {data};
+    size_t sizes[1] = {size};
+    int tags[1] = {tag};
+    void* mhs[1] = {mh};
+    expectOk(env.net.irecv(c.recvComm, 1, bufs, sizes, tags, mhs, &req), "irecv");
   }
   return req;
 }
 
+void* post(CheckEnv& env, Conn& c, bool send, void* data, size_t size, int tag, void* mh) {
+  Deadline d(env.timeout);
+  for (;;) {
+    if (void* req = postOnce(env, c, send, data, size, tag, mh)) return req;
+    if (d.expired()) fail(std::string(send ? "isend" : "irecv") + " kept answering NULL");
+  }
+}
+
+// Posts a send or receive (again while the plugin answers NULL: a send waiting for the receiver's offer) and tests
+// it until a warning since `from` contains `needle` or `limit` passes (then fails the check); returns the request
+// (posted by then) through *req and the warning. The peer waits meanwhile, making no call.
+std::string postUntilWarned(CheckEnv& env, Conn& c, bool send, void* data, size_t size, int tag, void* mh,
+                            void** req, int from, const std::string& needle, std::chrono::seconds limit,
+                            const std::string& what) {
+  Deadline d(limit);
+  *req = nullptr;
+  for (uint64_t i = 0;; ++i) {
+    if (*req == nullptr) {
+      *req = postOnce(env, c, send, data, size, tag, mh);
+    } else {
+      int done = 0;
+      int sizes[NCCL_PROXY_MAX_SUBS] = {};
+      expectOk(env.net.test(*req, &done, sizes), "test(" + what + ")");
+      if (done) fail(what + " completed while its peer had not posted its side");
+    }
+    if ((i & 255) == 0) {
+      std::string w = warnedWith(from, needle);
+      if (!w.empty()) return w;
+      if (d.expired()) {
+        env.oob.send("go");  // the peer posts its side and ends
+        fail(what + ": no stall warning saying \"" + needle + "\" within " + std::to_string(limit.count()) +
+             " s (WEFT_STALL_S=" + std::to_string(params::getInt("WEFT_STALL_S")) + ")");
+      }
+    }
+  }
+}
+
 }  // namespace
 
-// With WEFT_STALL_S of 1-5 s: (1) the receiver posts a receive whose send comes WEFT_STALL_S + 2 s late (the sender
-// makes no call meanwhile): the receiver warns that the peer is alive but has not posted its send; (2) the sender
-// posts 64 MiB (more than the sockets hold) that the receiver takes only WEFT_STALL_S + 2 s later: the sender warns
-// that the peer reads nothing, its receive not posted. Each warns once, names its peer, and the message arrives
-// intact once the peer posts. Backends without stall lines yet fail it (the harness skips it where the plugin is
-// not weft).
+// With WEFT_STALL_S of 1-5 s: (1) the receiver posts a receive whose send the sender posts only once the receiver
+// warned that the peer is alive but has not posted its send; (2) the sender posts 64 MiB (more than the sockets
+// hold) that the receiver takes only once the sender warned that the peer has not posted the receive. The peer
+// makes no call meanwhile; each side gets 30 s to warn. Each warns once, and the messages arrive intact once the
+// peer posts. Backends without stall lines fail it (it skips where the plugin is not weft).
 void weftStallLines(CheckEnv& env) {
   requireWeft(env);
   const int64_t stall = params::getInt("WEFT_STALL_S");
   if (stall < 1 || stall > 5) throw CheckSkip("run with --env WEFT_STALL_S between 1 and 5");
-  const auto late = std::chrono::seconds(stall + 2);
+  const auto limit = std::chrono::seconds(30);
   Conn c = establish(env);
   constexpr size_t kBig = 64 << 20, kSmall = 4096;
   Buffer buf(kBig);
   Registration reg(env.net, c.comm(), buf.data(), buf.size());
   const int w0 = warningCount();
   long long stalls0 = 0;
-  const bool counted = env.plugin != nullptr && env.plugin->stat("tcp.stalls", &stalls0);
+  std::string counter;  // the backend's count of stall warnings
+  for (const char* k : {"tcp.stalls", "fabric.stalls", "verbs.stalls"}) {
+    if (counter.empty() && env.plugin != nullptr && env.plugin->stat(k, &stalls0)) counter = k;
+  }
+  const bool counted = !counter.empty();
   // (1) a send posted late
   if (env.recv()) {
     std::memset(buf.data(), 0, kSmall);
-    void* req = post(env, c, false, buf.data(), kSmall, 1, reg.mh());
-    env.oob.send("posted");
+    void* req = nullptr;
+    const std::string w = postUntilWarned(env, c, false, buf.data(), kSmall, 1, reg.mh(), &req, w0,
+                                          "has not posted the matching send", limit, "the receive");
+    std::printf("INFO\treceiver: %s\n", w.c_str());
+    env.oob.send("go");
+    if (req == nullptr) req = post(env, c, false, buf.data(), kSmall, 1, reg.mh());
     waitRequest(env, req, 1, "the late message");
     if (findMismatch(buf.data(), kSmall, 71) != SIZE_MAX) fail("the late message arrived corrupted");
-    const std::string w = warnedWith(w0, "has not posted the matching send");
-    if (w.empty()) {
-      fail("a receive whose send came " + std::to_string(stall + 2) + " s late logged no stall warning saying the "
-           "peer has not posted its send (WEFT_STALL_S=" + std::to_string(stall) + ")");
-    }
-    std::printf("INFO\treceiver: %s\n", w.c_str());
   } else {
-    if (env.oob.recvString(env.timeout) != "posted") fail("peer out of step");
-    std::this_thread::sleep_for(late);
+    if (env.oob.recvString(limit + env.timeout) != "go") fail("peer out of step");
     fillPattern(buf.data(), kSmall, 71);
     waitRequest(env, post(env, c, true, buf.data(), kSmall, 1, reg.mh()), 1, "the late send");
   }
   // (2) a receive posted late
   const int w1 = warningCount();
   if (env.recv()) {
-    env.oob.send("ready");
-    std::this_thread::sleep_for(late);
+    if (env.oob.recvString(limit + env.timeout) != "go") fail("peer out of step");
     std::memset(buf.data(), 0, kBig);
     waitRequest(env, post(env, c, false, buf.data(), kBig, 2, reg.mh()), 1, "the 64 MiB received late");
     if (findMismatch(buf.data(), kBig, 72) != SIZE_MAX) fail("the 64 MiB received late arrived corrupted");
   } else {
-    if (env.oob.recvString(env.timeout) != "ready") fail("peer out of step");
     fillPattern(buf.data(), kBig, 72);
-    waitRequest(env, post(env, c, true, buf.data(), kBig, 2, reg.mh()), 1, "the 64 MiB sent");
-    const std::string w = warnedWith(w1, "receive window is closed");
-    if (w.empty()) {
-      fail("a 64 MiB send whose receive came " + std::to_string(stall + 2) + " s late logged no stall warning "
-           "saying the peer reads nothing (WEFT_STALL_S=" + std::to_string(stall) + ")");
-    }
+    void* req = nullptr;
+    const std::string w = postUntilWarned(env, c, true, buf.data(), kBig, 2, reg.mh(), &req, w1,
+                                          "has not posted the receive", limit, "the 64 MiB send");
     std::printf("INFO\tsender: %s\n", w.c_str());
+    env.oob.send("go");
+    if (req == nullptr) req = post(env, c, true, buf.data(), kBig, 2, reg.mh());
+    waitRequest(env, req, 1, "the 64 MiB sent");
   }
   // one warning per episode, not one per look
   int stallWarnings = 0;
-  for (const std::string& w : warningsSince(w0)) stallWarnings += w.find("stalled, no byte moved") != std::string::npos;
+  for (const std::string& w : warningsSince(w0)) stallWarnings += w.find(": stalled, ") != std::string::npos;
   if (stallWarnings > 1) fail(std::to_string(stallWarnings) + " stall warnings for one stall (one expected)");
   long long stalls1 = 0;
-  if (counted && env.plugin->stat("tcp.stalls", &stalls1) && stalls1 - stalls0 != stallWarnings) {
-    fail("tcp.stalls counted " + std::to_string(stalls1 - stalls0) + " stalls for " + std::to_string(stallWarnings) +
+  if (counted && env.plugin->stat(counter.c_str(), &stalls1) && stalls1 - stalls0 != stallWarnings) {
+    fail(counter + " counted " + std::to_string(stalls1 - stalls0) + " stalls for " + std::to_string(stallWarnings) +
          " warnings");
   }
   reg.release();
