@@ -504,6 +504,11 @@ class FabricDataComm : public DataSink, public numa::Placed {
   uint32_t busyEpoch_ = 0, stallEpoch_ = 0;
   int64_t stallFromMs_ = 0;
   bool stallReported_ = false;
+
+ public:
+  StallState stall_;  // what reportStall found (Comm::stallState)
+
+ protected:
   uint32_t polls_ = 0;
   // rdma receives: an offer the provider failed to send (the first), and when; see onError.
   Status offerError_ = Status::kOk;

@@ -105,6 +105,7 @@ void FabricDataComm::checkPeer() {
     if (stallReported_) {
       WEFT_INFO(NCCL_NET, "comm with {}: requests complete again", peerName_);
       stallReported_ = false;
+      stall_.end();
     }
     return;
   }
@@ -176,6 +177,7 @@ void FabricDataComm::checkPeer() {
 // is all there is to say of the bytes; the probes say whether the peer is reachable.
 void FabricDataComm::reportStall(int64_t nowMs, int64_t quietMs) {
   stallReported_ = true;
+  stall_.begin(nowMs - quietMs);
   Endpoint::countStall();
   const int64_t took = rails_[0].ep->probeDeliveredMs(rails_[0].peer);
   const bool taken = took >= nowMs - quietMs;

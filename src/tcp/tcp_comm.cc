@@ -244,6 +244,7 @@ void TcpDataComm::watchStall(TcpRequest* r) {
     if (stallReported_) {
       WEFT_INFO(NCCL_NET, "connection with {} on {}: bytes move again after {} s", peerName_, dev_.props.name,
                 (now - quietSinceMs_) / 1000);
+      stall_.end();
     }
     movedSeen_ = sig;
     quietSinceMs_ = now;
@@ -253,6 +254,7 @@ void TcpDataComm::watchStall(TcpRequest* r) {
   const int64_t quiet = now - std::max(quietSinceMs_, r->postedMs);
   if (stallReported_ || quiet < stallMs_) return;
   stallReported_ = true;
+  stall_.begin(now - quiet);
   add(counters().stalls, 1);
   std::string cause;
   try {

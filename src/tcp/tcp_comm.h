@@ -300,6 +300,9 @@ class TcpDataComm : public numa::Placed {
   uint32_t seq_ = 0;  // messages started (send) or matched (recv) on this comm
   std::unique_ptr<FlowTask[]> tasks_;  // by flow, once a helper moves one
 
+ public:
+  StallState stall_;  // what watchStall found (Comm::stallState)
+
  private:
   int64_t stallMs_ = 0;  // 0: no watch
   uint64_t movedSeen_ = 0;

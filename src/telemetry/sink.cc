@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include "weft/common/clock.h"
 #include "weft/common/log.h"
 #include "weft/common/numa.h"
 #include "weft/common/params.h"
@@ -408,7 +409,8 @@ void Sink::onFinalize(Context* c) {
 
 // ---- transport connections ----------------------------------------------------------------------------------
 
-ConnStats* registerConn(bool isSend, std::string peer, std::string device, const RailHealth* rails, int nRails) {
+ConnStats* registerConn(bool isSend, std::string peer, std::string device, const RailHealth* rails, int nRails,
+                        const StallState* stall) {
   Sink& s = Sink::instance();
   auto* c = new ConnStats;
   c->isSend = isSend;
@@ -416,6 +418,7 @@ ConnStats* registerConn(bool isSend, std::string peer, std::string device, const
   c->device = std::move(device);
   c->rails = nRails > 0 ? rails : nullptr;
   c->nRails = c->rails != nullptr ? nRails : 0;
+  c->stall = stall;
   s.connRecord(c, false);
   return c;
 }
@@ -468,6 +471,7 @@ void Sink::connRecord(ConnStats* c, bool final) {
     where += fmt::format(R"(,"gpu":"{}")", jsonEscape(c->gpu));
     if (!c->gpuPath.empty()) where += fmt::format(R"(,"gpu_path":"{}")", jsonEscape(c->gpuPath));
   }
+  if (c->stall != nullptr) where += fmt::format(R"(,"stalls":{})", c->stall->stalls.load(std::memory_order_relaxed));
   addRailTotals(*c, &railsClosed_);
   writeLineLocked(fmt::format(
       R"({{"v":{},"type":"conn","host":"{}","pid":{},"conn":{},"dir":"{}","peer":"{}","device":"{}","msgs":{},"bytes":{},"lat_p50_us":{:.3f},"lat_p99_us":{:.3f}{}{},"time_ns":{}}})",
@@ -582,6 +586,10 @@ void Sink::writePromLocked() {
   std::string railFo = "# HELP weft_conn_rail_failovers_total Times a weft connection moved its traffic off a rail (WEFT_RAIL_FAILOVER).\n# TYPE weft_conn_rail_failovers_total counter\n";
   std::string railMoved = "# HELP weft_conn_rail_moved_total Messages a weft connection moved off a failed rail (sent again, or posted again, elsewhere).\n# TYPE weft_conn_rail_moved_total counter\n";
   std::string railRe = "# HELP weft_conn_rail_readmits_total Times a weft connection took a failed-over rail back (WEFT_RAIL_READMIT).\n# TYPE weft_conn_rail_readmits_total counter\n";
+  std::string stalls = "# HELP weft_conn_stalls_total Stalls a weft connection reported: requests outstanding with nothing moving for WEFT_STALL_S (docs/hangs.md).\n# TYPE weft_conn_stalls_total counter\n";
+  std::string stalled = "# HELP weft_conn_stalled_seconds How long a weft connection has been stalled now (0: not stalled).\n# TYPE weft_conn_stalled_seconds gauge\n";
+  bool anyStall = false;
+  const int64_t nowMs = coarseNowMs();
   bool anyRails = false;
   for (ConnStats* c : conns_) {
     std::string l = fmt::format("conn=\"{}\",dir=\"{}\",peer=\"{}\",device=\"{}\"", c->id, c->isSend ? "send" : "recv",
@@ -590,6 +598,13 @@ void Sink::writePromLocked() {
     if (c->latency.count() > 0) {
       connLat += fmt::format("weft_conn_latency_seconds{{{},quantile=\"0.5\"}} {:.9f}\n", l, c->latency.quantileNs(0.5) / 1e9);
       connLat += fmt::format("weft_conn_latency_seconds{{{},quantile=\"0.99\"}} {:.9f}\n", l, c->latency.quantileNs(0.99) / 1e9);
+    }
+    if (c->stall != nullptr) {
+      const int64_t since = c->stall->sinceMs.load(std::memory_order_relaxed);
+      stalls += fmt::format("weft_conn_stalls_total{{{}}} {}\n", l, c->stall->stalls.load(std::memory_order_relaxed));
+      stalled += fmt::format("weft_conn_stalled_seconds{{{}}} {:.3f}\n", l,
+                             since > 0 ? static_cast<double>(std::max<int64_t>(nowMs - since, 0)) / 1e3 : 0.0);
+      anyStall = true;
     }
     for (int k = 0; k < c->nRails; ++k) {
       const RailHealth& h = c->rails[k];
@@ -605,6 +620,7 @@ void Sink::writePromLocked() {
     }
   }
   if (anyRails) connLat += railUp + railDowns + railRec + railBytes + railFo + railMoved + railRe;
+  if (anyStall) connLat += stalls + stalled;
   // Per NIC, every connection of this process together, closed ones included: what an alert watches.
   std::map<std::string, RailTotals> railTotals = railsClosed_;
   for (ConnStats* c : conns_) addRailTotals(*c, &railTotals);

@@ -29,13 +29,14 @@ struct ConnStats {
   // A multi-rail comm's rails (the comm's, valid while the connection is registered; NULL for one rail).
   const RailHealth* rails = nullptr;
   int nRails = 0;
+  const StallState* stall = nullptr;  // the comm's (valid while registered; NULL where its backend watches none)
   // Where it runs (docs/topology.md): its NIC's NUMA node (-1 unknown), its GPU's bus id ("" unknown) and the path
   // between them ("PIX" ... "SYS", "" unknown). Set by the plugin layer before the first message, read at close.
   int numa = -1;
   std::string gpu, gpuPath;
 };
 ConnStats* registerConn(bool isSend, std::string peer, std::string device, const RailHealth* rails = nullptr,
-                        int nRails = 0);  // never null
+                        int nRails = 0, const StallState* stall = nullptr);  // never null
 void unregisterConn(ConnStats* s);  // writes its final record; s is freed
 
 // Makes the Sink the profiler core's writer (WriterHooks); idempotent. Every user of the core's tables calls it

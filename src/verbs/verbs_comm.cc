@@ -257,6 +257,7 @@ void VerbsDataComm::watchStall(int64_t nowMs) {
   if (busyEpoch_ != stallEpoch_ || dataDone_ != stallSeenDone_) {
     if (stallReported_ && dataDone_ != stallSeenDone_) {
       WEFT_INFO(NCCL_NET, "connection to {} on {}: requests complete again", peerName_, dev_.props().name);
+      stall_.end();
     }
     stallEpoch_ = busyEpoch_;
     stallSeenDone_ = dataDone_;
@@ -276,6 +277,7 @@ void VerbsDataComm::watchStall(int64_t nowMs) {
   }
   if (nowMs - stallFromMs_ < stallMs_ + static_cast<int64_t>(pending / floorBytesPerMs_)) return;
   stallReported_ = true;
+  stall_.begin(stallFromMs_);
   stallCount().fetch_add(1, std::memory_order_relaxed);
   WEFT_WARN("connection to {} on {}: stalled, nothing completed for {} s: {}; the peer is reachable (its NIC "
             "acknowledged a liveness probe {} ms ago), so {}: that rank is behind (in compute, or waiting on another "

@@ -215,6 +215,11 @@ class VerbsDataComm : public numa::Placed {
   uint32_t busyEpoch_ = 0, stallEpoch_ = 0;  // times the comm went from nothing outstanding to something
   int64_t stallFromMs_ = 0, probeOkMs_ = 0;
   bool stallReported_ = false;
+
+ public:
+  StallState stall_;  // what watchStall found (Comm::stallState)
+
+ protected:
   void countPosted() {
     if (outstanding_++ == 0) ++busyEpoch_;
   }

@@ -36,7 +36,8 @@ step verbs.sender_killed 120 $C --only faults.sender_killed $V
 step verbs.receiver_killed 120 $C --only faults.receiver_killed $V
 step verbs.unreachable_peer 120 $C --only weft.unreachable_peer $V --env WEFT_CONNECT_TIMEOUT=3
 # Stall lines (docs/hangs.md): a send and a receive posted late each warn once, naming the case.
-step verbs.stall_lines 120 $C --only weft.stall_lines $V --env WEFT_STALL_S=1
+step verbs.stall_lines 120 $C --only weft.stall_lines $V --env WEFT_STALL_S=1 --env WEFT_PROM_FILE=stall.prom \
+  --env WEFT_PROM_INTERVAL=1
 # QP errors mid-stream: the peer's QPs moved to the error state, then destroyed (weft_verbs_fault_tests).
 [ -n "${RXE_FAULT_BIN:-}" ] && step verbs.qp_error 180 "$RXE_FAULT_BIN"
 # The guest's kernel has what this project's CI kernel lacks: tc netem. libfabric tcp;ofi_rxm between two network

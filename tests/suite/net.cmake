@@ -122,17 +122,17 @@ weft_conformance(NAME conformance.tcp.threads2.flows16.v11 OVER tcp
                  ARGS --table 11 --quick --env WEFT_TCP_FLOWS=16 --env WEFT_STRIPE_MIN=16384 --env WEFT_TCP_CHUNK=8192
                       --env WEFT_TCP_THREADS=2)
 # Stall lines (WEFT_STALL_S, docs/hangs.md): a send posted late and a receive posted late each warn once, naming the
-# case; over one flow and over 4 with helper threads.
-weft_conformance(NAME conformance.tcp.stall_lines OVER tcp ARGS --table 11 --only weft.stall_lines --env WEFT_STALL_S=1)
+# case, and the sender's stall shows in its Prometheus file while it lasts; over one flow and over 4 with helper
+# threads.
+set(_stall --table 11 --only weft.stall_lines --env WEFT_STALL_S=1 --env WEFT_PROM_FILE=stall.prom
+           --env WEFT_PROM_INTERVAL=1)
+weft_conformance(NAME conformance.tcp.stall_lines OVER tcp ARGS ${_stall})
 weft_conformance(NAME conformance.tcp.threads2.stall_lines OVER tcp
-                 ARGS --table 11 --only weft.stall_lines --env WEFT_STALL_S=1 --env WEFT_TCP_FLOWS=4
-                      --env WEFT_TCP_THREADS=2)
+                 ARGS ${_stall} --env WEFT_TCP_FLOWS=4 --env WEFT_TCP_THREADS=2)
 # The libfabric backend's stall lines (docs/hangs.md): over tcp;ofi_rxm (tagged sends) and shm (the rdma protocol:
 # a send waits for the receiver's offer).
-weft_conformance(NAME conformance.fabric-tcp.stall_lines OVER fabric-tcp
-                 ARGS --table 11 --only weft.stall_lines --env WEFT_STALL_S=1)
-weft_conformance(NAME conformance.shm.rdma.stall_lines OVER shm
-                 ARGS --table 11 --only weft.stall_lines --env WEFT_STALL_S=1 --env WEFT_PROTOCOL=rdma)
+weft_conformance(NAME conformance.fabric-tcp.stall_lines OVER fabric-tcp ARGS ${_stall})
+weft_conformance(NAME conformance.shm.rdma.stall_lines OVER shm ARGS ${_stall} --env WEFT_PROTOCOL=rdma)
 foreach(check sender_killed receiver_killed killed_many)
   weft_conformance(NAME faults.tcp.threads2.${check} OVER tcp TIMEOUT 300 LABELS faults
                    ARGS --only faults.${check} --timeout 40 --env WEFT_TCP_FLOWS=4 --env WEFT_STRIPE_MIN=16384

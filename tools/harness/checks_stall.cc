@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // weft's stall lines (docs/hangs.md): a connection that waits with no byte moving says once what it waits for and
 // which case it is.
+#include <fstream>
+
 #include "checks_internal.h"
 
 namespace weft::harness::checks {
@@ -67,6 +69,31 @@ std::string postUntilWarned(CheckEnv& env, Conn& c, bool send, void* data, size_
   }
 }
 
+// With WEFT_PROM_FILE set (a relative path: each worker's own, in its folder): the Prometheus file must come to show a
+// connection stalled now (weft_conn_stalled_seconds above 0) with a stall counted, within `limit`. Empty: it did;
+// else what it showed.
+std::string promShowsStall(const std::string& path, std::chrono::seconds limit) {
+  Deadline d(limit);
+  std::string last;
+  for (;;) {
+    std::ifstream in(path);
+    std::string line;
+    bool stalledNow = false, counted = false;
+    last.clear();
+    while (std::getline(in, line)) {
+      if (line.rfind("weft_conn_stall", 0) != 0) continue;
+      last += line + "; ";
+      const size_t sp = line.rfind(' ');
+      const double v = sp == std::string::npos ? 0 : std::atof(line.c_str() + sp + 1);
+      if (line.rfind("weft_conn_stalled_seconds{", 0) == 0 && v > 0) stalledNow = true;
+      if (line.rfind("weft_conn_stalls_total{", 0) == 0 && v >= 1) counted = true;
+    }
+    if (stalledNow && counted) return {};
+    if (d.expired()) return last.empty() ? "no weft_conn_stall* lines" : last;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
 }  // namespace
 
 // With WEFT_STALL_S of 1-5 s: (1) the receiver posts a receive whose send the sender posts only once the receiver
@@ -119,7 +146,11 @@ void weftStallLines(CheckEnv& env) {
     const std::string w = postUntilWarned(env, c, true, buf.data(), kBig, 2, reg.mh(), &req, w1,
                                           "has not posted the receive", limit, "the 64 MiB send");
     std::printf("INFO\tsender: %s\n", w.c_str());
+    // The stall in the Prometheus file too, while it lasts (item 5 of issue 59).
+    const std::string prom = params::getString("WEFT_PROM_FILE");
+    const std::string shown = prom.empty() ? std::string() : promShowsStall(prom, std::chrono::seconds(10));
     env.oob.send("go");
+    if (!shown.empty()) fail("the Prometheus file " + prom + " did not show the stall within 10 s: " + shown);
     if (req == nullptr) req = post(env, c, true, buf.data(), kBig, 2, reg.mh());
     waitRequest(env, req, 1, "the 64 MiB sent");
   }

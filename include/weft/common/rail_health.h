@@ -32,6 +32,18 @@ inline const char* railEventName(RailEvent e) {
   return "unknown";
 }
 
+// A connection's stalls (WEFT_STALL_S, docs/hangs.md): written by its backend when a stall is reported and when bytes
+// move again (never per message), read by anyone (the Prometheus file, the connection's record).
+struct StallState {
+  std::atomic<uint64_t> stalls{0};   // stall episodes reported
+  std::atomic<int64_t> sinceMs{0};   // coarse clock (weft/common/clock.h) when the current one began; 0: none
+  void begin(int64_t fromMs) {
+    stalls.store(stalls.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    sinceMs.store(fromMs > 0 ? fromMs : 1, std::memory_order_relaxed);
+  }
+  void end() { sinceMs.store(0, std::memory_order_relaxed); }
+};
+
 struct RailHealth {
   char device[32] = {};  // the NIC's name (set once, before anyone reads)
   std::atomic<uint8_t> up{1};

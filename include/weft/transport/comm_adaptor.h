@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // A backend's send or receive comm: NCCL's interface (Iface: SendComm or RecvComm) over the backend's data comm
 // (Data), which answers the calls every comm answers alike. Data provides peerName_, commDeviceName(),
-// railHealth(int*) (none: *n = 0, nullptr), refreshRailHealth(), registerMr(data, size, type, dmabufFd, offset,
-// out) (dmabufFd -1: plain memory) and deregisterMr(mh).
+// railHealth(int*) (none: *n = 0, nullptr), refreshRailHealth(), a public StallState stall_, registerMr(data, size,
+// type, dmabufFd, offset, out) (dmabufFd -1: plain memory) and deregisterMr(mh).
 #pragma once
 
 #include <cstddef>
@@ -22,6 +22,7 @@ class CommAdaptor : public Iface, public Data {
   std::string deviceName() const override { return Data::commDeviceName(); }
   const DeviceProps* deviceProps() const override { return &Data::commDeviceProps(); }
   const RailHealth* rails(int* n) const override { return Data::railHealth(n); }
+  const StallState* stallState() const override { return &this->stall_; }
   void refreshRails() override { Data::refreshRailHealth(); }
   Status regMr(void* data, size_t size, int type, MemHandle** out) override {
     return Data::registerMr(data, size, type, -1, 0, out);

@@ -107,6 +107,9 @@ class Comm : public Object {
     *n = 0;
     return nullptr;
   }
+  // Its stalls (weft/common/rail_health.h), valid until the comm is closed and readable from any thread; nullptr
+  // where the backend watches none.
+  virtual const StallState* stallState() const { return nullptr; }
   // Brings that health up to date now (a rail that came back while the comm sat idle); the layer above calls it
   // before it writes the comm's final record.
   virtual void refreshRails() {}
