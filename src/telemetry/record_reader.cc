@@ -38,6 +38,7 @@ LineKind parseRecordLine(const std::string& line, OpRecord* op, std::string* com
       c.device = j.value("device", "");
       c.msgs = j.value("msgs", uint64_t{0});
       c.bytes = j.value("bytes", uint64_t{0});
+      c.stalls = j.value("stalls", uint64_t{0});
       c.numa = j.value("numa", -1);
       c.gpu = j.value("gpu", "");
       c.gpuPath = j.value("gpu_path", "");

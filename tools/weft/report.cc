@@ -173,6 +173,33 @@ void printRails(const Loaded& L) {
   }
 }
 
+// The connections that reported stalls (docs/hangs.md), most first: where a hung or slow job waited on the network.
+// Nothing where none did.
+void printStalls(const Loaded& L) {
+  std::vector<const telemetry::ConnRecord*> stalled;
+  uint64_t total = 0;
+  for (const auto& c : L.conns) {
+    if (c.stalls == 0) continue;
+    stalled.push_back(&c);
+    total += c.stalls;
+  }
+  if (stalled.empty()) return;
+  std::stable_sort(stalled.begin(), stalled.end(),
+                   [](const auto* a, const auto* b) { return a->stalls > b->stalls; });
+  std::printf("\n== stalls (connections that waited WEFT_STALL_S with nothing moving; the log's stall lines say on "
+              "whom: docs/hangs.md)\n");
+  std::printf("  %zu of %zu connections reported %llu stalls\n", stalled.size(), L.conns.size(),
+              static_cast<unsigned long long>(total));
+  std::printf("  %-20s %8s %-5s %-28s %-16s %7s\n", "host", "pid", "dir", "peer", "nic", "stalls");
+  constexpr size_t kRows = 20;
+  for (size_t i = 0; i < stalled.size() && i < kRows; ++i) {
+    const telemetry::ConnRecord& c = *stalled[i];
+    std::printf("  %-20s %8d %-5s %-28s %-16s %7llu\n", c.host.c_str(), c.pid, c.dir.c_str(), c.peer.c_str(),
+                c.device.c_str(), static_cast<unsigned long long>(c.stalls));
+  }
+  if (stalled.size() > kRows) std::printf("  ... and %zu more\n", stalled.size() - kRows);
+}
+
 // ---- locality (docs/topology.md §records) ----------------------------------------------------------------------
 
 int pathRank(const std::string& p) {
@@ -569,6 +596,7 @@ int reportCommand(int argc, char** argv) {
                 L.files);
     printLocality(L);
     printRails(L);
+    printStalls(L);
     return 0;
   }
   const uint64_t t0 = prepareRecords(L);
@@ -578,6 +606,7 @@ int reportCommand(int argc, char** argv) {
   printTags(L, stragglerMinUs);
   printTrafficMix(L);
   printRails(L);
+  printStalls(L);
   if (!plotDir.empty() && !writePlots(L, plotDir, t0)) return 1;
   return 0;
 }

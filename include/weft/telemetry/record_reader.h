@@ -39,6 +39,7 @@ struct ConnRecord {
   int numa = -1;                // the NIC's NUMA node (-1: not recorded)
   std::string gpu, gpuPath;     // the GPU's bus id and its path to the NIC ("PIX" ... "SYS"), where recorded
   uint64_t msgs = 0, bytes = 0;
+  uint64_t stalls = 0;          // stalls it reported (WEFT_STALL_S, docs/hangs.md)
   std::vector<RailRecord> rails;
 };
 
