@@ -150,6 +150,12 @@ TcpRequest* TcpDataComm::acquire() {
 }
 
 void TcpDataComm::release(TcpRequest* r) {
+  if (stallReported_) {  // a request is over: so is the stall (the next one counts from the next look)
+    WEFT_INFO(NCCL_NET, "connection with {} on {}: requests complete again", peerName_, dev_.props.name);
+    stallReported_ = false;
+    stall_.end();
+    quietSinceMs_ = 0;
+  }
   r->inUse = false;
   r->next = nullptr;
   pool_.giveBack(r->poolIndex);

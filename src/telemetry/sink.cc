@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "telemetry/sink.h"
 
+#include "telemetry/inspect.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -108,6 +110,7 @@ struct ExitFlush {
 void Sink::shutdown() {
   // A forked child (a data-loader worker) has neither the writer thread nor, perhaps, a usable lock: leave it.
   if (ownerPid_ != getpid()) return;
+  inspect_.reset();  // its thread may wait for mu_: stopped before it is taken
   std::unique_lock<std::mutex> lock(mu_);
   if (!started_) return;
   stop_ = true;
@@ -136,6 +139,33 @@ void Sink::startLocked() {
   static ExitFlush exitFlush;  // destroyed at exit, after everything constructed before it
   (void)exitFlush;
   thread_ = std::thread([this] { run(); });
+  // The dump takes mu_ (held here): the server's thread asks for it only once a client comes.
+  inspect_ = InspectServer::start([this] {
+    std::lock_guard<std::mutex> l(mu_);
+    return inspectDumpLocked();
+  });
+}
+
+// One line for the process, one per NCCL communicator the profiler knows, one per weft connection open now: what
+// it moved, its latency, its stalls and how long it has been stalled now (docs/hangs.md).
+std::string Sink::inspectDumpLocked() {
+  const int64_t nowMs = coarseNowMs();
+  std::string out = fmt::format(R"({{"type":"process","host":"{}","pid":{},"conns":{},"comms":{},"time_ns":{}}})",
+                                jsonEscape(host_), getpid(), conns_.size(), comms_.size(), wallNs()) + "\n";
+  for (const auto& [ctx, m] : comms_) {
+    out += fmt::format(R"({{"type":"comm","comm":"{}","comm_name":"{}","rank":{},"nranks":{},"nnodes":{}}})",
+                       hex(m.commHash), jsonEscape(m.name), m.rank, m.nRanks, m.nNodes) + "\n";
+  }
+  for (const ConnStats* c : conns_) {
+    const int64_t since = c->stall != nullptr ? c->stall->sinceMs.load(std::memory_order_relaxed) : 0;
+    out += fmt::format(
+        R"({{"type":"conn","conn":{},"dir":"{}","peer":"{}","device":"{}","msgs":{},"bytes":{},"lat_p50_us":{:.3f},"stalls":{},"stalled_s":{:.3f}}})",
+        c->id, c->isSend ? "send" : "recv", jsonEscape(c->peer), jsonEscape(c->device), c->msgs.load(),
+        c->bytes.load(), c->latency.quantileNs(0.5) / 1e3,
+        c->stall != nullptr ? c->stall->stalls.load(std::memory_order_relaxed) : 0,
+        since > 0 ? static_cast<double>(std::max<int64_t>(nowMs - since, 0)) / 1e3 : 0.0) + "\n";
+  }
+  return out;
 }
 
 

@@ -18,6 +18,8 @@
 
 namespace weft::telemetry {
 
+class InspectServer;
+
 // Connection counters registered by weft's own transport (one per send or receive comm).
 struct ConnStats {
   uint32_t id = 0;
@@ -106,6 +108,7 @@ class Sink {
     std::string text() const;
   };
   void tagLinesLocked(const Comm& m, const std::string& base, TagLines* out) const;
+  std::string inspectDumpLocked();  // what `weft inspect` prints of this process (JSON lines)
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -130,6 +133,7 @@ class Sink {
   uint64_t lastPromNs_ = 0;
   std::string host_;
   uint32_t nextConnId_ = 1;
+  std::unique_ptr<InspectServer> inspect_;  // its dump takes mu_: made and reset without holding it
 };
 
 // JSON string escaping (names come from users).

@@ -213,6 +213,13 @@ VerbsRequest* VerbsDataComm::acquire() {
 }
 
 void VerbsDataComm::release(VerbsRequest* r) {
+  if (stallReported_) {  // a request is over: the stall is (the next one counts from here)
+    WEFT_INFO(NCCL_NET, "connection to {} on {}: requests complete again", peerName_, dev_.props().name);
+    stallReported_ = false;
+    stall_.end();
+    stallSeenDone_ = dataDone_;
+    stallFromMs_ = coarseNowMs();
+  }
   r->magic_ = 0;
   r->inUse = false;
   pool_.giveBack(r->poolIndex);

@@ -94,6 +94,34 @@ std::string promShowsStall(const std::string& path, std::chrono::seconds limit) 
   }
 }
 
+// `weft inspect --json --pid <this process>` (this worker is the weft binary, /proc/self/exe) must show a send
+// connection stalled now. Empty: it did; else what it printed.
+std::string inspectShowsStall() {
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return "cannot read /proc/self/exe";
+  self[n] = '\0';
+  const std::string cmd = "'" + std::string(self) + "' inspect --json --pid " + std::to_string(getpid()) + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return "could not run " + cmd;
+  std::string out;
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
+  ::pclose(p);
+  size_t at = 0;
+  while ((at = out.find("\"type\":\"conn\"", at)) != std::string::npos) {
+    const size_t end = out.find('\n', at);
+    const std::string line = out.substr(at, end == std::string::npos ? std::string::npos : end - at);
+    at += 1;
+    const size_t s = line.find("\"stalled_s\":");
+    if (line.find("\"dir\":\"send\"") != std::string::npos && s != std::string::npos &&
+        std::atof(line.c_str() + s + 12) > 0) {
+      return {};
+    }
+  }
+  return out.empty() ? "nothing" : out;
+}
+
 }  // namespace
 
 // With WEFT_STALL_S of 1-5 s: (1) the receiver posts a receive whose send the sender posts only once the receiver
@@ -149,8 +177,11 @@ void weftStallLines(CheckEnv& env) {
     // The stall in the Prometheus file too, while it lasts (item 5 of issue 59).
     const std::string prom = params::getString("WEFT_PROM_FILE");
     const std::string shown = prom.empty() ? std::string() : promShowsStall(prom, std::chrono::seconds(10));
+    // And live, through weft inspect (item 3), where the process serves it.
+    const std::string inspected = params::getBool("WEFT_INSPECT") ? inspectShowsStall() : std::string();
     env.oob.send("go");
     if (!shown.empty()) fail("the Prometheus file " + prom + " did not show the stall within 10 s: " + shown);
+    if (!inspected.empty()) fail("weft inspect did not show this process's send connection stalled: " + inspected);
     if (req == nullptr) req = post(env, c, true, buf.data(), kBig, 2, reg.mh());
     waitRequest(env, req, 1, "the 64 MiB sent");
   }

@@ -28,6 +28,7 @@ namespace weft::tool {
 int info(int argc, char** argv);
 int replayCommand(int argc, char** argv, const std::string& defaultProfiler);
 int reportCommand(int argc, char** argv);
+int inspectCommand(int argc, char** argv);
 int tuneCommand(int argc, char** argv);
 int profileCommand(int argc, char** argv);
 }
@@ -83,6 +84,9 @@ void usage() {
                "                                link is its own endpoints, tens of MiB each over rxm)\n"
                "      [--raw-modes raw-tagged,raw-rma,raw-tagged-1ep]  which references to run (default: all)\n"
                "      [--table N] [--dev N] [--fuse 0,1] [--quick] [--json] and the --env/--netns options above\n"
+               "  inspect [--json] [--pid N]    the weft processes of this user on this host, live: their\n"
+               "                                connections, what they moved, which are stalled now (docs/hangs.md)\n"
+               "      [--dir D]                 where their sockets are (default WEFT_INSPECT_DIR, /tmp/weft-<uid>)\n"
                "  report DIR                    read the timing records of a job (WEFT_TELEMETRY_DIR of every rank):\n"
                "                                busbw per operation and size, stragglers, traffic mix, and per user\n"
                "                                tag (NCCL 2.32+): time share, bandwidth, sync wait, stragglers\n"
@@ -357,6 +361,7 @@ int main(int argc, char** argv) {
   if (cmd == "diff") return diff(argc, argv);
   if (cmd == "bench-worker") return weft::harness::runBenchWorker(argc, argv);
   if (cmd == "report") return weft::tool::reportCommand(argc, argv);
+  if (cmd == "inspect") return weft::tool::inspectCommand(argc, argv);
   if (cmd == "tune") return weft::tool::tuneCommand(argc, argv);
   if (cmd == "profile") return weft::tool::profileCommand(argc, argv);
   if (cmd == "replay") {

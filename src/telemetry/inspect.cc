@@ -1,0 +1,134 @@
+// SPDX-License-Identifier: Apache-2.0
+// The `weft inspect` socket of a weft process (inspect.h).
+#include "telemetry/inspect.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "weft/common/log.h"
+#include "weft/common/params.h"
+
+namespace weft::telemetry {
+
+struct InspectServer::Thread {
+  std::thread t;
+};
+
+std::string inspectDir() {
+  const std::string d = params::getString("WEFT_INSPECT_DIR");
+  return d.empty() ? fmt::format("/tmp/weft-{}", getuid()) : d;
+}
+
+namespace {
+
+// The folder exists (made 0700 if not), is a folder, is this user's and no one else can enter it: "" or why not.
+std::string safeDir(const std::string& dir) {
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return fmt::format("cannot make it: {}", std::strerror(errno));
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0) return fmt::format("cannot read it: {}", std::strerror(errno));
+  if (!S_ISDIR(st.st_mode)) return "it is not a folder (a link or a file)";
+  if (st.st_uid != getuid()) return fmt::format("it belongs to uid {}, not to this user ({})", st.st_uid, getuid());
+  if ((st.st_mode & 077) != 0) return fmt::format("others may use it (mode {:o}; 700 expected)", st.st_mode & 0777);
+  return {};
+}
+
+void writeAll(int fd, const std::string& s) {
+  size_t off = 0;
+  while (off < s.size()) {
+    const ssize_t w = ::send(fd, s.data() + off, s.size() - off, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return;  // the client went away
+    off += static_cast<size_t>(w);
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<InspectServer> InspectServer::start(std::function<std::string()> dump) {
+  if (!params::getBool("WEFT_INSPECT")) return nullptr;
+  const std::string dir = inspectDir();
+  if (std::string why = safeDir(dir); !why.empty()) {
+    WEFT_WARN("weft inspect: not serving this process: the folder {} is unsafe ({}); WEFT_INSPECT_DIR names another",
+              dir, why);
+    return nullptr;
+  }
+  auto s = std::unique_ptr<InspectServer>(new InspectServer());
+  s->dump_ = std::move(dump);
+  s->path_ = fmt::format("{}/{}.sock", dir, getpid());
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (s->path_.size() >= sizeof(addr.sun_path)) {
+    WEFT_WARN("weft inspect: not serving this process: {} is longer than a socket path may be", s->path_);
+    return nullptr;
+  }
+  std::memcpy(addr.sun_path, s->path_.c_str(), s->path_.size() + 1);
+  s->listenFd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  s->stopFd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (s->listenFd_ < 0 || s->stopFd_ < 0) {
+    WEFT_WARN("weft inspect: not serving this process: {}", std::strerror(errno));
+    return nullptr;  // the destructor closes what was opened
+  }
+  ::unlink(s->path_.c_str());  // a file of an earlier process with this pid (it is gone: pids are not shared)
+  const mode_t old = ::umask(0177);  // the socket file 0600 from its creation
+  const int rc = ::bind(s->listenFd_, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
+  ::umask(old);
+  if (rc != 0 || ::listen(s->listenFd_, 8) != 0) {
+    WEFT_WARN("weft inspect: not serving this process: {}: {}", s->path_, std::strerror(errno));
+    ::unlink(s->path_.c_str());
+    s->path_.clear();
+    return nullptr;
+  }
+  s->thread_ = std::make_unique<Thread>();
+  s->thread_->t = std::thread([p = s.get()] { p->run(); });
+  WEFT_INFO(NCCL_INIT, "weft inspect: this process answers at {}", s->path_);
+  return s;
+}
+
+InspectServer::~InspectServer() {
+  if (thread_ && thread_->t.joinable()) {
+    const uint64_t one = 1;
+    (void)!::write(stopFd_, &one, sizeof(one));
+    thread_->t.join();
+  }
+  if (listenFd_ >= 0) ::close(listenFd_);
+  if (stopFd_ >= 0) ::close(stopFd_);
+  if (!path_.empty()) ::unlink(path_.c_str());
+}
+
+void InspectServer::run() {
+  for (;;) {
+    pollfd p[2] = {{listenFd_, POLLIN, 0}, {stopFd_, POLLIN, 0}};
+    if (::poll(p, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    if ((p[1].revents & POLLIN) != 0) return;
+    if ((p[0].revents & POLLIN) == 0) continue;
+    const int c = ::accept4(listenFd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (c < 0) continue;
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (::getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.uid == getuid()) {
+      std::string out;
+      try {
+        out = dump_();
+      } catch (const std::exception& e) {
+        out = fmt::format("{{\"type\":\"error\",\"what\":\"{}\"}}\n", e.what());
+      }
+      writeAll(c, out);
+    }
+    ::close(c);
+  }
+}
+
+}  // namespace weft::telemetry
