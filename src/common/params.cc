@@ -203,9 +203,9 @@ const std::vector<Def> kDefs = {
   {"WEFT_PROM_FILE", Kind::kString, "", 0, 0, nullptr,
    "Prometheus text file (node-exporter textfile collector) rewritten with the timing aggregates; empty: none."},
   {"WEFT_INSPECT", Kind::kBool, "1", 0, 1, nullptr,
-   "A local socket (WEFT_INSPECT_DIR/<pid>.sock) through which `weft inspect` reads this process's weft connections "
-   "live: what they moved, their stalls; only this user can read it, nothing listens on the network "
-   "(docs/hangs.md). 0: none."},
+   "A local socket (WEFT_INSPECT_DIR/<pid>-<pid namespace>.sock) through which `weft inspect` reads this "
+   "process's weft connections live: what they moved, their stalls; only this user can read it, nothing listens "
+   "on the network (docs/hangs.md). 0: none."},
   {"WEFT_INSPECT_DIR", Kind::kString, "", 0, 0, nullptr,
    "The folder of the `weft inspect` sockets; it must be this user's alone (made 0700). Empty: /tmp/weft-<uid>."},
   {"WEFT_PROM_INTERVAL", Kind::kInt, "30", 1, 86400, nullptr,

@@ -22,6 +22,7 @@
 #include <map>
 
 #include "fabric/rails.h"
+#include "weft/common/process.h"
 #include "weft/common/cuda_shim.h"
 #include "weft/common/netif.h"
 #include "weft/common/params.h"
@@ -409,17 +410,6 @@ Status FabricDevice::open() {
             directedRecv_ ? ", directed receives" : "", link_.describe);
   return Status::kOk;
 }
-
-namespace {
-// The inode of this process's PID namespace ("pid:[4026531836]"), 0 where it cannot be read.
-uint64_t pidNamespace() {
-  char link[64] = {};
-  ssize_t n = readlink("/proc/self/ns/pid", link, sizeof(link) - 1);
-  if (n <= 0) return 0;
-  const char* open = std::strchr(link, '[');
-  return open != nullptr ? std::strtoull(open + 1, nullptr, 10) : 0;
-}
-}  // namespace
 
 const std::string& FabricDevice::shmNamePrefix() {
   static const std::string prefix = fmt::format("weft-{}-{}-", geteuid(), pidNamespace());

@@ -2,7 +2,9 @@
 // The `weft inspect` socket of a weft process (inspect.h).
 #include "telemetry/inspect.h"
 
+#include <dirent.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -10,6 +12,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -17,12 +20,28 @@
 
 #include "weft/common/log.h"
 #include "weft/common/params.h"
+#include "weft/common/process.h"
 
 namespace weft::telemetry {
 
 struct InspectServer::Thread {
   std::thread t;
 };
+
+std::string socketName(int pid, uint64_t ns) { return fmt::format("{}-{}.sock", pid, ns); }
+
+bool parseSocketName(const std::string& name, int* pid, uint64_t* ns) {
+  if (name.size() < 8 || name.compare(name.size() - 5, 5, ".sock") != 0) return false;
+  char* end = nullptr;
+  const long p = std::strtol(name.c_str(), &end, 10);
+  if (p <= 0 || *end != '-') return false;
+  const char* nsAt = end + 1;
+  const unsigned long long n = std::strtoull(nsAt, &end, 10);
+  if (end == nsAt || end != name.c_str() + name.size() - 5) return false;
+  *pid = static_cast<int>(p);
+  *ns = n;
+  return true;
+}
 
 std::string inspectDir() {
   const std::string d = params::getString("WEFT_INSPECT_DIR");
@@ -40,6 +59,19 @@ std::string safeDir(const std::string& dir) {
   if (st.st_uid != getuid()) return fmt::format("it belongs to uid {}, not to this user ({})", st.st_uid, getuid());
   if ((st.st_mode & 077) != 0) return fmt::format("others may use it (mode {:o}; 700 expected)", st.st_mode & 0777);
   return {};
+}
+
+// Sockets of processes of this PID namespace that are gone (killed: they could not remove theirs).
+void sweepDead(const std::string& dir, uint64_t ns) {
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return;
+  while (dirent* e = ::readdir(d)) {
+    int pid = 0;
+    uint64_t theirs = 0;
+    if (!parseSocketName(e->d_name, &pid, &theirs) || theirs != ns || pid == getpid()) continue;
+    if (::kill(pid, 0) != 0 && errno == ESRCH) ::unlinkat(::dirfd(d), e->d_name, 0);
+  }
+  ::closedir(d);
 }
 
 void writeAll(int fd, const std::string& s) {
@@ -64,7 +96,9 @@ std::unique_ptr<InspectServer> InspectServer::start(std::function<std::string()>
   }
   auto s = std::unique_ptr<InspectServer>(new InspectServer());
   s->dump_ = std::move(dump);
-  s->path_ = fmt::format("{}/{}.sock", dir, getpid());
+  const uint64_t ns = pidNamespace();
+  sweepDead(dir, ns);
+  s->path_ = fmt::format("{}/{}", dir, socketName(getpid(), ns));
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (s->path_.size() >= sizeof(addr.sun_path)) {

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// The live view `weft inspect` reads (docs/hangs.md): a local socket per weft process, WEFT_INSPECT_DIR/<pid>.sock
-// (default /tmp/weft-<uid>), that answers each connection with a dump of the process's weft connections and closes.
+// The live view `weft inspect` reads (docs/hangs.md): a local socket per weft process,
+// WEFT_INSPECT_DIR/<pid>-<pid namespace>.sock (default /tmp/weft-<uid>), that answers each connection with a dump
+// of the process's weft connections and closes; at its start it removes the sockets of dead processes of its PID
+// namespace (killed ones could not).
 //
 // Only the job's user can read it: the folder is this user's and no one else's (made 0700; one with other owners or
 // wider permissions is refused with a warning, and nothing is served), the socket is 0600, and a client whose
@@ -8,6 +10,7 @@
 // in poll() and wakes only for a client or for shutdown; a forked child (a data-loader worker) does not serve.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -37,5 +40,9 @@ class InspectServer {
 
 // The folder the sockets are in: WEFT_INSPECT_DIR, or /tmp/weft-<uid>.
 std::string inspectDir();
+// A socket's file name, "<pid>-<pid namespace>.sock" (a sweep of dead processes' sockets touches only its own
+// namespace's), and back: false for another name.
+std::string socketName(int pid, uint64_t ns);
+bool parseSocketName(const std::string& name, int* pid, uint64_t* ns);
 
 }  // namespace weft::telemetry

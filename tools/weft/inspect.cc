@@ -22,6 +22,7 @@
 
 #include "args.h"
 #include "telemetry/inspect.h"
+#include "weft/common/process.h"
 
 namespace weft::tool {
 namespace {
@@ -63,14 +64,6 @@ bool ask(const std::string& path, int timeoutMs, std::string* out, std::string* 
   }
   ::close(fd);
   return true;
-}
-
-// The pid a socket is named by (<pid>.sock); 0 for another name.
-int pidOf(const std::string& name) {
-  if (name.size() < 6 || name.compare(name.size() - 5, 5, ".sock") != 0) return 0;
-  char* end = nullptr;
-  const long pid = std::strtol(name.c_str(), &end, 10);
-  return end == name.c_str() + name.size() - 5 && pid > 0 ? static_cast<int>(pid) : 0;
 }
 
 std::string num(double v) {
@@ -141,18 +134,28 @@ int inspectCommand(int argc, char** argv) {
     std::printf("weft inspect: no weft process of this user answers here (%s: %s)\n", dir.c_str(), std::strerror(errno));
     return 0;
   }
-  std::vector<std::pair<int, std::string>> socks;
+  struct Sock {
+    int pid;
+    uint64_t ns;
+    std::string path;
+    bool operator<(const Sock& o) const { return pid < o.pid; }
+  };
+  std::vector<Sock> socks;
+  const uint64_t ours = pidNamespace();
   while (dirent* e = ::readdir(d)) {
-    const int pid = pidOf(e->d_name);
-    if (pid > 0 && (onlyPid == 0 || pid == onlyPid)) socks.emplace_back(pid, dir + "/" + e->d_name);
+    int pid = 0;
+    uint64_t ns = 0;
+    if (!telemetry::parseSocketName(e->d_name, &pid, &ns)) continue;
+    // --pid names a process of this namespace (others' pids mean nothing here)
+    if (onlyPid == 0 || (pid == onlyPid && ns == ours)) socks.push_back({pid, ns, dir + "/" + e->d_name});
   }
   ::closedir(d);
   std::sort(socks.begin(), socks.end());
   int answered = 0;
-  for (const auto& [pid, path] : socks) {
+  for (const auto& [pid, ns, path] : socks) {
     std::string out, why;
     if (!ask(path, 2000, &out, &why)) {
-      if (::kill(pid, 0) != 0 && errno == ESRCH) {
+      if (ns == ours && ::kill(pid, 0) != 0 && errno == ESRCH) {
         ::unlink(path.c_str());  // its process is gone
         continue;
       }
