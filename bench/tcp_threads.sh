@@ -41,35 +41,4 @@ for r in $(seq 1 "$rounds"); do
   done
   echo "round $r of $rounds done" >&2
 done
-python3 - "$raw" "$rounds" <<'PY' | tee ${out:+"$out"}
-import glob, json, os, statistics, sys
-raw, rounds = sys.argv[1], int(sys.argv[2])
-data, order = {}, []
-for path in sorted(glob.glob(os.path.join(raw, "*"))):
-    label = os.path.basename(path).rsplit(".", 1)[0]
-    if label not in order:
-        order.append(label)
-    try:
-        results = json.load(open(path))["results"]
-    except (ValueError, KeyError):
-        continue
-    for x in results:
-        key = f"{x['pattern']} {x.get('bytes', x.get('connections', ''))}"
-        data.setdefault(label, {}).setdefault(key, []).append(x["plugin"]["gbps"])
-base = "socket-aws"
-order.sort(key=lambda l: (l != base, l))
-metrics = list(dict.fromkeys(m for l in order for m in data.get(l, {})))
-print(f"loopback, Gb/s, {rounds} alternating rounds, medians (ratio to {base})")
-print(f"{'metric':18}" + "".join(f"{l:>18}" for l in order))
-for m in metrics:
-    row = f"{m:18}"
-    for l in order:
-        v = data.get(l, {}).get(m)
-        b = data.get(base, {}).get(m)
-        if not v:
-            row += f"{'-':>18}"
-            continue
-        med = statistics.median(v)
-        row += f"{med:>10.2f} ({med / statistics.median(b):4.2f})" if b else f"{med:>18.2f}"
-    print(row)
-PY
+python3 bench/medians.py "$raw" socket-aws "loopback, Gb/s" | tee ${out:+"$out"}
