@@ -146,6 +146,36 @@ void Sink::startLocked() {
   });
 }
 
+namespace {
+bool makeDirs(const std::string& dir);  // below
+}  // namespace
+
+void Sink::stallDumpLocked() {
+  uint64_t stalls = 0;
+  for (const ConnStats* c : conns_) {
+    if (c->stall != nullptr) stalls += c->stall->stalls.load(std::memory_order_relaxed);
+  }
+  if (stalls <= stallsSeen_) {
+    stallsSeen_ = std::min(stallsSeen_, stalls);  // connections closed: their stalls left the sum
+    return;
+  }
+  stallsSeen_ = stalls;
+  const std::string& dir = params::getString("WEFT_TELEMETRY_DIR");
+  if (dir.empty() || stallDumps_ >= kMaxStallDumps) return;
+  const std::string hangs = dir + "/hangs";
+  if (!makeDirs(hangs)) return;
+  const std::string path = fmt::format("{}/weft-{}-{}-{}.json", hangs, host_, getpid(), ++stallDumps_);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0664);
+  if (fd < 0) {
+    WEFT_WARN("timing: cannot write the stall dump {}: {}", path, std::strerror(errno));
+    return;
+  }
+  const std::string out = inspectDumpLocked();
+  const ssize_t w = ::write(fd, out.data(), out.size());
+  ::close(fd);
+  if (w == static_cast<ssize_t>(out.size())) WEFT_INFO(NCCL_NET, "stall: this process's connections are in {}", path);
+}
+
 // One line for the process, one per NCCL communicator the profiler knows, one per weft connection open now: what
 // it moved, its latency, its stalls and how long it has been stalled now (docs/hangs.md).
 std::string Sink::inspectDumpLocked() {
@@ -362,6 +392,7 @@ void Sink::run() {
     wakeRequested_.store(false, std::memory_order_release);
     if (stop_) break;
     last = roundLocked(false, nullptr);
+    stallDumpLocked();
     uint64_t now = wallNs();
     if (!promPath_.empty() && now - lastPromNs_ >= static_cast<uint64_t>(promIntervalS_) * 1000000000ull) {
       writePromLocked();

@@ -109,6 +109,12 @@ class Sink {
   };
   void tagLinesLocked(const Comm& m, const std::string& base, TagLines* out) const;
   std::string inspectDumpLocked();  // what `weft inspect` prints of this process (JSON lines)
+  // A connection reported a stall since the last look: the inspect dump into WEFT_TELEMETRY_DIR/hangs (at most
+  // kMaxStallDumps a process), for `weft report --hangs` and a post-mortem.
+  void stallDumpLocked();
+  static constexpr int kMaxStallDumps = 16;
+  uint64_t stallsSeen_ = 0;
+  int stallDumps_ = 0;
 
   std::mutex mu_;
   std::condition_variable cv_;

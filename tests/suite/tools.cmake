@@ -28,11 +28,11 @@ weft_test(NAME report.fixture_tags LABELS profiler
   REJECT "STRAGGLER tag (forward|pipeline)|STRAGGLER tag backward: comm [^ ]* rank [013] |STRAGGLER comm")
 weft_test(NAME report.end_to_end LABELS profiler COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/profiler/report_e2e.sh ${WEFT_BIN})
 # The connections' stalls (docs/hangs.md): a run of weft.stall_lines over TCP, recorded; weft report names both
-# connections, one stall each.
+# connections, one stall each, and each process left one stall dump in hangs/.
 set(_stallRec ${CMAKE_BINARY_DIR}/report-stalls)
 weft_test(NAME report.stalls TIMEOUT 120 LABELS profiler
-  COMMAND sh -c "rm -rf '${_stallRec}' && '${WEFT_BIN}' conformance --plugin '${WEFT_SO}' --env WEFT_BACKEND=tcp --env WEFT_IFACE=lo --table 11 --only weft.stall_lines --env WEFT_STALL_S=1 --env 'WEFT_TELEMETRY_DIR=${_stallRec}' >/dev/null && '${WEFT_BIN}' report '${_stallRec}'"
-  EXPECT "2 of 2 connections reported 2 stalls")
+  COMMAND sh -c "rm -rf '${_stallRec}' && '${WEFT_BIN}' conformance --plugin '${WEFT_SO}' --env WEFT_BACKEND=tcp --env WEFT_IFACE=lo --table 11 --only weft.stall_lines --env WEFT_STALL_S=1 --env 'WEFT_TELEMETRY_DIR=${_stallRec}' >/dev/null && '${WEFT_BIN}' report '${_stallRec}' && echo stall dumps: $(ls '${_stallRec}/hangs' | grep -c json)"
+  EXPECT "2 of 2 connections reported 2 stalls.*stall dumps: 2")
 weft_test(NAME report.locality TIMEOUT 120 LABELS profiler topology
   COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/profiler/report_locality.sh ${WEFT_BIN} ${CMAKE_CURRENT_SOURCE_DIR}/fixtures/report-tags)
 
