@@ -57,3 +57,12 @@ foreach(over tcp fabric-tcp-rxm)
   weft_rma(NAME rma.netns.link_down.${over} OVER ${over} NETNS TIMEOUT 200 LABELS device-api faults LOCKS cpu
            ARGS ${WEFT_RMA_LINKDOWN} EXPECT "PASS faults.link_down")
 endforeach()
+
+# A rank that crashes inside connect while the others wait on it there (as NCCL's IB connect waits on a peer that is
+# gone): the run ends within the crash grace (20 s), not --timeout (300 s, beyond this entry's own limit), and says
+# which rank crashed and which hung after it.
+weft_test(NAME harness.rma_rank_crash TIMEOUT 120 LABELS harness device-api PROVOKES_FAILURES EXIT failure
+  COMMAND ${WEFT_BIN} conformance --rma --plugin $<TARGET_FILE:weft_crash_plugin> --symbol ncclGinPlugin_v11 --ranks 3
+          --timeout 300
+  EXPECT "FAIL setup.connect +rank 0 ended here .exit 134.. rank 1 hung here after rank 0 crashed .signal 6.. rank 2 hung"
+         "rank 0 worker .pid [0-9]+.: SIGABRT")

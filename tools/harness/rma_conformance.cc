@@ -27,6 +27,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr int kMaxRanks = 8;
 constexpr int kMaxChecks = 32;
+constexpr int kCrashGraceSec = 20;   // how long the other ranks may go on once one has crashed
 constexpr size_t kSlot = 4 << 20;      // each sender's part of a target's destination window
 constexpr int kSignalSlots = 64;       // signal slots per rank: [0, nranks) per sender, then named ones below
 constexpr int kSumSlot = kMaxRanks;    // signal.concurrent_sum
@@ -243,8 +244,14 @@ std::string setupConnect(Rank& k) {
   if ((r = k.api->listen(k.initCtx, k.o->dev, handle, &k.listen)) != 0) return callFailed("listen", r);
   std::memcpy(k.sh->handles[k.rank], handle, 128);
   if (!k.barrier()) return "a rank did not reach connect";
+  // NCCL all-gathers the handles into memory of each process's own, and a plugin may keep its connect state in them
+  // (NCCL's IB does: the stage and its buffer): a copy per rank, never the shared pages the other ranks also use.
+  char local[kMaxRanks][128];
   void* handles[kMaxRanks];
-  for (int i = 0; i < k.nranks; ++i) handles[i] = k.sh->handles[i];
+  for (int i = 0; i < k.nranks; ++i) {
+    std::memcpy(local[i], k.sh->handles[i], 128);
+    handles[i] = local[i];
+  }
   if ((r = k.api->connect(k.initCtx, handles, k.nranks, k.rank, k.listen, &k.comm)) != 0) return callFailed("connect", r);
   if ((r = k.api->createContext(k.comm, 4, &k.ctx)) != 0) return callFailed("createContext", r);
   bool flushes = false;
@@ -960,10 +967,11 @@ int runRmaConformance(const RmaOptions& o) {
   std::vector<pid_t> pids;
   Shared* sh = forkRanks(o.ranks, &pids, [&](Shared* s, int r) { rankMain(o, s, r); });
   if (sh == nullptr) return 2;
-  const auto end = Clock::now() + std::chrono::seconds(o.timeoutSec);
+  auto end = Clock::now() + std::chrono::seconds(o.timeoutSec);
   int alive = o.ranks;
   std::vector<int> exitCode(static_cast<size_t>(o.ranks), -1);
   bool hung = false;
+  int crashed = -1;  // the first rank that a signal other than SIGKILL (the dead-rank victim's own) ended
   while (alive > 0) {
     int status = 0;
     pid_t p = waitpid(-1, &status, WNOHANG);
@@ -973,6 +981,12 @@ int runRmaConformance(const RmaOptions& o) {
           sh->dead.fetch_or(1u << r);
           exitCode[r] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
           --alive;
+          if (WIFSIGNALED(status) && WTERMSIG(status) != SIGKILL && crashed < 0) {
+            // A crash: the others may wait on it forever inside the plugin (a connect with no deadline). They get a
+            // short grace to say what they saw, then the run ends instead of waiting out --timeout.
+            crashed = r;
+            end = std::min(end, Clock::now() + std::chrono::seconds(kCrashGraceSec));
+          }
         }
       }
       continue;
@@ -1005,8 +1019,18 @@ int runRmaConformance(const RmaOptions& o) {
           continue;
         }
         if (sh->current[r].load() == static_cast<int>(i)) {
+          // Every rank that stopped here is named: the one that crashed first, then those that hung after it.
+          std::string m;
+          if (exitCode[r] >= 0) {
+            m = "rank " + std::to_string(r) + " ended here (exit " + std::to_string(exitCode[r]) + ")";
+          } else if (crashed >= 0) {
+            m = "rank " + std::to_string(r) + " hung here after rank " + std::to_string(crashed) + " crashed (signal " +
+                std::to_string(exitCode[crashed] - 128) + ")";
+          } else {
+            m = "rank " + std::to_string(r) + " hung here (no verdict within --timeout)";
+          }
+          msg = state == 2 && !msg.empty() ? msg + "; " + m : m;
           state = 2;
-          msg = "rank " + std::to_string(r) + (hung ? " hung here (no verdict within --timeout)" : " ended here (exit " + std::to_string(exitCode[r]) + ")");
         }
         continue;
       }

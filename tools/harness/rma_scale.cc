@@ -83,8 +83,13 @@ void rankBody(RmaApi* api, ScaleShared* sh, int rank, int nranks, int procs, int
   if ((r = api->listen(init, dev, handle, &listen)) != 0) return bad("listen", r);
   std::memcpy(sh->handles[rank], handle, kHandle);
   if (!barrier(sh, 0, nranks)) return;
+  // This rank's own copy, as NCCL's all-gather gives each process (a plugin may keep its connect state in them).
+  std::vector<char> local(static_cast<size_t>(nranks) * kHandle);
   std::vector<void*> handles(static_cast<size_t>(nranks));
-  for (int i = 0; i < nranks; ++i) handles[static_cast<size_t>(i)] = sh->handles[i];
+  for (int i = 0; i < nranks; ++i) {
+    std::memcpy(&local[static_cast<size_t>(i) * kHandle], sh->handles[i], kHandle);
+    handles[static_cast<size_t>(i)] = &local[static_cast<size_t>(i) * kHandle];
+  }
   int64_t t0 = nowNs();
   if ((r = api->connect(init, handles.data(), nranks, rank, listen, &comm)) != 0) return bad("connect", r);
   maxInto(sh->stepNs[0], nowNs() - t0);
