@@ -215,10 +215,8 @@ void FabricDataComm::release(FabricRequest* r) {
     --reoffers_;
   }
   r->magic_ = 0;
-  if (stallReported_) {  // a request is over: so is the stall
+  if (stall_.over()) {  // a request is over: so is the stall
     WEFT_INFO(NCCL_NET, "comm with {}: requests complete again", peerName_);
-    stallReported_ = false;
-    stall_.end();
   }
   if (!recvSide_) bytesInFlight_ -= static_cast<uint64_t>(asSend(r).size);
   --outstanding_;

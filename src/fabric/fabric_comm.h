@@ -503,7 +503,6 @@ class FabricDataComm : public DataSink, public numa::Placed {
   int64_t stallMs_ = 0;
   uint32_t busyEpoch_ = 0, stallEpoch_ = 0;
   int64_t stallFromMs_ = 0;
-  bool stallReported_ = false;
 
  public:
   StallState stall_;  // what reportStall found (Comm::stallState)

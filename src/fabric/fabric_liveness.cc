@@ -102,11 +102,7 @@ void FabricDataComm::checkPeer() {
     stallFromMs_ = now;
   }
   if (silence_.restarted(now)) {  // something completed since the last look
-    if (stallReported_) {
-      WEFT_INFO(NCCL_NET, "comm with {}: requests complete again", peerName_);
-      stallReported_ = false;
-      stall_.end();
-    }
+    if (stall_.over()) WEFT_INFO(NCCL_NET, "comm with {}: requests complete again", peerName_);
     return;
   }
   if (now - silence_.sinceMs() < probeIntervalMs_) return;
@@ -167,7 +163,7 @@ void FabricDataComm::checkPeer() {
   // completion until it is all there).
   const int64_t quiet = now - std::max(silence_.sinceMs(), stallFromMs_);
   const int64_t due = stallMs_ + static_cast<int64_t>(bytesInFlight_ / floorBytesPerMs_);
-  if (stallMs_ > 0 && !stallReported_ && quiet >= due &&
+  if (stallMs_ > 0 && !stall_.reported && quiet >= due &&
       (rails_[0].ep->probeDeliveredMs(rails_[0].peer) >= now - quiet || quiet >= due + 2 * probeIntervalMs_)) {
     reportStall(now, quiet);
   }
@@ -176,7 +172,6 @@ void FabricDataComm::checkPeer() {
 // What a stalled comm waits for (docs/hangs.md). The provider reports no partial progress, so "nothing completed"
 // is all there is to say of the bytes; the probes say whether the peer is reachable.
 void FabricDataComm::reportStall(int64_t nowMs, int64_t quietMs) {
-  stallReported_ = true;
   stall_.begin(nowMs - quietMs);
   Endpoint::countStall();
   const int64_t took = rails_[0].ep->probeDeliveredMs(rails_[0].peer);
@@ -186,19 +181,17 @@ void FabricDataComm::reportStall(int64_t nowMs, int64_t quietMs) {
             : std::string("no liveness probe was taken yet (this provider may keep it behind the waiting messages; "
                           "an unreachable peer fails the comm after WEFT_PEER_TIMEOUT), so most likely");
   const int n = std::max(outstanding_, waitingPeer_ ? 1 : 0);
-  std::string what;
-  if (recvSide_) {
-    what = fmt::format("{} receive{} wait and nothing has come for them; {} it has not posted the matching send (or "
-                       "a message larger than the link carries in WEFT_STALL_S is still arriving: the provider "
-                       "reports no partial progress)", n, n == 1 ? "" : "s", reach);
-  } else if (proto_.rdma) {
-    what = fmt::format("{} send{} wait for the peer to offer its buffer; {} it has not posted the receive", n,
-                       n == 1 ? "" : "s", reach);
-  } else {
-    what = fmt::format("{} send{} wait for the peer to take them; {} it has not posted the receive (or a message "
-                       "larger than the link carries in WEFT_STALL_S is still moving: the provider reports no partial "
-                       "progress)", n, n == 1 ? "" : "s", reach);
-  }
+  // One sentence for every side and protocol; only what the requests wait for differs.
+  const char* waits = recvSide_     ? "wait and nothing has come for them"
+                      : proto_.rdma ? "wait for the peer to offer its buffer"
+                                    : "wait for the peer to take them";
+  // The rdma protocol's sends wait on an offer, which is small: a large message in flight cannot be the reason.
+  const char* inFlight = !recvSide_ && proto_.rdma ? ""
+                         : " (or a message larger than the link carries in WEFT_STALL_S is still in flight: the "
+                           "provider reports no partial progress)";
+  const std::string what = fmt::format("{} {}{} {}; {} it has not posted the {}{}", n, recvSide_ ? "receive" : "send",
+                                       n == 1 ? "" : "s", waits, reach, recvSide_ ? "matching send" : "receive",
+                                       inFlight);
   WEFT_WARN("comm with {} on {}: stalled, nothing completed for {} s: {}: that rank is behind (in compute, or waiting "
             "on another rank: its own stall lines say on whom) (WEFT_STALL_S; docs/hangs.md)",
             peerName_, railName(0), quietMs / 1000, what);

@@ -150,10 +150,8 @@ TcpRequest* TcpDataComm::acquire() {
 }
 
 void TcpDataComm::release(TcpRequest* r) {
-  if (stallReported_) {  // a request is over: so is the stall (the next one counts from the next look)
+  if (stall_.over()) {  // a request is over: so is the stall (the next one counts from the next look)
     WEFT_INFO(NCCL_NET, "connection with {} on {}: requests complete again", peerName_, dev_.props.name);
-    stallReported_ = false;
-    stall_.end();
     quietSinceMs_ = 0;
   }
   r->inUse = false;
@@ -247,19 +245,16 @@ void TcpDataComm::watchStall(TcpRequest* r) {
   const int64_t now = coarseNowMs();
   const uint64_t sig = movedSignature();
   if (sig != movedSeen_ || quietSinceMs_ == 0) {
-    if (stallReported_) {
+    if (stall_.over()) {
       WEFT_INFO(NCCL_NET, "connection with {} on {}: bytes move again after {} s", peerName_, dev_.props.name,
                 (now - quietSinceMs_) / 1000);
-      stall_.end();
     }
     movedSeen_ = sig;
     quietSinceMs_ = now;
-    stallReported_ = false;
     return;
   }
   const int64_t quiet = now - std::max(quietSinceMs_, r->postedMs);
-  if (stallReported_ || quiet < stallMs_) return;
-  stallReported_ = true;
+  if (stall_.reported || quiet < stallMs_) return;
   stall_.begin(now - quiet);
   add(counters().stalls, 1);
   std::string cause;

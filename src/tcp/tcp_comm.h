@@ -308,7 +308,6 @@ class TcpDataComm : public numa::Placed {
   uint64_t movedSeen_ = 0;
   int64_t quietSinceMs_ = 0;
   uint32_t stallTick_ = 0;
-  bool stallReported_ = false;
   // Requests (weft/transport/request_pool.h), up to kMaxPool in flight.
   static constexpr int kMaxPool = 512;
   using Pool = RequestPool<numa::ArrayPtr<TcpRequest>>;

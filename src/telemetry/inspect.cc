@@ -8,6 +8,7 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -49,6 +50,8 @@ std::string inspectDir() {
 }
 
 namespace {
+
+constexpr int kSendBoundSec = 2;  // how long one answer may wait on a client that does not read
 
 // The folder exists (made 0700 if not), is a folder, is this user's and no one else can enter it: "" or why not.
 std::string safeDir(const std::string& dir) {
@@ -150,6 +153,9 @@ void InspectServer::run() {
     if ((p[0].revents & POLLIN) == 0) continue;
     const int c = ::accept4(listenFd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (c < 0) continue;
+    // A client that connects and never reads must not hold this thread (nor the process's exit, which joins it).
+    const timeval bound{kSendBoundSec, 0};
+    ::setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &bound, sizeof(bound));
     ucred cred{};
     socklen_t len = sizeof(cred);
     if (::getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.uid == getuid()) {

@@ -213,10 +213,8 @@ VerbsRequest* VerbsDataComm::acquire() {
 }
 
 void VerbsDataComm::release(VerbsRequest* r) {
-  if (stallReported_) {  // a request is over: the stall is (the next one counts from here)
+  if (stall_.over()) {  // a request is over: the stall is (the next one counts from here)
     WEFT_INFO(NCCL_NET, "connection to {} on {}: requests complete again", peerName_, dev_.props().name);
-    stallReported_ = false;
-    stall_.end();
     stallSeenDone_ = dataDone_;
     stallFromMs_ = coarseNowMs();
   }
@@ -262,17 +260,15 @@ void VerbsDataComm::probeDone(const ibv_wc& wc) {
 // a probe acknowledged since (the peer's NIC answers: the peer is reachable; an unreachable one fails in checkPeer).
 void VerbsDataComm::watchStall(int64_t nowMs) {
   if (busyEpoch_ != stallEpoch_ || dataDone_ != stallSeenDone_) {
-    if (stallReported_ && dataDone_ != stallSeenDone_) {
+    if (stall_.over()) {
       WEFT_INFO(NCCL_NET, "connection to {} on {}: requests complete again", peerName_, dev_.props().name);
-      stall_.end();
     }
     stallEpoch_ = busyEpoch_;
     stallSeenDone_ = dataDone_;
     stallFromMs_ = nowMs;
-    stallReported_ = false;
     return;
   }
-  if (stallReported_ || nowMs - stallFromMs_ < stallMs_ || probeOkMs_ < stallFromMs_) return;
+  if (stall_.reported || nowMs - stallFromMs_ < stallMs_ || probeOkMs_ < stallFromMs_) return;
   // An RDMA write completes only once all of it landed: a large message still on its way shows no completion.
   // The outstanding requests' bytes get the time they take at 1% of the port's speed (as the probe's deadline).
   uint64_t pending = 0;
@@ -283,7 +279,6 @@ void VerbsDataComm::watchStall(int64_t nowMs) {
     for (int j = 0; r->recv && j < r->n; ++j) pending += r->bufDone[j] ? 0 : r->cap[j];
   }
   if (nowMs - stallFromMs_ < stallMs_ + static_cast<int64_t>(pending / floorBytesPerMs_)) return;
-  stallReported_ = true;
   stall_.begin(stallFromMs_);
   stallCount().fetch_add(1, std::memory_order_relaxed);
   WEFT_WARN("connection to {} on {}: stalled, nothing completed for {} s: {}; the peer is reachable (its NIC "

@@ -214,7 +214,6 @@ class VerbsDataComm : public numa::Placed {
   uint64_t dataDone_ = 0, stallSeenDone_ = 0;  // completions other than probes
   uint32_t busyEpoch_ = 0, stallEpoch_ = 0;  // times the comm went from nothing outstanding to something
   int64_t stallFromMs_ = 0, probeOkMs_ = 0;
-  bool stallReported_ = false;
 
  public:
   StallState stall_;  // what watchStall found (Comm::stallState)

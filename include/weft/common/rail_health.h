@@ -37,11 +37,21 @@ inline const char* railEventName(RailEvent e) {
 struct StallState {
   std::atomic<uint64_t> stalls{0};   // stall episodes reported
   std::atomic<int64_t> sinceMs{0};   // coarse clock (weft/common/clock.h) when the current one began; 0: none
+  bool reported = false;             // the comm's own thread only: a stall line was written and the stall goes on
+  // The comm's thread, as it writes its stall line.
   void begin(int64_t fromMs) {
+    reported = true;
     stalls.store(stalls.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     sinceMs.store(fromMs > 0 ? fromMs : 1, std::memory_order_relaxed);
   }
-  void end() { sinceMs.store(0, std::memory_order_relaxed); }
+  // The comm's thread, when bytes move or a request completes: true, once, when that ends a reported stall (the
+  // caller then says so in its log).
+  bool over() {
+    if (!reported) return false;
+    reported = false;
+    sinceMs.store(0, std::memory_order_relaxed);
+    return true;
+  }
 };
 
 struct RailHealth {
