@@ -71,7 +71,8 @@ void timingOpen(Comm* c, bool isSend) {
   try {
     int nRails = 0;
     const RailHealth* rails = c->rails(&nRails);
-    auto* s = telemetry::registerConn(isSend, c->peerName(), c->deviceName(), rails, nRails, c->stallState());
+    auto* s = telemetry::registerConn(isSend, c->peerName(), c->deviceName(), rails, nRails, c->stallState(),
+                                      c->localName());
     c->timingRecord = s;
     // Where it runs: its NIC's NUMA node, and the GPU of the thread that made it (NCCL's proxy threads have their
     // rank's GPU current) with the path between them.

@@ -121,6 +121,7 @@ void FabricDataComm::checkPeer() {
     if (down > peerTimeoutMs_) {
       WEFT_WARN("peer {} unreachable: the link of {} has been down for {} s with {} requests outstanding; they fail "
                 "(WEFT_PEER_TIMEOUT)", peerName_, railName(k), down / 1000, outstanding_);
+      stall_.lostPeer(StallKind::kLink);
       fatal_ = Status::kRemote;
       return;
     }
@@ -141,6 +142,7 @@ void FabricDataComm::checkPeer() {
                   "was killed, or the connection broke); its {} outstanding requests fail{}",
                   peerName_, railName(k), now - silence_.sinceMs(), outstanding_, retriedSend());
         (void)why;  // the provider's error was logged with the completion; NCCL sees a remote failure
+        stall_.lostPeer();
         fatal_ = Status::kRemote;
         return;
       case Endpoint::PeerVerdict::kUnreachable:
@@ -152,6 +154,7 @@ void FabricDataComm::checkPeer() {
                   bytesInFlight_ > 0 ? fmt::format(", and time for the {} bytes queued ahead of the probe",
                                                    bytesInFlight_)
                                      : std::string());
+        stall_.lostPeer();
         fatal_ = Status::kRemote;
         return;
     }
@@ -172,10 +175,10 @@ void FabricDataComm::checkPeer() {
 // What a stalled comm waits for (docs/hangs.md). The provider reports no partial progress, so "nothing completed"
 // is all there is to say of the bytes; the probes say whether the peer is reachable.
 void FabricDataComm::reportStall(int64_t nowMs, int64_t quietMs) {
-  stall_.begin(nowMs - quietMs);
   Endpoint::countStall();
   const int64_t took = rails_[0].ep->probeDeliveredMs(rails_[0].peer);
   const bool taken = took >= nowMs - quietMs;
+  stall_.begin(nowMs - quietMs, taken ? StallKind::kBehind : StallKind::kOther);
   const std::string reach =
       taken ? fmt::format("the peer is reachable (it took a liveness probe {} ms ago), so", nowMs - took)
             : std::string("no liveness probe was taken yet (this provider may keep it behind the waiting messages; "

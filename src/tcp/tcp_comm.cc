@@ -125,6 +125,11 @@ TcpDataComm::TcpDataComm(TcpDevice& dev, std::vector<int> fds, int flows, int if
   add(counters().commsOpen, 1);
   add(counters().flowsOpen, ready_);
   stallMs_ = params::getInt("WEFT_STALL_S") * 1000;
+  sockaddr_storage sa{};
+  socklen_t len = sizeof(sa);
+  if (!fds.empty() && ::getsockname(fds[0], reinterpret_cast<sockaddr*>(&sa), &len) == 0) {
+    localName_ = sockaddrString(reinterpret_cast<sockaddr*>(&sa));
+  }
 }
 
 TcpDataComm::~TcpDataComm() {
@@ -162,6 +167,7 @@ void TcpDataComm::release(TcpRequest* r) {
 void TcpDataComm::fail(Status st, const std::string& why) {
   if (fatal_ != Status::kOk) return;
   fatal_ = st;
+  if (st == Status::kRemote) stall_.lostPeer();
   WEFT_WARN("connection with {} on {} failed: {}", peerName_, dev_.props.name, why);
   detachHelpers();  // nothing moves on a failed comm: its buffers are NCCL's again
 }
@@ -255,14 +261,15 @@ void TcpDataComm::watchStall(TcpRequest* r) {
   }
   const int64_t quiet = now - std::max(quietSinceMs_, r->postedMs);
   if (stall_.reported || quiet < stallMs_) return;
-  stall_.begin(now - quiet);
   add(counters().stalls, 1);
   std::string cause;
+  StallKind kind = StallKind::kOther;
   try {
-    cause = stallCause(now);
+    cause = stallCause(now, &kind);
   } catch (...) {
     cause = "(its state could not be described)";
   }
+  stall_.begin(now - quiet, kind);
   WEFT_WARN("connection with {} on {}: stalled, no byte moved for {} s with requests outstanding: {} "
             "(WEFT_STALL_S; docs/hangs.md)", peerName_, dev_.props.name, quiet / 1000, cause);
 }

@@ -284,7 +284,7 @@ class TcpDataComm : public numa::Placed {
   void watchStall(TcpRequest* r);
   // What the comm waits for and why, for the warning: the oldest request, its bytes, and the case (the peer has
   // not posted its side; the bytes stopped mid-message; ...), from the comm's state and the kernel's TCP_INFO.
-  virtual std::string stallCause(int64_t nowMs) = 0;
+  virtual std::string stallCause(int64_t nowMs, StallKind* kind) = 0;
   uint64_t movedSignature() const;  // moved_ and what helpers are moving now
   uint64_t moved_ = 0;
 
@@ -296,6 +296,7 @@ class TcpDataComm : public numa::Placed {
   RailHealth health_[kMaxRails];  // comms over several interfaces: each interface's (messages and bytes sent,
                                   // why it failed)
   std::string peerName_;
+  std::string localName_;  // flow 0's own address: the peer's peerName_ of this connection
   Status fatal_ = Status::kOk;
   uint32_t seq_ = 0;  // messages started (send) or matched (recv) on this comm
   std::unique_ptr<FlowTask[]> tasks_;  // by flow, once a helper moves one
@@ -327,7 +328,7 @@ class TcpSendComm final : public TcpComm<SendComm> {
 
  private:
   void forget(TcpRequest* r) override;
-  std::string stallCause(int64_t nowMs) override;
+  std::string stallCause(int64_t nowMs, StallKind* kind) override;
   bool progressFlow(int k);  // one sendmsg on flow k: true when it took all and more is queued or to hand out
   void progressHelped(int k);  // flow k's helper: what it wrote retired, pieces handed to it
   void enqueue(Flow& f, Item* it);
@@ -394,7 +395,7 @@ class TcpRecvComm final : public TcpComm<RecvComm> {
 
  private:
   void forget(TcpRequest* r) override;
-  std::string stallCause(int64_t nowMs) override;
+  std::string stallCause(int64_t nowMs, StallKind* kind) override;
   void progressFlow0();
   void progressPieces(int k);  // flows 1+
   void progressHelped(int k);  // flows 1+ that a helper moves: piece headers to their messages, bytes counted in

@@ -59,7 +59,8 @@ constexpr const char* kBehind =
 
 }  // namespace
 
-std::string TcpSendComm::stallCause(int64_t nowMs) {
+std::string TcpSendComm::stallCause(int64_t nowMs, StallKind* kind) {
+  *kind = StallKind::kOther;
   // The oldest message not all in the kernel yet: on a flow's queue, with pieces to hand out, or its header held.
   TcpRequest* oldest = nullptr;
   auto consider = [&](TcpRequest* r) {
@@ -87,11 +88,13 @@ std::string TcpSendComm::stallCause(int64_t nowMs) {
   if (!ti.ok) return what;
   const std::string flow = flowName(busy);
   if (ti.sndWnd == 0) {
+    *kind = StallKind::kBehind;
     return what + fmt::format("; the peer's receive window is closed{}: its process is alive (its host "
                               "acknowledges every byte) but reads nothing, so it has not posted the receive: {}",
                               flow, kBehind);
   }
   if (ti.unacked > 0 && (ti.retransmits > 0 || ti.backoff > 0 || ti.probes > 0)) {
+    *kind = StallKind::kLink;
     return what + fmt::format("; the bytes stopped on the way{}: {} segments unacknowledged, retransmitted {} "
                               "times (backoff {}): the link, or the peer's host (it fails after WEFT_PEER_TIMEOUT "
                               "if nothing is acknowledged)",
@@ -101,6 +104,7 @@ std::string TcpSendComm::stallCause(int64_t nowMs) {
     // Nothing in flight although the peer's window is open: the kernel cannot send at all.
     const std::string ifname = flows_[busy].iface < dev_.rails.size() ? dev_.rails[flows_[busy].iface].ifname : "";
     const bool down = !ifname.empty() && !sysfs::linkUp(sysfs::linkSourceFor(ifname, nullptr));
+    *kind = StallKind::kLink;
     return what + fmt::format("; nothing is in flight{} although the peer's window is open ({} bytes wait in the "
                               "socket): {} (the comm fails after WEFT_PEER_TIMEOUT)",
                               flow, ti.notsent,
@@ -111,7 +115,8 @@ std::string TcpSendComm::stallCause(int64_t nowMs) {
                             flow, ti.notsent, ti.sndWnd, ti.unacked);
 }
 
-std::string TcpRecvComm::stallCause(int64_t nowMs) {
+std::string TcpRecvComm::stallCause(int64_t nowMs, StallKind* kind) {
+  *kind = StallKind::kOther;
   TcpRequest* r = head_;  // the oldest posted receive not complete
   int waiting = 0;
   for (TcpRequest* q = head_; q != nullptr; q = q->next) ++waiting;
@@ -130,6 +135,7 @@ std::string TcpRecvComm::stallCause(int64_t nowMs) {
     got = slots_[i].size - slots_[i].left;
   }
   if (mid) {
+    *kind = StallKind::kLink;
     return fmt::format("a message stopped half way: {} of its {} bytes arrived, then nothing on its {} flow{}; the "
                        "bytes stopped on the way: the link, or the peer's host (a peer process that ended would "
                        "have closed its sockets; a silent host fails the comm after WEFT_PEER_TIMEOUT)",
@@ -150,11 +156,13 @@ std::string TcpRecvComm::stallCause(int64_t nowMs) {
   }
   // Keepalives go out after a second of silence, one a second (SocketOptions): a live host answers each.
   if (ti.probes > 0 && ti.lastAckMs > 2500) {
+    *kind = StallKind::kLink;
     return what + fmt::format(" and the peer has sent nothing for them{}; its host has answered nothing for {} "
                               "(keepalive probes unanswered: {}): the link, or the peer's host, is down (the comm "
                               "fails after WEFT_PEER_TIMEOUT)",
                               aside, secs(ti.lastAckMs), ti.probes);
   }
+  *kind = StallKind::kBehind;
   return what + fmt::format(" and the peer has sent nothing for them{}; its connection is up (its host answered {} "
                             "ms ago), so its process is alive but has not posted the matching send: {}",
                             aside, ti.lastAckMs, kBehind);

@@ -153,7 +153,10 @@ bool makeDirs(const std::string& dir);  // below
 void Sink::stallDumpLocked() {
   uint64_t stalls = 0;
   for (const ConnStats* c : conns_) {
-    if (c->stall != nullptr) stalls += c->stall->stalls.load(std::memory_order_relaxed);
+    // A peer lost is worth a dump too: the report names the dead rank from the survivors' dumps.
+    if (c->stall != nullptr) {
+      stalls += c->stall->stalls.load(std::memory_order_relaxed) + c->stall->peerLost.load(std::memory_order_relaxed);
+    }
   }
   if (stalls <= stallsSeen_) {
     stallsSeen_ = std::min(stallsSeen_, stalls);  // connections closed: their stalls left the sum
@@ -188,12 +191,15 @@ std::string Sink::inspectDumpLocked() {
   }
   for (const ConnStats* c : conns_) {
     const int64_t since = c->stall != nullptr ? c->stall->sinceMs.load(std::memory_order_relaxed) : 0;
+    const auto kind =
+        static_cast<StallKind>(c->stall != nullptr ? c->stall->kind.load(std::memory_order_relaxed) : 0);
     out += fmt::format(
-        R"({{"type":"conn","conn":{},"dir":"{}","peer":"{}","device":"{}","msgs":{},"bytes":{},"lat_p50_us":{:.3f},"stalls":{},"stalled_s":{:.3f}}})",
-        c->id, c->isSend ? "send" : "recv", jsonEscape(c->peer), jsonEscape(c->device), c->msgs.load(),
-        c->bytes.load(), c->latency.quantileNs(0.5) / 1e3,
+        R"({{"type":"conn","conn":{},"dir":"{}","peer":"{}","local":"{}","device":"{}","msgs":{},"bytes":{},"lat_p50_us":{:.3f},"stalls":{},"stalled_s":{:.3f},"stall_kind":"{}"}})",
+        c->id, c->isSend ? "send" : "recv", jsonEscape(c->peer), jsonEscape(c->local), jsonEscape(c->device),
+        c->msgs.load(), c->bytes.load(), c->latency.quantileNs(0.5) / 1e3,
         c->stall != nullptr ? c->stall->stalls.load(std::memory_order_relaxed) : 0,
-        since > 0 ? static_cast<double>(std::max<int64_t>(nowMs - since, 0)) / 1e3 : 0.0) + "\n";
+        since > 0 ? static_cast<double>(std::max<int64_t>(nowMs - since, 0)) / 1e3 : 0.0, stallKindName(kind)) +
+           "\n";
   }
   return out;
 }
@@ -471,11 +477,12 @@ void Sink::onFinalize(Context* c) {
 // ---- transport connections ----------------------------------------------------------------------------------
 
 ConnStats* registerConn(bool isSend, std::string peer, std::string device, const RailHealth* rails, int nRails,
-                        const StallState* stall) {
+                        const StallState* stall, std::string local) {
   Sink& s = Sink::instance();
   auto* c = new ConnStats;
   c->isSend = isSend;
   c->peer = std::move(peer);
+  c->local = std::move(local);
   c->device = std::move(device);
   c->rails = nRails > 0 ? rails : nullptr;
   c->nRails = c->rails != nullptr ? nRails : 0;

@@ -25,6 +25,7 @@ struct ConnStats {
   uint32_t id = 0;
   bool isSend = false;
   std::string peer;     // the peer's address as the provider names it
+  std::string local;    // this end's address as the peer names it ("" where the backend gives none)
   std::string device;   // weft device name
   std::atomic<uint64_t> bytes{0}, msgs{0};
   LatencyHistogram latency;  // post (isend/irecv) -> completion seen in test
@@ -38,7 +39,7 @@ struct ConnStats {
   std::string gpu, gpuPath;
 };
 ConnStats* registerConn(bool isSend, std::string peer, std::string device, const RailHealth* rails = nullptr,
-                        int nRails = 0, const StallState* stall = nullptr);  // never null
+                        int nRails = 0, const StallState* stall = nullptr, std::string local = {});  // never null
 void unregisterConn(ConnStats* s);  // writes its final record; s is freed
 
 // Makes the Sink the profiler core's writer (WriterHooks); idempotent. Every user of the core's tables calls it

@@ -279,7 +279,7 @@ void VerbsDataComm::watchStall(int64_t nowMs) {
     for (int j = 0; r->recv && j < r->n; ++j) pending += r->bufDone[j] ? 0 : r->cap[j];
   }
   if (nowMs - stallFromMs_ < stallMs_ + static_cast<int64_t>(pending / floorBytesPerMs_)) return;
-  stall_.begin(stallFromMs_);
+  stall_.begin(stallFromMs_, StallKind::kBehind);  // the peer's NIC acknowledged a probe in the stall
   stallCount().fetch_add(1, std::memory_order_relaxed);
   WEFT_WARN("connection to {} on {}: stalled, nothing completed for {} s: {}; the peer is reachable (its NIC "
             "acknowledged a liveness probe {} ms ago), so {}: that rank is behind (in compute, or waiting on another "

@@ -225,12 +225,15 @@ class VerbsDataComm : public numa::Placed {
   Status checkMh(const MemHandle* mh, const void* data, size_t size, const char* op) const;
   void postProbe();
   void fail(Status st) {
-    if (fatal_ == Status::kOk) fatal_ = st;
+    if (fatal_ != Status::kOk) return;
+    fatal_ = st;
+    if (st == Status::kRemote) stall_.lostPeer();  // the peer's QP, NIC or process (the dumps' peer_gone)
   }
 
   std::unique_ptr<QpSet> q_;
   VerbsDevice& dev_;
   std::string peerName_;
+  std::string localName_;  // none yet (weft report --hangs pairs verbs comms by host)
   // Requests (weft/transport/request_pool.h): request i is reqAt(i), which stays where it is.
   using Pool = RequestPool<numa::ArrayPtr<VerbsRequest>>;
   Pool pool_;

@@ -31,8 +31,30 @@ weft_test(NAME report.end_to_end LABELS profiler COMMAND ${CMAKE_CURRENT_SOURCE_
 # connections, one stall each, and each process left one stall dump in hangs/.
 set(_stallRec ${CMAKE_BINARY_DIR}/report-stalls)
 weft_test(NAME report.stalls TIMEOUT 120 LABELS profiler
-  COMMAND sh -c "rm -rf '${_stallRec}' && '${WEFT_BIN}' conformance --plugin '${WEFT_SO}' --env WEFT_BACKEND=tcp --env WEFT_IFACE=lo --table 11 --only weft.stall_lines --env WEFT_STALL_S=1 --env 'WEFT_TELEMETRY_DIR=${_stallRec}' >/dev/null && '${WEFT_BIN}' report '${_stallRec}' && echo stall dumps: $(ls '${_stallRec}/hangs' | grep -c json)"
-  EXPECT "2 of 2 connections reported 2 stalls.*stall dumps: 2")
+  COMMAND sh -c "rm -rf '${_stallRec}' && '${WEFT_BIN}' conformance --plugin '${WEFT_SO}' --env WEFT_BACKEND=tcp --env WEFT_IFACE=lo --table 11 --only weft.stall_lines --env WEFT_STALL_S=1 --env 'WEFT_TELEMETRY_DIR=${_stallRec}' >/dev/null && '${WEFT_BIN}' report '${_stallRec}' && echo stall dumps: $(ls '${_stallRec}/hangs' | grep -c json) && cat '${_stallRec}'/hangs/*.json"
+  EXPECT "2 of 2 connections reported 2 stalls.*stall dumps: 2"
+         "\"dir\":\"send\",\"peer\":\"127.0.0.1:[0-9]+\",\"local\":\"127.0.0.1:[0-9]+\".*\"stalls\":1,\"stalled_s\":[1-9][0-9.]*,\"stall_kind\":\"peer_behind\""
+         "\"dir\":\"recv\",\"peer\":\"127.0.0.1:[0-9]+\",\"local\":\"127.0.0.1:[0-9]+\".*\"stalls\":1,\"stalled_s\":[1-9][0-9.]*,\"stall_kind\":\"peer_behind\"")
+# weft report --hangs over a fixture set of dumps (tests/fixtures/hangs), one scenario each: the cause it names
+# first, and the same in JSON.
+set(_hangs ${CMAKE_CURRENT_SOURCE_DIR}/fixtures/hangs)
+weft_test(NAME report.hangs.behind LABELS profiler COMMAND ${WEFT_BIN} report --hangs ${_hangs}/behind
+  EXPECT "^weft report --hangs: every chain of waits ends at rank 2 of 3 in train .b pid 200.: it is behind"
+         "4 dumps from 3 processes; 2 connections wait")
+weft_test(NAME report.hangs.link LABELS profiler COMMAND ${WEFT_BIN} report --hangs ${_hangs}/link
+  EXPECT "^weft report --hangs: bytes stopped on the way .the link, or a host on it.: rank 0 of 2 in train .a pid 100. <-> rank 1 of 2 in train .b pid 200. .NIC eth1.\n")
+weft_test(NAME report.hangs.dead LABELS profiler COMMAND ${WEFT_BIN} report --hangs ${_hangs}/dead
+  EXPECT "^weft report --hangs: a rank died or was lost: a process at 10.0.0.2 .no dump from it.[.]")
+weft_test(NAME report.hangs.cycle LABELS profiler COMMAND ${WEFT_BIN} report --hangs ${_hangs}/cycle
+  EXPECT "^weft report --hangs: a cycle: rank 0 of 2 in train .a pid 100. waits on rank 1 of 2 in train .b pid 200. waits on rank 0")
+weft_test(NAME report.hangs.json LABELS profiler
+  COMMAND sh -c "'${WEFT_BIN}' report --hangs '${_hangs}/behind' --json && '${WEFT_BIN}' report --hangs '${_hangs}/link' --json && '${WEFT_BIN}' report --hangs '${_hangs}/dead' --json && '${WEFT_BIN}' report --hangs '${_hangs}/cycle' --json"
+  EXPECT "^.\"cause\":.\"kind\":\"behind\",\"names\":.\"rank 2 of 3 in train .b pid 200.\"."
+         "\"kind\":\"link\",\"names\":.\"rank 0 of 2 in train .a pid 100. <-> rank 1"
+         "\"kind\":\"dead\",\"names\":.\"a process at 10.0.0.2 .no dump from it.\"."
+         "\"kind\":\"cycle\",\"names\":.\"rank 0 of 2 in train .a pid 100.\",\"rank 1 of 2 in train .b pid 200.\".")
+weft_test(NAME report.hangs.no_dumps LABELS profiler EXIT 1 COMMAND ${WEFT_BIN} report --hangs ${CMAKE_CURRENT_SOURCE_DIR}/fixtures/tuner
+  EXPECT "no stall dumps under")
 weft_test(NAME report.locality TIMEOUT 120 LABELS profiler topology
   COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/profiler/report_locality.sh ${WEFT_BIN} ${CMAKE_CURRENT_SOURCE_DIR}/fixtures/report-tags)
 

@@ -25,6 +25,7 @@
 #include <fmt/format.h>
 
 #include "args.h"
+#include "hangs.h"
 #include "svg.h"
 #include "weft/telemetry/record.h"
 #include "weft/telemetry/record_reader.h"
@@ -571,6 +572,7 @@ bool writePlots(const Loaded& L, const std::string& plotDir, uint64_t t0) {
 int reportCommand(int argc, char** argv) {
   std::string dir, plotDir;
   double stragglerMinUs = 20;
+  bool hangs = false, json = false;
   harness::Args a("weft report", argc, argv, 2);
   std::vector<std::string> positional;
   // first non-flag argument is the directory
@@ -583,10 +585,19 @@ int reportCommand(int argc, char** argv) {
     if (f == "--dir") dir = a.value();
     else if (f == "--plot") plotDir = a.value();
     else if (f == "--straggler-min-us") stragglerMinUs = a.number(0, 100000000);
+    else if (f == "--hangs") hangs = true;
+    else if (f == "--json") json = true;
+    else if (!f.empty() && f[0] != '-' && dir.empty()) dir = f;  // weft report --hangs DIR
     else a.unknown();
   }
   if (dir.empty()) {
-    std::fprintf(stderr, "usage: weft report DIR [--plot OUTDIR] [--straggler-min-us N]\n");
+    std::fprintf(stderr, "usage: weft report DIR [--plot OUTDIR] [--straggler-min-us N]\n"
+                         "       weft report DIR --hangs [--json]\n");
+    return 2;
+  }
+  if (hangs) return hangsReport(dir, json);
+  if (json) {
+    std::fprintf(stderr, "weft report: --json goes with --hangs\n");
     return 2;
   }
   Loaded L;

@@ -32,17 +32,45 @@ inline const char* railEventName(RailEvent e) {
   return "unknown";
 }
 
+// What a stall line found (docs/hangs.md), for the dumps `weft report --hangs` joins across ranks.
+enum class StallKind : uint8_t {
+  kNone = 0,
+  kBehind = 1,    // the peer is reachable and alive but has not posted its side: that rank is behind
+  kLink = 2,      // bytes stopped on the way (mid-message, unacknowledged, keepalives unanswered, link or route gone)
+  kOther = 3,     // stalled, cause not told apart (a full socket, a provider that reports no partial progress)
+  kPeerGone = 4,  // the comm failed: the peer closed its end or answered nothing for WEFT_PEER_TIMEOUT
+};
+inline const char* stallKindName(StallKind k) {
+  switch (k) {
+    case StallKind::kNone: return "";
+    case StallKind::kBehind: return "peer_behind";
+    case StallKind::kLink: return "link";
+    case StallKind::kOther: return "other";
+    case StallKind::kPeerGone: return "peer_gone";
+  }
+  return "";
+}
+
 // A connection's stalls (WEFT_STALL_S, docs/hangs.md): written by its backend when a stall is reported and when bytes
 // move again (never per message), read by anyone (the Prometheus file, the connection's record).
 struct StallState {
   std::atomic<uint64_t> stalls{0};   // stall episodes reported
   std::atomic<int64_t> sinceMs{0};   // coarse clock (weft/common/clock.h) when the current one began; 0: none
+  std::atomic<uint8_t> kind{0};       // StallKind of the current stall, or why the comm failed for its peer; kNone
+  std::atomic<uint32_t> peerLost{0};  // 1 once the comm failed for its peer or link (then kind stays)
   bool reported = false;             // the comm's own thread only: a stall line was written and the stall goes on
   // The comm's thread, as it writes its stall line.
-  void begin(int64_t fromMs) {
+  void begin(int64_t fromMs, StallKind k = StallKind::kOther) {
     reported = true;
     stalls.store(stalls.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     sinceMs.store(fromMs > 0 ? fromMs : 1, std::memory_order_relaxed);
+    if (peerLost.load(std::memory_order_relaxed) == 0) kind.store(static_cast<uint8_t>(k), std::memory_order_relaxed);
+  }
+  // The comm's thread, as the comm fails because of its peer (closed, silent past WEFT_PEER_TIMEOUT), or of its link
+  // (kLink: down past WEFT_PEER_TIMEOUT).
+  void lostPeer(StallKind why = StallKind::kPeerGone) {
+    kind.store(static_cast<uint8_t>(why), std::memory_order_relaxed);
+    peerLost.store(1, std::memory_order_relaxed);
   }
   // The comm's thread, when bytes move or a request completes: true, once, when that ends a reported stall (the
   // caller then says so in its log).
@@ -50,6 +78,7 @@ struct StallState {
     if (!reported) return false;
     reported = false;
     sinceMs.store(0, std::memory_order_relaxed);
+    if (peerLost.load(std::memory_order_relaxed) == 0) kind.store(0, std::memory_order_relaxed);
     return true;
   }
 };

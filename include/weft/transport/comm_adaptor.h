@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // A backend's send or receive comm: NCCL's interface (Iface: SendComm or RecvComm) over the backend's data comm
-// (Data), which answers the calls every comm answers alike. Data provides peerName_, commDeviceName(),
+// (Data), which answers the calls every comm answers alike. Data provides peerName_, localName_, commDeviceName(),
 // railHealth(int*) (none: *n = 0, nullptr), refreshRailHealth(), a public StallState stall_, registerMr(data, size,
 // type, dmabufFd, offset, out) (dmabufFd -1: plain memory) and deregisterMr(mh).
 #pragma once
@@ -19,6 +19,7 @@ class CommAdaptor : public Iface, public Data {
   using Data::Data;
 
   std::string peerName() const override { return this->peerName_; }
+  std::string localName() const override { return this->localName_; }
   std::string deviceName() const override { return Data::commDeviceName(); }
   const DeviceProps* deviceProps() const override { return &Data::commDeviceProps(); }
   const RailHealth* rails(int* n) const override { return Data::railHealth(n); }

@@ -95,6 +95,9 @@ class Comm : public Object {
   virtual ~Comm() = default;
   // For logs and per-connection records: the peer's address, this end's device.
   virtual std::string peerName() const { return {}; }
+  // This end's address as the peer's peerName() names it ("" where the backend has none to give): `weft report
+  // --hangs` pairs the two ends of a connection by it.
+  virtual std::string localName() const { return {}; }
   virtual std::string deviceName() const { return {}; }
   // The properties of the NIC it runs on (its first rail's): where it sits in the machine (numaNode, pciPath).
   virtual const DeviceProps* deviceProps() const { return nullptr; }
