@@ -206,6 +206,10 @@ const std::vector<Def> kDefs = {
    "A local socket (WEFT_INSPECT_DIR/<pid>-<pid namespace>.sock) through which `weft inspect` reads this "
    "process's weft connections live: what they moved, their stalls; only this user can read it, nothing listens "
    "on the network (docs/hangs.md). 0: none."},
+  {"WEFT_DUMP_ON_TERM", Kind::kBool, "1", 0, 1, nullptr,
+   "At SIGTERM (the launcher ending a hung job), write this process's inspect dump into WEFT_TELEMETRY_DIR/hangs "
+   "(at most 2 s), then do what the signal would have done. Needs WEFT_TELEMETRY_DIR and WEFT_INSPECT; a handler "
+   "installed later (by the application) replaces weft's (docs/hangs.md). 0: weft leaves SIGTERM alone."},
   {"WEFT_INSPECT_DIR", Kind::kString, "", 0, 0, nullptr,
    "The folder of the `weft inspect` sockets; it must be this user's alone (made 0700). Empty: /tmp/weft-<uid>."},
   {"WEFT_PROM_INTERVAL", Kind::kInt, "30", 1, 86400, nullptr,

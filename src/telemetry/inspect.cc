@@ -4,14 +4,17 @@
 
 #include <dirent.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
+#include <time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -53,6 +56,41 @@ namespace {
 
 constexpr int kSendBoundSec = 2;  // how long one answer may wait on a client that does not read
 
+// The SIGTERM handler's state: plain values and lock-free atomics only (a handler may touch nothing else).
+std::atomic<int> gTermFd{-1};       // the server's eventfd; -1: no server to wake
+std::atomic<int> gTermOwner{0};     // the pid that installed it (a forked child has no server thread)
+std::atomic<int> gTermState{0};     // 0 idle, 1 asked, 2 the dump is written
+struct sigaction gTermBefore {};    // what SIGTERM did before weft's handler
+
+void sleepMs(long ms) {
+  timespec ts{ms / 1000, (ms % 1000) * 1000000L};
+  while (::nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+void termHandler(int sig, siginfo_t* info, void* uctx) {
+  const int saved = errno;
+  const int fd = gTermFd.load();
+  int idle = 0;
+  if (fd >= 0 && gTermOwner.load() == ::getpid() && gTermState.compare_exchange_strong(idle, 1)) {
+    const uint64_t one = 1;
+    (void)!::write(fd, &one, sizeof(one));
+    for (int waited = 0; waited < InspectServer::kTermWaitMs && gTermState.load() != 2; waited += 10) sleepMs(10);
+  }
+  // What the signal would have done without weft.
+  if ((gTermBefore.sa_flags & SA_SIGINFO) != 0 && gTermBefore.sa_sigaction != nullptr) {
+    gTermBefore.sa_sigaction(sig, info, uctx);
+  } else if (gTermBefore.sa_handler == SIG_IGN) {
+    // ignored before: still ignored
+  } else if (gTermBefore.sa_handler == SIG_DFL || gTermBefore.sa_handler == nullptr) {
+    ::sigaction(SIGTERM, &gTermBefore, nullptr);  // the default again; delivered as this handler returns
+    ::raise(SIGTERM);
+  } else {
+    gTermBefore.sa_handler(sig);
+  }
+  errno = saved;
+}
+
 // The folder exists (made 0700 if not), is a folder, is this user's and no one else can enter it: "" or why not.
 std::string safeDir(const std::string& dir) {
   if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return fmt::format("cannot make it: {}", std::strerror(errno));
@@ -89,7 +127,7 @@ void writeAll(int fd, const std::string& s) {
 
 }  // namespace
 
-std::unique_ptr<InspectServer> InspectServer::start(std::function<std::string()> dump) {
+std::unique_ptr<InspectServer> InspectServer::start(std::function<std::string()> dump, std::function<void()> onTerm) {
   if (!params::getBool("WEFT_INSPECT")) return nullptr;
   const std::string dir = inspectDir();
   if (std::string why = safeDir(dir); !why.empty()) {
@@ -125,13 +163,47 @@ std::unique_ptr<InspectServer> InspectServer::start(std::function<std::string()>
     s->path_.clear();
     return nullptr;
   }
+  if (onTerm && params::getBool("WEFT_DUMP_ON_TERM")) {
+    s->termFd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    s->onTerm_ = std::move(onTerm);
+  }
+  // The server's thread never takes SIGTERM (its handler waits for this thread).
+  sigset_t term, mask;
+  sigemptyset(&term);
+  sigaddset(&term, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &term, &mask);
   s->thread_ = std::make_unique<Thread>();
   s->thread_->t = std::thread([p = s.get()] { p->run(); });
-  WEFT_INFO(NCCL_INIT, "weft inspect: this process answers at {}", s->path_);
+  pthread_sigmask(SIG_SETMASK, &mask, nullptr);
+  if (s->termFd_ >= 0 && gTermFd.load() < 0) {
+    struct sigaction mine {};
+    mine.sa_sigaction = termHandler;
+    mine.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigemptyset(&mine.sa_mask);
+    gTermState.store(0);
+    gTermOwner.store(::getpid());
+    gTermFd.store(s->termFd_);
+    if (::sigaction(SIGTERM, &mine, &gTermBefore) == 0) {
+      s->termInstalled_ = true;
+    } else {
+      gTermFd.store(-1);
+    }
+  }
+  WEFT_INFO(NCCL_INIT, "weft inspect: this process answers at {}{}", s->path_,
+            s->termInstalled_ ? "; a SIGTERM writes its dump first" : "");
   return s;
 }
 
 InspectServer::~InspectServer() {
+  if (termInstalled_) {
+    // Put back what SIGTERM did before, unless the application has installed its own since.
+    struct sigaction now {};
+    if (::sigaction(SIGTERM, nullptr, &now) == 0 && (now.sa_flags & SA_SIGINFO) != 0 &&
+        now.sa_sigaction == termHandler) {
+      ::sigaction(SIGTERM, &gTermBefore, nullptr);
+    }
+    gTermFd.store(-1);
+  }
   if (thread_ && thread_->t.joinable()) {
     const uint64_t one = 1;
     (void)!::write(stopFd_, &one, sizeof(one));
@@ -139,17 +211,28 @@ InspectServer::~InspectServer() {
   }
   if (listenFd_ >= 0) ::close(listenFd_);
   if (stopFd_ >= 0) ::close(stopFd_);
+  if (termFd_ >= 0) ::close(termFd_);
   if (!path_.empty()) ::unlink(path_.c_str());
 }
 
 void InspectServer::run() {
   for (;;) {
-    pollfd p[2] = {{listenFd_, POLLIN, 0}, {stopFd_, POLLIN, 0}};
-    if (::poll(p, 2, -1) < 0) {
+    pollfd p[3] = {{listenFd_, POLLIN, 0}, {stopFd_, POLLIN, 0}, {termFd_, POLLIN, 0}};
+    if (::poll(p, termFd_ >= 0 ? 3 : 2, -1) < 0) {
       if (errno == EINTR) continue;
       return;
     }
     if ((p[1].revents & POLLIN) != 0) return;
+    if (termFd_ >= 0 && (p[2].revents & POLLIN) != 0) {
+      uint64_t n = 0;
+      (void)!::read(termFd_, &n, sizeof(n));
+      try {
+        onTerm_();
+      } catch (...) {
+      }
+      gTermState.store(2);
+      continue;
+    }
     if ((p[0].revents & POLLIN) == 0) continue;
     const int c = ::accept4(listenFd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (c < 0) continue;

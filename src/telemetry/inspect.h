@@ -20,8 +20,12 @@ namespace weft::telemetry {
 class InspectServer {
  public:
   // Starts serving `dump` (called on the server's thread for each client) unless WEFT_INSPECT is off or the folder
-  // is unsafe; says why not at INFO or WARN. nullptr when it does not serve.
-  static std::unique_ptr<InspectServer> start(std::function<std::string()> dump);
+  // is unsafe; says why not at INFO or WARN. nullptr when it does not serve. With `onTerm` (and WEFT_DUMP_ON_TERM),
+  // a SIGTERM handler: the signal wakes the server's thread, which calls onTerm (for at most kTermWaitMs), then
+  // the process does what the signal would have done without weft (the handler before weft's, or the default).
+  static std::unique_ptr<InspectServer> start(std::function<std::string()> dump,
+                                              std::function<void()> onTerm = nullptr);
+  static constexpr int kTermWaitMs = 2000;
   ~InspectServer();  // stops the thread, removes the socket file
   InspectServer(const InspectServer&) = delete;
   InspectServer& operator=(const InspectServer&) = delete;
@@ -31,9 +35,12 @@ class InspectServer {
   InspectServer() = default;
   void run();
   std::function<std::string()> dump_;
+  std::function<void()> onTerm_;
+  bool termInstalled_ = false;
   std::string path_;
   int listenFd_ = -1;
   int stopFd_ = -1;  // an eventfd the destructor writes
+  int termFd_ = -1;  // an eventfd the SIGTERM handler writes
   struct Thread;
   std::unique_ptr<Thread> thread_;
 };

@@ -140,10 +140,21 @@ void Sink::startLocked() {
   (void)exitFlush;
   thread_ = std::thread([this] { run(); });
   // The dump takes mu_ (held here): the server's thread asks for it only once a client comes.
-  inspect_ = InspectServer::start([this] {
-    std::lock_guard<std::mutex> l(mu_);
-    return inspectDumpLocked();
-  });
+  inspect_ = InspectServer::start(
+      [this] {
+        std::lock_guard<std::mutex> l(mu_);
+        return inspectDumpLocked();
+      },
+      [this] {
+        // SIGTERM: the thread it interrupted may hold mu_; the handler waits for this at most kTermWaitMs.
+        std::unique_lock<std::mutex> l(mu_, std::defer_lock);
+        const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(InspectServer::kTermWaitMs);
+        while (!l.try_lock()) {
+          if (std::chrono::steady_clock::now() >= until) return;
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+        writeDumpLocked("sigterm");
+      });
 }
 
 namespace {
@@ -163,8 +174,13 @@ void Sink::stallDumpLocked() {
     return;
   }
   stallsSeen_ = stalls;
+  if (stallDumps_ >= kMaxStallDumps) return;
+  writeDumpLocked("stall");
+}
+
+void Sink::writeDumpLocked(const char* reason) {
   const std::string& dir = params::getString("WEFT_TELEMETRY_DIR");
-  if (dir.empty() || stallDumps_ >= kMaxStallDumps) return;
+  if (dir.empty()) return;
   const std::string hangs = dir + "/hangs";
   if (!makeDirs(hangs)) return;
   const std::string path = fmt::format("{}/weft-{}-{}-{}.json", hangs, host_, getpid(), ++stallDumps_);
@@ -173,18 +189,19 @@ void Sink::stallDumpLocked() {
     WEFT_WARN("timing: cannot write the stall dump {}: {}", path, std::strerror(errno));
     return;
   }
-  const std::string out = inspectDumpLocked();
+  const std::string out = inspectDumpLocked(reason);
   const ssize_t w = ::write(fd, out.data(), out.size());
   ::close(fd);
-  if (w == static_cast<ssize_t>(out.size())) WEFT_INFO(NCCL_NET, "stall: this process's connections are in {}", path);
+  if (w == static_cast<ssize_t>(out.size())) WEFT_INFO(NCCL_NET, "{}: this process's connections are in {}", reason, path);
 }
 
 // One line for the process, one per NCCL communicator the profiler knows, one per weft connection open now: what
 // it moved, its latency, its stalls and how long it has been stalled now (docs/hangs.md).
-std::string Sink::inspectDumpLocked() {
+std::string Sink::inspectDumpLocked(const char* reason) {
   const int64_t nowMs = coarseNowMs();
-  std::string out = fmt::format(R"({{"type":"process","host":"{}","pid":{},"conns":{},"comms":{},"time_ns":{}}})",
-                                jsonEscape(host_), getpid(), conns_.size(), comms_.size(), wallNs()) + "\n";
+  std::string out =
+      fmt::format(R"({{"type":"process","host":"{}","pid":{},"conns":{},"comms":{},"time_ns":{},"reason":"{}"}})",
+                  jsonEscape(host_), getpid(), conns_.size(), comms_.size(), wallNs(), reason) + "\n";
   for (const auto& [ctx, m] : comms_) {
     out += fmt::format(R"({{"type":"comm","comm":"{}","comm_name":"{}","rank":{},"nranks":{},"nnodes":{}}})",
                        hex(m.commHash), jsonEscape(m.name), m.rank, m.nRanks, m.nNodes) + "\n";

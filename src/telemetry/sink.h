@@ -109,7 +109,11 @@ class Sink {
     std::string text() const;
   };
   void tagLinesLocked(const Comm& m, const std::string& base, TagLines* out) const;
-  std::string inspectDumpLocked();  // what `weft inspect` prints of this process (JSON lines)
+  // What `weft inspect` prints of this process (JSON lines); `reason` goes in its process line: live (a client
+  // asked), stall (a connection stalled or lost its peer), sigterm.
+  std::string inspectDumpLocked(const char* reason = "live");
+  // The dump into WEFT_TELEMETRY_DIR/hangs/weft-<host>-<pid>-<n>.json.
+  void writeDumpLocked(const char* reason);
   // A connection reported a stall since the last look: the inspect dump into WEFT_TELEMETRY_DIR/hangs (at most
   // kMaxStallDumps a process), for `weft report --hangs` and a post-mortem.
   void stallDumpLocked();

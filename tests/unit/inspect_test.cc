@@ -3,19 +3,25 @@
 // process: one that connects and never reads leaves the server able to stop.
 #include <catch2/catch.hpp>
 
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <dirent.h>
+#include <fstream>
 #include <future>
+#include <sstream>
 #include <thread>
 #include <string>
 
 #include "telemetry/inspect.h"
+#include "telemetry/sink.h"
 #include "weft/common/params.h"
 
 using weft::telemetry::InspectServer;
@@ -112,4 +118,129 @@ TEST_CASE("a client that connects and never reads cannot hold the server's stop"
   stopped.wait();  // if it did not end, the test's own limit ends it
   ::close(fd);
   ::rmdir(dir.c_str());
+}
+
+// ---- SIGTERM: the dump first, then what the signal would have done ----------------------------------------------
+
+namespace {
+
+void markerHandler(int, siginfo_t*, void*) { _exit(42); }
+
+// The child this process re-executes itself as (below): a weft process with one connection open and timing on,
+// SIGTERM left as WEFT_TEST_TERM_BEFORE says (default, ignore, or an application's handler that exits 42).
+struct TermChild {
+  pid_t pid = -1;
+  std::string dir;
+};
+
+TermChild spawnTermChild(const std::string& before) {
+  TermChild c;
+  c.dir = freshDir();
+  int ready[2];
+  REQUIRE(::pipe(ready) == 0);
+  c.pid = ::fork();
+  REQUIRE(c.pid >= 0);
+  if (c.pid == 0) {
+    ::close(ready[0]);
+    setenv("WEFT_TELEMETRY_DIR", (c.dir + "/records").c_str(), 1);
+    setenv("WEFT_INSPECT_DIR", c.dir.c_str(), 1);
+    setenv("WEFT_TEST_TERM_BEFORE", before.c_str(), 1);
+    setenv("WEFT_TEST_TERM_READY_FD", std::to_string(ready[1]).c_str(), 1);
+    char self[4096] = {};
+    const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n > 0) ::execl(self, self, "[.sigterm_child]", static_cast<char*>(nullptr));
+    _exit(99);
+  }
+  ::close(ready[1]);
+  char b = 0;
+  const ssize_t got = ::read(ready[0], &b, 1);  // the child is serving (or it died: 0)
+  ::close(ready[0]);
+  REQUIRE(got == 1);
+  return c;
+}
+
+// The dump files the child left in its records folder's hangs/.
+std::string dumpsOf(const TermChild& c) {
+  std::string all;
+  const std::string hangs = c.dir + "/records/hangs";
+  if (DIR* d = ::opendir(hangs.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      std::ifstream in(hangs + "/" + e->d_name);
+      std::stringstream ss;
+      ss << in.rdbuf();
+      all += ss.str();
+    }
+    ::closedir(d);
+  }
+  return all;
+}
+
+int waitFor(pid_t pid) {
+  int st = 0;
+  REQUIRE(::waitpid(pid, &st, 0) == pid);
+  return st;
+}
+
+}  // namespace
+
+// Run only as the child above (hidden: "[.]").
+TEST_CASE("sigterm child: a weft process with a connection, waiting", "[.sigterm_child]") {
+  const char* before = std::getenv("WEFT_TEST_TERM_BEFORE");
+  const std::string b = before != nullptr ? before : "";
+  ::signal(SIGTERM, SIG_DFL);  // Catch's own handler off: the process's SIGTERM as a job's would be
+  if (b == "ignore") ::signal(SIGTERM, SIG_IGN);
+  if (b == "handler") {
+    struct sigaction sa {};
+    sa.sa_sigaction = markerHandler;
+    sa.sa_flags = SA_SIGINFO;
+    ::sigaction(SIGTERM, &sa, nullptr);
+  }
+  weft::params::reload();
+  weft::StallState stall;
+  weft::telemetry::ConnStats* c =
+      weft::telemetry::registerConn(true, "10.0.0.2:5000", "eth0", nullptr, 0, &stall, "10.0.0.1:40000");
+  REQUIRE(c != nullptr);
+  const char* fd = std::getenv("WEFT_TEST_TERM_READY_FD");
+  REQUIRE(fd != nullptr);
+  const char one = 1;
+  REQUIRE(::write(std::atoi(fd), &one, 1) == 1);
+  for (int i = 0; i < 600; ++i) ::sleep(1);  // until a signal ends it (the parent's test bounds this)
+  weft::telemetry::unregisterConn(c);
+}
+
+TEST_CASE("a SIGTERM writes the dump, then ends the process as the signal would have", "[inspect][sigterm]") {
+  SECTION("the default action: the process dies of SIGTERM, its dump written first") {
+    TermChild c = spawnTermChild("default");
+    REQUIRE(::kill(c.pid, SIGTERM) == 0);
+    const int st = waitFor(c.pid);
+    CHECK(WIFSIGNALED(st));
+    CHECK((WIFSIGNALED(st) ? WTERMSIG(st) : 0) == SIGTERM);
+    const std::string d = dumpsOf(c);
+    CHECK(d.find("\"reason\":\"sigterm\"") != std::string::npos);
+    CHECK(d.find("\"peer\":\"10.0.0.2:5000\",\"local\":\"10.0.0.1:40000\"") != std::string::npos);
+  }
+  SECTION("an application's handler installed before weft's still runs, after the dump") {
+    TermChild c = spawnTermChild("handler");
+    REQUIRE(::kill(c.pid, SIGTERM) == 0);
+    const int st = waitFor(c.pid);
+    CHECK(WIFEXITED(st));
+    CHECK((WIFEXITED(st) ? WEXITSTATUS(st) : 0) == 42);
+    CHECK(dumpsOf(c).find("\"reason\":\"sigterm\"") != std::string::npos);
+  }
+  SECTION("an ignored SIGTERM stays ignored: the process goes on, its dump written") {
+    TermChild c = spawnTermChild("ignore");
+    REQUIRE(::kill(c.pid, SIGTERM) == 0);
+    // The dump is the sign the signal came; the process must still be there after it.
+    std::string d;
+    for (int i = 0; i < 600 && d.find("sigterm") == std::string::npos; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      d = dumpsOf(c);
+    }
+    CHECK(d.find("\"reason\":\"sigterm\"") != std::string::npos);
+    int st = 0;
+    CHECK(::waitpid(c.pid, &st, WNOHANG) == 0);  // alive
+    ::kill(c.pid, SIGKILL);
+    waitFor(c.pid);
+  }
 }

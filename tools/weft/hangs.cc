@@ -36,7 +36,7 @@ struct Proc {
   std::string host;
   long pid = 0;
   uint64_t timeNs = 0;
-  std::string file;
+  std::string file, reason;  // reason: what wrote the dump (stall, sigterm, live)
   std::vector<std::string> ranks;  // "rank 3 of 8 in <comm name or hash>"
   std::vector<Conn> conns;
 };
@@ -75,6 +75,7 @@ bool loadDump(const std::filesystem::path& path, Proc* p) {
       p->pid = j.value("pid", 0L);
       p->timeNs = j.value("time_ns", uint64_t{0});
       p->file = path.string();
+      p->reason = j.value("reason", "");
       first = false;
       continue;
     }
@@ -294,7 +295,7 @@ int hangsReport(const std::string& dir, bool asJson) {
     json procs = json::array();
     for (const Proc& p : g.procs) {
       procs.push_back({{"host", p.host}, {"pid", p.pid}, {"ranks", p.ranks}, {"file", p.file},
-                       {"conns", p.conns.size()}});
+                       {"reason", p.reason}, {"conns", p.conns.size()}});
     }
     out["processes"] = procs;
     json waits = json::array();
@@ -327,8 +328,8 @@ int hangsReport(const std::string& dir, bool asJson) {
   for (const Proc& p : g.procs) {
     size_t stalled = 0;
     for (const Conn& c : p.conns) stalled += waiting(c) ? 1 : 0;
-    std::printf("  %s: %zu connections, %zu waiting  [%s]\n", procName(p).c_str(), p.conns.size(), stalled,
-                p.file.c_str());
+    std::printf("  %s: %zu connections, %zu waiting  [%s%s%s]\n", procName(p).c_str(), p.conns.size(), stalled,
+                p.reason.empty() ? "" : p.reason.c_str(), p.reason.empty() ? "" : ": ", p.file.c_str());
   }
   return 0;
 }
