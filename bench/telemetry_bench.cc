@@ -140,6 +140,20 @@ void BM_WallClock(benchmark::State& state) {
 }
 BENCHMARK(BM_WallClock);
 
+// The ledger of operations in flight (docs/hangs.md): what each isend/irecv and its completion add on NCCL's thread
+// with timing on (the post time is the one the latency histogram already takes), with 8 others in flight.
+void BM_LedgerPostDone(benchmark::State& state) {
+  weft::telemetry::ConnStats c;
+  for (int i = 0; i < 8; ++i) c.ledgerPost(1 + static_cast<uint64_t>(i), 8, i, 1);
+  uint64_t t = 100;
+  for (auto _ : state) {
+    const int slot = c.ledgerPost(++t, 8, 7, 1);
+    benchmark::DoNotOptimize(slot);
+    c.ledgerDone(slot);
+  }
+}
+BENCHMARK(BM_LedgerPostDone);
+
 }  // namespace
 
 BENCHMARK_MAIN();

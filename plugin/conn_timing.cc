@@ -22,6 +22,7 @@ struct RequestTiming {
   uint64_t bytes;              // posted bytes (sends)
   uint8_t nBufs;               // buffers of the request (receives: how many sizes test() reports)
   uint8_t nEvents;
+  uint8_t slot;                // its entry in the comm's ledger of operations in flight (ConnStats::kLedger: none)
   void* events[kMaxRecvs];     // net-plugin profiler events opened for this request
 };
 static_assert(sizeof(RequestTiming) <= sizeof(Request::timingSlot) && alignof(RequestTiming) <= alignof(Request),
@@ -90,14 +91,17 @@ void timingClose(Comm* c) {
   telemetry::unregisterConn(s);
 }
 
-void timingPost(Comm* c, Request* r, uint64_t bytes, bool isSend, int n, void* const* phandles) {
+void timingPost(Comm* c, Request* r, uint64_t bytes, int tag, bool isSend, int n, void* const* phandles) {
   RequestTiming& t = timingOf(r);
+  // A request of this comm reused without a completion seen (a failed one): its ledger entry goes first.
+  if (t.conn != nullptr && t.conn == c->timingRecord) t.conn->ledgerDone(t.slot);
   t.conn = static_cast<telemetry::ConnStats*>(c->timingRecord);
   t.nEvents = 0;
   t.nBufs = static_cast<uint8_t>(n);
   if (t.conn == nullptr) return;
   t.postNs = monoNs();
   t.bytes = bytes;
+  t.slot = static_cast<uint8_t>(t.conn->ledgerPost(t.postNs, bytes, tag, n));
   ncclProfilerCallback_t cb = gProfCallback.load(std::memory_order_relaxed);
   if (cb == nullptr || phandles == nullptr || timingLevel() < telemetry::Level::kNet) return;
   telemetry::ConnStats* stats = t.conn;
@@ -122,6 +126,7 @@ void timingDone(Request* r, const int* sizes) {
   telemetry::ConnStats* stats = t.conn;
   if (stats == nullptr) return;
   t.conn = nullptr;
+  stats->ledgerDone(t.slot);
   uint64_t bytes = t.bytes;
   if (!stats->isSend && sizes != nullptr) {
     bytes = 0;

@@ -20,7 +20,7 @@ void timingOpen(Comm* c, bool isSend);
 void timingClose(Comm* c);
 // After a successful post. phandles: one per buffer (NULL entries, or NULL altogether, open no event: NCCL
 // dereferences them unchecked, docs/nccl-semantics.md §net-events).
-void timingPost(Comm* c, Request* r, uint64_t bytes, bool isSend, int n, void* const* phandles);
+void timingPost(Comm* c, Request* r, uint64_t bytes, int tag, bool isSend, int n, void* const* phandles);
 // A registration on the comm: the first of GPU memory names the connection's GPU where its open could not.
 void timingRegMr(Comm* c, const void* data, int type);
 // The request was posted with timing on and test() has not yet reported it.

@@ -274,7 +274,7 @@ ncclResult_t isendImpl(void* sendComm, void* data, size_t size, int tag, void* m
     if (sc == nullptr) return Status::kInternal;
     Request* r = nullptr;
     Status st = sc->isend(data, size, tag, asMr(mhandle), &r);
-    if (r != nullptr) timingPost(sc, r, size, true, 1, &phandle);
+    if (r != nullptr) timingPost(sc, r, size, tag, true, 1, &phandle);
     *request = r ? static_cast<Object*>(r) : nullptr;
     return st;
   });
@@ -297,7 +297,7 @@ ncclResult_t irecvImpl(void* recvComm, int n, void** data, const size_t* sizes, 
     if (r != nullptr) {
       uint64_t total = 0;
       for (int i = 0; i < n; ++i) total += sizes[i];
-      timingPost(rc, r, total, false, n, phandles);
+      timingPost(rc, r, total, tags[0], false, n, phandles);
     }
     *request = r ? static_cast<Object*>(r) : nullptr;
     return st;

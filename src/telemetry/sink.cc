@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -159,6 +160,14 @@ void Sink::startLocked() {
 
 namespace {
 bool makeDirs(const std::string& dir);  // below
+
+// The clock of the ledger's post times (plugin/conn_timing.cc): CLOCK_MONOTONIC.
+uint64_t monoNowNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+double ageS(uint64_t nowNs, uint64_t thenNs) { return nowNs > thenNs ? static_cast<double>(nowNs - thenNs) / 1e9 : 0.0; }
 }  // namespace
 
 void Sink::stallDumpLocked() {
@@ -199,6 +208,7 @@ void Sink::writeDumpLocked(const char* reason) {
 // it moved, its latency, its stalls and how long it has been stalled now (docs/hangs.md).
 std::string Sink::inspectDumpLocked(const char* reason) {
   const int64_t nowMs = coarseNowMs();
+  const uint64_t nowNs = monoNowNs();
   std::string out =
       fmt::format(R"({{"type":"process","host":"{}","pid":{},"conns":{},"comms":{},"time_ns":{},"reason":"{}"}})",
                   jsonEscape(host_), getpid(), conns_.size(), comms_.size(), wallNs(), reason) + "\n";
@@ -210,12 +220,21 @@ std::string Sink::inspectDumpLocked(const char* reason) {
     const int64_t since = c->stall != nullptr ? c->stall->sinceMs.load(std::memory_order_relaxed) : 0;
     const auto kind =
         static_cast<StallKind>(c->stall != nullptr ? c->stall->kind.load(std::memory_order_relaxed) : 0);
+    // The ledger: every operation in flight, oldest first (tag, bytes posted, buffers, age).
+    const std::vector<ConnStats::Op> ops = c->inFlight();
+    std::string opsJson;
+    for (const ConnStats::Op& op : ops) {
+      opsJson += fmt::format(R"({}{{"tag":{},"bytes":{},"bufs":{},"age_s":{:.3f}}})", opsJson.empty() ? "" : ",",
+                             op.tag, op.bytes, op.bufs, ageS(nowNs, op.postNs));
+    }
     out += fmt::format(
-        R"({{"type":"conn","conn":{},"dir":"{}","peer":"{}","local":"{}","device":"{}","msgs":{},"bytes":{},"lat_p50_us":{:.3f},"stalls":{},"stalled_s":{:.3f},"stall_kind":"{}"}})",
+        R"({{"type":"conn","conn":{},"dir":"{}","peer":"{}","local":"{}","device":"{}","msgs":{},"bytes":{},"lat_p50_us":{:.3f},"stalls":{},"stalled_s":{:.3f},"stall_kind":"{}","inflight":{},"oldest_s":{:.3f},"unledgered":{},"ops":[{}]}})",
         c->id, c->isSend ? "send" : "recv", jsonEscape(c->peer), jsonEscape(c->local), jsonEscape(c->device),
         c->msgs.load(), c->bytes.load(), c->latency.quantileNs(0.5) / 1e3,
         c->stall != nullptr ? c->stall->stalls.load(std::memory_order_relaxed) : 0,
-        since > 0 ? static_cast<double>(std::max<int64_t>(nowMs - since, 0)) / 1e3 : 0.0, stallKindName(kind)) +
+        since > 0 ? static_cast<double>(std::max<int64_t>(nowMs - since, 0)) / 1e3 : 0.0, stallKindName(kind),
+        ops.size(), ops.empty() ? 0.0 : ageS(nowNs, ops.front().postNs),
+        c->unledgered.load(std::memory_order_relaxed), opsJson) +
            "\n";
   }
   return out;
@@ -493,6 +512,21 @@ void Sink::onFinalize(Context* c) {
 
 // ---- transport connections ----------------------------------------------------------------------------------
 
+std::vector<ConnStats::Op> ConnStats::inFlight() const {
+  std::vector<Op> ops;
+  for (const InFlight& f : inflight) {
+    const uint64_t t = f.postNs.load(std::memory_order_acquire);
+    if (t == 0) continue;
+    Op op{t, f.bytes.load(std::memory_order_relaxed), f.tag.load(std::memory_order_relaxed),
+          f.bufs.load(std::memory_order_relaxed)};
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (f.postNs.load(std::memory_order_relaxed) != t) continue;  // completed or reused while read
+    ops.push_back(op);
+  }
+  std::sort(ops.begin(), ops.end(), [](const Op& a, const Op& b) { return a.postNs < b.postNs; });
+  return ops;
+}
+
 ConnStats* registerConn(bool isSend, std::string peer, std::string device, const RailHealth* rails, int nRails,
                         const StallState* stall, std::string local) {
   Sink& s = Sink::instance();
@@ -673,13 +707,22 @@ void Sink::writePromLocked() {
   std::string railRe = "# HELP weft_conn_rail_readmits_total Times a weft connection took a failed-over rail back (WEFT_RAIL_READMIT).\n# TYPE weft_conn_rail_readmits_total counter\n";
   std::string stalls = "# HELP weft_conn_stalls_total Stalls a weft connection reported: requests outstanding with nothing moving for WEFT_STALL_S (docs/hangs.md).\n# TYPE weft_conn_stalls_total counter\n";
   std::string stalled = "# HELP weft_conn_stalled_seconds How long a weft connection has been stalled now (0: not stalled).\n# TYPE weft_conn_stalled_seconds gauge\n";
+  std::string inflight = "# HELP weft_conn_inflight Operations a weft connection has in flight now (posted, not yet complete).\n# TYPE weft_conn_inflight gauge\n";
+  std::string oldest = "# HELP weft_conn_oldest_op_seconds Age of the oldest operation a weft connection has in flight (0: none).\n# TYPE weft_conn_oldest_op_seconds gauge\n";
   bool anyStall = false;
   const int64_t nowMs = coarseNowMs();
+  const uint64_t nowNs = monoNowNs();
   bool anyRails = false;
   for (ConnStats* c : conns_) {
     std::string l = fmt::format("conn=\"{}\",dir=\"{}\",peer=\"{}\",device=\"{}\"", c->id, c->isSend ? "send" : "recv",
                                 promEscape(c->peer), promEscape(c->device));
     conns += fmt::format("weft_conn_bytes_total{{{}}} {}\n", l, c->bytes.load());
+    {
+      const std::vector<ConnStats::Op> ops = c->inFlight();
+      inflight += fmt::format("weft_conn_inflight{{{}}} {}\n", l, ops.size());
+      oldest += fmt::format("weft_conn_oldest_op_seconds{{{}}} {:.3f}\n", l,
+                            ops.empty() ? 0.0 : ageS(nowNs, ops.front().postNs));
+    }
     if (c->latency.count() > 0) {
       connLat += fmt::format("weft_conn_latency_seconds{{{},quantile=\"0.5\"}} {:.9f}\n", l, c->latency.quantileNs(0.5) / 1e9);
       connLat += fmt::format("weft_conn_latency_seconds{{{},quantile=\"0.99\"}} {:.9f}\n", l, c->latency.quantileNs(0.99) / 1e9);
@@ -706,6 +749,7 @@ void Sink::writePromLocked() {
   }
   if (anyRails) connLat += railUp + railDowns + railRec + railBytes + railFo + railMoved + railRe;
   if (anyStall) connLat += stalls + stalled;
+  if (!conns_.empty()) connLat += inflight + oldest;
   // Per NIC, every connection of this process together, closed ones included: what an alert watches.
   std::map<std::string, RailTotals> railTotals = railsClosed_;
   for (ConnStats* c : conns_) addRailTotals(*c, &railTotals);

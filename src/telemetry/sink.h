@@ -37,6 +37,49 @@ struct ConnStats {
   // between them ("PIX" ... "SYS", "" unknown). Set by the plugin layer before the first message, read at close.
   int numa = -1;
   std::string gpu, gpuPath;
+
+  // The ledger of operations in flight (docs/hangs.md): a slot per posted request, written by the comm's thread
+  // (NCCL's proxy thread: one per comm) at post and at completion, read by anyone (the dumps, the Prometheus file).
+  // postNs (monotonic) is stored last with release and is 0 for a free slot; a reader checks it again after the
+  // other fields and drops a slot that changed meanwhile. NCCL has at most NCCL_NET_MAX_REQUESTS (32) requests in
+  // flight per comm; one beyond the ledger is counted in `unledgered`, not shown.
+  struct InFlight {
+    std::atomic<uint64_t> postNs{0};
+    std::atomic<uint64_t> bytes{0};
+    std::atomic<int32_t> tag{0};
+    std::atomic<uint32_t> bufs{0};
+  };
+  static constexpr int kLedger = 32;
+  InFlight inflight[kLedger];
+  uint32_t ledgerUsed = 0;  // the comm's thread only: a bit per slot in use
+  std::atomic<uint64_t> unledgered{0};
+  // The comm's thread: a slot for a request posted now (kLedger: none free).
+  int ledgerPost(uint64_t postNs, uint64_t bytes, int tag, int bufs) {
+    const uint32_t free = ~ledgerUsed;
+    if (free == 0) {
+      unledgered.fetch_add(1, std::memory_order_relaxed);
+      return kLedger;
+    }
+    const int i = __builtin_ctz(free);
+    ledgerUsed |= 1u << i;
+    inflight[i].bytes.store(bytes, std::memory_order_relaxed);
+    inflight[i].tag.store(tag, std::memory_order_relaxed);
+    inflight[i].bufs.store(static_cast<uint32_t>(bufs), std::memory_order_relaxed);
+    inflight[i].postNs.store(postNs != 0 ? postNs : 1, std::memory_order_release);
+    return i;
+  }
+  void ledgerDone(int i) {
+    if (i < 0 || i >= kLedger) return;
+    inflight[i].postNs.store(0, std::memory_order_release);
+    ledgerUsed &= ~(1u << i);
+  }
+  struct Op {
+    uint64_t postNs, bytes;
+    int32_t tag;
+    uint32_t bufs;
+  };
+  // Anyone: the operations in flight now, oldest first.
+  std::vector<Op> inFlight() const;
 };
 ConnStats* registerConn(bool isSend, std::string peer, std::string device, const RailHealth* rails = nullptr,
                         int nRails = 0, const StallState* stall = nullptr, std::string local = {});  // never null

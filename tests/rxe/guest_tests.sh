@@ -44,7 +44,7 @@ step verbs.stall_lines 120 $C --only weft.stall_lines $V --env WEFT_STALL_S=1 --
 # namespaces over a veth pair with delay, loss, reordering and duplication on both ends: every byte must arrive.
 NETNS=$(dirname "$0")/../conformance/netns_conformance.sh
 step fabric.tcp.netem.v11 600 "$NETNS" --netem "delay 1ms loss 0.5% reorder 25% 50% duplicate 0.5%" \
-  "$RXE_BIN" "$RXE_SO" --table 11 --quick --conns 64 --call-limit 5000 --env WEFT_BACKEND=fabric
+  "$RXE_BIN" "$RXE_SO" --table 11 --quick --conns 64 --call-limit 15000 --env WEFT_BACKEND=fabric
 # libfabric over the same device: verbs;ofi_rxm on shared endpoints (the default: one endpoint per context and
 # device), every check but one. Its MSG CQ is sized by FI_UNIVERSE_SIZE (rxe allows 32767 entries). Emulated verbs
 # make endpoint creation slow (up to ~0.6 s), hence the longer call limit; devices.properties is skipped because
@@ -53,7 +53,7 @@ step fabric.tcp.netem.v11 600 "$NETNS" --netem "delay 1ms loss 0.5% reorder 25% 
 # by rendezvous, meets a 1 KiB receive; NCCL never sends more than the receive holds, and the same check passes on
 # tcp;ofi_rxm. (With an endpoint per connection, rxm over rxe also crashed in
 # fi_close of endpoints, at a different check from run to run; shared endpoints close one per context.)
-step fabric.verbs_rxm.v11 300 $C --table 11 --quick --call-limit 5000 --env WEFT_BACKEND=fabric \
+step fabric.verbs_rxm.v11 300 $C --table 11 --quick --call-limit 15000 --env WEFT_BACKEND=fabric \
   --env "WEFT_PROVIDER=verbs;ofi_rxm" --env FI_UNIVERSE_SIZE=16 --skip devices.properties \
   --skip data.send_larger_than_recv --skip weft.send_larger_than_recv
 # NCCL's own IB transport (the ncclNetIb table inside the CUDA toolkit's libnccl.so.2, built as a plugin file on
@@ -64,7 +64,7 @@ if [ "${RXE_PART:-all}" = long ]; then
 elif [ -n "${RXE_NCCL_IB:-}" ] && [ -f "$RXE_NCCL_IB" ]; then
   export NCCL_IB_HCA=rxe0
   step nccl_ib.v11 300 "$RXE_BIN" conformance --plugin "$RXE_NCCL_IB" --timeout 60 --conns 64 --table 11 --quick \
-    --call-limit 5000
+    --call-limit 15000
 else
   echo "STEP nccl_ib.v11: skipped (no NCCL IB shim: no unstripped libnccl.so.2 (the CUDA toolkit's) on the host)"
 fi

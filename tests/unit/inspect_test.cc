@@ -244,3 +244,38 @@ TEST_CASE("a SIGTERM writes the dump, then ends the process as the signal would 
     waitFor(c.pid);
   }
 }
+
+TEST_CASE("the ledger shows every operation in flight, oldest first, and frees each at completion", "[inspect]") {
+  weft::telemetry::ConnStats c;
+  CHECK(c.inFlight().empty());
+  int slots[weft::telemetry::ConnStats::kLedger];
+  for (int i = 0; i < weft::telemetry::ConnStats::kLedger; ++i) {
+    // Posted in an order that is not the age order: the ledger sorts by post time.
+    const uint64_t t = 1000 + static_cast<uint64_t>((i * 7) % weft::telemetry::ConnStats::kLedger);
+    slots[i] = c.ledgerPost(t, 100 + static_cast<uint64_t>(i), i, 1 + i % 3);
+    REQUIRE(slots[i] < weft::telemetry::ConnStats::kLedger);
+  }
+  // One beyond NCCL's bound: counted, not shown.
+  CHECK(c.ledgerPost(5000, 1, 99, 1) == weft::telemetry::ConnStats::kLedger);
+  CHECK(c.unledgered.load() == 1);
+  auto ops = c.inFlight();
+  REQUIRE(ops.size() == static_cast<size_t>(weft::telemetry::ConnStats::kLedger));
+  for (size_t i = 1; i < ops.size(); ++i) CHECK(ops[i - 1].postNs < ops[i].postNs);
+  CHECK(ops.front().postNs == 1000);
+  CHECK(ops.front().tag == 0);
+  CHECK(ops.front().bytes == 100);
+  // Completions free their slots; a post after them reuses one.
+  c.ledgerDone(slots[0]);
+  c.ledgerDone(slots[5]);
+  ops = c.inFlight();
+  CHECK(ops.size() == static_cast<size_t>(weft::telemetry::ConnStats::kLedger) - 2);
+  for (const auto& op : ops) CHECK((op.tag != 0 && op.tag != 5));
+  const int again = c.ledgerPost(900, 7, 42, 2);
+  CHECK((again == slots[0] || again == slots[5]));
+  ops = c.inFlight();
+  CHECK(ops.front().tag == 42);  // the oldest post time now
+  CHECK(ops.front().bufs == 2);
+  c.ledgerDone(weft::telemetry::ConnStats::kLedger);  // none: no effect
+  c.ledgerDone(-1);
+  CHECK(c.inFlight().size() == static_cast<size_t>(weft::telemetry::ConnStats::kLedger) - 1);
+}

@@ -95,8 +95,9 @@ std::string promShowsStall(const std::string& path, std::chrono::seconds limit) 
 }
 
 // `weft inspect --json --pid <this process>` (this worker is the weft binary, /proc/self/exe) must show a send
-// connection stalled now. Empty: it did; else what it printed.
-std::string inspectShowsStall() {
+// connection stalled now, with the stalled send first in its operations in flight once `posted` (a send that waits
+// for the receiver's offer is not posted yet: isend answers NULL). Empty: it did; else what it printed.
+std::string inspectShowsStall(bool posted) {
   char self[4096];
   const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
   if (n <= 0) return "cannot read /proc/self/exe";
@@ -116,6 +117,10 @@ std::string inspectShowsStall() {
     const size_t s = line.find("\"stalled_s\":");
     if (line.find("\"dir\":\"send\"") != std::string::npos && s != std::string::npos &&
         std::atof(line.c_str() + s + 12) > 0) {
+      // The ledger of operations in flight shows the stalled send itself: tag 2, 64 MiB, one buffer.
+      if (posted && line.find("\"ops\":[{\"tag\":2,\"bytes\":67108864,\"bufs\":1,") == std::string::npos) {
+        return "the stalled connection's ops do not show the 64 MiB send (tag 2) in flight: " + line;
+      }
       return {};
     }
   }
@@ -178,7 +183,7 @@ void weftStallLines(CheckEnv& env) {
     const std::string prom = params::getString("WEFT_PROM_FILE");
     const std::string shown = prom.empty() ? std::string() : promShowsStall(prom, std::chrono::seconds(10));
     // And live, through weft inspect (item 3), where the process serves it.
-    const std::string inspected = params::getBool("WEFT_INSPECT") ? inspectShowsStall() : std::string();
+    const std::string inspected = params::getBool("WEFT_INSPECT") ? inspectShowsStall(req != nullptr) : std::string();
     env.oob.send("go");
     if (!shown.empty()) fail("the Prometheus file " + prom + " did not show the stall within 10 s: " + shown);
     if (!inspected.empty()) fail("weft inspect did not show this process's send connection stalled: " + inspected);

@@ -102,15 +102,24 @@ void print(const std::string& answer) {
     return a.value("stalled_s", 0.0) > b.value("stalled_s", 0.0);
   });
   if (conns.empty()) return;
-  std::printf("  %5s %-4s %-28s %-14s %8s %8s %9s %6s  %s\n", "conn", "dir", "peer", "nic", "msgs", "bytes",
-              "p50 us", "stalls", "now");
+  std::printf("  %5s %-4s %-28s %-14s %8s %8s %9s %6s %8s %9s  %s\n", "conn", "dir", "peer", "nic", "msgs",
+              "bytes", "p50 us", "stalls", "inflight", "oldest s", "now");
   for (const auto& c : conns) {
     const double stalled = c.value("stalled_s", 0.0);
     const std::string now = stalled > 0 ? "STALLED " + std::to_string(static_cast<long>(stalled)) + " s" : "moving";
-    std::printf("  %5d %-4s %-28s %-14s %8s %8s %9.1f %6llu  %s\n", c.value("conn", 0), c.value("dir", "").c_str(),
-                c.value("peer", "").c_str(), c.value("device", "").c_str(),
+    std::printf("  %5d %-4s %-28s %-14s %8s %8s %9.1f %6llu %8d %9.1f  %s\n", c.value("conn", 0),
+                c.value("dir", "").c_str(), c.value("peer", "").c_str(), c.value("device", "").c_str(),
                 num(c.value("msgs", 0.0)).c_str(), num(c.value("bytes", 0.0)).c_str(), c.value("lat_p50_us", 0.0),
-                static_cast<unsigned long long>(c.value("stalls", uint64_t{0})), now.c_str());
+                static_cast<unsigned long long>(c.value("stalls", uint64_t{0})), c.value("inflight", 0),
+                c.value("oldest_s", 0.0), now.c_str());
+    // The operations in flight, oldest first (at most 4 here; --json has them all).
+    const auto ops = c.value("ops", nlohmann::json::array());
+    for (size_t i = 0; i < ops.size() && i < 4; ++i) {
+      std::printf("        op tag %d, %s bytes in %u buffer%s, posted %.1f s ago\n", ops[i].value("tag", 0),
+                  num(ops[i].value("bytes", 0.0)).c_str(), ops[i].value("bufs", 1u),
+                  ops[i].value("bufs", 1u) == 1 ? "" : "s", ops[i].value("age_s", 0.0));
+    }
+    if (ops.size() > 4) std::printf("        ... and %zu more\n", ops.size() - 4);
   }
 }
 
