@@ -25,6 +25,7 @@
 #include "weft/common/params.h"
 #include "weft/transport/agreement.h"
 #include "weft/transport/handle.h"
+#include "tests/unit/scoped_env.h"
 
 extern char** environ;
 
@@ -32,19 +33,9 @@ using namespace weft;
 using weft::transport::Agreement;
 using weft::transport::setAgreementSource;
 
-namespace {
+using weft::test::ScopedEnv;
 
-struct EnvVar {  // set for the scope, then unset; params re-read both times
-  std::string name;
-  EnvVar(const char* n, const std::string& v) : name(n) {
-    setenv(n, v.c_str(), 1);
-    params::reload();
-  }
-  ~EnvVar() {
-    unsetenv(name.c_str());
-    params::reload();
-  }
-};
+namespace {
 
 std::string tempDir() {
   static std::string dir = [] {
@@ -76,8 +67,8 @@ std::string writeProfileFile(const std::string& name, double us) {
 }
 
 uint64_t digestWith(std::initializer_list<std::pair<const char*, std::string>> vars) {
-  std::vector<std::unique_ptr<EnvVar>> set;
-  for (const auto& [k, v] : vars) set.push_back(std::make_unique<EnvVar>(k, v));
+  std::vector<std::unique_ptr<ScopedEnv>> set;
+  for (const auto& [k, v] : vars) set.push_back(std::make_unique<ScopedEnv>(k, v));
   return tuner::decisionState().digest;
 }
 
@@ -115,7 +106,7 @@ TEST_CASE("the tuner's digest changes with everything that changes its decisions
   CHECK(digestWith({{"NCCL_TUNER_PLUGIN", "weft"}}) == none);
   // The summary says what was loaded.
   {
-    EnvVar e("WEFT_TUNER_PROFILE", damaged);
+    ScopedEnv e("WEFT_TUNER_PROFILE", damaged);
     CHECK(tuner::decisionState().summary.find("does not load") != std::string::npos);
   }
 }

@@ -23,22 +23,13 @@
 #include "telemetry/inspect.h"
 #include "telemetry/sink.h"
 #include "weft/common/params.h"
+#include "tests/unit/scoped_env.h"
 
 using weft::telemetry::InspectServer;
 
-namespace {
+using weft::test::ScopedEnv;
 
-struct EnvVar {  // set for the scope, then unset; params re-read both times
-  std::string name;
-  EnvVar(const char* n, const std::string& v) : name(n) {
-    setenv(n, v.c_str(), 1);
-    weft::params::reload();
-  }
-  ~EnvVar() {
-    unsetenv(name.c_str());
-    weft::params::reload();
-  }
-};
+namespace {
 
 std::string freshDir() {
   char t[] = "/tmp/weft-inspect-test-XXXXXX";
@@ -80,7 +71,7 @@ TEST_CASE("socket names carry the pid and PID namespace and parse back", "[inspe
 
 TEST_CASE("the inspect socket answers its user and is this user's alone", "[inspect]") {
   const std::string dir = freshDir();
-  EnvVar d("WEFT_INSPECT_DIR", dir);
+  ScopedEnv d("WEFT_INSPECT_DIR", dir);
   auto s = InspectServer::start([] { return std::string("{\"type\":\"process\"}\n"); });
   REQUIRE(s != nullptr);
   struct stat st {};
@@ -104,7 +95,7 @@ TEST_CASE("the inspect socket answers its user and is this user's alone", "[insp
 
 TEST_CASE("a client that connects and never reads cannot hold the server's stop", "[inspect]") {
   const std::string dir = freshDir();
-  EnvVar d("WEFT_INSPECT_DIR", dir);
+  ScopedEnv d("WEFT_INSPECT_DIR", dir);
   // An answer far larger than the socket's buffers: without a bound on the send, the server's thread would wait on
   // this client forever and the destructor (the process's exit) with it.
   auto s = InspectServer::start([] { return std::string(64u << 20, 'x'); });
