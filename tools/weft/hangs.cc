@@ -225,7 +225,8 @@ void findCause(Graph* g) {
   std::set<int> waitsOnSomeone;
   for (const Wait& w : g->waits) waitsOnSomeone.insert(w.from);
   for (const Wait& w : g->waits) {
-    if (w.to < 0 || waitsOnSomeone.count(w.to) == 0) ends.insert(target(*g, w));
+    // (A process waiting on its own other end, a connection to itself, is where that chain ends too.)
+    if (w.to < 0 || w.to == w.from || waitsOnSomeone.count(w.to) == 0) ends.insert(target(*g, w));
   }
   if (!ends.empty()) {
     g->causeKind = "behind";
