@@ -569,6 +569,12 @@ void Sink::connRecord(ConnStats* c, bool final) {
     conns_.push_back(c);
     return;
   }
+  // A connection closing in trouble (its peer lost, or stalled now): the dump its trouble asked for, while it is
+  // still listed (the writer's round may not have come since; a failed comm is often closed at once).
+  if (c->stall != nullptr && (c->stall->peerLost.load(std::memory_order_relaxed) != 0 ||
+                              c->stall->sinceMs.load(std::memory_order_relaxed) != 0)) {
+    stallDumpLocked();
+  }
   conns_.erase(std::remove(conns_.begin(), conns_.end(), c), conns_.end());
   // A multi-rail comm: each rail's state, how often it went down and came back, why it last went down, and what
   // this end sent on it.

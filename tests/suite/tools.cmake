@@ -53,6 +53,18 @@ weft_test(NAME report.hangs.json LABELS profiler
          "\"kind\":\"link\",\"names\":.\"rank 0 of 2 in train .a pid 100. <-> rank 1"
          "\"kind\":\"dead\",\"names\":.\"a process at 10.0.0.2 .no dump from it.\"."
          "\"kind\":\"cycle\",\"names\":.\"rank 0 of 2 in train .a pid 100.\",\"rank 1 of 2 in train .b pid 200.\".")
+# Live: the receiver process SIGKILLs itself with the sender's requests outstanding (faults.receiver_killed); the
+# sender's connection fails for its peer and leaves a dump; the report names the dead peer. Over weft's TCP sockets
+# and libfabric tcp;ofi_rxm.
+set(_over_tcp "--env WEFT_BACKEND=tcp --env WEFT_IFACE=lo")
+set(_over_fabric-tcp "--env 'WEFT_PROVIDER=tcp%SEMI%ofi_rxm' --env WEFT_IFACE=lo")
+foreach(over tcp fabric-tcp)
+  set(_deadRec ${CMAKE_BINARY_DIR}/report-hangs-dead-${over})
+  weft_test(NAME report.hangs.live_dead.${over} TIMEOUT 200 LABELS profiler faults
+    COMMAND sh -c "rm -rf '${_deadRec}' && '${WEFT_BIN}' conformance --plugin '${WEFT_SO}' ${_over_${over}} --table 11 --only faults.receiver_killed --timeout 40 --env 'WEFT_TELEMETRY_DIR=${_deadRec}' >/dev/null && '${WEFT_BIN}' report --hangs '${_deadRec}'"
+    EXPECT "weft report --hangs: a rank died or was lost: a process at 127.0.0.1 .no dump from it.[.]"
+           "--send on [^ ]+, peer_gone")
+endforeach()
 weft_test(NAME report.hangs.no_dumps LABELS profiler EXIT 1 COMMAND ${WEFT_BIN} report --hangs ${CMAKE_CURRENT_SOURCE_DIR}/fixtures/tuner
   EXPECT "no stall dumps under")
 weft_test(NAME report.locality TIMEOUT 120 LABELS profiler topology

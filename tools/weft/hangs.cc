@@ -48,8 +48,11 @@ struct Wait {
   const Conn* conn = nullptr;
 };
 
-std::string ipOf(const std::string& addr) {
-  // "10.0.0.1:4000", "[fe80::1%eth0]:4000", or a provider's own name (returned whole).
+std::string ipOf(const std::string& full) {
+  // "10.0.0.1:4000", "[fe80::1%eth0]:4000", libfabric's "fi_sockaddr_in://10.0.0.1:4000", or a provider's own
+  // name (returned whole).
+  const auto scheme = full.find("://");
+  const std::string addr = scheme == std::string::npos ? full : full.substr(scheme + 3);
   if (!addr.empty() && addr[0] == '[') {
     const auto close = addr.find(']');
     return close == std::string::npos ? addr : addr.substr(1, close - 1);
