@@ -65,6 +65,13 @@ foreach(over tcp fabric-tcp)
     EXPECT "weft report --hangs: a rank died or was lost: a process at 127.0.0.1 .no dump from it.[.]"
            "--send on [^ ]+, peer_gone")
 endforeach()
+# Live: the veth between the two workers' namespaces goes down mid-stream (faults.link_down, as
+# faults.netns.link_down.tcp): the stall lines find the bytes stopped, the comms then fail after WEFT_PEER_TIMEOUT,
+# and the report names the link between the two processes.
+set(_linkRec ${CMAKE_BINARY_DIR}/report-hangs-link)
+weft_test(NAME report.hangs.live_link.tcp TIMEOUT 150 LABELS profiler faults netns LOCKS cpu
+  COMMAND sh -c "rm -rf '${_linkRec}' && '${PROJECT_SOURCE_DIR}/tests/conformance/netns_conformance.sh' --link-down '${WEFT_BIN}' '${WEFT_SO}' --table 11 --only faults.link_down --timeout 30 --env WEFT_PEER_TIMEOUT=3 --env WEFT_PROBE_INTERVAL=500 --env WEFT_BACKEND=tcp --env WEFT_STALL_S=1 --env 'WEFT_TELEMETRY_DIR=${_linkRec}' >/dev/null && '${WEFT_BIN}' report --hangs '${_linkRec}'"
+  EXPECT "weft report --hangs: bytes stopped on the way .the link, or a host on it.: .+ pid [0-9]+ <-> .+ pid [0-9]+ .NIC " "--send on [^ ]+, link,")
 weft_test(NAME report.hangs.no_dumps LABELS profiler EXIT 1 COMMAND ${WEFT_BIN} report --hangs ${CMAKE_CURRENT_SOURCE_DIR}/fixtures/tuner
   EXPECT "no stall dumps under")
 weft_test(NAME report.locality TIMEOUT 120 LABELS profiler topology

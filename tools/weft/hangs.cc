@@ -114,7 +114,8 @@ std::string procName(const Proc& p) {
   return s;
 }
 
-bool waiting(const Conn& c) { return c.stalledS > 0 || c.kind == "peer_gone"; }
+// Stalled now, or failed for its peer: a kind outlives its stall only once the peer is lost (StallState).
+bool waiting(const Conn& c) { return c.stalledS > 0 || !c.kind.empty(); }
 
 struct Graph {
   std::vector<Proc> procs;
@@ -193,8 +194,10 @@ std::vector<int> findCycle(const Graph& g) {
 // The first line: a peer lost, then a link where bytes stopped, then where every chain of waits ends, then a cycle.
 void findCause(Graph* g) {
   std::set<std::string> gone, links, ends;
+  // A lost peer that wrote a dump of its own was alive to write it: the connection broke between two live processes
+  // (the link, or a host on it), which the link cause names; one with no dump is the dead one.
   for (const Wait& w : g->waits) {
-    if (w.conn->kind == "peer_gone") gone.insert(target(*g, w));
+    if (w.conn->kind == "peer_gone" && w.to < 0) gone.insert(target(*g, w));
   }
   if (!gone.empty()) {
     g->causeKind = "dead";
@@ -207,7 +210,7 @@ void findCause(Graph* g) {
   // A link is named once, whichever end saw it, with the NICs its ends named.
   std::map<std::pair<std::string, std::string>, std::set<std::string>> linkNics;
   for (const Wait& w : g->waits) {
-    if (w.conn->kind != "link") continue;
+    if (w.conn->kind != "link" && !(w.conn->kind == "peer_gone" && w.to >= 0)) continue;
     std::string a = procName(g->procs[static_cast<size_t>(w.from)]), b = target(*g, w);
     if (b < a) std::swap(a, b);
     linkNics[{a, b}].insert(w.conn->device);

@@ -68,7 +68,12 @@ struct StallState {
   }
   // The comm's thread, as the comm fails because of its peer (closed, silent past WEFT_PEER_TIMEOUT), or of its link
   // (kLink: down past WEFT_PEER_TIMEOUT).
+  // A stall already found the bytes stopped on the way keeps that name: the peer was lost over that link (or its
+  // host went silent: "the link, or a host on it").
   void lostPeer(StallKind why = StallKind::kPeerGone) {
+    if (why == StallKind::kPeerGone && reported && kind.load(std::memory_order_relaxed) == uint8_t(StallKind::kLink)) {
+      why = StallKind::kLink;
+    }
     kind.store(static_cast<uint8_t>(why), std::memory_order_relaxed);
     peerLost.store(1, std::memory_order_relaxed);
   }
