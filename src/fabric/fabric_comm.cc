@@ -37,6 +37,9 @@ FabricDataComm::FabricDataComm(std::shared_ptr<EndpointGroup> group, std::vector
       probeIntervalMs_(params::getInt("WEFT_PROBE_INTERVAL")),
       peerTimeoutMs_(params::getInt("WEFT_PEER_TIMEOUT") * 1000) {
   stallMs_ = params::getInt("WEFT_STALL_S") * 1000;
+  // This end's endpoint as the provider names it: what the peer's peerName_ is where it connected to this endpoint.
+  const std::vector<uint8_t>& self = rails_[0].ep->name();
+  localName_ = rails_[0].ep->addrString(self.data(), self.size());
   // Mb/s / 100 -> bytes per ms: speed * 1e6 / 8 / 100 / 1000
   floorBytesPerMs_ = std::max<uint64_t>(1000, static_cast<uint64_t>(std::max(dev_.props().speedMbps, 0)) * 10 / 8);
   health_ = std::make_unique<RailHealth[]>(rails_.size());

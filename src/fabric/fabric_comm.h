@@ -251,7 +251,7 @@ class FabricDataComm : public DataSink, public numa::Placed {
   std::vector<Rail> rails_;
   int nRails_;
   std::string peerName_;
-  std::string localName_;  // none yet (weft report --hangs pairs fabric comms by host)
+  std::string localName_;  // rail 0's endpoint name (fi_av_straddr), as a peer that connected to it names it
   Protocol proto_;
   bool recvSide_;  // a receive comm: its pool holds FabricRecvRequests
   // The request pool (weft/transport/request_pool.h), up to pool_.capacity() requests; request i is req(i). A receive

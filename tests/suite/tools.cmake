@@ -72,6 +72,17 @@ set(_linkRec ${CMAKE_BINARY_DIR}/report-hangs-link)
 weft_test(NAME report.hangs.live_link.tcp TIMEOUT 150 LABELS profiler faults netns LOCKS cpu
   COMMAND sh -c "rm -rf '${_linkRec}' && '${PROJECT_SOURCE_DIR}/tests/conformance/netns_conformance.sh' --link-down '${WEFT_BIN}' '${WEFT_SO}' --table 11 --only faults.link_down --timeout 30 --env WEFT_PEER_TIMEOUT=3 --env WEFT_PROBE_INTERVAL=500 --env WEFT_BACKEND=tcp --env WEFT_STALL_S=1 --env 'WEFT_TELEMETRY_DIR=${_linkRec}' >/dev/null && '${WEFT_BIN}' report --hangs '${_linkRec}'"
   EXPECT "weft report --hangs: bytes stopped on the way .the link, or a host on it.: .+ pid [0-9]+ <-> .+ pid [0-9]+ .NIC " "--send on [^ ]+, link,")
+# Live, the rank behind (weft.hang_report): a receiver stuck in its application, then the launcher's SIGTERM; the
+# sender's stall dump and the receiver's SIGTERM dump name the receiver as where the waits end, and the
+# application's own SIGTERM handler still runs. Over weft's sockets, libfabric tcp;ofi_rxm and shm.
+set(_over_shm "--env WEFT_PROVIDER=shm")
+foreach(over tcp fabric-tcp shm)
+  set(_behindRec ${CMAKE_BINARY_DIR}/report-hangs-behind-${over})
+  weft_test(NAME report.hangs.live_behind.${over} TIMEOUT 150 LABELS profiler conformance
+    COMMAND sh -c "rm -rf '${_behindRec}' && '${WEFT_BIN}' conformance --plugin '${WEFT_SO}' ${_over_${over}} --table 11 --only weft.hang_report --env WEFT_STALL_S=1 --env 'WEFT_TELEMETRY_DIR=${_behindRec}'"
+    EXPECT "sender: weft report --hangs: every chain of waits ends at .+ pid [0-9]+: it is behind"
+           "conformance: 1 passed, 0 failed, 0 skipped")
+endforeach()
 weft_test(NAME report.hangs.no_dumps LABELS profiler EXIT 1 COMMAND ${WEFT_BIN} report --hangs ${CMAKE_CURRENT_SOURCE_DIR}/fixtures/tuner
   EXPECT "no stall dumps under")
 weft_test(NAME report.locality TIMEOUT 120 LABELS profiler topology

@@ -98,6 +98,9 @@ const std::vector<Check>& allChecks() {
       {"weft.stall_lines", "a connection waiting with no byte moving for WEFT_STALL_S warns once: a receive whose "
        "send is posted late says the peer has not posted it, a send whose receive is posted late that the peer "
        "reads nothing; both arrive intact after", weftStallLines},
+      {"weft.hang_report", "a receiver stuck in its application, then SIGTERM: both processes' dumps name it in weft "
+       "report --hangs as where the waits end; its own SIGTERM handler still runs (WEFT_TELEMETRY_DIR, WEFT_STALL_S)",
+       weftHangReport},
       {"weft.unreachable_peer", "connect to a closed listen or a silent listener fails within WEFT_CONNECT_TIMEOUT",
        weftUnreachablePeer},
       {"weft.misuse", "double close and deregister, test after completion, NULL out-pointers, foreign memory "

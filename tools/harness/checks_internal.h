@@ -92,6 +92,7 @@ void weftMisuse(CheckEnv& env);
 void weftReplayedHandle(CheckEnv& env);
 void weftTcpFlows(CheckEnv& env);
 void weftStallLines(CheckEnv& env);
+void weftHangReport(CheckEnv& env);
 void weftSendLargerThanRecv(CheckEnv& env);
 void weftDeliveryAck(CheckEnv& env);
 void weftUnreachablePeer(CheckEnv& env);

@@ -1,6 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // weft's stall lines (docs/hangs.md): a connection that waits with no byte moving says once what it waits for and
 // which case it is.
+#include <dirent.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <fstream>
 
 #include "checks_internal.h"
@@ -127,7 +132,102 @@ std::string inspectShowsStall(bool posted) {
   return out.empty() ? "nothing" : out;
 }
 
+std::atomic<int> gAppTerm{0};
+void appTermHandler(int) { gAppTerm.store(1); }  // the application's own SIGTERM handler: it notes the signal
+
+// A dump of process `pid` in dir/hangs: true once one is there.
+bool hasDump(const std::string& dir, int pid) {
+  const std::string want = "-" + std::to_string(pid) + "-";
+  DIR* d = ::opendir((dir + "/hangs").c_str());
+  if (d == nullptr) return false;
+  bool found = false;
+  while (dirent* e = ::readdir(d)) found = found || std::string(e->d_name).find(want) != std::string::npos;
+  ::closedir(d);
+  return found;
+}
+
+// `weft report --hangs dir` (this worker is the weft binary): its output.
+std::string reportHangs(const std::string& dir) {
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return "cannot read /proc/self/exe";
+  self[n] = '\0';
+  const std::string cmd = "'" + std::string(self) + "' report --hangs '" + dir + "' 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return "could not run " + cmd;
+  std::string out;
+  char buf[4096];
+  while (size_t k = std::fread(buf, 1, sizeof(buf), p)) out.append(buf, k);
+  ::pclose(p);
+  return out;
+}
+
 }  // namespace
+
+// With WEFT_STALL_S of 1-5 s and WEFT_TELEMETRY_DIR: the receiver's application is stuck (it posts nothing) while
+// the sender's 64 MiB waits; the sender's stall line comes and its dump is written; then the launcher's SIGTERM
+// reaches the receiver, whose application handler (installed before weft's) survives it: weft writes the
+// receiver's dump first, then runs that handler. `weft report --hangs` over both dumps must name the receiver's
+// process as the one every chain of waits ends at. The receiver then posts and the 64 MiB arrives intact.
+void weftHangReport(CheckEnv& env) {
+  requireWeft(env);
+  const int64_t stall = params::getInt("WEFT_STALL_S");
+  const std::string dir = params::getString("WEFT_TELEMETRY_DIR");
+  if (stall < 1 || stall > 5 || dir.empty()) {
+    throw CheckSkip("run with --env WEFT_STALL_S between 1 and 5 and --env WEFT_TELEMETRY_DIR");
+  }
+  if (!params::getBool("WEFT_INSPECT") || !params::getBool("WEFT_DUMP_ON_TERM")) {
+    throw CheckSkip("needs WEFT_INSPECT and WEFT_DUMP_ON_TERM on");
+  }
+  if (env.recv()) {
+    struct sigaction now {};
+    ::sigaction(SIGTERM, nullptr, &now);
+    if ((now.sa_flags & SA_SIGINFO) != 0 || now.sa_handler != SIG_DFL) {
+      throw CheckSkip("SIGTERM is handled in this worker already (run it alone: --only weft.hang_report)");
+    }
+    ::signal(SIGTERM, appTermHandler);  // before weft's: weft's handler is installed as the first connection opens
+  }
+  const auto limit = std::chrono::seconds(30);
+  Conn c = establish(env);
+  constexpr size_t kBig = 64 << 20;
+  Buffer buf(kBig);
+  Registration reg(env.net, c.comm(), buf.data(), buf.size());
+  if (env.recv()) {
+    env.oob.send(std::to_string(::getpid()));
+    if (env.oob.recvString(limit + env.timeout) != "term") fail("peer out of step");
+    ::raise(SIGTERM);  // as the launcher's kill; handled before raise returns
+    if (gAppTerm.load() == 0) fail("the application's SIGTERM handler did not run after weft's");
+    if (!hasDump(dir, ::getpid())) fail("no dump of this process in " + dir + "/hangs after SIGTERM");
+    env.oob.send("dumped");
+    std::memset(buf.data(), 0, kBig);
+    waitRequest(env, post(env, c, false, buf.data(), kBig, 3, reg.mh()), 1, "the 64 MiB received late");
+    if (findMismatch(buf.data(), kBig, 73) != SIZE_MAX) fail("the 64 MiB received late arrived corrupted");
+  } else {
+    const std::string peer = env.oob.recvString(limit + env.timeout);
+    fillPattern(buf.data(), kBig, 73);
+    void* req = nullptr;
+    const int w0 = warningCount();
+    postUntilWarned(env, c, true, buf.data(), kBig, 3, reg.mh(), &req, w0, "has not posted the receive", limit,
+                    "the 64 MiB send");
+    Deadline d(std::chrono::seconds(10));  // the record writer's round (100 ms) writes this process's dump
+    while (!hasDump(dir, ::getpid()) && !d.expired()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    env.oob.send("term");
+    const std::string dumped = env.oob.recvString(limit + env.timeout);
+    std::string report;
+    if (dumped == "dumped") report = reportHangs(dir);
+    if (req == nullptr) req = post(env, c, true, buf.data(), kBig, 3, reg.mh());
+    waitRequest(env, req, 1, "the 64 MiB sent");
+    if (dumped != "dumped") fail("peer out of step after its SIGTERM");
+    const std::string first = report.substr(0, report.find('\n'));
+    std::printf("INFO\tsender: %s\n", first.c_str());
+    if (first.find("every chain of waits ends at ") == std::string::npos ||
+        (first.find(" pid " + peer + ")") == std::string::npos && first.find(" pid " + peer + ":") == std::string::npos)) {
+      fail("weft report --hangs did not name the receiver (pid " + peer + ") as where the waits end: " + report);
+    }
+  }
+  reg.release();
+  closeConn(env, c);
+}
 
 // With WEFT_STALL_S of 1-5 s: (1) the receiver posts a receive whose send the sender posts only once the receiver
 // warned that the peer is alive but has not posted its send; (2) the sender posts 64 MiB (more than the sockets
