@@ -59,7 +59,7 @@ foreach(over tcp fabric-tcp-rxm)
 endforeach()
 
 # A rank that crashes inside connect while the others wait on it there (as NCCL's IB connect waits on a peer that is
-# gone): the run ends within the crash grace (20 s), not --timeout (300 s, beyond this entry's own limit), and says
+# gone): the run ends within the crash grace (10 s), not --timeout (300 s, beyond this entry's own limit), and says
 # which rank crashed and which hung after it.
 weft_test(NAME harness.rma_rank_crash TIMEOUT 120 LABELS harness device-api PROVOKES_FAILURES EXIT failure
   COMMAND ${WEFT_BIN} conformance --rma --plugin $<TARGET_FILE:weft_crash_plugin> --symbol ncclGinPlugin_v11 --ranks 3

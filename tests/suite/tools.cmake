@@ -61,7 +61,7 @@ set(_over_fabric-tcp "--env 'WEFT_PROVIDER=tcp%SEMI%ofi_rxm' --env WEFT_IFACE=lo
 foreach(over tcp fabric-tcp)
   set(_deadRec ${CMAKE_BINARY_DIR}/report-hangs-dead-${over})
   weft_test(NAME report.hangs.live_dead.${over} TIMEOUT 200 LABELS profiler faults
-    COMMAND sh -c "rm -rf '${_deadRec}' && '${WEFT_BIN}' conformance --plugin '${WEFT_SO}' ${_over_${over}} --table 11 --only faults.receiver_killed --timeout 40 --env 'WEFT_TELEMETRY_DIR=${_deadRec}' >/dev/null && '${WEFT_BIN}' report --hangs '${_deadRec}'"
+    COMMAND sh -c "rm -rf '${_deadRec}' && '${WEFT_BIN}' conformance --plugin '${WEFT_SO}' ${_over_${over}} --table 11 --only faults.receiver_killed --timeout 40 --env WEFT_PEER_TIMEOUT=3 --env WEFT_PROBE_INTERVAL=500 --env 'WEFT_TELEMETRY_DIR=${_deadRec}' >/dev/null && '${WEFT_BIN}' report --hangs '${_deadRec}'"
     EXPECT "weft report --hangs: a rank died or was lost: a process at 127.0.0.1 .no dump from it.[.]"
            "--send on [^ ]+, peer_gone")
 endforeach()

@@ -27,7 +27,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr int kMaxRanks = 8;
 constexpr int kMaxChecks = 32;
-constexpr int kCrashGraceSec = 20;   // how long the other ranks may go on once one has crashed
+constexpr int kCrashGraceSec = 10;   // how long the other ranks may go on once one has crashed
 constexpr size_t kSlot = 4 << 20;      // each sender's part of a target's destination window
 constexpr int kSignalSlots = 64;       // signal slots per rank: [0, nranks) per sender, then named ones below
 constexpr int kSumSlot = kMaxRanks;    // signal.concurrent_sum
