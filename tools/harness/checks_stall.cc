@@ -99,21 +99,27 @@ std::string promShowsStall(const std::string& path, std::chrono::seconds limit) 
   }
 }
 
-// `weft inspect --json --pid <this process>` (this worker is the weft binary, /proc/self/exe) must show a send
-// connection stalled now, with the stalled send first in its operations in flight once `posted` (a send that waits
-// for the receiver's offer is not posted yet: isend answers NULL). Empty: it did; else what it printed.
-std::string inspectShowsStall(bool posted) {
+// `weft ARGS` (this worker is the weft binary, /proc/self/exe): what it printed, or why it could not run.
+std::string runWeft(const std::string& args) {
   char self[4096];
   const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
   if (n <= 0) return "cannot read /proc/self/exe";
   self[n] = '\0';
-  const std::string cmd = "'" + std::string(self) + "' inspect --json --pid " + std::to_string(getpid()) + " 2>&1";
+  const std::string cmd = "'" + std::string(self) + "' " + args + " 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
   if (p == nullptr) return "could not run " + cmd;
   std::string out;
   char buf[4096];
-  while (size_t n = std::fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
+  while (size_t k = std::fread(buf, 1, sizeof(buf), p)) out.append(buf, k);
   ::pclose(p);
+  return out;
+}
+
+// `weft inspect --json --pid <this process>` (this worker is the weft binary, /proc/self/exe) must show a send
+// connection stalled now, with the stalled send first in its operations in flight once `posted` (a send that waits
+// for the receiver's offer is not posted yet: isend answers NULL). Empty: it did; else what it printed.
+std::string inspectShowsStall(bool posted) {
+  const std::string out = runWeft("inspect --json --pid " + std::to_string(getpid()));
   size_t at = 0;
   while ((at = out.find("\"type\":\"conn\"", at)) != std::string::npos) {
     const size_t end = out.find('\n', at);
@@ -146,21 +152,8 @@ bool hasDump(const std::string& dir, int pid) {
   return found;
 }
 
-// `weft report --hangs dir` (this worker is the weft binary): its output.
-std::string reportHangs(const std::string& dir) {
-  char self[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (n <= 0) return "cannot read /proc/self/exe";
-  self[n] = '\0';
-  const std::string cmd = "'" + std::string(self) + "' report --hangs '" + dir + "' 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return "could not run " + cmd;
-  std::string out;
-  char buf[4096];
-  while (size_t k = std::fread(buf, 1, sizeof(buf), p)) out.append(buf, k);
-  ::pclose(p);
-  return out;
-}
+// `weft report --hangs dir`: its output.
+std::string reportHangs(const std::string& dir) { return runWeft("report --hangs '" + dir + "'"); }
 
 }  // namespace
 
