@@ -4,8 +4,10 @@
 #
 #   bench/medians.py DIR BASE [TITLE]
 #
-# DIR holds one file per run, named <label>.<round> (each `weft bench --json` output); BASE is the label the ratios
-# are to (its column first). A run that failed (not JSON) is left out, and said so.
+# DIR holds one file per run, named <label>.<round>[.<part>] (a `weft bench --json` output, its JSON line the last
+# one that starts with "{": a wrapper's own lines before it are skipped; parts: runs of one round with different
+# settings, such as the conns pattern's message size); BASE is the label the ratios are to (its column first). A run
+# that failed (no JSON) is left out, and said so.
 import glob
 import json
 import os
@@ -13,22 +15,35 @@ import statistics
 import sys
 
 
+def metric(x):
+    """A result's row name: the pattern and its point (bytes, or connections and their message size)."""
+    if "bytes" in x:
+        return f"{x['pattern']} {x['bytes']}"
+    n = x.get("connections", "")
+    key = f"{x['pattern']} {n} conn{'s' if n != 1 else ''}"
+    mb = x.get("message_bytes")
+    if mb:
+        key += f", {mb >> 20} MiB" if mb % (1 << 20) == 0 else f", {mb} B"
+    return key
+
+
 def main():
     raw, base = sys.argv[1], sys.argv[2]
     title = sys.argv[3] if len(sys.argv) > 3 else "Gb/s"
     data, order, rounds = {}, [], set()
     for path in sorted(glob.glob(os.path.join(raw, "*"))):
-        label, rnd = os.path.basename(path).rsplit(".", 1)
+        label, rnd = (os.path.basename(path).split(".") + [""])[:2]
         rounds.add(rnd)
         if label not in order:
             order.append(label)
         try:
-            results = json.load(open(path))["results"]
-        except (ValueError, KeyError):
+            lines = [l for l in open(path, errors="replace") if l.startswith("{")]
+            results = json.loads(lines[-1])["results"]
+        except (ValueError, KeyError, IndexError):
             print(f"medians.py: {os.path.basename(path)} is no bench result: left out", file=sys.stderr)
             continue
         for x in results:
-            key = f"{x['pattern']} {x.get('bytes', x.get('connections', ''))}"
+            key = metric(x)
             value = x["plugin"].get("gbps", x["plugin"].get("median_us"))
             if value is not None:
                 data.setdefault(label, {}).setdefault(key, []).append(value)
@@ -36,9 +51,9 @@ def main():
     order = sorted(seen, key=lambda l: (l != base, seen.index(l)))
     metrics = list(dict.fromkeys(m for l in order for m in data.get(l, {})))
     print(f"{title}, {len(rounds)} alternating rounds, medians (ratio to {base}; latency: time)")
-    print(f"{'metric':18}" + "".join(f"{l:>18}" for l in order))
+    print(f"{'metric':22}" + "".join(f"{l:>18}" for l in order))
     for m in metrics:
-        row = f"{m:18}"
+        row = f"{m:22}"
         for l in order:
             v = data.get(l, {}).get(m)
             b = data.get(base, {}).get(m)

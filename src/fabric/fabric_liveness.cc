@@ -176,6 +176,19 @@ void FabricDataComm::checkPeer() {
 // is all there is to say of the bytes; the probes say whether the peer is reachable.
 void FabricDataComm::reportStall(int64_t nowMs, int64_t quietMs) {
   Endpoint::countStall();
+  const int n = std::max(outstanding_, waitingPeer_ ? 1 : 0);
+  // A rail seen down (its link, a route, a probe lost) is where the bytes stopped, whatever probes said before it.
+  for (int k = 0; k < nRails_; ++k) {
+    if (health_[k].isUp()) continue;
+    stall_.begin(nowMs - quietMs, StallKind::kLink);
+    WEFT_WARN("comm with {} on {}: stalled, nothing completed for {} s: {} {}{} wait; the bytes stopped on the way: "
+              "{} has been down for {} ms ({}): the link, or a host on it; the comm fails unless it comes back within "
+              "WEFT_PEER_TIMEOUT (WEFT_STALL_S; docs/hangs.md)",
+              peerName_, railName(0), quietMs / 1000, n, recvSide_ ? "receive" : "send", n == 1 ? "" : "s",
+              railName(k), nowMs - railDownSinceMs_[k],
+              railEventName(static_cast<RailEvent>(health_[k].lastDown.load(std::memory_order_relaxed))));
+    return;
+  }
   const int64_t took = rails_[0].ep->probeDeliveredMs(rails_[0].peer);
   const bool taken = took >= nowMs - quietMs;
   stall_.begin(nowMs - quietMs, taken ? StallKind::kBehind : StallKind::kOther);
@@ -183,7 +196,6 @@ void FabricDataComm::reportStall(int64_t nowMs, int64_t quietMs) {
       taken ? fmt::format("the peer is reachable (it took a liveness probe {} ms ago), so", nowMs - took)
             : std::string("no liveness probe was taken yet (this provider may keep it behind the waiting messages; "
                           "an unreachable peer fails the comm after WEFT_PEER_TIMEOUT), so most likely");
-  const int n = std::max(outstanding_, waitingPeer_ ? 1 : 0);
   // One sentence for every side and protocol; only what the requests wait for differs.
   const char* waits = recvSide_     ? "wait and nothing has come for them"
                       : proto_.rdma ? "wait for the peer to offer its buffer"

@@ -53,34 +53,62 @@ weft_test(NAME report.hangs.json LABELS profiler
          "\"kind\":\"link\",\"names\":.\"rank 0 of 2 in train .a pid 100. <-> rank 1"
          "\"kind\":\"dead\",\"names\":.\"a process at 10.0.0.2 .no dump from it.\"."
          "\"kind\":\"cycle\",\"names\":.\"rank 0 of 2 in train .a pid 100.\",\"rank 1 of 2 in train .b pid 200.\".")
-# Live: the receiver process SIGKILLs itself with the sender's requests outstanding (faults.receiver_killed); the
-# sender's connection fails for its peer and leaves a dump; the report names the dead peer. Over weft's TCP sockets
-# and libfabric tcp;ofi_rxm.
+# The live scenarios: report.hangs.live_<scenario>.<over>, each `weft conformance ARGS` over <over> (weft's TCP
+# sockets, libfabric tcp;ofi_rxm, shm) with its records in a fresh folder under the build tree (WEFT_TELEMETRY_DIR);
+# REPORT: then `weft report --hangs` over them (the other checks run the report themselves). NETNS: between two
+# namespaces whose veth goes down mid-stream (tests/conformance/netns_conformance.sh --link-down).
 set(_over_tcp "--env WEFT_BACKEND=tcp --env WEFT_IFACE=lo")
 set(_over_fabric-tcp "--env 'WEFT_PROVIDER=tcp%SEMI%ofi_rxm' --env WEFT_IFACE=lo")
+set(_over_shm "--env WEFT_PROVIDER=shm")
+function(weft_live_hang scenario over)
+  cmake_parse_arguments(H "REPORT;NETNS" "TIMEOUT" "ARGS;EXPECT;LABELS;LOCKS" ${ARGN})
+  set(rec ${CMAKE_BINARY_DIR}/report-hangs-${scenario}-${over})
+  set(run "'${WEFT_BIN}' conformance --plugin '${WEFT_SO}' ${_over_${over}}")
+  if(H_NETNS)  # the namespaces' veth, not lo: the backend alone
+    set(run "'${PROJECT_SOURCE_DIR}/tests/conformance/netns_conformance.sh' --link-down '${WEFT_BIN}' '${WEFT_SO}'")
+    if(over STREQUAL "tcp")
+      string(APPEND run " --env WEFT_BACKEND=tcp")
+    endif()
+  endif()
+  set(cmd "rm -rf '${rec}' && ${run} --table 11 ${H_ARGS} --env 'WEFT_TELEMETRY_DIR=${rec}'")
+  if(H_REPORT)
+    string(APPEND cmd " >/dev/null && '${WEFT_BIN}' report --hangs '${rec}'")
+  endif()
+  set(locks)
+  if(H_LOCKS)
+    set(locks LOCKS ${H_LOCKS})
+  endif()
+  weft_test(NAME report.hangs.live_${scenario}.${over} TIMEOUT ${H_TIMEOUT} LABELS profiler ${H_LABELS} ${locks}
+    COMMAND sh -c "${cmd}" EXPECT ${H_EXPECT})
+endfunction()
+# Dead: the receiver process SIGKILLs itself with the sender's requests outstanding (faults.receiver_killed); the
+# sender's connection fails for its peer and leaves a dump; the report names the dead peer.
 foreach(over tcp fabric-tcp)
-  set(_deadRec ${CMAKE_BINARY_DIR}/report-hangs-dead-${over})
-  weft_test(NAME report.hangs.live_dead.${over} TIMEOUT 200 LABELS profiler faults
-    COMMAND sh -c "rm -rf '${_deadRec}' && '${WEFT_BIN}' conformance --plugin '${WEFT_SO}' ${_over_${over}} --table 11 --only faults.receiver_killed --timeout 40 --env WEFT_PEER_TIMEOUT=3 --env WEFT_PROBE_INTERVAL=500 --env 'WEFT_TELEMETRY_DIR=${_deadRec}' >/dev/null && '${WEFT_BIN}' report --hangs '${_deadRec}'"
+  weft_live_hang(dead ${over} REPORT TIMEOUT 200 LABELS faults
+    ARGS "--only faults.receiver_killed --timeout 40 --env WEFT_PEER_TIMEOUT=3 --env WEFT_PROBE_INTERVAL=500"
     EXPECT "weft report --hangs: a rank died or was lost: a process at 127.0.0.1 .no dump from it.[.]"
            "--send on [^ ]+, peer_gone")
 endforeach()
-# Live: the veth between the two workers' namespaces goes down mid-stream (faults.link_down, as
-# faults.netns.link_down.tcp): the stall lines find the bytes stopped, the comms then fail after WEFT_PEER_TIMEOUT,
-# and the report names the link between the two processes.
-set(_linkRec ${CMAKE_BINARY_DIR}/report-hangs-link)
-weft_test(NAME report.hangs.live_link.tcp TIMEOUT 150 LABELS profiler faults netns LOCKS cpu
-  COMMAND sh -c "rm -rf '${_linkRec}' && '${PROJECT_SOURCE_DIR}/tests/conformance/netns_conformance.sh' --link-down '${WEFT_BIN}' '${WEFT_SO}' --table 11 --only faults.link_down --timeout 30 --env WEFT_PEER_TIMEOUT=3 --env WEFT_PROBE_INTERVAL=500 --env WEFT_BACKEND=tcp --env WEFT_STALL_S=1 --env 'WEFT_TELEMETRY_DIR=${_linkRec}' >/dev/null && '${WEFT_BIN}' report --hangs '${_linkRec}'"
-  EXPECT "weft report --hangs: bytes stopped on the way .the link, or a host on it.: .+ pid [0-9]+ <-> .+ pid [0-9]+ .NIC " "--send on [^ ]+, link,")
-# Live, the rank behind (weft.hang_report): a receiver stuck in its application, then the launcher's SIGTERM; the
-# sender's stall dump and the receiver's SIGTERM dump name the receiver as where the waits end, and the
-# application's own SIGTERM handler still runs. Over weft's sockets, libfabric tcp;ofi_rxm and shm.
-set(_over_shm "--env WEFT_PROVIDER=shm")
+# Link: the veth between the two workers' namespaces goes down mid-stream (faults.link_down, as
+# faults.netns.link_down.*): the stall lines find the bytes stopped, the comms then fail after WEFT_PEER_TIMEOUT,
+# and the report names the link between the two processes. Over weft's sockets and libfabric's tcp;ofi_rxm.
+foreach(over tcp fabric-tcp)
+  weft_live_hang(link ${over} REPORT NETNS TIMEOUT 150 LABELS faults netns LOCKS cpu
+    ARGS "--only faults.link_down --timeout 30 --env WEFT_PEER_TIMEOUT=3 --env WEFT_PROBE_INTERVAL=500 --env WEFT_STALL_S=1"
+    EXPECT "weft report --hangs: bytes stopped on the way .the link, or a host on it.: .+ pid [0-9]+ <-> .+ pid [0-9]+ .NIC "
+           "--send on [^ ]+, link,")
+endforeach()
 foreach(over tcp fabric-tcp shm)
-  set(_behindRec ${CMAKE_BINARY_DIR}/report-hangs-behind-${over})
-  weft_test(NAME report.hangs.live_behind.${over} TIMEOUT 150 LABELS profiler conformance
-    COMMAND sh -c "rm -rf '${_behindRec}' && '${WEFT_BIN}' conformance --plugin '${WEFT_SO}' ${_over_${over}} --table 11 --only weft.hang_report --env WEFT_STALL_S=1 --env 'WEFT_TELEMETRY_DIR=${_behindRec}'"
+  # Behind (weft.hang_report): a receiver stuck in its application, then the launcher's SIGTERM; the sender's stall
+  # dump and the receiver's SIGTERM dump name the receiver as where the waits end, and the application's own
+  # SIGTERM handler still runs.
+  weft_live_hang(behind ${over} TIMEOUT 150 LABELS conformance ARGS "--only weft.hang_report --env WEFT_STALL_S=1"
     EXPECT "sender: weft report --hangs: every chain of waits ends at .+ pid [0-9]+: it is behind"
+           "conformance: 1 passed, 0 failed, 0 skipped")
+  # Cycle (weft.hang_cycle): each rank sends 64 MiB to the other before posting its receive; both stall dumps name
+  # the cycle, both processes in it.
+  weft_live_hang(cycle ${over} TIMEOUT 150 LABELS conformance ARGS "--only weft.hang_cycle --env WEFT_STALL_S=1"
+    EXPECT "sender: weft report --hangs: a cycle: .+ pid [0-9]+ waits on .+ pid [0-9]+ waits on"
            "conformance: 1 passed, 0 failed, 0 skipped")
 endforeach()
 weft_test(NAME report.hangs.no_dumps LABELS profiler EXIT 1 COMMAND ${WEFT_BIN} report --hangs ${CMAKE_CURRENT_SOURCE_DIR}/fixtures/tuner

@@ -459,6 +459,7 @@ int runBench(const BenchOptions& o) {
       const Row& r = rows[k];
       std::printf("%s{\"pattern\":\"%s\",\"%s\":%zu", k ? "," : "", r.pattern.c_str(),
                   r.pattern == "lat" || r.pattern == "bw" ? "bytes" : "connections", r.param);
+      if (r.pattern == "conns") std::printf(",\"message_bytes\":%zu", o.connsSize);
       for (const auto& [impl, v] : r.values) {
         if (r.pattern == "lat") {
           std::printf(",\"%s\":{\"median_us\":%.3f,\"p99_us\":%.3f}", impl.c_str(), v.first, v.second);

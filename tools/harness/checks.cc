@@ -101,6 +101,10 @@ const std::vector<Check>& allChecks() {
       {"weft.hang_report", "a receiver stuck in its application, then SIGTERM: both processes' dumps name it in weft "
        "report --hangs as where the waits end; its own SIGTERM handler still runs (WEFT_TELEMETRY_DIR, WEFT_STALL_S)",
        weftHangReport},
+      {"weft.hang_cycle", "each rank sends 64 MiB to the other before posting its receive: both stall dumps name "
+       "the cycle in weft report --hangs; both arrive intact once the receives are posted (WEFT_TELEMETRY_DIR, "
+       "WEFT_STALL_S)",
+       weftHangCycle},
       {"weft.unreachable_peer", "connect to a closed listen or a silent listener fails within WEFT_CONNECT_TIMEOUT",
        weftUnreachablePeer},
       {"weft.misuse", "double close and deregister, test after completion, NULL out-pointers, foreign memory "

@@ -93,6 +93,7 @@ void weftReplayedHandle(CheckEnv& env);
 void weftTcpFlows(CheckEnv& env);
 void weftStallLines(CheckEnv& env);
 void weftHangReport(CheckEnv& env);
+void weftHangCycle(CheckEnv& env);
 void weftSendLargerThanRecv(CheckEnv& env);
 void weftDeliveryAck(CheckEnv& env);
 void weftUnreachablePeer(CheckEnv& env);

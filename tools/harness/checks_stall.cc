@@ -222,6 +222,91 @@ void weftHangReport(CheckEnv& env) {
   closeConn(env, c);
 }
 
+// Tests two requests in one loop until both are done (each rank's send needs the other rank's receive progressed).
+void waitBoth(CheckEnv& env, void* a, void* b, const std::string& what) {
+  Deadline d(env.timeout);
+  bool doneA = false, doneB = false;
+  while (!doneA || !doneB) {
+    int sizes[NCCL_PROXY_MAX_SUBS] = {};
+    int done = 0;
+    if (!doneA) {
+      expectOk(env.net.test(a, &done, sizes), "test(" + what + ")");
+      doneA = done != 0;
+    }
+    if (!doneB) {
+      done = 0;
+      expectOk(env.net.test(b, &done, sizes), "test(" + what + ")");
+      doneB = done != 0;
+    }
+    if (d.expired()) fail(what + " did not complete within " + std::to_string(env.timeout.count()) + " s");
+  }
+}
+
+// With WEFT_STALL_S of 1-5 s and WEFT_TELEMETRY_DIR: each rank sends 64 MiB to the other before it posts its
+// receive (ranks that disagree on the order of their operations), over one connection each way. Each send's stall
+// line comes and each rank's stall dump is written; `weft report --hangs` over the two must name the cycle, both
+// processes in it. Then each posts its receive and both messages arrive intact.
+void weftHangCycle(CheckEnv& env) {
+  requireWeft(env);
+  const int64_t stall = params::getInt("WEFT_STALL_S");
+  const std::string dir = params::getString("WEFT_TELEMETRY_DIR");
+  if (stall < 1 || stall > 5 || dir.empty()) {
+    throw CheckSkip("run with --env WEFT_STALL_S between 1 and 5 and --env WEFT_TELEMETRY_DIR");
+  }
+  const auto limit = std::chrono::seconds(30);
+  // One connection each way: `out` is where this rank sends, `in` where it receives.
+  Conn fwd = establish(env, "cycle-fwd");
+  env.role = env.recv() ? Role::kSend : Role::kRecv;
+  Conn bwd = establish(env, "cycle-bwd");
+  env.role = env.recv() ? Role::kSend : Role::kRecv;
+  Conn& out = fwd.sendComm != nullptr ? fwd : bwd;
+  Conn& in = fwd.sendComm != nullptr ? bwd : fwd;
+  constexpr size_t kBig = 64 << 20;
+  Buffer sbuf(kBig), rbuf(kBig);
+  Registration sreg(env.net, out.comm(), sbuf.data(), sbuf.size());
+  Registration rreg(env.net, in.comm(), rbuf.data(), rbuf.size());
+  const uint64_t mine = env.recv() ? 75 : 74, theirs = env.recv() ? 74 : 75;
+  fillPattern(sbuf.data(), kBig, mine);
+  std::memset(rbuf.data(), 0, kBig);
+  env.oob.send(std::to_string(::getpid()));
+  const std::string peer = env.oob.recvString(limit + env.timeout);
+  void* sreq = nullptr;
+  postUntilWarned(env, out, true, sbuf.data(), kBig, 4, sreg.mh(), &sreq, warningCount(), "has not posted the receive",
+                  limit, "the 64 MiB send");
+  Deadline d(std::chrono::seconds(10));  // the record writer's round (100 ms) writes this process's dump
+  while (!hasDump(dir, ::getpid()) && !d.expired()) {
+    if (sreq == nullptr) sreq = postOnce(env, out, true, sbuf.data(), kBig, 4, sreg.mh());
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const bool dumped = hasDump(dir, ::getpid());
+  env.oob.send(dumped ? "dumped" : "no dump");
+  const std::string peerDumped = env.oob.recvString(limit + env.timeout);
+  std::string report;
+  if (dumped && peerDumped == "dumped" && !env.recv()) report = reportHangs(dir);
+  // Both now post their receives, and both messages travel.
+  if (sreq == nullptr) sreq = post(env, out, true, sbuf.data(), kBig, 4, sreg.mh());
+  void* rreq = post(env, in, false, rbuf.data(), kBig, 4, rreg.mh());
+  waitBoth(env, sreq, rreq, "the crossed 64 MiB messages");
+  if (findMismatch(rbuf.data(), kBig, theirs) != SIZE_MAX) fail("the 64 MiB received late arrived corrupted");
+  if (!dumped) fail("no stall dump of this process in " + dir + "/hangs within 10 s of its stall line");
+  if (peerDumped != "dumped") fail("the peer wrote no stall dump");
+  if (!env.recv()) {
+    const std::string first = report.substr(0, report.find('\n'));
+    std::printf("INFO\tsender: %s\n", first.c_str());
+    const std::string self = std::to_string(::getpid());
+    auto names = [&](const std::string& pid) {
+      return first.find(" pid " + pid + ")") != std::string::npos || first.find(" pid " + pid + " ") != std::string::npos;
+    };
+    if (first.find("a cycle: ") == std::string::npos || !names(self) || !names(peer)) {
+      fail("weft report --hangs did not name the cycle of pids " + self + " and " + peer + ": " + report);
+    }
+  }
+  sreg.release();
+  rreg.release();
+  closeConn(env, fwd);
+  closeConn(env, bwd);
+}
+
 // With WEFT_STALL_S of 1-5 s: (1) the receiver posts a receive whose send the sender posts only once the receiver
 // warned that the peer is alive but has not posted its send; (2) the sender posts 64 MiB (more than the sockets
 // hold) that the receiver takes only once the sender warned that the peer has not posted the receive. The peer
