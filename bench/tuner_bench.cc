@@ -5,7 +5,7 @@
 // By default the tuner decides from a profile (a simulated sweep of AllReduce, AllGather and ReduceScatter for 16
 // ranks on 2 nodes, 64 KiB to 256 MiB, written to a temporary file before the library loads); with --no-profile
 // it has none and passes NCCL's choices through.
-// Target (tuner/README.md): under 100 ns a call on this machine kind. A timed unit test of this flaked on a busy
+// Target (docs/tuning.md): under 100 ns a call on this machine kind. A timed unit test of this flaked on a busy
 // CI machine (108 ns measured against 50 idle), so the figure lives here.
 // Run: build/bin/weft_tuner_bench [--benchmark_repetitions=5]
 #include <benchmark/benchmark.h>

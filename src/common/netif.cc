@@ -51,6 +51,13 @@ std::string sockaddrString(const sockaddr* sa, bool withPort) {
   return "?";
 }
 
+std::string localAddressOf(int fd) {
+  sockaddr_storage sa{};
+  socklen_t len = sizeof(sa);
+  if (fd < 0 || ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) return {};
+  return sockaddrString(reinterpret_cast<sockaddr*>(&sa));
+}
+
 int bindTcpSocket(sockaddr_storage addr, socklen_t len, int flags) {
   if (addr.ss_family == AF_INET) reinterpret_cast<sockaddr_in*>(&addr)->sin_port = 0;
   if (addr.ss_family == AF_INET6) reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port = 0;

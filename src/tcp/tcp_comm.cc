@@ -125,11 +125,7 @@ TcpDataComm::TcpDataComm(TcpDevice& dev, std::vector<int> fds, int flows, int if
   add(counters().commsOpen, 1);
   add(counters().flowsOpen, ready_);
   stallMs_ = params::getInt("WEFT_STALL_S") * 1000;
-  sockaddr_storage sa{};
-  socklen_t len = sizeof(sa);
-  if (!fds.empty() && ::getsockname(fds[0], reinterpret_cast<sockaddr*>(&sa), &len) == 0) {
-    localName_ = sockaddrString(reinterpret_cast<sockaddr*>(&sa));
-  }
+  if (!fds.empty()) localName_ = localAddressOf(fds[0]);
 }
 
 TcpDataComm::~TcpDataComm() {

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// A reference implementation of NCCL's cost model (src/graph/tuning.cc of NCCL 2.28.9 as tuner/README.md describes
+// A reference implementation of NCCL's cost model (src/graph/tuning.cc of NCCL 2.28.9 as docs/tuning.md describes
 // it; our own code): for a topology description it produces the cost table
 // NCCL hands the tuner (µs per (algorithm, protocol), -1 where not available) and NCCL's own pick, channels and
 // threads. Used to evaluate the tuner without GPUs (`weft tune show`, the simulator) — never inside the plugin,

@@ -83,7 +83,7 @@ std::shared_ptr<const Policy> Policy::build(const Profile& p, const PolicyOption
     // measured sizes the chord of its neighbours stands in for it. A point is such a slowdown when it lies above
     // that chord by more than the spike threshold and 3 standard errors: times are convex in log-log size (latency
     // plus bytes over bandwidth), and residuals from NCCL's model flat, so a point above the chord is an anomaly.
-    // Held-out evaluation (tuner/README.md): a slowdown of NCCL's pick at one measured size otherwise made the
+    // Held-out evaluation (docs/tuning.md): a slowdown of NCCL's pick at one measured size otherwise made the
     // tuner leave NCCL's pick an octave either side, where it was fine. Neighbouring spikes lift each other's
     // chords: the chords are taken over the neighbours' corrected values, a few rounds (each halves what is left).
     auto despike = [&](const std::vector<double>& y) {
@@ -289,7 +289,7 @@ Decision Policy::decide(int coll, uint64_t nBytes, int numPipeOps, float* table,
   }
   // The fastest candidate that beats NCCL's pick with confidence: by the margin and by z standard errors of the
   // difference, and, between measured sizes where the interpolation is a guess, also at the measured sizes on both
-  // sides (held-out evaluation, tuner/README.md: interpolation alone lost at 8% of the unmeasured sizes of the
+  // sides (held-out evaluation, docs/tuning.md: interpolation alone lost at 8% of the unmeasured sizes of the
   // smooth world, this rule at 2%). A candidate measured at other sizes than NCCL's pick cannot show that.
   // At exactly a measured size the measurements decide. Elsewhere, where the profile has NCCL's model at the
   // measured sizes, a candidate's time is NCCL's table entry for it here times its interpolated measured/model

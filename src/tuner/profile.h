@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Tuner profiles: what was measured for a topology, per collective and message size, for each candidate
-// (algorithm, protocol, channel cap[, chunk]). A versioned JSON file (format in tuner/README.md); NCCL's example
+// (algorithm, protocol, channel cap[, chunk]). A versioned JSON file (format in docs/tuning.md); NCCL's example
 // CSV rules can be imported too. Parsing is strict and total: any malformed input gives one clear error and no
 // profile (the tuner then passes NCCL's choices through), never a crash.
 #pragma once

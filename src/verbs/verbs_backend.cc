@@ -202,6 +202,7 @@ Status VerbsBackend::pollConnect(int dev, PendingConnect& pc, SendComm** out) {
     }
     std::unique_ptr<VerbsSendComm> sc(numa::make<VerbsSendComm>(d.props().numaNode, std::move(pc.qps), pc.peerName,
                                                                  maxRecvs_));
+    sc->setLocalName(localAddressOf(pc.sock->fd()));
     if (Status st = sc->start(); st != Status::kOk) return st;  // offer receives posted before "ready" leaves
     pc.comm = std::move(sc);
     const char ready = 'R';

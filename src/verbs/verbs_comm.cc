@@ -992,6 +992,7 @@ Status VerbsListenComm::accept(RecvComm** out) {
   if (!arrived(1, "confirmation")) return Status::kOk;
   sock_->take(nullptr, 1);
   std::unique_ptr<VerbsRecvComm> rc(numa::make<VerbsRecvComm>(dev_.props().numaNode, std::move(qps_), peerName_));
+  rc->setLocalName(localAddressOf(sock_->fd()));
   if (Status st = rc->start(); st != Status::kOk) return st;
   WEFT_INFO(NCCL_NET, "accepted a connection from {} on {} ({} QP{})", peerName_, dev_.props().name,
             rc->qpCount(), rc->qpCount() == 1 ? "" : "s");

@@ -187,6 +187,7 @@ class VerbsDataComm : public numa::Placed {
   }
   void refreshRailHealth() {}
   const std::string& peer() const { return peerName_; }
+  void setLocalName(std::string name) { localName_ = std::move(name); }
   int qpCount() const { return q_->nQps; }
   // For fault-injection tests (weft_verbs_fault_tests): the connection's QPs.
   ibv_qp* qpForTest(int i) const { return i >= 0 && i < q_->nQps ? q_->qps[i] : nullptr; }
@@ -233,7 +234,8 @@ class VerbsDataComm : public numa::Placed {
   std::unique_ptr<QpSet> q_;
   VerbsDevice& dev_;
   std::string peerName_;
-  std::string localName_;  // none yet (weft report --hangs pairs verbs comms by host)
+  // This end's out-of-band socket address at set-up (the peer's peerName_: weft report --hangs pairs the two ends).
+  std::string localName_;
   // Requests (weft/transport/request_pool.h): request i is reqAt(i), which stays where it is.
   using Pool = RequestPool<numa::ArrayPtr<VerbsRequest>>;
   Pool pool_;

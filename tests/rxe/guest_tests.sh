@@ -38,6 +38,14 @@ step verbs.unreachable_peer 120 $C --only weft.unreachable_peer $V --env WEFT_CO
 # Stall lines (docs/hangs.md): a send and a receive posted late each warn once, naming the case.
 step verbs.stall_lines 120 $C --only weft.stall_lines $V --env WEFT_STALL_S=1 --env WEFT_PROM_FILE=stall.prom \
   --env WEFT_PROM_INTERVAL=1
+# When a job hangs (docs/hangs.md), over verbs: the rank behind (a receiver stuck, then SIGTERM), a cycle (each
+# rank sends before it receives) and a dead rank (the receiver SIGKILLs itself), each named by weft report --hangs
+# over the stall dumps (verbs ends name their out-of-band set-up sockets, so the two ends pair exactly).
+step verbs.hang_behind 120 $C --only weft.hang_report $V --env WEFT_STALL_S=1 --env WEFT_TELEMETRY_DIR=$PWD/hangs-behind
+step verbs.hang_cycle 120 $C --only weft.hang_cycle $V --env WEFT_STALL_S=1 --env WEFT_TELEMETRY_DIR=$PWD/hangs-cycle
+step verbs.hang_dead 120 sh -c "$C --only faults.receiver_killed $V --timeout 40 --env WEFT_PEER_TIMEOUT=3 \
+  --env WEFT_PROBE_INTERVAL=500 --env WEFT_TELEMETRY_DIR=$PWD/hangs-dead && $RXE_BIN report --hangs $PWD/hangs-dead \
+  | tee /dev/stderr | grep -q '^weft report --hangs: a rank died or was lost: a process at '"
 # QP errors mid-stream: the peer's QPs moved to the error state, then destroyed (weft_verbs_fault_tests).
 [ -n "${RXE_FAULT_BIN:-}" ] && step verbs.qp_error 180 "$RXE_FAULT_BIN"
 # The guest's kernel has what this project's CI kernel lacks: tc netem. libfabric tcp;ofi_rxm between two network

@@ -551,7 +551,7 @@ TEST_CASE("the tuner says which of its choices NCCL_ALGO / NCCL_PROTO take away"
 // and beyond, in worlds whose error has a structure the tuner does not assume. What is checked: in the worlds that
 // are as the tuner assumes (smooth error between measured sizes, with or without narrow anomalies at measured
 // sizes, light or heavy-tailed noise) no held-out point is below 0.99x; in every world each rule of the policy
-// loses no more points than the policy without it. tuner/README.md gives the figures, the losing worlds included.
+// loses no more points than the policy without it. docs/tuning.md gives the figures, the losing worlds included.
 TEST_CASE("held-out sizes: never below 0.99x where the world is as assumed; each rule earns its place",
           "[tuner][sim][heldout]") {
   model::Topology topo = hopper(2);

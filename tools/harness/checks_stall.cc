@@ -283,9 +283,17 @@ void weftHangCycle(CheckEnv& env) {
   const std::string peerDumped = env.oob.recvString(limit + env.timeout);
   std::string report;
   if (dumped && peerDumped == "dumped" && !env.recv()) report = reportHangs(dir);
-  // Both now post their receives, and both messages travel.
-  if (sreq == nullptr) sreq = post(env, out, true, sbuf.data(), kBig, 4, sreg.mh());
+  // Both now post their receives, and both messages travel (a send still waiting for the peer's offer, as verbs'
+  // isend does, is posted again meanwhile: its receive is this rank's peer's).
   void* rreq = post(env, in, false, rbuf.data(), kBig, 4, rreg.mh());
+  Deadline posting(env.timeout);
+  while (sreq == nullptr) {
+    sreq = postOnce(env, out, true, sbuf.data(), kBig, 4, sreg.mh());
+    int done = 0;
+    int sizes[NCCL_PROXY_MAX_SUBS] = {};
+    expectOk(env.net.test(rreq, &done, sizes), "test(the 64 MiB receive)");
+    if (sreq == nullptr && posting.expired()) fail("isend kept answering NULL after the peer posted its receive");
+  }
   waitBoth(env, sreq, rreq, "the crossed 64 MiB messages");
   if (findMismatch(rbuf.data(), kBig, theirs) != SIZE_MAX) fail("the 64 MiB received late arrived corrupted");
   if (!dumped) fail("no stall dump of this process in " + dir + "/hangs within 10 s of its stall line");

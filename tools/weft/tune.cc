@@ -458,7 +458,7 @@ int sweepCommand(int argc, char** argv) {
     std::fprintf(stderr, "usage: weft tune sweep --command 'CMD' --out PROFILE [--coll NAME (else from the command: "
                          "all_reduce_perf ...)] [--candidates ALGO/PROTO,...] [--channels 0,8] [--repeat N] "
                          "[--via tuner|env] [--ranks N --nodes M]\n"
-                         "(--repeat: runs per candidate, default 5; with noisy runs use 7 or more: see tuner/README.md)\n");
+                         "(--repeat: runs per candidate, default 5; with noisy runs use 7 or more: see docs/tuning.md)\n");
     return 2;
   }
   std::vector<Arm> arms;

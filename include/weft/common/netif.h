@@ -18,6 +18,8 @@ bool isLoopbackOrBridge(const std::string& name);
 
 // "1.2.3.4:port" or "[v6]:port" (without the port when withPort is false); "?" for another family.
 std::string sockaddrString(const sockaddr* sa, bool withPort = true);
+// The address socket `fd` is bound to (getsockname), as sockaddrString writes it; empty where it has none.
+std::string localAddressOf(int fd);
 // A TCP socket (`flags` as for socket(2)) bound to `addr` with port 0, the kernel picking one; -1 with errno set.
 int bindTcpSocket(sockaddr_storage addr, socklen_t len, int flags);
 
