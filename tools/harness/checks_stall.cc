@@ -155,6 +155,18 @@ bool hasDump(const std::string& dir, int pid) {
 // `weft report --hangs dir`: its output.
 std::string reportHangs(const std::string& dir) { return runWeft("report --hangs '" + dir + "'"); }
 
+// The checks that read their own stall dumps: WEFT_TELEMETRY_DIR, where they go (skips unless weft runs with it and a
+// WEFT_STALL_S of 1-5 s).
+std::string hangDumpDir(CheckEnv& env) {
+  requireWeft(env);
+  const int64_t stall = params::getInt("WEFT_STALL_S");
+  const std::string dir = params::getString("WEFT_TELEMETRY_DIR");
+  if (stall < 1 || stall > 5 || dir.empty()) {
+    throw CheckSkip("run with --env WEFT_STALL_S between 1 and 5 and --env WEFT_TELEMETRY_DIR");
+  }
+  return dir;
+}
+
 }  // namespace
 
 // With WEFT_STALL_S of 1-5 s and WEFT_TELEMETRY_DIR: the receiver's application is stuck (it posts nothing) while
@@ -163,12 +175,7 @@ std::string reportHangs(const std::string& dir) { return runWeft("report --hangs
 // receiver's dump first, then runs that handler. `weft report --hangs` over both dumps must name the receiver's
 // process as the one every chain of waits ends at. The receiver then posts and the 64 MiB arrives intact.
 void weftHangReport(CheckEnv& env) {
-  requireWeft(env);
-  const int64_t stall = params::getInt("WEFT_STALL_S");
-  const std::string dir = params::getString("WEFT_TELEMETRY_DIR");
-  if (stall < 1 || stall > 5 || dir.empty()) {
-    throw CheckSkip("run with --env WEFT_STALL_S between 1 and 5 and --env WEFT_TELEMETRY_DIR");
-  }
+  const std::string dir = hangDumpDir(env);
   if (!params::getBool("WEFT_INSPECT") || !params::getBool("WEFT_DUMP_ON_TERM")) {
     throw CheckSkip("needs WEFT_INSPECT and WEFT_DUMP_ON_TERM on");
   }
@@ -247,12 +254,7 @@ void waitBoth(CheckEnv& env, void* a, void* b, const std::string& what) {
 // line comes and each rank's stall dump is written; `weft report --hangs` over the two must name the cycle, both
 // processes in it. Then each posts its receive and both messages arrive intact.
 void weftHangCycle(CheckEnv& env) {
-  requireWeft(env);
-  const int64_t stall = params::getInt("WEFT_STALL_S");
-  const std::string dir = params::getString("WEFT_TELEMETRY_DIR");
-  if (stall < 1 || stall > 5 || dir.empty()) {
-    throw CheckSkip("run with --env WEFT_STALL_S between 1 and 5 and --env WEFT_TELEMETRY_DIR");
-  }
+  const std::string dir = hangDumpDir(env);
   const auto limit = std::chrono::seconds(30);
   // One connection each way: `out` is where this rank sends, `in` where it receives.
   Conn fwd = establish(env, "cycle-fwd");
