@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The device API's RMA over libfabric: the data path (fabric_rma.h says how it works).
 #include "fabric/fabric_rma.h"
+#include "weft/common/clock.h"
 
 #include <rdma/fi_rma.h>
 #include <rdma/fi_tagged.h>
@@ -46,12 +47,12 @@ bool FabricRmaComm::postRma(bool write, RmaOp* op, uint32_t rank, void* local, s
   m.data = static_cast<uint64_t>(rank_);  // a write's remote completion data: whose write landed
   // The provider pushing back (its queue full) is waited out here, moving completions: NCCL's proxy cannot take a
   // NULL request back. Bounded by WEFT_PEER_TIMEOUT.
-  const int64_t until = rma::steadyMs() + peerTimeoutMs_;
+  const int64_t until = coarseNowMs() + peerTimeoutMs_;
   ssize_t rc = 0;
   for (;;) {
     rc = write ? fi_writemsg(ep_->ep.get(), &m, orderedSignals_ ? FI_COMPLETION : FI_REMOTE_CQ_DATA | FI_COMPLETION)
                : fi_readmsg(ep_->ep.get(), &m, FI_COMPLETION);
-    if (rc != -FI_EAGAIN || rma::steadyMs() >= until) break;
+    if (rc != -FI_EAGAIN || coarseNowMs() >= until) break;
     readCompletions();
   }
   if (rc == 0) {
@@ -200,7 +201,7 @@ void FabricRmaComm::onCompletion(RmaCtx* c, bool ok, Status st, uint64_t flags, 
     if (ok && (flags & FI_REMOTE_CQ_DATA) != 0 && data < peers_.size()) {
       RmaPeer& p = peers_[data];
       ++p.landed;
-      p.heardMs = rma::steadyMs();
+      p.heardMs = coarseNowMs();
       if (!p.waitingSignals.empty()) {
         auto& w = p.waitingSignals;
         for (size_t i = 0; i < w.size();) {
@@ -248,7 +249,7 @@ void FabricRmaComm::onCompletion(RmaCtx* c, bool ok, Status st, uint64_t flags, 
       ctlOwner_[slot] = nullptr;
       ctlFree_.push_back(slot);
       if (to < peers_.size()) {
-        if (ok) peers_[to].heardMs = rma::steadyMs();
+        if (ok) peers_[to].heardMs = coarseNowMs();
         if (!ok) lose(to, std::string("a ") + rma::ringMsgName(ctl_->out[slot].type) + " to it failed: " + err);
       }
       if (owner != nullptr && owner->gen == ownerGen) opDone(owner, ok, st);
@@ -258,7 +259,7 @@ void FabricRmaComm::onCompletion(RmaCtx* c, bool ok, Status st, uint64_t flags, 
       // The op holding this context (its write, read or read-back).
       auto* op = static_cast<RmaOp*>(c->owner);
       if (op->peer < peers_.size()) {
-        if (ok) peers_[op->peer].heardMs = rma::steadyMs();
+        if (ok) peers_[op->peer].heardMs = coarseNowMs();
         if (!ok && op->state != RmaOp::kOrphan) {
           if (st == Status::kInvalidUsage) {
             fail("rank " + std::to_string(op->peer) + " refused an operation: " + err, st);

@@ -103,11 +103,6 @@ struct RmaPeer : rma::PeerState {
   std::vector<RmaMsg> waitingSignals;  // its signals whose writes have not all landed yet
 };
 
-// A window's registration, and every rank's key and address for it.
-struct RmaRemote {
-  uint64_t addr = 0, key = 0;
-};
-
 class FabricRmaComm final : public rma::ProviderComm<RmaOp> {
  public:
   FabricRmaComm(int rank, int nranks, uint64_t commId, std::unique_ptr<RmaEndpoint> ep);

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "fabric/fabric_rma.h"
+#include "weft/common/clock.h"
 #include "weft/common/log.h"
 #include "weft/common/params.h"
 #include "weft/transport/handle.h"
@@ -240,7 +241,7 @@ Status FabricRmaComm::start(const std::vector<std::vector<uint8_t>>& addrs) {
         return Status::kSystem;
       }
       peers_[r].addr = a;
-      peers_[r].heardMs = rma::steadyMs();
+      peers_[r].heardMs = coarseNowMs();
     }
     for (uint32_t i = 0; i < kCtlSlots; ++i) {
       if (Status st = postRecv(i); st != Status::kOk) return st;

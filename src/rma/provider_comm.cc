@@ -2,14 +2,7 @@
 // What the provider transports' RMA comms share (rma/provider_comm.h): the pieces that are not templates.
 #include "rma/provider_comm.h"
 
-#include <chrono>
-
 namespace weft::rma {
-
-int64_t steadyMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 const char* ringMsgName(uint8_t type) {
   switch (type) {

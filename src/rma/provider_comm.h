@@ -22,6 +22,7 @@
 #include "rma/comm_base.h"
 #include "rma/op_pool.h"
 #include "rma/rma.h"
+#include "weft/common/clock.h"
 #include "weft/common/log.h"
 #include "weft/common/params.h"
 
@@ -51,21 +52,13 @@ struct PeerState {
   int64_t heardMs = 0;  // the last completion of an operation to it, or message from it
 };
 
-int64_t steadyMs();
-
 template <typename Op>
 class ProviderComm : public CommBase {
  public:
   ProviderComm(int rank, int nranks, uint64_t commId, const DeviceProps& props, uint32_t salt)
       : CommBase(rank, nranks, props),
-        commId_(commId),
         check_(static_cast<uint32_t>(commId ^ (commId >> 32)) ^ salt),
         peerTimeoutMs_(params::getInt("WEFT_PEER_TIMEOUT") * 1000) {}
-
-  size_t opsInUse() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return pool_.inUse();
-  }
 
   Status test(void* request, bool* done) override {
     auto* op = static_cast<Op*>(request);
@@ -223,7 +216,7 @@ class ProviderComm : public CommBase {
     op->ctx = ctx;
     op->peer = peerRank;
     op->state = ProviderOp::kActive;
-    op->startMs = steadyMs();
+    op->startMs = coarseNowMs();
     return op;
   }
   // An operation's request to peerRank, handed to NCCL (*request): failed at once (kRemote) where that peer is lost.
@@ -275,7 +268,7 @@ class ProviderComm : public CommBase {
                 rank_, from, m.check, m.origin);
       return;
     }
-    if (from < static_cast<uint32_t>(nranks_)) peer(from).heardMs = steadyMs();
+    if (from < static_cast<uint32_t>(nranks_)) peer(from).heardMs = coarseNowMs();
     const uint32_t next = static_cast<uint32_t>((rank_ + 1) % nranks_);
     switch (m.type) {
       case RingMsg::kHello:
@@ -344,7 +337,7 @@ class ProviderComm : public CommBase {
   // An operation the provider has held with no news from its peer for WEFT_PEER_TIMEOUT loses the peer (at most
   // every 100 ms).
   void checkStalls() {
-    const int64_t now = steadyMs();
+    const int64_t now = coarseNowMs();
     if (now - stallCheckMs_ < 100) return;
     stallCheckMs_ = now;
     std::vector<uint32_t> stalled;
@@ -360,19 +353,18 @@ class ProviderComm : public CommBase {
 
   // close(): what this rank still sends (a record it forwards) leaves first, within a second; then the comm goes.
   void drainAndDelete() {
-    const int64_t until = steadyMs() + 1000;
+    const int64_t until = coarseNowMs() + 1000;
     for (;;) {
       {
         std::lock_guard<std::mutex> lock(mu_);
         pumpAll();
-        if (sendsDrained() || steadyMs() > until) break;
+        if (sendsDrained() || coarseNowMs() > until) break;
       }
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
     delete this;
   }
 
-  const uint64_t commId_;
   const uint32_t check_;
   const int64_t peerTimeoutMs_;
   // Guarded by mu_.

@@ -53,11 +53,6 @@ TcpRmaComm::~TcpRmaComm() {
   }
 }
 
-size_t TcpRmaComm::opsInUse() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return pool_.inUse();
-}
-
 // ---- requests ------------------------------------------------------------------------------------------------------
 
 Op* TcpRmaComm::takeOp() {

@@ -159,7 +159,6 @@ class TcpRmaComm final : public rma::CommBase {
   void close() override;
 
   // For tests and the conformance harness: operations not yet returned to the pool.
-  size_t opsInUse() const;
 
  private:
   Op* takeOp();

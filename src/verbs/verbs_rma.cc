@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The device API's RMA over native verbs: the data path (verbs_rma.h says how it works).
 #include "verbs/verbs_rma.h"
+#include "weft/common/clock.h"
 
 #include <algorithm>
 #include <chrono>
@@ -105,9 +106,9 @@ bool VerbsRmaComm::sendCtl(uint32_t peer, const rma::RingMsg& m, VerbsRmaOp* own
 // operations in flight, so this waits only when a peer stops answering; after WEFT_PEER_TIMEOUT the peer is lost.
 void VerbsRmaComm::waitRoom(uint32_t rank, int wrs) {
   Peer& p = peers_[rank];
-  const int64_t until = rma::steadyMs() + peerTimeoutMs_;
+  const int64_t until = coarseNowMs() + peerTimeoutMs_;
   while (!p.lost && p.sendsOut + wrs > kSendWr - 8) {
-    if (rma::steadyMs() >= until) {
+    if (coarseNowMs() >= until) {
       lose(rank, "its QP took no work for WEFT_PEER_TIMEOUT");
       return;
     }
@@ -237,7 +238,7 @@ void VerbsRmaComm::pumpAll() {
     backlog_.pop_front();
     sendCtl(peer, m, nullptr);
   }
-  if (const int64_t now = rma::steadyMs(); now - asyncCheckMs_ >= 100) {  // the device's events, every 100 ms
+  if (const int64_t now = coarseNowMs(); now - asyncCheckMs_ >= 100) {  // the device's events, every 100 ms
     asyncCheckMs_ = now;
     dev_.pollAsync();
     if (const int ev = asyncError.exchange(0); ev != 0) {
@@ -277,7 +278,7 @@ void VerbsRmaComm::onWc(const ibv_wc& wc) {
       if (wc.status != IBV_WC_WR_FLUSH_ERR) lose(peer, "a receive failed: " + err);
       return;
     }
-    peers_[peer].heardMs = rma::steadyMs();
+    peers_[peer].heardMs = coarseNowMs();
     const rma::RingMsg m = recvBuf_[static_cast<size_t>(peer) * kRecvs + slot];
     if (postRecv(peer, slot) != Status::kOk) lose(peer, "a receive could not be posted again");
     onRingMsg(peer, m);
@@ -301,7 +302,7 @@ void VerbsRmaComm::onWc(const ibv_wc& wc) {
       op->quiet = 0;
     }
     p.sendsOut = std::max(0, p.sendsOut - freed);
-    if (ok) p.heardMs = rma::steadyMs();
+    if (ok) p.heardMs = coarseNowMs();
     if (!ok && wc.status != IBV_WC_WR_FLUSH_ERR) lose(peer, "an operation to it failed: " + err);
   }
   if (op != nullptr) opDone(op, ok, ok ? Status::kOk : Status::kRemote);

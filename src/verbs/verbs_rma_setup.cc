@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "verbs/verbs_rma.h"
+#include "weft/common/clock.h"
 #include "weft/common/log.h"
 #include "weft/common/netif.h"
 #include "weft/common/params.h"
@@ -376,7 +377,7 @@ Status VerbsRmaComm::connectQps(const std::vector<VerbsRmaPeerInfo>& infos,
       WEFT_WARN("RMA connect on {}: the QP to rank {}: {}", dev_.props().name, r, why);
       return Status::kSystem;
     }
-    peers_[static_cast<size_t>(r)].heardMs = rma::steadyMs();
+    peers_[static_cast<size_t>(r)].heardMs = coarseNowMs();
   }
   return Status::kOk;
 }
