@@ -104,11 +104,11 @@ Status CommBase::checkPut(Context* ctx, int context, const Window* src, uint64_t
   }
   if (signal != nullptr) {
     if (Status st = checkWindow(signal->window, "signal"); st != Status::kOk) return st;
-    if (signal->op != SignalOp::kInc && signal->op != SignalOp::kAdd) {
+    if (!isSignalOp(static_cast<uint8_t>(signal->op))) {
       WEFT_WARN("RMA iputSignal: signal operation {} is neither INC nor ADD", static_cast<int>(signal->op));
       return Status::kInvalidUsage;
     }
-    if (signal->off % 8 != 0 || !inRange(signal->window->peerSize[rank], signal->off, 8)) {
+    if (!isSignalSlot(signal->window->peerSize[rank], signal->off)) {
       WEFT_WARN("RMA iputSignal: signal at offset {} of window {} (rank {}'s part: {} bytes): not an aligned 8-byte "
                 "slot inside it",
                 signal->off, signal->window->id, rank, signal->window->peerSize[rank]);

@@ -305,8 +305,7 @@ class ProviderComm : public CommBase {
     Window* w = windowById(m.window);
     std::string err;
     Status st = Status::kOk;
-    if (w == nullptr || m.a % 8 != 0 || !inRange(w->size, m.a, 8) ||
-        (m.signalOp != static_cast<uint8_t>(SignalOp::kInc) && m.signalOp != static_cast<uint8_t>(SignalOp::kAdd))) {
+    if (w == nullptr || !isSignalSlot(w->size, m.a) || !isSignalOp(m.signalOp)) {
       st = Status::kInvalidUsage;
       err = "a signal for offset " + std::to_string(m.a) + " of window " + std::to_string(m.window) + " from rank " +
             std::to_string(m.origin) + " names no signal slot of this rank";

@@ -62,6 +62,12 @@ struct Window : Object {
 };
 
 bool inRange(uint64_t size, uint64_t off, uint64_t n);
+// A signal's slot: 8 bytes at an aligned offset inside a window (part) of `size` bytes.
+inline bool isSignalSlot(uint64_t size, uint64_t off) { return off % 8 == 0 && inRange(size, off, 8); }
+// A signal operation weft applies (NCCL's INC and ADD), as it travels in a message.
+inline bool isSignalOp(uint8_t op) {
+  return op == static_cast<uint8_t>(SignalOp::kInc) || op == static_cast<uint8_t>(SignalOp::kAdd);
+}
 
 // Moves bytes into and out of a window: memcpy for host memory, the driver's copies for GPU memory. false and
 // `err` when the driver refuses.

@@ -685,9 +685,7 @@ bool TcpRmaComm::handleFrame(uint32_t peer) {
                     std::to_string(f.window) + " (" + std::to_string(w->size) + " bytes here)";
       } else if (f.signalOp != 0) {
         rma::Window* s = windowById(f.sigWindow);
-        if (s == nullptr || f.sigOff % 8 != 0 || !rma::inRange(s->size, f.sigOff, 8) ||
-            (f.signalOp != static_cast<uint8_t>(rma::SignalOp::kInc) &&
-             f.signalOp != static_cast<uint8_t>(rma::SignalOp::kAdd))) {
+        if (s == nullptr || !rma::isSignalSlot(s->size, f.sigOff) || !rma::isSignalOp(f.signalOp)) {
           p.refusal = "signal at offset " + std::to_string(f.sigOff) + " of window " + std::to_string(f.sigWindow) +
                       " is not a registered, aligned 8-byte slot";
         }
