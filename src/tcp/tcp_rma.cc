@@ -24,7 +24,7 @@ constexpr size_t kDirectMin = 4096;                // host payloads from this si
 constexpr size_t kRecvBudget = 4 << 20;            // bytes one pump reads from a socket before moving on
 constexpr int kMaxIov = 64;
 
-uint64_t tokenOf(const Op* op) { return (uint64_t{op->gen} << 32) | op->index; }
+uint64_t tokenOf(const RmaOp* op) { return (uint64_t{op->gen} << 32) | op->index; }
 
 const char* frameName(uint8_t t) {
   switch (t) {
@@ -40,7 +40,7 @@ const char* frameName(uint8_t t) {
 
 }  // namespace
 
-TcpRmaComm::TcpRmaComm(int rank, int nranks, std::vector<RmaPeer> peers, const DeviceProps& props, size_t writeMax)
+TcpRmaComm::TcpRmaComm(int rank, int nranks, std::vector<PeerSocket> peers, const DeviceProps& props, size_t writeMax)
     : CommBase(rank, nranks, props), writeMax_(writeMax), peers_(std::move(peers)) {
   for (auto& p : peers_) {
     if (p.fd >= 0) p.in.resize(kInBuffer);
@@ -55,13 +55,13 @@ TcpRmaComm::~TcpRmaComm() {
 
 // ---- requests ------------------------------------------------------------------------------------------------------
 
-Op* TcpRmaComm::takeOp() {
-  Op* op = pool_.take();
+RmaOp* TcpRmaComm::takeOp() {
+  RmaOp* op = pool_.take();
   if (op != nullptr) op->comm = this;
   return op;
 }
 
-void TcpRmaComm::freeOp(Op* op) { pool_.give(op); }
+void TcpRmaComm::freeOp(RmaOp* op) { pool_.give(op); }
 
 // ---- set-up -----------------------------------------------------------------------------------------------------------
 
@@ -81,7 +81,7 @@ Status TcpRmaComm::regMrSym(void* data, size_t size, int type, uint64_t flags, i
     }
     for (uint32_t p = 0; p < peers_.size(); ++p) {
       if (static_cast<int>(p) == rank_ || peers_[p].lost) continue;
-      Op* op = takeOp();
+      RmaOp* op = takeOp();
       if (op == nullptr) return Status::kSystem;
       op->internal = true;
       op->peer = p;
@@ -153,10 +153,10 @@ Status TcpRmaComm::destroyContext(rma::Context* ctx) {
     }
     // Operations not started are dropped; a frame partly written must be finished (the stream would break).
     for (auto& p : peers_) {
-      Op** link = &p.head;
-      Op* prev = nullptr;
+      RmaOp** link = &p.head;
+      RmaOp* prev = nullptr;
       while (*link != nullptr) {
-        Op* op = *link;
+        RmaOp* op = *link;
         if (op->ctx == ctx && op->frameSent == 0) {
           *link = op->next;
           if (p.tail == op) p.tail = prev;
@@ -172,7 +172,7 @@ Status TcpRmaComm::destroyContext(rma::Context* ctx) {
   }
   Status st = waitFor("finishing a destroyed context's operations", [&] {
     for (auto& p : peers_) {
-      for (Op* op = p.head; op != nullptr; op = op->next) {
+      for (RmaOp* op = p.head; op != nullptr; op = op->next) {
         if (op->ctx == ctx && !p.lost) return false;
       }
     }
@@ -180,15 +180,15 @@ Status TcpRmaComm::destroyContext(rma::Context* ctx) {
   });
   std::lock_guard<std::mutex> lock(mu_);
   // Gets still waiting for their answer: forgotten (the answer is read and dropped when it comes).
-  pool_.forEach([&](Op& op) {
-      if (op.state != Op::kFree && op.ctx == ctx) {
-        if (op.src != nullptr && (op.state == Op::kQueued || op.state == Op::kWaiting)) --op.src->inflight;
+  pool_.forEach([&](RmaOp& op) {
+      if (op.state != RmaOp::kFree && op.ctx == ctx) {
+        if (op.src != nullptr && (op.state == RmaOp::kQueued || op.state == RmaOp::kWaiting)) --op.src->inflight;
         for (auto& p : peers_) {
           if (p.getOp == &op) p.getOp = nullptr, p.dst = nullptr;
         }
         bool queued = false;
         for (auto& p : peers_) {
-          for (Op* q = p.head; q != nullptr; q = q->next) queued |= q == &op;
+          for (RmaOp* q = p.head; q != nullptr; q = q->next) queued |= q == &op;
         }
         if (!queued) freeOp(&op);
       }
@@ -208,9 +208,9 @@ void TcpRmaComm::close() {
     // A bye to every peer, so that its end of the socket reads as an orderly close; written as far as the socket
     // takes it now (a peer already gone, or a full socket, gets none: it sees the end of the stream then).
     for (uint32_t p = 0; p < peers_.size(); ++p) {
-      RmaPeer& peer = peers_[p];
+      PeerSocket& peer = peers_[p];
       if (peer.fd < 0 || peer.lost) continue;
-      Op* op = takeOp();
+      RmaOp* op = takeOp();
       if (op == nullptr) break;
       op->internal = true;
       op->peer = p;
@@ -224,8 +224,8 @@ void TcpRmaComm::close() {
 
 // ---- operations -------------------------------------------------------------------------------------------------------
 
-void TcpRmaComm::enqueue(RmaPeer& p, Op* op) {
-  op->state = Op::kQueued;
+void TcpRmaComm::enqueue(PeerSocket& p, RmaOp* op) {
+  op->state = RmaOp::kQueued;
   op->next = nullptr;
   if (p.tail != nullptr) {
     p.tail->next = op;
@@ -268,9 +268,9 @@ Status TcpRmaComm::iput(rma::Context* ctx, int context, rma::Window* src, uint64
   if (request == nullptr) return Status::kInternal;
   std::lock_guard<std::mutex> lock(mu_);
   if (Status st = checkPut(ctx, context, src, srcOff, size, dst, dstOff, rank, signal); st != Status::kOk) return st;
-  Op* op = takeOp();
+  RmaOp* op = takeOp();
   if (op == nullptr) {
-    WEFT_WARN("RMA iput: more than {} operations in flight on one comm", rma::OpPool<Op>::kMax);
+    WEFT_WARN("RMA iput: more than {} operations in flight on one comm", rma::OpPool<RmaOp>::kMax);
     return Status::kSystem;
   }
   op->ctx = ctx;
@@ -278,13 +278,13 @@ Status TcpRmaComm::iput(rma::Context* ctx, int context, rma::Window* src, uint64
   *request = op;
   if (static_cast<int>(rank) == rank_) {
     const Status st = putLocal(src, srcOff, size, dst, dstOff, signal);
-    op->state = st == Status::kOk ? Op::kDone : Op::kFailed;
+    op->state = st == Status::kOk ? RmaOp::kDone : RmaOp::kFailed;
     op->status = st;
     return Status::kOk;
   }
-  RmaPeer& p = peers_[rank];
+  PeerSocket& p = peers_[rank];
   if (p.lost || (size == 0 && signal == nullptr)) {
-    op->state = p.lost ? Op::kFailed : Op::kDone;
+    op->state = p.lost ? RmaOp::kFailed : RmaOp::kDone;
     op->status = p.lost ? Status::kRemote : Status::kOk;
     return Status::kOk;
   }
@@ -317,7 +317,7 @@ Status TcpRmaComm::iget(rma::Context* ctx, int context, rma::Window* remote, uin
   if (Status st = checkGet(ctx, context, remote, remoteOff, size, local, localOff, rank); st != Status::kOk) {
     return st;
   }
-  Op* op = takeOp();
+  RmaOp* op = takeOp();
   if (op == nullptr) return Status::kSystem;
   op->ctx = ctx;
   op->peer = rank;
@@ -325,13 +325,13 @@ Status TcpRmaComm::iget(rma::Context* ctx, int context, rma::Window* remote, uin
   if (static_cast<int>(rank) == rank_ || size == 0) {
     const Status st = size == 0 ? Status::kOk : putLocal(remote, remoteOff, size, local, localOff, nullptr);
     if (local->cuda && size > 0) cudaGetsSinceFlush_ = true;
-    op->state = st == Status::kOk ? Op::kDone : Op::kFailed;
+    op->state = st == Status::kOk ? RmaOp::kDone : RmaOp::kFailed;
     op->status = st;
     return Status::kOk;
   }
-  RmaPeer& p = peers_[rank];
+  PeerSocket& p = peers_[rank];
   if (p.lost) {
-    op->state = Op::kFailed;
+    op->state = RmaOp::kFailed;
     op->status = Status::kRemote;
     return Status::kOk;
   }
@@ -355,18 +355,18 @@ Status TcpRmaComm::iflush(rma::Context* ctx, int context, rma::Window* w, uint32
   std::lock_guard<std::mutex> lock(mu_);
   if (Status st = checkContext(ctx, context, rank, "iflush"); st != Status::kOk) return st;
   if (Status st = checkWindow(w, "flushed"); st != Status::kOk) return st;
-  Op* op = takeOp();
+  RmaOp* op = takeOp();
   if (op == nullptr) return Status::kSystem;
   op->ctx = ctx;
   op->peer = rank;
-  op->state = Op::kDone;
+  op->state = RmaOp::kDone;
   // Every completed get's bytes were handed to the driver before its request completed; a copy to the device may
   // still be on its way (from pageable memory the driver returns once it has the bytes), so wait for them to land.
   if (cudaGetsSinceFlush_) {
     std::string err;
     if (!cuda::synchronize(&err)) {
       fail("a flush could not wait for the GPU: " + err, Status::kSystem);
-      op->state = Op::kFailed;
+      op->state = RmaOp::kFailed;
       op->status = Status::kSystem;
     }
     cudaGetsSinceFlush_ = false;
@@ -376,7 +376,7 @@ Status TcpRmaComm::iflush(rma::Context* ctx, int context, rma::Window* w, uint32
 }
 
 Status TcpRmaComm::test(void* request, bool* done) {
-  auto* op = static_cast<Op*>(request);
+  auto* op = static_cast<RmaOp*>(request);
   if (done == nullptr || op == nullptr || op->magic != rma::kRequestMagic || op->comm != this) {
     WEFT_WARN("RMA test: {} is not a pending request of this comm (completed already, or not weft's)", request);
     return Status::kInternal;
@@ -384,13 +384,13 @@ Status TcpRmaComm::test(void* request, bool* done) {
   *done = false;
   std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
   if (!lock.owns_lock()) return Status::kOk;  // set-up holds the comm for a moment: NCCL calls again
-  if (op->state == Op::kQueued || op->state == Op::kWaiting) pump(op->peer);
-  if (op->state == Op::kDone) {
+  if (op->state == RmaOp::kQueued || op->state == RmaOp::kWaiting) pump(op->peer);
+  if (op->state == RmaOp::kDone) {
     freeOp(op);
     *done = true;
     return Status::kOk;
   }
-  if (op->state == Op::kFailed) {
+  if (op->state == RmaOp::kFailed) {
     const Status st = op->status;
     freeOp(op);
     return st;
@@ -402,33 +402,33 @@ Status TcpRmaComm::test(void* request, bool* done) {
 // ---- sockets ------------------------------------------------------------------------------------------------------
 
 void TcpRmaComm::pump(uint32_t peer) {
-  RmaPeer& p = peers_[peer];
+  PeerSocket& p = peers_[peer];
   if (p.fd < 0 || p.lost) return;
   // Send, read (which may queue get answers and error frames), and send those.
   if (pumpSend(p) && pumpRecv(peer) && p.head != nullptr) pumpSend(p);
 }
 
 void TcpRmaComm::lose(uint32_t peer, const std::string& why) {
-  RmaPeer& p = peers_[peer];
+  PeerSocket& p = peers_[peer];
   if (p.lost) return;
   p.lost = true;
   if (p.fd >= 0) ::close(p.fd);
   p.fd = -1;
   bool waiting = p.head != nullptr || p.inPayload;
-  pool_.forEach([&](Op& op) { waiting |= op.state == Op::kWaiting && op.peer == peer; });
+  pool_.forEach([&](RmaOp& op) { waiting |= op.state == RmaOp::kWaiting && op.peer == peer; });
   if (p.bye && !waiting) {
     WEFT_INFO(NCCL_NET, "RMA (rank {}): {} closed its comm", rank_, p.name);
     return;
   }
   fail(p.name + " is lost: " + why + (p.bye ? " (it had closed its comm with operations still waiting on it)" : ""),
        Status::kRemote);
-  for (Op* op = p.head; op != nullptr;) {
-    Op* next = op->next;
+  for (RmaOp* op = p.head; op != nullptr;) {
+    RmaOp* next = op->next;
     if (op->src != nullptr) --op->src->inflight;
     if (op->internal) {
       freeOp(op);
     } else {
-      op->state = Op::kFailed;
+      op->state = RmaOp::kFailed;
       op->status = Status::kRemote;
       op->next = nullptr;
     }
@@ -437,10 +437,10 @@ void TcpRmaComm::lose(uint32_t peer, const std::string& why) {
   p.head = p.tail = nullptr;
   p.queued = 0;
   // Gets waiting for this peer's answers fail too.
-  pool_.forEach([&](Op& op) {
-      if (op.state == Op::kWaiting && op.peer == peer) {
+  pool_.forEach([&](RmaOp& op) {
+      if (op.state == RmaOp::kWaiting && op.peer == peer) {
         if (op.src != nullptr) --op.src->inflight;
-        op.state = Op::kFailed;
+        op.state = RmaOp::kFailed;
         op.status = Status::kRemote;
       }
   });
@@ -450,7 +450,7 @@ void TcpRmaComm::lose(uint32_t peer, const std::string& why) {
 }
 
 // Writes what the peer's queue holds, several frames a call. false when the peer was lost.
-bool TcpRmaComm::pumpSend(RmaPeer& p) {
+bool TcpRmaComm::pumpSend(PeerSocket& p) {
   const uint32_t peer = static_cast<uint32_t>(&p - peers_.data());
   while (p.head != nullptr && !p.lost) {
     iovec iov[kMaxIov];
@@ -459,7 +459,7 @@ bool TcpRmaComm::pumpSend(RmaPeer& p) {
     // Frames not started yet get the sequence numbers they will have if this write takes them; one it does not
     // take is numbered again next time (a context destroyed meanwhile may have dropped the ones before it).
     uint32_t seq = p.sendSeq;
-    for (Op* op = p.head; op != nullptr && n < kMaxIov - 2 && bytes < writeMax_; op = op->next) {
+    for (RmaOp* op = p.head; op != nullptr && n < kMaxIov - 2 && bytes < writeMax_; op = op->next) {
       if (op->frameSent < sizeof(RmaFrame)) {
         if (op->frameSent == 0) op->frame.check = RmaFrame::kCheck ^ seq++;
         iov[n++] = {reinterpret_cast<char*>(&op->frame) + op->frameSent, sizeof(RmaFrame) - op->frameSent};
@@ -506,7 +506,7 @@ bool TcpRmaComm::pumpSend(RmaPeer& p) {
     // Account the bytes to the operations in order; completed ones leave the queue.
     size_t left = static_cast<size_t>(sent);
     while (p.head != nullptr) {
-      Op* op = p.head;
+      RmaOp* op = p.head;
       if (op->frameSent < sizeof(RmaFrame)) {
         const size_t k = std::min(left, sizeof(RmaFrame) - op->frameSent);
         if (op->frameSent == 0 && k > 0) ++p.sendSeq;
@@ -529,13 +529,13 @@ bool TcpRmaComm::pumpSend(RmaPeer& p) {
       --p.queued;
       op->next = nullptr;
       if (op->frame.type == RmaFrame::kGetRequest) {
-        op->state = Op::kWaiting;  // its answer completes it
+        op->state = RmaOp::kWaiting;  // its answer completes it
       } else {
         if (op->src != nullptr) --op->src->inflight;
         if (op->internal) {
           freeOp(op);
         } else {
-          op->state = Op::kDone;  // every byte is in the kernel: the source may be reused
+          op->state = RmaOp::kDone;  // every byte is in the kernel: the source may be reused
         }
       }
       if (left == 0) break;
@@ -546,7 +546,7 @@ bool TcpRmaComm::pumpSend(RmaPeer& p) {
 }
 
 void TcpRmaComm::sendError(uint32_t peer, const RmaFrame& refused, Status st, uint64_t token) {
-  Op* op = takeOp();
+  RmaOp* op = takeOp();
   if (op == nullptr) return;
   op->internal = true;
   op->peer = peer;
@@ -561,7 +561,7 @@ void TcpRmaComm::sendError(uint32_t peer, const RmaFrame& refused, Status st, ui
 
 // Reads what the peer sent: frames, payloads into their windows, signals after their puts. false when lost.
 bool TcpRmaComm::pumpRecv(uint32_t peer) {
-  RmaPeer& p = peers_[peer];
+  PeerSocket& p = peers_[peer];
   size_t budget = kRecvBudget;
   while (!p.lost && budget > 0) {
     if (p.inPayload) {
@@ -665,7 +665,7 @@ bool TcpRmaComm::pumpRecv(uint32_t peer) {
 }
 
 bool TcpRmaComm::handleFrame(uint32_t peer) {
-  RmaPeer& p = peers_[peer];
+  PeerSocket& p = peers_[peer];
   const RmaFrame& f = p.cur;
   if (f.check != (RmaFrame::kCheck ^ p.recvSeq)) {
     lose(peer, "a frame with a wrong check word (a corrupted or desynchronised stream)");
@@ -705,7 +705,7 @@ bool TcpRmaComm::handleFrame(uint32_t peer) {
         sendError(peer, f, Status::kInvalidUsage, f.value);
         return true;
       }
-      Op* op = takeOp();
+      RmaOp* op = takeOp();
       if (op == nullptr) {
         sendError(peer, f, Status::kSystem, f.value);
         return true;
@@ -723,8 +723,8 @@ bool TcpRmaComm::handleFrame(uint32_t peer) {
     }
     case RmaFrame::kGetAnswer: {
       const uint32_t index = static_cast<uint32_t>(f.value), gen = static_cast<uint32_t>(f.value >> 32);
-      Op* op = pool_.find(index, gen);
-      if (op != nullptr && op->gen == gen && op->state == Op::kWaiting && op->peer == peer &&
+      RmaOp* op = pool_.find(index, gen);
+      if (op != nullptr && op->gen == gen && op->state == RmaOp::kWaiting && op->peer == peer &&
           op->frame.type == RmaFrame::kGetRequest) {
         if (f.size != op->frame.size) {
           lose(peer, "a get answer of " + std::to_string(f.size) + " bytes for a get of " +
@@ -763,10 +763,10 @@ bool TcpRmaComm::handleFrame(uint32_t peer) {
                               " (" + statusName(st) + ")";
       if (f.value != 0 || what == RmaFrame::kGetRequest) {
         const uint32_t index = static_cast<uint32_t>(f.value), gen = static_cast<uint32_t>(f.value >> 32);
-        Op* op = pool_.find(index, gen);
-        if (op != nullptr && op->gen == gen && op->state == Op::kWaiting && op->peer == peer) {
+        RmaOp* op = pool_.find(index, gen);
+        if (op != nullptr && op->gen == gen && op->state == RmaOp::kWaiting && op->peer == peer) {
           if (op->src != nullptr) --op->src->inflight;
-          op->state = Op::kFailed;
+          op->state = RmaOp::kFailed;
           op->status = st == Status::kOk ? Status::kRemote : st;
         }
       }
@@ -781,7 +781,7 @@ bool TcpRmaComm::handleFrame(uint32_t peer) {
 
 // The current frame's payload is all in: a put's signal is applied now (after its bytes), a get completes.
 bool TcpRmaComm::payloadDone(uint32_t peer) {
-  RmaPeer& p = peers_[peer];
+  PeerSocket& p = peers_[peer];
   p.inPayload = false;
   const RmaFrame& f = p.cur;
   if (f.type == RmaFrame::kPut) {
@@ -796,12 +796,12 @@ bool TcpRmaComm::payloadDone(uint32_t peer) {
       }
     }
   } else if (f.type == RmaFrame::kGetAnswer && p.getOp != nullptr) {
-    Op* op = p.getOp;
+    RmaOp* op = p.getOp;
     if (op->src != nullptr) {
       if (op->src->cuda) cudaGetsSinceFlush_ = true;
       --op->src->inflight;
     }
-    op->state = Op::kDone;
+    op->state = RmaOp::kDone;
   }
   p.dst = nullptr;
   p.getOp = nullptr;

@@ -100,15 +100,15 @@ class TcpRmaTransport final : public rma::RmaTransport {
 class TcpRmaComm;
 
 // One peer's socket and both directions' state. Operations to it wait in `queue` in issue order.
-struct RmaPeer {
+struct PeerSocket {
   int fd = -1;
   bool lost = false;
   bool bye = false;  // the peer closed its comm in order: its socket's end is no failure unless we still wait on it
   std::string name;  // "rank 3 (10.0.0.2:4711)"
   uint32_t sendSeq = 0, recvSeq = 0;
   // Sending: requests in order; the head's frame and payload go out first.
-  struct Op* head = nullptr;
-  struct Op* tail = nullptr;
+  struct RmaOp* head = nullptr;
+  struct RmaOp* tail = nullptr;
   size_t queued = 0;
   std::vector<char> sendStage;  // a GPU source's bytes on their way out
   size_t stageLen = 0, stageSent = 0;
@@ -119,13 +119,13 @@ struct RmaPeer {
   bool inPayload = false;
   uint64_t payloadLeft = 0, payloadOff = 0;
   rma::Window* dst = nullptr;  // nullptr: discard (a refused put, a cancelled get)
-  struct Op* getOp = nullptr;  // the get this answer completes
+  struct RmaOp* getOp = nullptr;  // the get this answer completes
   std::vector<char> recvStage;  // a GPU destination's bytes on their way in
   std::string refusal;        // why the current put is refused (sent back once its payload is read)
 };
 
 // A queued or pending operation (put, get, flush, or a frame of weft's own: registration, error).
-struct Op {
+struct RmaOp {
   uint32_t magic = 0;  // rma::kRequestMagic while NCCL holds it
   uint32_t index = 0, gen = 0;
   enum : uint8_t { kFree, kQueued, kWaiting, kDone, kFailed } state = kFree;
@@ -138,13 +138,13 @@ struct Op {
   rma::Window* src = nullptr;  // put: the source; get: the local destination
   uint64_t srcOff = 0;
   uint64_t payloadSent = 0;
-  Op* next = nullptr;
+  RmaOp* next = nullptr;
   TcpRmaComm* comm = nullptr;
 };
 
 class TcpRmaComm final : public rma::CommBase {
  public:
-  TcpRmaComm(int rank, int nranks, std::vector<RmaPeer> peers, const DeviceProps& props, size_t writeMax);
+  TcpRmaComm(int rank, int nranks, std::vector<PeerSocket> peers, const DeviceProps& props, size_t writeMax);
   ~TcpRmaComm() override;
   Status regMrSym(void* data, size_t size, int type, uint64_t flags, int dmabufFd, rma::Window** out) override;
   Status deregMrSym(rma::Window* w) override;
@@ -161,15 +161,15 @@ class TcpRmaComm final : public rma::CommBase {
   // For tests and the conformance harness: operations not yet returned to the pool.
 
  private:
-  Op* takeOp();
-  void freeOp(Op* op);
-  void enqueue(RmaPeer& p, Op* op);
+  RmaOp* takeOp();
+  void freeOp(RmaOp* op);
+  void enqueue(PeerSocket& p, RmaOp* op);
   // Moves one peer's socket both ways; a lost peer fails what waits on it.
   void pump(uint32_t peer);
   void pumpAll() override {
     for (uint32_t p = 0; p < peers_.size(); ++p) pump(p);
   }
-  bool pumpSend(RmaPeer& p);
+  bool pumpSend(PeerSocket& p);
   bool pumpRecv(uint32_t peer);
   bool handleFrame(uint32_t peer);
   bool payloadDone(uint32_t peer);
@@ -180,8 +180,8 @@ class TcpRmaComm final : public rma::CommBase {
 
   const size_t writeMax_;
   // Guarded by mu_ (CommBase).
-  std::vector<RmaPeer> peers_;  // indexed by rank; our own entry has no socket
-  rma::OpPool<Op> pool_;
+  std::vector<PeerSocket> peers_;  // indexed by rank; our own entry has no socket
+  rma::OpPool<RmaOp> pool_;
   // Registrations peers announced before this rank made its own: id -> (rank -> size).
   std::unordered_map<uint32_t, std::vector<int64_t>> announced_;
 };

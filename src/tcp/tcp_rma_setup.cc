@@ -145,7 +145,7 @@ Status TcpRmaTransport::connect(void* const* handles, int nranks, int rank, rma:
   }
   const SocketOptions& opts = backend_->socketOptions();
   const DeviceProps& props = backend_->props(listen->dev());
-  std::vector<RmaPeer> peers(static_cast<size_t>(nranks));
+  std::vector<PeerSocket> peers(static_cast<size_t>(nranks));
   auto peerAddr = [&](int r) {
     sockaddr_storage sa{};
     std::memcpy(&sa, hs[r].addr.data(), hs[r].addrLen);

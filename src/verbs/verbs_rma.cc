@@ -15,7 +15,7 @@ namespace {
 constexpr int kCqBatch = 32;
 
 uint64_t wrId(uint64_t kind, uint64_t value) { return (kind << 60) | (value & ((uint64_t{1} << 60) - 1)); }
-uint64_t opToken(const VerbsRmaOp* op) { return (uint64_t{op->index} << 32) | op->gen; }
+uint64_t opToken(const RmaOp* op) { return (uint64_t{op->index} << 32) | op->gen; }
 
 }  // namespace
 
@@ -38,7 +38,7 @@ Status VerbsRmaComm::postRecv(uint32_t peer, uint32_t slot) {
 
 // A signalled work request on the peer's QP; its completion ends one of owner's pending operations.
 Status VerbsRmaComm::postRdma(uint32_t peer, ibv_wr_opcode opcode, void* local, uint32_t lkey, size_t size,
-                              uint64_t remote, uint32_t rkey, VerbsRmaOp* owner, bool signaled) {
+                              uint64_t remote, uint32_t rkey, RmaOp* owner, bool signaled) {
   Peer& p = peers_[peer];
   ibv_sge sge{reinterpret_cast<uint64_t>(local), static_cast<uint32_t>(size), lkey};
   ibv_send_wr wr{};
@@ -65,7 +65,7 @@ Status VerbsRmaComm::postRdma(uint32_t peer, ibv_wr_opcode opcode, void* local, 
   return Status::kOk;
 }
 
-bool VerbsRmaComm::sendCtl(uint32_t peer, const rma::RingMsg& m, VerbsRmaOp* owner) {
+bool VerbsRmaComm::sendCtl(uint32_t peer, const rma::RingMsg& m, RmaOp* owner) {
   Peer& p = peers_[peer];
   if (p.lost) {
     if (owner != nullptr) opDone(owner, false, Status::kRemote);
@@ -128,9 +128,9 @@ Status VerbsRmaComm::iput(rma::Context* ctx, int context, rma::Window* src, uint
     return Status::kInvalidUsage;
   }
   waitRoom(rank, 2);  // the write and the signal
-  VerbsRmaOp* op = startOp(ctx, rank, request);
+  RmaOp* op = startOp(ctx, rank, request);
   if (op == nullptr) return Status::kSystem;
-  if (op->state == VerbsRmaOp::kFailed) return Status::kOk;
+  if (op->state == RmaOp::kFailed) return Status::kOk;
   Peer& p = peers_[rank];
   if (size > 0) {
     const auto& to = regs_.at(dst)->remote[rank];
@@ -174,7 +174,7 @@ Status VerbsRmaComm::iput(rma::Context* ctx, int context, rma::Window* src, uint
       sendCtl(rank, m, op);
     }
   }
-  if (op->pending == 0 && op->state == VerbsRmaOp::kActive) op->state = VerbsRmaOp::kDone;
+  if (op->pending == 0 && op->state == RmaOp::kActive) op->state = RmaOp::kDone;
   return Status::kOk;
 }
 
@@ -191,11 +191,11 @@ Status VerbsRmaComm::iget(rma::Context* ctx, int context, rma::Window* remote, u
     return Status::kInvalidUsage;
   }
   waitRoom(rank, 1);
-  VerbsRmaOp* op = startOp(ctx, rank, request);
+  RmaOp* op = startOp(ctx, rank, request);
   if (op == nullptr) return Status::kSystem;
-  if (op->state == VerbsRmaOp::kFailed) return Status::kOk;
+  if (op->state == RmaOp::kFailed) return Status::kOk;
   if (size == 0) {
-    op->state = VerbsRmaOp::kDone;
+    op->state = RmaOp::kDone;
     return Status::kOk;
   }
   const auto& from = regs_.at(remote)->remote[rank];
@@ -212,7 +212,7 @@ Status VerbsRmaComm::iget(rma::Context* ctx, int context, rma::Window* remote, u
 Status VerbsRmaComm::iflush(rma::Context* ctx, int context, rma::Window* w, uint32_t rank, void** request) {
   if (request == nullptr) return Status::kInternal;
   std::lock_guard<std::mutex> lock(mu_);
-  VerbsRmaOp* op = nullptr;
+  RmaOp* op = nullptr;
   if (Status st = beginFlush(ctx, context, w, rank, request, &op); st != Status::kOk || op == nullptr) return st;
   // One word of the window read back through this rank's own QP: it completes after the NIC's earlier writes there.
   const auto self = static_cast<uint32_t>(rank_);
@@ -286,7 +286,7 @@ void VerbsRmaComm::onWc(const ibv_wc& wc) {
   }
   // A send-side completion: which peer's QP, from the QP number.
   uint32_t peer = UINT32_MAX;
-  VerbsRmaOp* op = nullptr;
+  RmaOp* op = nullptr;
   if (kind == kWrOp) {
     op = pool_.find(static_cast<uint32_t>(value >> 32), static_cast<uint32_t>(value));
     if (op != nullptr) peer = op->peer;

@@ -54,13 +54,13 @@ class VerbsRmaTransport final : public rma::DeviceTransport<VerbsDevice> {
                  rma::RmaComm** out) override;
 };
 
-struct VerbsRmaOp : rma::ProviderOp {
+struct RmaOp : rma::ProviderOp {
   // Work requests of it posted without a completion of their own (a put's write before its signal): the signal's
   // completion implies theirs on the same QP, and frees their send-queue room with its own.
   uint8_t quiet = 0;
 };
 
-class VerbsRmaComm final : public rma::ProviderComm<VerbsRmaOp>, public QpOwner {
+class VerbsRmaComm final : public rma::ProviderComm<RmaOp>, public QpOwner {
  public:
   VerbsRmaComm(int rank, int nranks, uint64_t commId, VerbsDevice& dev);
   ~VerbsRmaComm() override;
@@ -102,9 +102,9 @@ class VerbsRmaComm final : public rma::ProviderComm<VerbsRmaOp>, public QpOwner 
   void pollCq();
   void onWc(const ibv_wc& wc);
   Status postRecv(uint32_t peer, uint32_t slot);
-  bool sendCtl(uint32_t peer, const rma::RingMsg& m, VerbsRmaOp* owner);
+  bool sendCtl(uint32_t peer, const rma::RingMsg& m, RmaOp* owner);
   Status postRdma(uint32_t peer, ibv_wr_opcode op, void* local, uint32_t lkey, size_t size, uint64_t remote,
-                  uint32_t rkey, VerbsRmaOp* owner, bool signaled);
+                  uint32_t rkey, RmaOp* owner, bool signaled);
   void waitRoom(uint32_t rank, int wrs);  // room for wrs work requests on rank's QP, else (after the bound) rank lost
 
   VerbsDevice& dev_;
