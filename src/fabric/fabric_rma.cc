@@ -100,9 +100,9 @@ Status FabricRmaComm::iput(rma::Context* ctx, int context, rma::Window* src, uin
     m.origin = static_cast<uint32_t>(rank_);
     m.window = signal->window->id;
     m.signalOp = static_cast<uint8_t>(signal->op);
-    m.a = signal->off;
-    m.b = signal->value;
-    m.c = orderedSignals_ ? 0 : p.issued;  // every write to that rank so far, this put's own included
+    m.signalOff() = signal->off;
+    m.signalValue() = signal->value;
+    m.signalAfterWrites() = orderedSignals_ ? 0 : p.issued;  // every write to that rank so far, this put's own included
     ++op->pending;
     sendCtl(rank, m, op);
   }
@@ -205,7 +205,7 @@ void FabricRmaComm::onCompletion(RmaCtx* c, bool ok, Status st, uint64_t flags, 
       if (!p.waitingSignals.empty()) {
         auto& w = p.waitingSignals;
         for (size_t i = 0; i < w.size();) {
-          if (w[i].c <= p.landed) {
+          if (w[i].signalAfterWrites() <= p.landed) {
             RmaMsg m = w[i];
             w[i] = w.back();
             w.pop_back();
@@ -243,7 +243,7 @@ void FabricRmaComm::onCompletion(RmaCtx* c, bool ok, Status st, uint64_t flags, 
     }
     case RmaCtx::kCtlSend: {
       const uint32_t slot = c->slot;
-      const uint32_t to = static_cast<uint32_t>(ctl_->out[slot].d >> 40);
+      const uint32_t to = static_cast<uint32_t>(ctl_->out[slot].sentTo);
       RmaOp* owner = ctlOwner_[slot];
       const uint32_t ownerGen = ctlOwnerGen_[slot];
       ctlOwner_[slot] = nullptr;
@@ -348,7 +348,7 @@ bool FabricRmaComm::postCtl(uint32_t peer, const RmaMsg& m, RmaOp* owner) {
   const uint32_t slot = ctlFree_.back();
   RmaMsg& out = ctl_->out[slot];
   out = m;
-  out.d = (out.d & ((uint64_t{1} << 40) - 1)) | (uint64_t{peer} << 40);  // whom it went to (not read by the peer)
+  out.sentTo = peer;
   ssize_t rc = fi_tsend(ep_->ep.get(), &out, sizeof(RmaMsg), ctlDesc_, peers_[peer].addr, kRmaMsgTag,
                         &ctlSendCtx_[slot].fi);
   if (rc == -FI_EAGAIN) return false;
@@ -379,8 +379,8 @@ void FabricRmaComm::flushBacklog() {
 }
 
 void FabricRmaComm::onHello(const RmaMsg& m) {
-  if (m.a != static_cast<uint64_t>(nranks_)) {
-    fail("rank " + std::to_string(m.origin) + " joined a comm of " + std::to_string(m.a) + " ranks, this one has " +
+  if (m.helloNranks() != static_cast<uint64_t>(nranks_)) {
+    fail("rank " + std::to_string(m.origin) + " joined a comm of " + std::to_string(m.helloNranks()) + " ranks, this one has " +
              std::to_string(nranks_),
          Status::kInvalidUsage);
     return;
@@ -391,7 +391,7 @@ void FabricRmaComm::onHello(const RmaMsg& m) {
 // A signal waits for the sender's writes before it (its count) to have landed here.
 void FabricRmaComm::onSignal(const RmaMsg& m) {
   RmaPeer& p = peers_[m.origin];
-  if (m.c <= p.landed) {
+  if (m.signalAfterWrites() <= p.landed) {
     applySignalMsg(m);
   } else {
     p.waitingSignals.push_back(m);

@@ -249,7 +249,7 @@ Status FabricRmaComm::start(const std::vector<std::vector<uint8_t>>& addrs) {
     if (nranks_ > 1) {
       RmaMsg m = msg(RmaMsg::kHello);
       m.origin = static_cast<uint32_t>(rank_);
-      m.a = static_cast<uint64_t>(nranks_);
+      m.helloNranks() = static_cast<uint64_t>(nranks_);
       sendCtl(static_cast<uint32_t>((rank_ + 1) % nranks_), m, nullptr);
     }
   }

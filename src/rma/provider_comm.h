@@ -37,11 +37,30 @@ struct RingMsg {
   uint16_t flags;    // record: the window's flags, bit 15 set for GPU memory
   uint32_t origin;   // hello, record: the rank it is about; signal, error: the sender
   uint32_t window;   // record: the window's id; signal: the signal's window; error: the window it named
-  uint64_t a;        // hello: nranks; record: the address peers name; signal: offset
-  uint64_t b;        // record: the size; signal: value
-  uint64_t c;        // record: the key; signal (libfabric): writes of the sender that must have landed first
-  uint64_t d;        // error: status << 8 | the refused message's type
-  uint64_t reserved[2];
+  // The four words below mean what the type says: read and write them through the views that name them.
+  uint64_t a;
+  uint64_t b;
+  uint64_t c;
+  uint64_t d;
+  uint64_t sentTo;  // libfabric, this rank's own out slot: the rank it went to (the peer never reads it)
+  uint64_t reserved;
+
+  uint64_t& helloNranks() { return a; }
+  uint64_t& recordAddr() { return a; }  // the address peers name
+  uint64_t& recordSize() { return b; }
+  uint64_t& recordKey() { return c; }
+  uint64_t& signalOff() { return a; }
+  uint64_t& signalValue() { return b; }
+  uint64_t& signalAfterWrites() { return c; }  // libfabric: writes of the sender that must have landed first
+  uint64_t& errorWord() { return d; }          // status << 8 | the refused message's type
+  uint64_t helloNranks() const { return a; }
+  uint64_t recordAddr() const { return a; }
+  uint64_t recordSize() const { return b; }
+  uint64_t recordKey() const { return c; }
+  uint64_t signalOff() const { return a; }
+  uint64_t signalValue() const { return b; }
+  uint64_t signalAfterWrites() const { return c; }
+  uint64_t errorWord() const { return d; }
 };
 static_assert(sizeof(RingMsg) == 64);
 const char* ringMsgName(uint8_t type);
@@ -101,9 +120,9 @@ class ProviderComm : public CommBase {
         m.origin = static_cast<uint32_t>(rank_);
         m.window = win->id;
         m.flags = static_cast<uint16_t>((flags & 0x7fff) | (win->cuda ? 0x8000 : 0));
-        m.a = addr;
-        m.b = size;
-        m.c = key;
+        m.recordAddr() = addr;
+        m.recordSize() = size;
+        m.recordKey() = key;
         sendMsg(static_cast<uint32_t>((rank_ + 1) % nranks_), m);
       }
     }
@@ -277,10 +296,10 @@ class ProviderComm : public CommBase {
         return;
       case RingMsg::kRecord:
         if (Window* w = windowById(m.window); w != nullptr) {
-          w->peerSize[m.origin] = m.b;
-          setRemote(w, m.origin, m.a, m.c);
+          w->peerSize[m.origin] = m.recordSize();
+          setRemote(w, m.origin, m.recordAddr(), m.recordKey());
         } else if (m.window >= nextWindow_) {
-          early_[m.window][m.origin] = Early{m.a, m.c, m.b};
+          early_[m.window][m.origin] = Early{m.recordAddr(), m.recordKey(), m.recordSize()};
         }
         if (next != m.origin) sendMsg(next, m);
         return;
@@ -288,8 +307,8 @@ class ProviderComm : public CommBase {
         onSignal(m);
         return;
       case RingMsg::kError: {
-        const Status st = static_cast<Status>((m.d >> 8) & 0xff);
-        fail("rank " + std::to_string(m.origin) + " refused a " + ringMsgName(static_cast<uint8_t>(m.d & 0xff)) +
+        const Status st = static_cast<Status>((m.errorWord() >> 8) & 0xff);
+        fail("rank " + std::to_string(m.origin) + " refused a " + ringMsgName(static_cast<uint8_t>(m.errorWord() & 0xff)) +
                  " for window " + std::to_string(m.window) + " (" + statusName(st) + ")",
              st == Status::kOk ? Status::kRemote : st);
         return;
@@ -305,11 +324,11 @@ class ProviderComm : public CommBase {
     Window* w = windowById(m.window);
     std::string err;
     Status st = Status::kOk;
-    if (w == nullptr || !isSignalSlot(w->size, m.a) || !isSignalOp(m.signalOp)) {
+    if (w == nullptr || !isSignalSlot(w->size, m.signalOff()) || !isSignalOp(m.signalOp)) {
       st = Status::kInvalidUsage;
-      err = "a signal for offset " + std::to_string(m.a) + " of window " + std::to_string(m.window) + " from rank " +
+      err = "a signal for offset " + std::to_string(m.signalOff()) + " of window " + std::to_string(m.window) + " from rank " +
             std::to_string(m.origin) + " names no signal slot of this rank";
-    } else if (!applySignal(*w, m.a, static_cast<SignalOp>(m.signalOp), m.b, &err)) {
+    } else if (!applySignal(*w, m.signalOff(), static_cast<SignalOp>(m.signalOp), m.signalValue(), &err)) {
       st = Status::kSystem;
       err = "a signal from rank " + std::to_string(m.origin) + " could not be applied: " + err;
     }
@@ -318,7 +337,7 @@ class ProviderComm : public CommBase {
     RingMsg e = msg(RingMsg::kError);
     e.origin = static_cast<uint32_t>(rank_);
     e.window = m.window;
-    e.d = (static_cast<uint64_t>(st) << 8) | RingMsg::kSignal;
+    e.errorWord() = (static_cast<uint64_t>(st) << 8) | RingMsg::kSignal;
     sendMsg(m.origin, e);
     return false;
   }

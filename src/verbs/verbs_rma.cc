@@ -169,8 +169,8 @@ Status VerbsRmaComm::iput(rma::Context* ctx, int context, rma::Window* src, uint
       m.origin = static_cast<uint32_t>(rank_);
       m.window = signal->window->id;
       m.signalOp = static_cast<uint8_t>(signal->op);
-      m.a = signal->off;
-      m.b = signal->value;
+      m.signalOff() = signal->off;
+      m.signalValue() = signal->value;
       sendCtl(rank, m, op);
     }
   }
