@@ -77,6 +77,10 @@ struct VerbsOffer {
   uint32_t flags;   // kOfferNoKey: the buffer has no registration (0-byte receives only)
 };
 constexpr uint32_t kOfferNoKey = 1;
+// VerbsOffer::tagSeq of a receive: the NCCL tag high, its per-tag sequence number low.
+inline uint64_t tagSeqKey(int tag, uint32_t seq) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(tag)) << 32) | seq;
+}
 
 struct VerbsOfferMsg {
   static constexpr uint32_t kMagic = 0x57464f56;  // "WFOV"
