@@ -5,8 +5,12 @@
 
 #include "fabric/fabric_backend.h"
 #include "fabric/fabric_device.h"
+#include "fabric/fabric_rma.h"
 #include "tcp/tcp_backend.h"
+#include "tcp/tcp_rma.h"
 #include "verbs/verbs_backend.h"
+#include "verbs/verbs_rma.h"
+#include "weft/common/cuda_shim.h"
 #include "weft/common/log.h"
 #include "weft/common/numa.h"
 #include "weft/common/params.h"
@@ -57,6 +61,58 @@ Status Engine::init(ncclDebugLogger_t logger) {
     WEFT_WARN("not offering any device: {}; NCCL will use its own transports", declineReason_);
   }
   return Status::kOk;
+}
+
+namespace {
+
+bool reachesGpu(const rma::RmaTransport& t) {
+  for (int d = 0; d < t.deviceCount(); ++d) {
+    if ((t.props(d).ptrSupport & rma::kPtrCuda) != 0) return true;
+  }
+  return false;
+}
+bool socketProvider(const rma::RmaTransport& t) {
+  if (t.deviceCount() == 0) return false;
+  const std::string& p = t.props(0).provider;
+  return p.rfind("tcp", 0) == 0 || p.rfind("sockets", 0) == 0;
+}
+
+}  // namespace
+
+std::unique_ptr<rma::RmaTransport> selectRmaTransport(const std::string& mode, const Backend* net, std::string* why) {
+  const std::string netName = net != nullptr ? net->name() : "none";
+  std::string which = mode;
+  if (mode == "auto") which = netName == "libfabric" ? "fabric" : netName == "tcp" ? "tcp" : "";
+  if (mode == "on") which = netName == "libfabric" ? "fabric" : netName == "verbs" ? "verbs" : "tcp";
+  std::string w;
+  std::unique_ptr<rma::RmaTransport> t;
+  if (mode == "off") {
+    *why = "WEFT_RMA=off";
+  } else if (which.empty()) {
+    *why = "WEFT_RMA=auto and the net backend is " + netName +
+           " (NCCL's own InfiniBand GIN serves the device API there; WEFT_RMA=on or verbs uses weft's)";
+  } else if (which == "verbs") {
+    t = verbs::VerbsRmaTransport::discover(&w);
+    if (t == nullptr) *why = "no verbs device: " + w;
+  } else if (which == "fabric") {
+    t = fabric::FabricRmaTransport::discover(&w);
+    if (t == nullptr) *why = w;
+    // NCCL's device API puts and signals GPU memory. A provider over TCP sockets that cannot reach it (a libfabric
+    // built without CUDA, Debian's) leaves the device API to weft's own sockets, which reach it through the driver's
+    // copies; WEFT_RMA=fabric keeps libfabric anyway.
+    if (t != nullptr && mode != "fabric" && !reachesGpu(*t) && socketProvider(*t) && cuda::driverPresent()) {
+      WEFT_INFO(NCCL_INIT | NCCL_NET,
+                "RMA: provider {} does not reach GPU memory (no FI_HMEM); the device API goes over weft's TCP sockets "
+                "instead (WEFT_RMA=fabric keeps libfabric)",
+                t->props(0).provider);
+      t = tcp::TcpRmaTransport::discover(&w);
+      if (t == nullptr) *why = "no interface for its TCP sockets: " + w;
+    }
+  } else {
+    t = tcp::TcpRmaTransport::discover(&w);
+    if (t == nullptr) *why = "no interface for its TCP sockets: " + w;
+  }
+  return t;
 }
 
 std::unique_ptr<Backend> selectBackend(const std::string& which, std::string* why) {

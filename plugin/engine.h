@@ -10,12 +10,23 @@
 #include "weft/nccl/common.h"
 #include "weft/transport/net.h"
 
+namespace weft::rma {
+class RmaTransport;
+}
+
 namespace weft {
 
 // The backend WEFT_BACKEND (`which`) selects on this host: verbs where an InfiniBand/RoCE port is active (auto), else
 // weft's own TCP sockets where libfabric offers no hardware provider and WEFT_PROVIDER is unset, else libfabric; a
 // forced backend that finds nothing declines instead of using another. nullptr, and *why, when there is none.
 std::unique_ptr<Backend> selectBackend(const std::string& which, std::string* why);
+
+// The device API's transport WEFT_RMA (`mode`) selects beside the net backend `net` (nullptr when declined): auto, the
+// net backend's own where weft has one (libfabric, TCP; beside verbs NCCL's own InfiniBand GIN serves it); on, that or
+// weft's TCP sockets; verbs, fabric or tcp, that one; off, none. A libfabric provider over TCP sockets that does not
+// reach GPU memory gives way to weft's TCP sockets where a CUDA driver is present (unless WEFT_RMA=fabric). nullptr,
+// and *why, when there is none.
+std::unique_ptr<rma::RmaTransport> selectRmaTransport(const std::string& mode, const Backend* net, std::string* why);
 
 // What each backend finds on this host, for `weft info`: the libfabric version, the libfabric providers with reliable
 // tagged endpoints and their devices, the active verbs ports. Lines of text, each ending in a newline.

@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "plugin/conn_timing.h"
+#include "plugin/device_props.h"
 #include "plugin/engine.h"
 #include "plugin/guarded.h"
 #include "plugin/live_objects.h"
@@ -99,17 +100,7 @@ ncclResult_t getPropertiesImpl(int dev, P* props) {
     Backend* b = backendOrWarn("getProperties");
     if (b == nullptr || props == nullptr || dev < 0 || dev >= b->deviceCount()) return Status::kInternal;
     const DeviceProps& d = b->props(dev);
-    std::memset(static_cast<void*>(props), 0, sizeof(P));
-    // The strings live as long as the backend, i.e. the process.
-    props->name = const_cast<char*>(d.name.c_str());
-    props->pciPath = d.pciPath.empty() ? nullptr : const_cast<char*>(d.pciPath.c_str());
-    props->guid = d.guid;
-    props->ptrSupport = d.ptrSupport;
-    props->speed = d.speedMbps;
-    props->port = d.port;
-    props->latency = d.latencyUs;
-    props->maxComms = d.maxComms;
-    props->maxRecvs = d.maxRecvs;
+    fillDeviceProps(d, dev, props);
     if constexpr (requires { props->netDeviceType; }) {
       props->netDeviceType = NCCL_NET_DEVICE_HOST;
       props->netDeviceVersion = NCCL_NET_DEVICE_INVALID_VERSION;
@@ -123,17 +114,7 @@ ncclResult_t getPropertiesImpl(int dev, P* props) {
       if (d.vdevCount > 0 && d.vdevCount <= kCap) {
         props->vProps.ndevs = d.vdevCount;
         for (int i = 0; i < d.vdevCount; ++i) props->vProps.devs[i] = d.vdevs[i];
-      } else {
-        props->vProps.ndevs = 1;
-        props->vProps.devs[0] = dev;
       }
-      props->maxP2pBytes = d.maxP2pBytes;
-      props->maxCollBytes = d.maxCollBytes;
-    }
-    if constexpr (requires { props->maxMultiRequestSize; }) props->maxMultiRequestSize = 1;
-    if constexpr (requires { props->railId; }) {
-      props->railId = static_cast<int16_t>(d.railId >= 0 ? d.railId : NCCL_NET_ID_UNDEF);
-      props->planeId = static_cast<int16_t>(d.planeId >= 0 ? d.planeId : NCCL_NET_ID_UNDEF);
     }
     return Status::kOk;
   });

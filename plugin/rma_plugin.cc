@@ -9,13 +9,11 @@
 #include <new>
 #include <vector>
 
+#include "plugin/device_props.h"
 #include "plugin/engine.h"
 #include "plugin/guarded.h"
 #include "plugin/live_objects.h"
-#include "fabric/fabric_rma.h"
-#include "verbs/verbs_rma.h"
 #include "rma/rma.h"
-#include "tcp/tcp_rma.h"
 #include "weft/common/cuda_shim.h"
 #include "weft/common/log.h"
 #include "weft/common/params.h"
@@ -37,18 +35,6 @@ struct RmaInit {
   uint64_t commId = 0;
 };
 
-bool reachesGpu(const rma::RmaTransport& t) {
-  for (int d = 0; d < t.deviceCount(); ++d) {
-    if ((t.props(d).ptrSupport & NCCL_PTR_CUDA) != 0) return true;
-  }
-  return false;
-}
-bool socketProvider(const rma::RmaTransport& t) {
-  if (t.deviceCount() == 0) return false;
-  const std::string& p = t.props(0).provider;
-  return p.rfind("tcp", 0) == 0 || p.rfind("sockets", 0) == 0;
-}
-
 // The process's RMA transport, chosen once (WEFT_RMA), and the objects handed to NCCL by the calls off the data path,
 // so that those calls refuse what is not live without touching freed memory.
 class RmaState {
@@ -66,42 +52,7 @@ class RmaState {
 
  private:
   void choose() {
-    const std::string& mode = params::getString("WEFT_RMA");
-    Backend* net = Engine::instance().backend();
-    const std::string netName = net != nullptr ? net->name() : "none";
-    // auto and on: the net backend's own transport where weft has one; on also falls back to weft's TCP sockets.
-    // Beside verbs, auto leaves the device API to NCCL's own InfiniBand GIN (its GPU-initiated mode needs no proxy).
-    std::string which = mode;
-    if (mode == "auto") which = netName == "libfabric" ? "fabric" : netName == "tcp" ? "tcp" : "";
-    if (mode == "on") which = netName == "libfabric" ? "fabric" : netName == "verbs" ? "verbs" : "tcp";
-    std::string why;
-    if (mode == "off") {
-      declined_ = "WEFT_RMA=off";
-    } else if (which.empty()) {
-      declined_ = "WEFT_RMA=auto and the net backend is " + netName +
-                  " (NCCL's own InfiniBand GIN serves the device API there; WEFT_RMA=on or verbs uses weft's)";
-    } else if (which == "verbs") {
-      transport_ = verbs::VerbsRmaTransport::discover(&why);
-      if (transport_ == nullptr) declined_ = "no verbs device: " + why;
-    } else if (which == "fabric") {
-      transport_ = fabric::FabricRmaTransport::discover(&why);
-      if (transport_ == nullptr) declined_ = why;
-      // NCCL's device API puts and signals GPU memory. A provider over TCP sockets that cannot reach it (a libfabric
-      // built without CUDA, Debian's) leaves the device API to weft's own sockets, which reach it through the
-      // driver's copies; WEFT_RMA=fabric keeps libfabric anyway.
-      if (transport_ != nullptr && mode != "fabric" && !reachesGpu(*transport_) && socketProvider(*transport_) &&
-          cuda::driverPresent()) {
-        WEFT_INFO(NCCL_INIT | NCCL_NET,
-                  "RMA: provider {} does not reach GPU memory (no FI_HMEM); the device API goes over weft's TCP "
-                  "sockets instead (WEFT_RMA=fabric keeps libfabric)",
-                  transport_->props(0).provider);
-        transport_ = tcp::TcpRmaTransport::discover(&why);
-        if (transport_ == nullptr) declined_ = "no interface for its TCP sockets: " + why;
-      }
-    } else {
-      transport_ = tcp::TcpRmaTransport::discover(&why);
-      if (transport_ == nullptr) declined_ = "no interface for its TCP sockets: " + why;
-    }
+    transport_ = selectRmaTransport(params::getString("WEFT_RMA"), Engine::instance().backend(), &declined_);
     if (transport_ != nullptr) {
       WEFT_INFO(NCCL_INIT | NCCL_NET, "RMA: NCCL's device API through its proxy over weft's {} transport, {} device(s)",
                 transport_->name(), transport_->deviceCount());
@@ -186,29 +137,11 @@ ncclResult_t getPropertiesImpl(int dev, P* props) {
       WEFT_WARN("RMA getProperties: no device {} ({})", dev, t == nullptr ? RmaState::get().declined() : "out of range");
       return Status::kInternal;
     }
-    const DeviceProps& d = t->props(dev);
-    std::memset(static_cast<void*>(props), 0, sizeof(P));
-    props->name = const_cast<char*>(d.name.c_str());
-    props->pciPath = d.pciPath.empty() ? nullptr : const_cast<char*>(d.pciPath.c_str());
-    props->guid = d.guid;
     // GPU memory: the TCP transport reaches it through the driver's copies; libfabric where the provider does (FI_HMEM).
-    props->ptrSupport = d.ptrSupport;
-    props->speed = d.speedMbps;
-    props->port = d.port;
-    props->latency = d.latencyUs;
-    props->maxComms = d.maxComms;
-    props->maxRecvs = d.maxRecvs;  // NCCL's proxy keeps at most 32 x maxRecvs operations per context and rank
+    // maxRecvs: NCCL's proxy keeps at most 32 x maxRecvs operations per context and rank.
+    fillDeviceProps(t->props(dev), dev, props);
     props->netDeviceType = static_cast<ncclNetDeviceType>(NCCL_NET_DEVICE_GIN_PROXY);
     props->netDeviceVersion = NCCL_NET_DEVICE_INVALID_VERSION;
-    props->vProps.ndevs = 1;
-    props->vProps.devs[0] = dev;
-    props->maxP2pBytes = d.maxP2pBytes;
-    props->maxCollBytes = d.maxCollBytes;
-    props->maxMultiRequestSize = 1;
-    if constexpr (requires { props->railId; }) {
-      props->railId = static_cast<int16_t>(d.railId >= 0 ? d.railId : NCCL_NET_ID_UNDEF);
-      props->planeId = static_cast<int16_t>(d.planeId >= 0 ? d.planeId : NCCL_NET_ID_UNDEF);
-    }
     return Status::kOk;
   });
 }

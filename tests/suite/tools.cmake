@@ -170,3 +170,9 @@ weft_test(NAME layering.backend_cannot_include_another SERIAL LABELS layering EX
   EXPECT "fabric/fabric_comm.h: No such file or directory")
 weft_test(NAME layering.backend_includes_its_own SERIAL LABELS layering
   COMMAND ${CMAKE_COMMAND} --build ${CMAKE_BINARY_DIR} --target weft_layering_control)
+# The plugin's table files see the engine and the RMA core, never a backend: the engine alone chooses them.
+weft_test(NAME layering.plugin_table_cannot_include_a_backend SERIAL LABELS layering EXIT failure
+  COMMAND ${CMAKE_COMMAND} --build ${CMAKE_BINARY_DIR} --target weft_layering_plugin_violation
+  EXPECT "tcp/tcp_rma.h: No such file or directory")
+weft_test(NAME layering.plugin_table_includes_the_engine SERIAL LABELS layering
+  COMMAND ${CMAKE_COMMAND} --build ${CMAKE_BINARY_DIR} --target weft_layering_plugin_control)
