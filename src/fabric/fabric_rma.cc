@@ -93,7 +93,7 @@ Status FabricRmaComm::iput(rma::Context* ctx, int context, rma::Window* src, uin
       return Status::kOk;
     }
     ++p.issued;
-    rma::providerOpUses(op, src);
+    rma::ProviderOps::uses(op, src);
   }
   if (signal != nullptr) {
     RmaMsg m = msg(RmaMsg::kSignal);
@@ -133,7 +133,7 @@ Status FabricRmaComm::iget(rma::Context* ctx, int context, rma::Window* remote, 
   if (!postRma(false, op, rank, local->base + localOff, size, regOf(local)->desc, from.addr + remoteOff, from.key)) {
     return Status::kOk;
   }
-  rma::providerOpUses(op, local);
+  rma::ProviderOps::uses(op, local);
   if (local->cuda) cudaGetsSinceFlush_ = true;
   return Status::kOk;
 }

@@ -103,7 +103,7 @@ struct RmaPeer : rma::PeerState {
   std::vector<RmaMsg> waitingSignals;  // its signals whose writes have not all landed yet
 };
 
-class FabricRmaComm final : public rma::ProviderComm<RmaOp> {
+class FabricRmaComm final : public rma::ProviderCommOf<RmaOp> {
  public:
   FabricRmaComm(int rank, int nranks, uint64_t commId, std::unique_ptr<RmaEndpoint> ep);
   ~FabricRmaComm() override;

@@ -202,7 +202,7 @@ Status FabricRmaTransport::connect(void* const* handles, int nranks, int rank, r
 
 
 FabricRmaComm::FabricRmaComm(int rank, int nranks, uint64_t commId, std::unique_ptr<RmaEndpoint> ep)
-    : ProviderComm(rank, nranks, commId, ep->dev->props(), 0x5746464d),
+    : ProviderCommOf(rank, nranks, commId, ep->dev->props(), 0x5746464d),
       ep_(std::move(ep)),
       dev_(*ep_->dev),
       peers_(static_cast<size_t>(nranks)),

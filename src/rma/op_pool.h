@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -90,87 +91,44 @@ struct ProviderOp {
   int64_t startMs = 0;
 };
 
-// `op` reads or writes w's memory here (a put's source, a get's destination).
-template <typename Op>
-void providerOpUses(Op* op, Window* w) {
-  op->local = w;
-  op->held = w;
-  ++w->inflight;
-}
+// A provider comm's operations, whatever the transport's Op: their life written once (provider_comm.cc) over what
+// depends on the type, taking one, giving one back and visiting all.
+class ProviderOps {
+ public:
+  virtual ~ProviderOps() = default;
+  virtual ProviderOp* take() = 0;  // OpPool::take: a cleared op, or nullptr past the bound
+  virtual void give(ProviderOp* op) = 0;
+  virtual void forEach(const std::function<void(ProviderOp&)>& f) = 0;
 
-// One provider operation of `op` ended (ok, or failed with st).
-template <typename Op>
-void providerOpDone(OpPool<Op>& pool, Op* op, bool ok, Status st) {
-  if (op->pending > 0) --op->pending;
-  if (!ok && op->state == ProviderOp::kActive) {
-    op->state = ProviderOp::kFailed;
-    op->status = st;
-  }
-  if (op->pending > 0) return;
-  op->held = nullptr;
-  if (op->local != nullptr) {
-    --op->local->inflight;
-    op->local = nullptr;
-  }
-  if (op->state == ProviderOp::kActive) op->state = ProviderOp::kDone;
-  if (op->state == ProviderOp::kOrphan) pool.give(op);
-}
+  // `op` reads or writes w's memory here (a put's source, a get's destination).
+  static void uses(ProviderOp* op, Window* w);
+  // One provider operation of `op` ended (ok, or failed with st).
+  void done(ProviderOp* op, bool ok, Status st);
+  // NCCL is done with `op`: back to the pool, or an orphan while the provider holds an operation of it.
+  void release(ProviderOp* op);
+  // test()'s ending: *finished and the op released once it completed; its status (released too) once it failed.
+  Status test(ProviderOp* op, bool* finished);
+  // A peer is lost: its ops still waiting fail now, and their windows are free to deregister (nothing moves to or
+  // from a lost peer any more), while the provider keeps their contexts until it returns them.
+  void lost(uint32_t peer);
+  // The provider dropped everything it held (its endpoint closed): no operation waits for it any more; those still
+  // active fail (kRemote), orphans go back to the pool.
+  void abandoned();
+};
 
-// NCCL is done with `op`: back to the pool, or an orphan while the provider holds an operation of it.
 template <typename Op>
-void providerOpRelease(OpPool<Op>& pool, Op* op) {
-  if (op->pending > 0) {
-    op->magic = 0;
-    op->state = ProviderOp::kOrphan;
-    return;
+class ProviderOpPool final : public ProviderOps {
+ public:
+  ProviderOp* take() override { return pool_.take(); }
+  void give(ProviderOp* op) override { pool_.give(static_cast<Op*>(op)); }
+  void forEach(const std::function<void(ProviderOp&)>& f) override {
+    pool_.forEach([&](Op& op) { f(op); });
   }
-  if (op->local != nullptr) --op->local->inflight;
-  op->local = nullptr;
-  pool.give(op);
-}
+  // The op a completion or an answer names (OpPool::find).
+  Op* find(uint32_t index, uint32_t gen) const { return pool_.find(index, gen); }
 
-// test()'s ending: *done and the op released once it completed; its status (released too) once it failed.
-template <typename Op>
-Status providerOpTest(OpPool<Op>& pool, Op* op, bool* done) {
-  if (op->state == ProviderOp::kDone) {
-    providerOpRelease(pool, op);
-    *done = true;
-    return Status::kOk;
-  }
-  if (op->state == ProviderOp::kFailed) {
-    const Status st = op->status;
-    providerOpRelease(pool, op);
-    return st;
-  }
-  return Status::kOk;
-}
-
-// A peer is lost: its ops still waiting fail now, and their windows are free to deregister (nothing moves to or from
-// a lost peer any more), while the provider keeps their contexts until it returns them.
-template <typename Op>
-void providerOpsLost(OpPool<Op>& pool, uint32_t peer) {
-  pool.forEach([&](Op& op) {
-    if (op.peer != peer || op.pending == 0) return;
-    if (op.state == ProviderOp::kActive) {
-      op.state = ProviderOp::kFailed;
-      op.status = Status::kRemote;
-    }
-    if (op.local != nullptr) {
-      --op.local->inflight;
-      op.local = nullptr;
-    }
-  });
-}
-
-// The provider dropped everything it held (its endpoint closed): no operation waits for it any more; those still
-// active fail (kRemote), orphans go back to the pool.
-template <typename Op>
-void providerOpsAbandoned(OpPool<Op>& pool) {
-  pool.forEach([&](Op& op) {
-    if (op.pending == 0) return;
-    op.pending = 1;
-    providerOpDone(pool, &op, false, Status::kRemote);
-  });
-}
+ private:
+  OpPool<Op> pool_;
+};
 
 }  // namespace weft::rma

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "weft/transport/net.h"
+#include "weft/transport/oob.h"
 
 namespace weft::rma {
 
@@ -136,6 +137,18 @@ class RmaListen : public Object {
   RmaListen() : Object(kListenMagic) {}
   virtual ~RmaListen() = default;
   virtual int dev() const = 0;
+};
+
+// A listen comm whose connectors come over an out-of-band TCP listener (the TCP and verbs transports).
+class SocketListen final : public RmaListen {
+ public:
+  SocketListen(int dev, oob::Listener l) : dev_(dev), listener_(std::move(l)) {}
+  int dev() const override { return dev_; }
+  const oob::Listener& listener() const { return listener_; }
+
+ private:
+  int dev_;
+  oob::Listener listener_;
 };
 
 // What a transport offers the device API: its devices and how to join a collective comm over them.

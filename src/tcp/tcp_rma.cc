@@ -11,6 +11,9 @@
 #include <cstring>
 #include <thread>
 
+#include <fmt/format.h>
+
+#include "weft/common/clock.h"
 #include "weft/common/cuda_shim.h"
 #include "weft/common/log.h"
 #include "weft/common/params.h"
@@ -41,7 +44,10 @@ const char* frameName(uint8_t t) {
 }  // namespace
 
 TcpRmaComm::TcpRmaComm(int rank, int nranks, std::vector<PeerSocket> peers, const DeviceProps& props, size_t writeMax)
-    : CommBase(rank, nranks, props), writeMax_(writeMax), peers_(std::move(peers)) {
+    : CommBase(rank, nranks, props),
+      writeMax_(writeMax),
+      stallMs_(params::getInt("WEFT_STALL_S") * 1000),
+      peers_(std::move(peers)) {
   for (auto& p : peers_) {
     if (p.fd >= 0) p.in.resize(kInBuffer);
   }
@@ -384,7 +390,10 @@ Status TcpRmaComm::test(void* request, bool* done) {
   *done = false;
   std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
   if (!lock.owns_lock()) return Status::kOk;  // set-up holds the comm for a moment: NCCL calls again
-  if (op->state == RmaOp::kQueued || op->state == RmaOp::kWaiting) pump(op->peer);
+  if (op->state == RmaOp::kQueued || op->state == RmaOp::kWaiting) {
+    pump(op->peer);
+    watchStalls();
+  }
   if (op->state == RmaOp::kDone) {
     freeOp(op);
     *done = true;
@@ -406,6 +415,60 @@ void TcpRmaComm::pump(uint32_t peer) {
   if (p.fd < 0 || p.lost) return;
   // Send, read (which may queue get answers and error frames), and send those.
   if (pumpSend(p) && pumpRecv(peer) && p.head != nullptr) pumpSend(p);
+}
+
+namespace {
+std::atomic<int64_t> gRmaStalls{0};
+}  // namespace
+
+int64_t TcpRmaComm::stalls() { return gRmaStalls.load(std::memory_order_relaxed); }
+
+void TcpRmaComm::watchStalls() {
+  if (stallMs_ <= 0) return;
+  const int64_t now = coarseNowMs();
+  if (now - stallCheckMs_ < 100) return;
+  stallCheckMs_ = now;
+  std::vector<int> gets(peers_.size(), 0);
+  pool_.forEach([&](RmaOp& op) {
+    if (op.state == RmaOp::kWaiting && op.peer < gets.size()) ++gets[op.peer];
+  });
+  for (uint32_t r = 0; r < peers_.size(); ++r) {
+    PeerSocket& p = peers_[r];
+    const bool waiting = !p.lost && p.fd >= 0 && (p.head != nullptr || gets[r] > 0 || p.inPayload);
+    if (!waiting || p.moved != p.watchedMoved) {
+      if (p.stallReported) {
+        WEFT_INFO(NCCL_NET, "RMA (rank {} of {}): {} moves again after a stall of {} s", rank_, nranks_, p.name,
+                  (now - p.quietSinceMs) / 1000);
+      }
+      p.watchedMoved = p.moved;
+      p.quietSinceMs = now;
+      p.stallReported = false;
+      continue;
+    }
+    if (p.stallReported || now - p.quietSinceMs < stallMs_) continue;
+    p.stallReported = true;
+    gRmaStalls.fetch_add(1, std::memory_order_relaxed);
+    std::string what;
+    int queued = 0;
+    for (RmaOp* op = p.head; op != nullptr; op = op->next) queued += op->internal ? 0 : 1;
+    if (p.head != nullptr) {
+      const RmaOp* h = p.head;
+      what = fmt::format("{} operation{} of ours wait to leave for it (the first: {} bytes, {} sent)", queued,
+                         queued == 1 ? "" : "s", h->frame.type == RmaFrame::kPut ? h->frame.size : 0,
+                         h->payloadSent);
+    }
+    if (gets[r] > 0) {
+      what += fmt::format("{}{} get{} wait{} for its answer", what.empty() ? "" : "; ", gets[r], gets[r] == 1 ? "" : "s",
+                          gets[r] == 1 ? "s" : "");
+    }
+    if (p.inPayload) {
+      what += fmt::format("{}a put from it is half in ({} bytes to come)", what.empty() ? "" : "; ", p.payloadLeft);
+    }
+    StallKind kind = StallKind::kOther;
+    const std::string cause = rmaStallCause(p.fd, p.head != nullptr, p.inPayload, &kind);
+    WEFT_WARN("RMA (rank {} of {}): stalled on {}: nothing moved either way for {} s (WEFT_STALL_S): {}; {} [{}]",
+              rank_, nranks_, p.name, (now - p.quietSinceMs) / 1000, what, cause, stallKindName(kind));
+  }
 }
 
 void TcpRmaComm::lose(uint32_t peer, const std::string& why) {
@@ -497,6 +560,7 @@ bool TcpRmaComm::pumpSend(PeerSocket& p) {
     msg.msg_iov = iov;
     msg.msg_iovlen = static_cast<size_t>(n);
     ssize_t sent = ::sendmsg(p.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (sent > 0) p.moved += static_cast<uint64_t>(sent);
     if (sent < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
@@ -582,6 +646,7 @@ bool TcpRmaComm::pumpRecv(uint32_t peer) {
         // A large host payload lands in place.
         const size_t want = static_cast<size_t>(std::min<uint64_t>(p.payloadLeft, budget));
         ssize_t n = ::recv(p.fd, p.dst->base + p.payloadOff, want, MSG_DONTWAIT);
+        if (n > 0) p.moved += static_cast<uint64_t>(n);
         if (n == 0) {
           lose(peer, "its socket closed (the process ended)");
           return false;
@@ -599,6 +664,7 @@ bool TcpRmaComm::pumpRecv(uint32_t peer) {
         if (p.recvStage.empty()) p.recvStage.resize(kGpuStage);
         const size_t want = static_cast<size_t>(std::min<uint64_t>(p.payloadLeft, kGpuStage));
         ssize_t n = ::recv(p.fd, p.recvStage.data(), want, MSG_DONTWAIT);
+        if (n > 0) p.moved += static_cast<uint64_t>(n);
         if (n == 0) {
           lose(peer, "its socket closed (the process ended)");
           return false;
@@ -620,6 +686,7 @@ bool TcpRmaComm::pumpRecv(uint32_t peer) {
       } else {
         p.inPos = p.inLen = 0;
         ssize_t n = ::recv(p.fd, p.in.data(), p.in.size(), MSG_DONTWAIT);
+        if (n > 0) p.moved += static_cast<uint64_t>(n);
         if (n == 0) {
           lose(peer, "its socket closed (the process ended)");
           return false;
@@ -648,6 +715,7 @@ bool TcpRmaComm::pumpRecv(uint32_t peer) {
     p.inPos = 0;
     p.inLen = tail;
     ssize_t n = ::recv(p.fd, p.in.data() + tail, p.in.size() - tail, MSG_DONTWAIT);
+    if (n > 0) p.moved += static_cast<uint64_t>(n);
     if (n == 0) {
       lose(peer, "its socket closed (the process ended)");
       return false;

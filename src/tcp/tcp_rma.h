@@ -40,6 +40,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "weft/common/rail_health.h"
 #include "rma/comm_base.h"
 #include "rma/op_pool.h"
 #include "rma/rma.h"
@@ -66,20 +67,7 @@ struct RmaFrame {
 };
 static_assert(sizeof(RmaFrame) == 64);
 
-// What connect() sends and answers on each new socket (32 bytes).
-struct RmaHello {
-  static constexpr uint32_t kMagic = 0x57465248;  // "WFRH"
-  static constexpr uint16_t kVersion = 1;
-  enum : uint16_t { kRequest = 0xffff, kAccepted = 0, kWrongToken = 1, kWrongComm = 2, kBadRank = 3 };
-  uint32_t magic;
-  uint16_t version;
-  uint16_t status;
-  uint64_t token;   // the listener's, from its handle
-  uint64_t commId;  // NCCL's communicator id (init's commId): two jobs on one host never cross
-  uint32_t rank;    // the connector's rank
-  uint32_t nranks;
-};
-static_assert(sizeof(RmaHello) == 32);
+// connect() says and answers oob::Hello on each new socket (weft/transport/oob.h).
 
 class TcpRmaTransport final : public rma::RmaTransport {
  public:
@@ -122,7 +110,16 @@ struct PeerSocket {
   struct RmaOp* getOp = nullptr;  // the get this answer completes
   std::vector<char> recvStage;  // a GPU destination's bytes on their way in
   std::string refusal;        // why the current put is refused (sent back once its payload is read)
+  // The stall watch (TcpRmaComm::watchStalls): bytes moved either way, what the last look saw, since when nothing
+  // moved while something waited on this peer, and whether this episode was reported.
+  uint64_t moved = 0, watchedMoved = 0;
+  int64_t quietSinceMs = 0;
+  bool stallReported = false;
 };
+
+// What a stalled peer's socket says (tcp_stall.cc, from the kernel's TCP_INFO): `sending`, operations of ours wait
+// to leave on it; `midPayload`, a put from it stopped half way in; else gets of ours wait for its answer.
+std::string rmaStallCause(int fd, bool sending, bool midPayload, StallKind* kind);
 
 // A queued or pending operation (put, get, flush, or a frame of weft's own: registration, error).
 struct RmaOp {
@@ -158,7 +155,8 @@ class TcpRmaComm final : public rma::CommBase {
   bool flushesAllPutsOnAnySignal() const override { return true; }
   void close() override;
 
-  // For tests and the conformance harness: operations not yet returned to the pool.
+  // Stall episodes reported by every TCP RMA comm of the process (WEFT_STALL_S).
+  static int64_t stalls();
 
  private:
   RmaOp* takeOp();
@@ -168,7 +166,12 @@ class TcpRmaComm final : public rma::CommBase {
   void pump(uint32_t peer);
   void pumpAll() override {
     for (uint32_t p = 0; p < peers_.size(); ++p) pump(p);
+    watchStalls();
   }
+  // Stalls (docs/hangs.md): a peer that something of ours waits on (operations queued to it, gets waiting for its
+  // answer, a put from it half in) and with which no byte moved either way for WEFT_STALL_S warns once per episode,
+  // with what its socket says. At most every 100 ms.
+  void watchStalls();
   bool pumpSend(PeerSocket& p);
   bool pumpRecv(uint32_t peer);
   bool handleFrame(uint32_t peer);
@@ -179,11 +182,13 @@ class TcpRmaComm final : public rma::CommBase {
                   const rma::Signal* signal);
 
   const size_t writeMax_;
+  const int64_t stallMs_;  // WEFT_STALL_S in ms; 0: no watch
   // Guarded by mu_ (CommBase).
   std::vector<PeerSocket> peers_;  // indexed by rank; our own entry has no socket
   rma::OpPool<RmaOp> pool_;
   // Registrations peers announced before this rank made its own: id -> (rank -> size).
   std::unordered_map<uint32_t, std::vector<int64_t>> announced_;
+  int64_t stallCheckMs_ = 0;
 };
 
 }  // namespace weft::tcp

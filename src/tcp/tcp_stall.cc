@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 
 #include "tcp/tcp_comm.h"
+#include "tcp/tcp_rma.h"
 #include "weft/common/sysfs.h"
 
 namespace weft::tcp {
@@ -166,6 +167,54 @@ std::string TcpRecvComm::stallCause(int64_t nowMs, StallKind* kind) {
   return what + fmt::format(" and the peer has sent nothing for them{}; its connection is up (its host answered {} "
                             "ms ago), so its process is alive but has not posted the matching send: {}",
                             aside, ti.lastAckMs, kBehind);
+}
+
+// The device API's TCP transport: a put needs nothing of the target's application, but its proxy must read the
+// socket (NCCL calls progress there), and a get needs it to answer.
+std::string rmaStallCause(int fd, bool sending, bool midPayload, StallKind* kind) {
+  *kind = StallKind::kOther;
+  const TcpInfo ti = tcpInfo(fd);
+  if (!ti.ok) return "its socket says nothing (TCP_INFO failed)";
+  constexpr const char* kProxy =
+      "that rank's proxy is not progressing the device API (the rank is behind: in compute, its proxy thread "
+      "blocked, or waiting on another rank)";
+  if (sending) {
+    if (ti.sndWnd == 0) {
+      *kind = StallKind::kBehind;
+      return fmt::format("its receive window is closed: its process is alive (its host acknowledges every byte) but "
+                         "reads nothing: {}",
+                         kProxy);
+    }
+    if (ti.unacked > 0 && (ti.retransmits > 0 || ti.backoff > 0 || ti.probes > 0)) {
+      *kind = StallKind::kLink;
+      return fmt::format("the bytes stopped on the way: {} segments unacknowledged, retransmitted {} times (backoff "
+                         "{}): the link, or its host",
+                         ti.unacked, ti.retransmits, ti.backoff);
+    }
+    if (ti.unacked == 0 && ti.notsent > 0) {
+      *kind = StallKind::kLink;
+      return fmt::format("nothing is in flight although its window is open ({} bytes wait in the socket): the bytes "
+                         "stopped on the way, this host's link or route to it is gone",
+                         ti.notsent);
+    }
+    return fmt::format("the socket is full ({} bytes unsent, its window {} bytes, {} unacknowledged)", ti.notsent,
+                       ti.sndWnd, ti.unacked);
+  }
+  if (ti.probes > 0 && ti.lastAckMs > 2500) {
+    *kind = StallKind::kLink;
+    return fmt::format("its host has answered nothing for {} (keepalive probes unanswered: {}): the link, or its host, "
+                       "is down",
+                       secs(ti.lastAckMs), ti.probes);
+  }
+  if (midPayload) {
+    *kind = StallKind::kLink;
+    return "the put stopped half way with the connection up: the bytes stopped on the way, or its proxy stopped "
+           "writing mid-put";
+  }
+  *kind = StallKind::kBehind;
+  return fmt::format("its connection is up (its host answered {} ms ago), so its process is alive but has not "
+                     "answered: {}",
+                     ti.lastAckMs, kProxy);
 }
 
 }  // namespace weft::tcp

@@ -12,6 +12,7 @@
 #include "weft/common/params.h"
 #include "weft/transport/agreement.h"
 #include "weft/transport/handle.h"
+#include "weft/transport/oob.h"
 
 namespace weft::verbs {
 
@@ -65,24 +66,15 @@ Status VerbsBackend::listen(int dev, const CommConfig& config, void* handle, Lis
   if (!validDevice(dev, "listen")) return Status::kInternal;
   if (handle == nullptr) return Status::kInternal;
   VerbsDevice& d = slots_.device(dev);
-  sockaddr_storage sa = d.handshakeAddr();
-  socklen_t len = d.handshakeAddrLen();
-  int fd = bindTcpSocket(sa, len, SOCK_NONBLOCK | SOCK_CLOEXEC);
-  if (fd < 0 || ::listen(fd, 64) != 0 || ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
-    WEFT_WARN("listen on {}: cannot open the handshake socket at {}: {}", d.props().name,
-              sockaddrString(reinterpret_cast<sockaddr*>(&sa)), std::strerror(errno));
-    if (fd >= 0) ::close(fd);
-    return Status::kSystem;
+  oob::Listener l;
+  if (Status st = oob::Listener::open(d.handshakeAddr(), d.handshakeAddrLen(), 64, nullptr, d.props().name, "listen",
+                                      &l);
+      st != Status::kOk) {
+    return st;
   }
-  WireHandle h;
-  h.backend = BackendId::kVerbs;
-  h.providerHash = providerHash();
-  h.token = randomToken();
-  h.addrLen = static_cast<uint16_t>(len);
-  std::memcpy(h.addr.data(), &sa, len);
-  h.encode(handle);
-  WEFT_INFO(NCCL_NET, "listening on {} at {}", d.props().name, sockaddrString(reinterpret_cast<sockaddr*>(&sa)));
-  *out = new VerbsListenComm(d, fd, h.token);
+  l.handle(BackendId::kVerbs, providerHash(), handle);
+  WEFT_INFO(NCCL_NET, "listening on {} at {}", d.props().name, sockaddrString(reinterpret_cast<const sockaddr*>(&l.addr)));
+  *out = new VerbsListenComm(d, l.sock.release(), l.token);
   return Status::kOk;
 }
 

@@ -29,7 +29,7 @@ Status VerbsRmaComm::postRecv(uint32_t peer, uint32_t slot) {
   wr.sg_list = &sge;
   wr.num_sge = 1;
   ibv_recv_wr* bad = nullptr;
-  if (int rc = ibv_post_recv(peers_[peer].qp, &wr, &bad)) {
+  if (int rc = ibv_post_recv(peers_[peer].qp.get(), &wr, &bad)) {
     WEFT_WARN("RMA: posting a receive on the QP to rank {} failed: {}", peer, std::strerror(rc));
     return Status::kSystem;
   }
@@ -55,7 +55,7 @@ Status VerbsRmaComm::postRdma(uint32_t peer, ibv_wr_opcode opcode, void* local, 
     wr.wr.rdma.rkey = rkey;
   }
   ibv_send_wr* bad = nullptr;
-  if (int rc = ibv_post_send(p.qp, &wr, &bad)) {
+  if (int rc = ibv_post_send(p.qp.get(), &wr, &bad)) {
     lose(peer, std::string("posting to its QP failed: ") + std::strerror(rc));
     return Status::kRemote;
   }
@@ -90,7 +90,7 @@ bool VerbsRmaComm::sendCtl(uint32_t peer, const rma::RingMsg& m, RmaOp* owner) {
   wr.opcode = IBV_WR_SEND;
   wr.send_flags = IBV_SEND_SIGNALED;
   ibv_send_wr* bad = nullptr;
-  if (int rc = ibv_post_send(p.qp, &wr, &bad)) {
+  if (int rc = ibv_post_send(p.qp.get(), &wr, &bad)) {
     lose(peer, std::string("posting a message to its QP failed: ") + std::strerror(rc));
     if (owner != nullptr) opDone(owner, false, Status::kRemote);
     return true;
@@ -140,7 +140,7 @@ Status VerbsRmaComm::iput(rma::Context* ctx, int context, rma::Window* src, uint
       failOp(op, Status::kRemote);
       return Status::kOk;
     }
-    rma::providerOpUses(op, src);
+    rma::ProviderOps::uses(op, src);
   }
   if (signal != nullptr) {
     if (atomics_) {
@@ -157,7 +157,7 @@ Status VerbsRmaComm::iput(rma::Context* ctx, int context, rma::Window* src, uint
       wr.wr.atomic.rkey = sig.second;
       wr.wr.atomic.compare_add = add;
       ibv_send_wr* bad = nullptr;
-      if (int rc = ibv_post_send(p.qp, &wr, &bad)) {
+      if (int rc = ibv_post_send(p.qp.get(), &wr, &bad)) {
         lose(rank, std::string("posting a fetch-and-add to its QP failed: ") + std::strerror(rc));
         opDone(op, false, Status::kRemote);
         return Status::kOk;
@@ -204,7 +204,7 @@ Status VerbsRmaComm::iget(rma::Context* ctx, int context, rma::Window* remote, u
     failOp(op, Status::kRemote);
     return Status::kOk;
   }
-  rma::providerOpUses(op, local);
+  rma::ProviderOps::uses(op, local);
   if (local->cuda) cudaGetsSinceFlush_ = true;
   return Status::kOk;
 }
@@ -255,7 +255,7 @@ void VerbsRmaComm::pumpAll() {
 void VerbsRmaComm::pollCq() {
   ibv_wc wc[kCqBatch];
   for (int round = 0; round < 16; ++round) {
-    const int n = ibv_poll_cq(cq_, kCqBatch, wc);
+    const int n = ibv_poll_cq(cq_.get(), kCqBatch, wc);
     if (n < 0) {
       fail("polling the completion queue failed", Status::kSystem);
       return;
@@ -288,7 +288,7 @@ void VerbsRmaComm::onWc(const ibv_wc& wc) {
   uint32_t peer = UINT32_MAX;
   RmaOp* op = nullptr;
   if (kind == kWrOp) {
-    op = pool_.find(static_cast<uint32_t>(value >> 32), static_cast<uint32_t>(value));
+    op = findOp(static_cast<uint32_t>(value >> 32), static_cast<uint32_t>(value));
     if (op != nullptr) peer = op->peer;
   } else {
     peer = static_cast<uint32_t>(value);

@@ -34,6 +34,7 @@
 #include "rma/provider_comm.h"
 #include "rma/rma.h"
 #include "verbs/verbs_device.h"
+#include "verbs/verbs_raii.h"
 
 namespace weft::verbs {
 
@@ -60,7 +61,7 @@ struct RmaOp : rma::ProviderOp {
   uint8_t quiet = 0;
 };
 
-class VerbsRmaComm final : public rma::ProviderComm<RmaOp>, public QpOwner {
+class VerbsRmaComm final : public rma::ProviderCommOf<RmaOp>, public QpOwner {
  public:
   VerbsRmaComm(int rank, int nranks, uint64_t commId, VerbsDevice& dev);
   ~VerbsRmaComm() override;
@@ -80,11 +81,11 @@ class VerbsRmaComm final : public rma::ProviderComm<RmaOp>, public QpOwner {
   static constexpr int kRecvs = 64;  // control receives posted a peer
   static constexpr int kSendWr = 512;
   struct WindowReg {
-    ibv_mr* mr = nullptr;
+    MrPtr mr;
     std::vector<std::pair<uint64_t, uint32_t>> remote;  // by rank: address, rkey
   };
   struct Peer : rma::PeerState {
-    ibv_qp* qp = nullptr;
+    QpPtr qp;
     int sendsOut = 0;  // send work requests posted and not yet known complete
   };
   // wr_id: kind in the top 4 bits, then the op (index << 32 | gen), the receive slot, or the peer.
@@ -97,6 +98,11 @@ class VerbsRmaComm final : public rma::ProviderComm<RmaOp>, public QpOwner {
   void setRemote(rma::Window* w, uint32_t rank, uint64_t addr, uint64_t key) override;
   void sendMsg(uint32_t peer, const rma::RingMsg& m) override { sendCtl(peer, m, nullptr); }
   bool sendsDrained() const override;
+  // The peer's NIC completes our work without its process: a silent peer is its link or its host.
+  const char* stallHint(StallKind* kind) const override {
+    *kind = StallKind::kLink;
+    return "its NIC acknowledges nothing (it completes our work without its process): the link, or its host";
+  }
 
   void pumpAll() override;
   void pollCq();
@@ -107,18 +113,19 @@ class VerbsRmaComm final : public rma::ProviderComm<RmaOp>, public QpOwner {
                   uint32_t rkey, RmaOp* owner, bool signaled);
   void waitRoom(uint32_t rank, int wrs);  // room for wrs work requests on rank's QP, else (after the bound) rank lost
 
+  // Members in acquisition order (verbs_raii.h): the CQ outlives the QPs on it, each MR its buffer's use.
   VerbsDevice& dev_;
   const bool atomics_;
-  ibv_cq* cq_ = nullptr;
+  CqPtr cq_;
   // Guarded by mu_ (CommBase).
   std::vector<Peer> peers_;
   std::vector<rma::RingMsg> recvBuf_;  // kRecvs a peer
-  ibv_mr* recvMr_ = nullptr;
+  MrPtr recvMr_;
   std::vector<rma::RingMsg> sendBuf_;  // kSendWr slots
-  ibv_mr* sendMr_ = nullptr;
+  MrPtr sendMr_;
   uint32_t nextSend_ = 0;
   uint64_t scratch_[2] = {};  // where fetch-and-add and read-back flushes put what they read
-  ibv_mr* scratchMr_ = nullptr;
+  MrPtr scratchMr_;
   std::unordered_map<const rma::Window*, std::unique_ptr<WindowReg>> regs_;
   std::deque<std::pair<uint32_t, rma::RingMsg>> backlog_;  // messages waiting for send room
   int64_t asyncCheckMs_ = 0;  // when the device's asynchronous events were last read

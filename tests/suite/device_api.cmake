@@ -66,3 +66,15 @@ weft_test(NAME harness.rma_rank_crash TIMEOUT 120 LABELS harness device-api PROV
           --timeout 300
   EXPECT "FAIL setup.connect +rank 0 ended here .exit 134.. rank 1 hung here after rank 0 crashed .signal 6.. rank 2 hung"
          "rank 0 worker .pid [0-9]+.: SIGABRT")
+
+# Stall lines (docs/hangs.md): rank 1 holds off for 3.5 s while 64 MiB of rank 0's puts wait on it (weft.stall_line,
+# WEFT_STALL_S=1): rank 0's line names rank 1 and what holds the bytes, and every byte then lands. Over weft's sockets
+# the kernel tells the case (rank 1's receive window closed: its proxy reads nothing); over libfabric tcp;ofi_rxm the
+# provider needs the target's progress, and the line says what the comm knows.
+weft_rma(NAME rma.stall_line.tcp OVER tcp ENV WEFT_STALL_S=1 ARGS --ranks 2 --only weft.stall_line --timeout 120
+         EXPECT "RMA .rank 0 of 2.: stalled on rank 1 .+ its receive window is closed.+ .peer_behind."
+                "PASS weft.stall_line")
+weft_rma(NAME rma.stall_line.fabric-tcp-rxm OVER fabric-tcp-rxm ENV WEFT_STALL_S=1
+         ARGS --ranks 2 --only weft.stall_line --timeout 120
+         EXPECT "RMA .rank 0 of 2.: stalled on rank 1: [0-9]+ operations? of ours ha(s|ve) had no completion"
+                "PASS weft.stall_line")

@@ -383,6 +383,41 @@ std::string deregInflight(Rank& k) {
   return compare(k, k.dst, kSlot * k.prev(), fill(k.prev(), 77, kSlot), "the put from a deregistered window");
 }
 
+// weft's promise (docs/hangs.md): an operation that waits on a rank whose proxy stops progressing is named in a stall
+// line once WEFT_STALL_S passes, and nothing is lost: rank 1 makes no call for 3.5 s while rank 0 puts 64 MiB to it,
+// then a signal; every byte of the last put is there when the signal is. The line itself is checked by the suite's
+// entry (rma.stall_line.*) in rank 0's output.
+std::string stallLine(Rank& k) {
+  constexpr int kPuts = 16;
+  if (k.rank == 0) {
+    const auto data = fill(0, 99, kSlot);
+    k.write(k.src, 0, data.data(), kSlot);
+  }
+  if (!k.barrier()) return "a rank did not fill its source";
+  if (k.rank == 0) {
+    std::vector<void*> reqs;
+    for (int i = 0; i < kPuts; ++i) {
+      void* req = nullptr;
+      int r = k.api->iput(k.ctx, 0, 0, k.src.mh, kSlot, 0, k.dst.mh, 1, 0, &req);
+      if (r != 0) return callFailed("iput", r);
+      reqs.push_back(req);
+    }
+    void* sreq = nullptr;
+    int r = k.api->iputSignal(k.ctx, 0, 0, nullptr, 0, 0, nullptr, 1, 8 * kStallSlot, k.sig.mh, 1, 1, true, 0, &sreq);
+    if (r != 0) return callFailed("iputSignal(size 0)", r);
+    reqs.push_back(sreq);
+    for (void* q : reqs) {
+      if (std::string e = k.wait(q, "a put to the rank that holds off"); !e.empty()) return e;
+    }
+  } else if (k.rank == 1) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(3500));  // NCCL's proxy here calls nothing meanwhile
+    const uint64_t want = ++k.sigExpected[kStallSlot];
+    if (!k.until([&] { return k.signal(kStallSlot) >= want; }, 60)) return "the signal after the held-off puts never came";
+    if (std::string e = compare(k, k.dst, 0, fill(0, 99, kSlot), "the last held-off put"); !e.empty()) return e;
+  }
+  return k.barrier() ? "" : "a rank did not finish";
+}
+
 // weft's promise: what is not a live object of the plugin is refused with an error, never dereferenced blindly.
 std::string garbage(Rank& k) {
   alignas(64) unsigned char junk[256];
@@ -527,6 +562,18 @@ std::vector<Check> checks() {
        needConnected, soak},
       {"dereg.inflight", "a window deregistered with a put from it in flight: refused or safe", needConnected,
        deregInflight},
+      {"weft.stall_line", "a rank that holds off for 3.5 s while 64 MiB of puts wait on it: named in a stall line, "
+                          "nothing lost",
+       [](Rank& k) {
+         std::string s = needConnected(k);
+         if (!s.empty()) return s;
+         const char* v = std::getenv("WEFT_STALL_S");
+         if (k.nranks < 2 || v == nullptr || std::atoi(v) < 1 || std::atoi(v) > 2) {
+           return std::string("needs 2 ranks and WEFT_STALL_S of 1 or 2 (its line is what the suite checks)");
+         }
+         return std::string();
+       },
+       stallLine},
       {"weft.garbage_handles", "garbage requests, handles, offsets, ranks and signal ops are refused", needConnected,
        garbage},
       {"faults.dead_rank", "the last rank dies: requests to it fail within the bound, queryLastError (if any) says so",

@@ -32,7 +32,8 @@ constexpr int kSoakSlot = kMaxRanks + 1;
 constexpr int kFaultSlot = kMaxRanks + 2;
 constexpr int kStrongSlot = kMaxRanks + 3;
 constexpr int kWeakSlot = kMaxRanks + 4;
-constexpr int kFenceSlot = kMaxRanks + 5;
+constexpr int kFenceSlot = kMaxRanks + 5;  // (and the bench's round trip: the slot after it)
+constexpr int kStallSlot = kMaxRanks + 7;  // weft.stall_line
 constexpr int kFlagHost = 1, kFlagCuda = 2;  // NCCL_PTR_*
 constexpr uint64_t kForceSo = 1, kNeverReset = 2;
 
