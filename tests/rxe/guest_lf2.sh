@@ -13,7 +13,7 @@ export LD_LIBRARY_PATH="$RXE_FABRIC_LIB"
 "$RXE_BIN" info 2>/dev/null | grep -m1 "at run time" | sed 's/^/  /'
 # --call-limit: the backstop for a connect/accept that blocks; the guest's CPU is emulated and shares the host's
 # two cores with whatever else runs there (a first verbs;ofi_rxm connect took 6.2 s beside a build).
-C="$RXE_BIN conformance --plugin $RXE_SO --timeout 60 --conns 64 --table 11 --quick --call-limit 15000"
+C="$RXE_BIN conformance --plugin $RXE_SO --timeout 60 --conns 64 --table 11 --quick --call-limit 15000 --dump-dir $PWD/dumps"
 F="--env WEFT_BACKEND=fabric --env WEFT_PROVIDER=verbs;ofi_rxm --env FI_UNIVERSE_SIZE=16"
 # devices.properties: rxe's largest message is below NCCL's 1 GiB chunks (as on 1.17). The oversized-send checks run:
 # libfabric 1.17's rxm over verbs crashed the receiver there (guest_tests.sh); whether 2.x does is what this shows.

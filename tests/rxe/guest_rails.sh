@@ -11,7 +11,7 @@
 links_up() { ip link set eth0 up; ip link set eth1 up; }  # (a check that failed halfway may have left one down)
 STEP_BEFORE=links_up
 ibv_devices | sed 's/^/  /'
-C="$RXE_BIN conformance --plugin $RXE_SO --timeout 120 --table 11 --only faults.rail_down"
+C="$RXE_BIN conformance --plugin $RXE_SO --timeout 120 --table 11 --only faults.rail_down --dump-dir $PWD/dumps"
 E="--env WEFT_BACKEND=fabric --env WEFT_PROVIDER=verbs;ofi_rxm --env FI_UNIVERSE_SIZE=16 --env WEFT_RAILS=rxe0+rxe1
    --env CONFORMANCE_LINK_DOWN_OK=1 --env WEFT_PEER_TIMEOUT=6 --env WEFT_PROBE_INTERVAL=500
    --env WEFT_RAIL_FAILOVER=1 --env WEFT_RAIL_READMIT=0"

@@ -6,7 +6,8 @@
 ibv_devices | sed 's/^/  /'
 # comms.scale holds 64 connections here (default 256 with --quick, 1,024 without): native verbs keeps an RC QP per
 # connection, as NCCL's IB transport does, and QP creation in emulation is slow.
-C="$RXE_BIN conformance --plugin $RXE_SO --timeout 60 --conns 64"
+# The workers run in a folder of the guest's writable output (the default, build/dumps, is the host's, read-only here).
+C="$RXE_BIN conformance --plugin $RXE_SO --timeout 60 --conns 64 --dump-dir $PWD/dumps"
 V="--env WEFT_BACKEND=verbs"
 # Every table version NCCL may load, over native verbs (the newest and the oldest in every run, v9 with GPU buffers
 # below; the table shims are the backends' common code, run on every version over loopback).
@@ -18,7 +19,7 @@ done
 # The full suite (1 GiB message, full soak and cycles) on the newest table, and striping over 4 QPs.
 # The 1 GiB message takes 20-30 s in emulation on a quiet host and went past 60 s with the host's two cores busy:
 # its liveness bound is 240 s here (each stream must still finish, or the check fails).
-step --long verbs.full.v12 900 $RXE_BIN conformance --plugin $RXE_SO --timeout 240 --conns 64 --table 12 $V
+step --long verbs.full.v12 900 $RXE_BIN conformance --plugin $RXE_SO --timeout 240 --conns 64 --table 12 --dump-dir $PWD/dumps $V
 step verbs.qps4.v11 300 $C --table 11 --quick $V --env WEFT_IB_QPS_PER_CONN=4 --env WEFT_STRIPE_MIN=65536
 # GPU memory without a GPU: the mock CUDA driver (tools/mock_cuda) hands out device buffers the CPU cannot touch
 # (a CPU access faults and the harness names the code that made it); rxe pins them through the registration

@@ -18,7 +18,9 @@ out=$(realpath -m "$2")
 limit=${3:-900}
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$out"
-rm -f "$out/exit-code" "$out/guest-output.txt"
+# A previous run's outputs go (its step logs, dumps and files), all but the initramfs kept for reuse: a step must
+# never read what an earlier run left.
+find "$out" -mindepth 1 -maxdepth 1 ! -name 'initramfs*' -exec rm -rf {} +
 
 missing=()
 command -v qemu-system-x86_64 >/dev/null || missing+=(qemu-system-x86)
