@@ -2,12 +2,13 @@
 # SPDX-License-Identifier: Apache-2.0
 # Medians over rounds of `weft bench --json` runs, one table, ratios to a reference configuration.
 #
-#   bench/medians.py DIR BASE [TITLE]
+#   bench/medians.py DIR BASE [TITLE] [--pair SUFFIX]
 #
 # DIR holds one file per run, named <label>.<round>[.<part>] (a `weft bench --json` output, its JSON line the last
 # one that starts with "{": a wrapper's own lines before it are skipped; parts: runs of one round with different
 # settings, such as the conns pattern's message size); BASE is the label the ratios are to (its column first). A run
-# that failed (no JSON) is left out, and said so.
+# that failed (no JSON) is left out, and said so. --pair SUFFIX: a label ending in SUFFIX has its ratio to the same
+# label without it (an A/B of one setting, such as +numa), every other label to BASE.
 import glob
 import json
 import os
@@ -28,8 +29,13 @@ def metric(x):
 
 
 def main():
-    raw, base = sys.argv[1], sys.argv[2]
-    title = sys.argv[3] if len(sys.argv) > 3 else "Gb/s"
+    args, pair = list(sys.argv[1:]), None
+    if "--pair" in args:
+        i = args.index("--pair")
+        pair = args[i + 1]
+        del args[i:i + 2]
+    raw, base = args[0], args[1]
+    title = args[2] if len(args) > 2 else "Gb/s"
     data, order, rounds = {}, [], set()
     for path in sorted(glob.glob(os.path.join(raw, "*"))):
         label, rnd = (os.path.basename(path).split(".") + [""])[:2]
@@ -50,13 +56,15 @@ def main():
     seen = list(order)
     order = sorted(seen, key=lambda l: (l != base, seen.index(l)))
     metrics = list(dict.fromkeys(m for l in order for m in data.get(l, {})))
-    print(f"{title}, {len(rounds)} alternating rounds, medians (ratio to {base}; latency: time)")
+    paired = f", {pair} to the same without it" if pair else ""
+    print(f"{title}, {len(rounds)} alternating rounds, medians (ratio to {base}{paired}; latency: time)")
     print(f"{'metric':22}" + "".join(f"{l:>18}" for l in order))
     for m in metrics:
         row = f"{m:22}"
         for l in order:
+            ref = l[:-len(pair)] if pair and l.endswith(pair) and l[:-len(pair)] in data else base
             v = data.get(l, {}).get(m)
-            b = data.get(base, {}).get(m)
+            b = data.get(ref, {}).get(m)
             if not v:
                 row += f"{'-':>18}"
                 continue

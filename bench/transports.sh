@@ -81,52 +81,13 @@ for r in $(seq 1 "$rounds"); do
     args=()
     for e in $envs; do args+=(--env "$e"); done
     LD_LIBRARY_PATH="$lp" timeout 300 "$weft" bench --plugin "$plugin" --quick --rounds 1 --patterns lat,bw,steps \
-      --no-raw --busy "$busy" "${args[@]}" >"$raw/$label.$r" 2>&1 </dev/null || echo "transports.sh: $label round $r failed" >&2
+      --no-raw --json --busy "$busy" "${args[@]}" >"$raw/$label.$r" 2>&1 </dev/null || echo "transports.sh: $label round $r failed" >&2
   done
   echo "round $r of $rounds done" >&2
 done
-python3 - "$raw" "$rounds" <<'EOF' | tee ${out:+"$out"}
-import glob, os, re, statistics, sys
-raw, rounds = sys.argv[1], int(sys.argv[2])
-data = {}  # label -> metric -> [values]
-order = []
-for path in sorted(glob.glob(os.path.join(raw, "*.*"))):
-    label = os.path.basename(path).rsplit(".", 1)[0]
-    if label not in order:
-        order.append(label)
-    section = None
-    for line in open(path, errors="replace"):
-        if line.startswith("ping-pong latency"): section = "lat"
-        elif line.startswith("streaming bandwidth"): section = "bw"
-        elif line.startswith("NCCL step pattern"): section = "steps"
-        m = re.match(r"\s+(\d+ (?:B|KiB|MiB))\s+([\d.]+)", line)
-        if section in ("lat", "bw") and m:
-            data.setdefault(label, {}).setdefault(f"{section} {m.group(1)}", []).append(float(m.group(2)))
-        m = re.match(r"\s+(\d+)\s+([\d.]+)\s*$", line)
-        if section == "steps" and m:
-            data.setdefault(label, {}).setdefault(f"steps {m.group(1)} conns", []).append(float(m.group(2)))
-pref = ["socket", "weft-tcp", "weft-tcp-base", "weft-tcp+numa", "rxm-1.17", "rxm-1.17+numa", "rxm-2.x", "tcp-2.x", "shm-1.17",
-        "shm-2.x"]
-order = [l for l in pref if l in order] + [l for l in order if l not in pref]
-base = order[0]
-metrics = list(data.get(base, {}).keys())
-print(f"weft bench --quick, loopback, {rounds} alternating rounds, medians; latency in us (lower is better), "
-      f"bandwidth in Gb/s; (ratio to {base}, or of X+numa to X: >1 is better for both)")
-print(f"{'metric':18}" + "".join(f"{l:>18}" for l in order))
-for m in metrics:
-    row = f"{m:18}"
-    for l in order:
-        ref = l[:-len("+numa")] if l.endswith("+numa") and l[:-len("+numa")] in data else base
-        if not data.get(ref, {}).get(m):
-            row += f"{'-':>18}"
-            continue
-        b = statistics.median(data[ref][m])
-        v = data.get(l, {}).get(m)
-        if not v:
-            row += f"{'-':>18}"
-            continue
-        med = statistics.median(v)
-        ratio = (b / med) if m.startswith("lat") else (med / b)
-        row += f"{med:>10.2f} ({ratio:4.2f})"
-    print(row)
-EOF
+baselabel=socket
+[ -f "$socket" ] && [ $numa = 0 ] || baselabel=$(IFS='|' read -r l _ <<<"${configs[0]}"; echo "$l")
+pair=()
+[ $numa = 1 ] && pair=(--pair +numa)
+python3 bench/medians.py "$raw" "$baselabel" "weft bench --quick, loopback; latency in us, bandwidth in Gb/s" \
+  "${pair[@]}" | tee ${out:+"$out"}
