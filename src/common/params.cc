@@ -108,7 +108,8 @@ const std::vector<Def> kDefs = {
   {"WEFT_STALL_S", Kind::kInt, "30", 0, 86400, nullptr,
    "Seconds a connection may have requests outstanding with no byte moving before NCCL's log gets one warning for "
    "the stall (what it waits for, and whether the peer has not posted its side, the bytes stopped mid-message, or "
-   "the peer is gone; docs/hangs.md), and an INFO line when bytes move again. 0: no stall lines."},
+   "the peer is gone; docs/hangs.md), and an INFO line when bytes move again. The device API's comms warn the "
+   "same way for a peer their operations wait on. 0: no stall lines."},
   {"WEFT_PEER_TIMEOUT", Kind::kInt, "10", 1, 86400, nullptr,
    "Seconds a liveness probe may stay undelivered before the peer counts as unreachable (host or link down) and "
    "the connection's requests fail with ncclRemoteError."},
