@@ -330,12 +330,6 @@ void ProviderComm::lose(uint32_t peerRank, const std::string& why) {
   onLost(peerRank);
 }
 
-namespace {
-std::atomic<int64_t> gStalls{0};
-}  // namespace
-
-int64_t ProviderComm::stalls() { return gStalls.load(std::memory_order_relaxed); }
-
 void ProviderComm::checkStalls() {
   const int64_t now = coarseNowMs();
   if (now - stallCheckMs_ < 100) return;
@@ -362,7 +356,6 @@ void ProviderComm::checkStalls() {
     }
     if (quietOps[r] == 0 || p.stallHeardMs >= 0) continue;
     p.stallHeardMs = p.heardMs;
-    gStalls.fetch_add(1, std::memory_order_relaxed);
     StallKind kind = StallKind::kOther;
     const char* hint = stallHint(&kind);
     WEFT_WARN("RMA (rank {} of {}): stalled on rank {}: {} operation{} of ours {} had no completion for {} s, and "

@@ -147,8 +147,6 @@ class ProviderComm : public CommBase {
   void checkStalls();
   // close(): what this rank still sends (a record it forwards) leaves first, within a second; then the comm goes.
   void drainAndDelete();
-  // Stall episodes reported by every provider RMA comm of the process.
-  static int64_t stalls();
 
   const uint32_t check_;
   const int64_t peerTimeoutMs_;

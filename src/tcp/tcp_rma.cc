@@ -417,12 +417,6 @@ void TcpRmaComm::pump(uint32_t peer) {
   if (pumpSend(p) && pumpRecv(peer) && p.head != nullptr) pumpSend(p);
 }
 
-namespace {
-std::atomic<int64_t> gRmaStalls{0};
-}  // namespace
-
-int64_t TcpRmaComm::stalls() { return gRmaStalls.load(std::memory_order_relaxed); }
-
 void TcpRmaComm::watchStalls() {
   if (stallMs_ <= 0) return;
   const int64_t now = coarseNowMs();
@@ -447,7 +441,6 @@ void TcpRmaComm::watchStalls() {
     }
     if (p.stallReported || now - p.quietSinceMs < stallMs_) continue;
     p.stallReported = true;
-    gRmaStalls.fetch_add(1, std::memory_order_relaxed);
     std::string what;
     int queued = 0;
     for (RmaOp* op = p.head; op != nullptr; op = op->next) queued += op->internal ? 0 : 1;

@@ -155,9 +155,6 @@ class TcpRmaComm final : public rma::CommBase {
   bool flushesAllPutsOnAnySignal() const override { return true; }
   void close() override;
 
-  // Stall episodes reported by every TCP RMA comm of the process (WEFT_STALL_S).
-  static int64_t stalls();
-
  private:
   RmaOp* takeOp();
   void freeOp(RmaOp* op);
