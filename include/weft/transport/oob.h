@@ -32,7 +32,8 @@ Deadline connectDeadline();
 // A socket this object owns: closed when it goes, or when another replaces it.
 class Socket {
  public:
-  explicit Socket(int fd = -1) : fd_(fd) {}
+  Socket() = default;
+  explicit Socket(int fd) : fd_(fd) {}
   ~Socket() { reset(); }
   Socket(Socket&& o) noexcept : fd_(o.release()) {}
   Socket& operator=(Socket&& o) noexcept {
@@ -51,7 +52,7 @@ class Socket {
   }
 
  private:
-  int fd_;
+  int fd_ = -1;
 };
 
 // A non-blocking listening socket bound to an interface's address (its port chosen by the kernel when 0).
