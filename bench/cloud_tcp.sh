@@ -7,16 +7,18 @@
 #
 #   bench/cloud_tcp.sh [--rounds 5] [--nic "--flow 1gbit --total 12gbit --buckets 64"] [--slow K]
 #                      [--patterns conns,steps] [--sizes 1048576,4194304] [--weft-env "K=V ..."] [--out FILE]
+#                      [--base PLUGIN]
 #
 # --slow K: bucket K at a quarter of the flow cap (a congested path). --weft-env: settings for weft's runs (a
-# second weft configuration, "weft+env", beside the default one). Needs root (namespaces), htb and cls_bpf; the NCCL
-# Socket shim (tests/conformance/nccl_builtin_build.sh ncclNetSocket) for the reference.
+# second weft configuration, "weft+env", beside the default one). --base PLUGIN: another build's plugin file (an
+# earlier commit) as "weft-base", for a before/after A/B in the same rounds. Needs root (namespaces), htb and
+# cls_bpf; the NCCL Socket shim (tests/conformance/nccl_builtin_build.sh ncclNetSocket) for the reference.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
 rounds=5 nic="--flow 1gbit --total 12gbit --buckets 64" slow="" patterns=conns,steps sizes=1048576,4194304
-weft_env="" out=""
-bench_options cloud_tcp.sh "rounds nic slow patterns sizes weft_env out" "$@"
+weft_env="" out="" base=""
+bench_options cloud_tcp.sh "rounds nic slow patterns sizes weft_env out base" "$@"
 bench_paths cloud_tcp.sh
 [ -n "$slow" ] && nic="$nic --slow $slow"
 # label | plugin | --env settings
@@ -26,6 +28,7 @@ configs=(
   "weft-tcp|$so|WEFT_BACKEND=tcp"
 )
 [ -n "$weft_env" ] && configs+=("weft+env|$so|WEFT_BACKEND=tcp $weft_env")
+[ -n "$base" ] && configs+=("weft-base|$base|WEFT_BACKEND=tcp")
 # One configuration's runs of a round, a part per message size: label plugin round raw --env K=V ...
 run() {
   local label=$1 plugin=$2 r=$3 raw=$4 s pats=$patterns rc=0

@@ -72,8 +72,9 @@ const std::vector<Def> kDefs = {
    "Native TCP backend: TCP flows (sockets) per interface in every connection, at most 64 a connection (a fused "
    "device's interfaces together). Flow 0 carries the message headers and every message below WEFT_STRIPE_MIN "
    "bytes; a larger one is cut into WEFT_TCP_CHUNK pieces the flows take as they have room. 0: from the NIC's PCI "
-   "vendor, for clouds that cap each flow (16 on AWS ENA, 8 on Azure MANA, 4 on Google gVNIC and virtio-net), "
-   "else 1."},
+   "vendor, for clouds that cap each flow (16 on AWS ENA, 8 on Azure MANA, 4 on Google gVNIC and virtio-net); on "
+   "any other NIC each connection grows from one flow an interface, x4 while that adds 10% or more, up to 16 (a "
+   "device's later connections start where its last grown one stopped); 1 on loopback."},
   {"WEFT_TCP_NOTSENT_LOWAT", Kind::kInt, "262144", 0, 1 << 30, nullptr,
    "Native TCP backend, connections of several flows: TCP_NOTSENT_LOWAT on each flow's socket, in bytes: the "
    "kernel takes no more from a flow while this much of it is unsent, so pieces go to the flows whose path "

@@ -126,6 +126,10 @@ struct TcpDevice {
   std::vector<RailAddr> rails;  // one for an interface; several for a device NCCL fused
   int flows = 1;                // flows a connection opens (all interfaces together); growing: at most
   bool grow = false;            // a NIC weft does not know: flows added while they add bandwidth
+  // Growing: the flows a connection of this device last found worth having (0: none has grown yet). A new
+  // connection's first bulk data starts on this many and grows on from there: the flow cap is the NIC's, so one
+  // connection's finding spares the next ones (NCCL opens many on a device) the windows of growth.
+  std::atomic<int> learnedFlows{0};
   std::unique_ptr<Registrar> registrar;
   std::unique_ptr<MrCache> cache;
   std::shared_ptr<HelperPool> helpers;  // WEFT_TCP_THREADS > 0: threads that move piece flows (tcp_helpers.h)
@@ -339,7 +343,8 @@ class TcpSendComm final : public TcpComm<SendComm> {
   void openFlows(int upTo);  // connects flows [opened_, upTo)
   void pollJoins();
   void bulkStarted();
-  void bulkDone(uint64_t size, uint32_t seq);
+  int growStart() const;
+  void bulkDone(uint64_t size);
   struct Joining {
     size_t helloSent = 0, answerGot = 0;
     Hello answer{};
@@ -359,7 +364,7 @@ class TcpSendComm final : public TcpComm<SendComm> {
   std::chrono::steady_clock::duration busy_{};
   double lastGbps_ = 0;
   int lastFlows_ = 0;
-  uint32_t settleSeq_ = 0;  // windows count messages from this one on (sent since the count last changed)
+  bool settle_ = false;  // the count just changed: the window that ends next is not measured
   static constexpr uint64_t kGrowWindowBytes = uint64_t{8} << 20;
   static constexpr std::chrono::milliseconds kGrowWindowTime{10};
   std::chrono::steady_clock::time_point joinStart_;

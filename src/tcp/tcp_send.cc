@@ -53,7 +53,7 @@ Status TcpSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Reque
   if (size >= stripeMin_ && nFlows_ > 1) {
     // Bulk data: the other flows open now. A large message waits for them a moment (NCCL retries a NULL
     // request), so that even the first one travels over all of them.
-    if (!joinsStarted_) openFlows(grow_ ? nIfaces_ : nFlows_);  // growing: the first window on a flow an interface
+    if (!joinsStarted_) openFlows(grow_ ? growStart() : nFlows_);
     if (joiningLeft_ > 0) {
       pollJoins();
       if (joiningLeft_ > 0 && std::chrono::steady_clock::now() - joinStart_ < kJoinWait) {
@@ -70,7 +70,9 @@ Status TcpSendComm::isend(void* data, size_t size, int tag, MemHandle* mh, Reque
   r->assigned = 0;
   r->itemsLeft = 1;
   if (grow_ && size >= stripeMin_) bulkStarted();
-  const bool pieces = ready_ > 1 && size >= stripeMin_;
+  // In pieces where several flows carry it, and where more are on their way or may be added (growing): a
+  // message queued whole on flow 0 would stay there when they come, at one flow's pace.
+  const bool pieces = size >= stripeMin_ && (ready_ > 1 || joiningLeft_ > 0 || grow_);
   Item& h = r->head;
   MsgHeader mhdr{size | (pieces ? MsgHeader::kInPieces : 0) | (joiningLeft_ > 0 ? MsgHeader::kJoining : 0), tag,
                  msgCheck(r->seq)};
@@ -163,7 +165,7 @@ void TcpSendComm::itemDone(Item* it) {
   }
   if (--r->itemsLeft == 0 && r->assigned == r->size) {
     r->complete = true;
-    if (grow_ && r->size >= stripeMin_) bulkDone(r->size, r->seq);
+    if (grow_ && r->size >= stripeMin_) bulkDone(r->size);
   }
 }
 
@@ -186,12 +188,13 @@ void TcpSendComm::progress() {
 
 void TcpSendComm::openFlows(int upTo) {
   upTo = std::min(upTo, nFlows_);
-  if (plan_.peers.empty() || upTo <= opened_) {
-    joinsStarted_ = true;
-    return;
-  }
-  if (!joinsStarted_) opts_.applyFlow(flows_[0].fd);
+  // Flow 0 of a connection of several keeps little unsent (TCP_NOTSENT_LOWAT), from its first bulk data on, the
+  // first window of a growing one on this flow alone included: every message's header travels on it, and one
+  // queued behind megabytes of earlier pieces in its socket buffer holds back the pieces of its message that the
+  // other flows bring.
+  if (!joinsStarted_ && nFlows_ > 1) opts_.applyFlow(flows_[0].fd);
   joinsStarted_ = true;
+  if (plan_.peers.empty() || upTo <= opened_) return;
   if (!joining_) joining_.reset(new Joining[static_cast<size_t>(nFlows_)]);
   joinStart_ = std::chrono::steady_clock::now();
   for (int k = opened_; k < upTo; ++k) {
@@ -225,21 +228,14 @@ void TcpSendComm::openFlows(int upTo) {
 }
 
 // Growing (a NIC weft does not know, WEFT_TCP_FLOWS unset): bulk messages' bytes over the time some were in
-// flight, per window; the flows double while a window with more of them carries at least 10% more.
+// flight, per window; the flows grow x4 while a window with more of them carries at least 10% more.
 void TcpSendComm::bulkStarted() {
   if (bulkOut_++ == 0) busyFrom_ = std::chrono::steady_clock::now();
 }
 
-void TcpSendComm::bulkDone(uint64_t size, uint32_t seq) {
+void TcpSendComm::bulkDone(uint64_t size) {
   const auto now = std::chrono::steady_clock::now();
   if (--bulkOut_ == 0) busy_ += now - busyFrom_;
-  if (static_cast<int32_t>(seq - settleSeq_) < 0) {
-    // a message sent before the count changed (queued on fewer flows): the window starts after the last of them
-    winBytes_ = 0;
-    busy_ = {};
-    busyFrom_ = now;
-    return;
-  }
   winBytes_ += size;
   const auto busy = busy_ + (bulkOut_ > 0 ? now - busyFrom_ : std::chrono::steady_clock::duration{});
   if (winBytes_ < kGrowWindowBytes || busy < kGrowWindowTime) return;
@@ -247,16 +243,18 @@ void TcpSendComm::bulkDone(uint64_t size, uint32_t seq) {
   winBytes_ = 0;
   busy_ = {};
   busyFrom_ = now;
-  // measured while flows joined, or the first window since the count changed (socket buffers filling, messages
-  // queued before on fewer flows draining): again
-  if (joiningLeft_ > 0) {
-    settleSeq_ = seq_;
+  // The window in which the count changed (the new flows' socket buffers filling, the pieces of messages queued
+  // before spreading over them) says little: the next one measures. So does one in which flows still joined.
+  // Every message, whenever it was sent, counts: its pieces are handed out as flows have room.
+  if (settle_ || joiningLeft_ > 0) {
+    settle_ = joiningLeft_ > 0;
     return;
   }
   if (lastGbps_ > 0 && gbps < lastGbps_ * 1.1) {
     // the last ones added nothing: they stay open but take no pieces (the flows below lastFlows_ carry on)
     grow_ = false;
     if (gbps < lastGbps_) active_ = std::max(1, lastFlows_);
+    dev_.learnedFlows.store(std::min(active_, ready_), std::memory_order_relaxed);
     WEFT_INFO(NCCL_NET, "connection with {} on {}: {} flows carry its pieces ({} carried {:.2f} Gb/s, {} {:.2f})",
               peerName_, dev_.props.name, std::min(active_, ready_), lastFlows_, lastGbps_, ready_, gbps);
     return;
@@ -265,12 +263,21 @@ void TcpSendComm::bulkDone(uint64_t size, uint32_t seq) {
   lastFlows_ = ready_;
   if (opened_ >= nFlows_) {
     grow_ = false;
+    dev_.learnedFlows.store(ready_, std::memory_order_relaxed);
     WEFT_INFO(NCCL_NET, "connection with {} on {}: {} flows ({:.2f} Gb/s), the most it may have", peerName_,
               dev_.props.name, ready_, gbps);
     return;
   }
-  openFlows(opened_ * 4);
-  settleSeq_ = seq_;
+  // x4, or straight to what another connection of the device has found since this one started
+  openFlows(std::max(opened_ * 4, dev_.learnedFlows.load(std::memory_order_relaxed)));
+  settle_ = true;
+}
+
+// Growing: the first bulk data goes on a flow an interface, or on as many as the device's last grown connection
+// found worth having (as many on each interface).
+int TcpSendComm::growStart() const {
+  const int learned = dev_.learnedFlows.load(std::memory_order_relaxed);
+  return std::clamp((learned + nIfaces_ - 1) / nIfaces_ * nIfaces_, nIfaces_, nFlows_);
 }
 
 // Each joining flow, without blocking: connected, hello sent, answer read. A flow that fails to join is closed and

@@ -39,14 +39,19 @@ struct Link {
   std::function<void(int, uint64_t, uint8_t*, size_t)> mutate;
 
   // threads: helper threads that move flows 1 and up (WEFT_TCP_THREADS, tcp_helpers.h); 0: all inline
-  explicit Link(int flows, uint64_t stripeMin = 256 << 10, uint32_t chunk = 128 << 10, int threads = 0) {
+  // open: flows open from the start (the rest would join later; here none does); grow: the device's NIC is one weft
+  // does not know (TcpDevice::grow)
+  explicit Link(int flows, uint64_t stripeMin = 256 << 10, uint32_t chunk = 128 << 10, int threads = 0,
+                int open = 0, bool grow = false) {
     dev.props.name = "test";
+    dev.grow = grow;
+    const int opened = open > 0 ? open : flows;
     if (threads > 0) dev.helpers = std::make_shared<HelperPool>(threads, -1, "test");
     SocketOptions opts;
     opts.stripeMin = stripeMin;
     opts.chunk = chunk;
     std::vector<int> sendFds, recvFds;
-    for (int k = 0; k < flows; ++k) {
+    for (int k = 0; k < opened; ++k) {
       int a[2], b[2];
       REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, a) == 0);
       REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, b) == 0);
@@ -214,6 +219,36 @@ void piecesRoundTrip(int flows, uint32_t chunk, int threads = 0) {
   for (int k = 0; k < flows; ++k) {
     INFO("flow " << k);
     CHECK(l.relayed[k] > 0);
+  }
+}
+
+// A connection that grows its flows (a NIC weft does not know) sends its bulk messages in pieces from the first one
+// on, on flow 0 while it is alone: a message queued whole on flow 0 would stay there when more flows join, at one
+// flow's pace. The receiver, a comm of several flows with one open, assembles them from flow 0.
+TEST_CASE("TCP: a growing connection on its first flow alone sends bulk messages in pieces", "[tcp]") {
+  for (bool grow : {true, false}) {
+    INFO((grow ? "growing" : "flows to join, not growing"));
+    Link l(4, /*stripeMin=*/64 << 10, /*chunk=*/16 << 10, 0, /*open=*/1, grow);
+    const size_t sizes[] = {100, 1 << 20, 3000, (256 << 10) + 5};
+    std::vector<std::vector<uint8_t>> out, in;
+    std::vector<Request*> reqs;
+    uint64_t payload = 0;
+    for (size_t i = 0; i < std::size(sizes); ++i) {
+      out.push_back(pattern(sizes[i], static_cast<uint8_t>(70 + i)));
+      in.emplace_back(sizes[i], 0);
+      payload += sizes[i];
+    }
+    for (size_t i = 0; i < std::size(sizes); ++i) reqs.push_back(irecv(l, in[i], 9));
+    for (size_t i = 0; i < std::size(sizes); ++i) reqs.push_back(isend(l, out[i], 9));
+    REQUIRE(drive(l, reqs) == Status::kOk);
+    for (size_t i = 0; i < std::size(sizes); ++i) {
+      INFO("message " << i);
+      CHECK(in[i] == out[i]);
+    }
+    // every message's 16-byte header, and where in pieces one 16-byte piece header a 16 KiB chunk
+    const uint64_t pieceHeaders = ((1 << 20) / (16 << 10)) + ((256 << 10) / (16 << 10) + 1);
+    const uint64_t whole = payload + 16 * std::size(sizes);
+    CHECK(l.relayed[0] == (grow ? whole + 16 * pieceHeaders : whole));
   }
 }
 
