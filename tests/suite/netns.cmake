@@ -132,8 +132,8 @@ weft_test(NAME netns.cloud_nic TIMEOUT 120 LABELS netns OPTIONAL
 
 # weft's TCP flows on the emulated cloud NIC (1 Gb/s a flow, 12 in all, 64 buckets), with no WEFT_TCP_FLOWS: the
 # connection finds its count on this NIC it does not know (docs/tcp.md), one flow while it carries small messages,
-# then 256 MiB spread over at least 4 flows with a fair part each (weft.tcp_flows), and the data checks over the
-# flows it grew. OPTIONAL as netns.cloud_nic (htb, cls_bpf).
+# then 256 MiB spread over at least 4 flows with a fair part each, then a later connection whose first bulk message
+# opens the count the first one found (weft.tcp_flows), and the data checks over the flows it grew. OPTIONAL as netns.cloud_nic (htb, cls_bpf).
 weft_conformance(NAME conformance.netns.cloud.tcp NETNS --cloud-nic "--flow 1gbit --total 12gbit --buckets 64"
                  OPTIONAL TIMEOUT 300
                  ARGS --table 11 --only weft.tcp_flows --only data.sizes --only data.nccl_steps --min-flows 4

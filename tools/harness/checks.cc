@@ -93,7 +93,8 @@ const std::vector<Check>& allChecks() {
       {"weft.replayed_handle", "a second connect to a used handle is refused; the first connection still works",
        weftReplayedHandle},
       {"weft.tcp_flows", "TCP backend: one flow while a connection carries small messages; a large transfer spread "
-       "over several, each with a fair part of the bytes (--min-flows, WEFT_TCP_FLOWS)",
+       "over several, each with a fair part of the bytes (--min-flows, WEFT_TCP_FLOWS); a later connection's first "
+       "bulk message on as many flows as the first found",
        weftTcpFlows},
       {"weft.stall_lines", "a connection waiting with no byte moving for WEFT_STALL_S warns once: a receive whose "
        "send is posted late says the peer has not posted it, a send whose receive is posted late that the peer "
