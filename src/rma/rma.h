@@ -143,6 +143,12 @@ class RmaListen : public Object {
 class SocketListen final : public RmaListen {
  public:
   SocketListen(int dev, oob::Listener l) : dev_(dev), listener_(std::move(l)) {}
+  // listen's end: the listener's handle written for NCCL to all-gather, the INFO line, the listen comm.
+  static RmaListen* publish(int dev, oob::Listener l, BackendId backend, uint32_t providerHash,
+                            const std::string& devName, void* handle);
+  // connect's arguments checked: the listen comm as a socket transport's own, or nullptr with a warning for what
+  // NCCL never passes (no handles, no output, a rank outside the comm, another transport's listen comm).
+  static SocketListen* forConnect(void* const* handles, int nranks, int rank, RmaListen* listen, RmaComm** out);
   int dev() const override { return dev_; }
   const oob::Listener& listener() const { return listener_; }
 

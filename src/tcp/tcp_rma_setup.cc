@@ -52,21 +52,14 @@ Status TcpRmaTransport::listen(int dev, void* handle, rma::RmaListen** out) {
       st != Status::kOk) {
     return st;
   }
-  l.handle(BackendId::kTcp, rmaProviderHash(), handle);
-  WEFT_INFO(NCCL_NET, "RMA: listening on {} at {}", d.props.name,
-            sockaddrString(reinterpret_cast<const sockaddr*>(&l.addr)));
-  *out = new rma::SocketListen(dev, std::move(l));
+  *out = rma::SocketListen::publish(dev, std::move(l), BackendId::kTcp, rmaProviderHash(), d.props.name, handle);
   return Status::kOk;
 }
 
 Status TcpRmaTransport::connect(void* const* handles, int nranks, int rank, rma::RmaListen* listenBase,
                                 uint64_t commId, rma::RmaComm** out) {
-  auto* listenComm = dynamic_cast<rma::SocketListen*>(listenBase);
-  if (handles == nullptr || out == nullptr || listenComm == nullptr || nranks < 1 || rank < 0 || rank >= nranks) {
-    WEFT_WARN("RMA connect: called with rank {} of {}, handles {}, listen comm {}", rank, nranks,
-              static_cast<const void*>(handles), static_cast<const void*>(listenBase));
-    return Status::kInternal;
-  }
+  rma::SocketListen* listenComm = rma::SocketListen::forConnect(handles, nranks, rank, listenBase, out);
+  if (listenComm == nullptr) return Status::kInternal;
   const oob::Listener& listen = listenComm->listener();
   const DeviceProps& props = backend_->props(listenComm->dev());
   struct Peer {

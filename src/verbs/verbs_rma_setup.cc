@@ -51,21 +51,14 @@ Status VerbsRmaTransport::listen(int dev, void* handle, rma::RmaListen** out) {
       st != Status::kOk) {
     return st;
   }
-  l.handle(BackendId::kVerbs, rmaProviderHash(), handle);
-  WEFT_INFO(NCCL_NET, "RMA: listening on {} at {}", d.props().name,
-            sockaddrString(reinterpret_cast<const sockaddr*>(&l.addr)));
-  *out = new rma::SocketListen(dev, std::move(l));
+  *out = rma::SocketListen::publish(dev, std::move(l), BackendId::kVerbs, rmaProviderHash(), d.props().name, handle);
   return Status::kOk;
 }
 
 Status VerbsRmaTransport::connect(void* const* handles, int nranks, int rank, rma::RmaListen* listenBase,
                                   uint64_t commId, rma::RmaComm** out) {
-  auto* listen = dynamic_cast<rma::SocketListen*>(listenBase);
-  if (handles == nullptr || out == nullptr || listen == nullptr || nranks < 1 || rank < 0 || rank >= nranks) {
-    WEFT_WARN("RMA connect: called with rank {} of {}, handles {}, listen comm {}", rank, nranks,
-              static_cast<const void*>(handles), static_cast<const void*>(listenBase));
-    return Status::kInternal;
-  }
+  rma::SocketListen* listen = rma::SocketListen::forConnect(handles, nranks, rank, listenBase, out);
+  if (listen == nullptr) return Status::kInternal;
   VerbsDevice& d = *devices_[static_cast<size_t>(listen->dev())];
   const int next = (rank + 1) % nranks;
   WireHandle nh;
