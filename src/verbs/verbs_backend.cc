@@ -74,7 +74,7 @@ Status VerbsBackend::listen(int dev, const CommConfig& config, void* handle, Lis
   }
   l.handle(BackendId::kVerbs, providerHash(), handle);
   WEFT_INFO(NCCL_NET, "listening on {} at {}", d.props().name, sockaddrString(reinterpret_cast<const sockaddr*>(&l.addr)));
-  *out = new VerbsListenComm(d, l.sock.release(), l.token);
+  *out = new VerbsListenComm(d, std::move(l.sock), l.token);
   return Status::kOk;
 }
 

@@ -33,6 +33,7 @@
 #include "weft/common/numa.h"
 #include "weft/transport/comm_adaptor.h"
 #include "weft/transport/offer_table.h"
+#include "weft/transport/oob.h"
 #include "weft/transport/request_pool.h"
 #include "weft/transport/silence.h"
 #include "weft/transport/tag_seq.h"
@@ -321,13 +322,12 @@ class VerbsRecvComm final : public VerbsComm<RecvComm> {
 
 class VerbsListenComm final : public ListenComm {
  public:
-  VerbsListenComm(VerbsDevice& dev, int fd, uint64_t token);
-  ~VerbsListenComm() override;
+  VerbsListenComm(VerbsDevice& dev, oob::Socket listen, uint64_t token);
   Status accept(RecvComm** recvComm) override;
 
  private:
   VerbsDevice& dev_;
-  int listenFd_;
+  oob::Socket listen_;  // the listening socket (weft/transport/oob.h), closed with the comm
   uint64_t token_;
   static constexpr std::chrono::seconds kHandshakeTimeout{30};  // for one connector to finish its part
   std::unique_ptr<HandshakeSocket> sock_;  // the connection being accepted

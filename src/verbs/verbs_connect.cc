@@ -149,12 +149,8 @@ Status QpSet::connect(const QpInfo& peer, int trafficClass, std::string* why) {
 
 // ---- listen / accept -------------------------------------------------------------------------------------------
 
-VerbsListenComm::VerbsListenComm(VerbsDevice& dev, int fd, uint64_t token)
-    : dev_(dev), listenFd_(fd), token_(token) {}
-
-VerbsListenComm::~VerbsListenComm() {
-  if (listenFd_ >= 0) ::close(listenFd_);
-}
+VerbsListenComm::VerbsListenComm(VerbsDevice& dev, oob::Socket listen, uint64_t token)
+    : dev_(dev), listen_(std::move(listen)), token_(token) {}
 
 Status VerbsListenComm::accept(RecvComm** out) {
   *out = nullptr;
@@ -162,7 +158,7 @@ Status VerbsListenComm::accept(RecvComm** out) {
   if (!sock_) {
     sockaddr_storage sa{};
     socklen_t len = sizeof(sa);
-    int fd = ::accept4(listenFd_, reinterpret_cast<sockaddr*>(&sa), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    int fd = ::accept4(listen_.fd(), reinterpret_cast<sockaddr*>(&sa), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED) return Status::kOk;
       WEFT_WARN("accept on {} failed: {}", dev_.props().name, std::strerror(errno));
