@@ -75,6 +75,13 @@ const std::vector<Def> kDefs = {
    "vendor, for clouds that cap each flow (16 on AWS ENA, 8 on Azure MANA, 4 on Google gVNIC and virtio-net); on "
    "any other NIC each connection grows from one flow an interface, x4 while that adds 10% or more, up to 16 (a "
    "device's later connections start where its last grown one stopped); 1 on loopback."},
+  {"WEFT_TCP_RMA_FLOWS", Kind::kInt, "1", 0, 64, nullptr,
+   "The device API over weft's TCP sockets (WEFT_RMA): TCP flows between two ranks. 1: one socket carries every "
+   "operation in order. N > 1: a control flow (every frame, in order) and N data flows that carry puts of "
+   "WEFT_STRIPE_MIN bytes and more as WEFT_TCP_CHUNK pieces, taken as each flow has room; the target applies "
+   "nothing after such a put before all its pieces are in, so the order holds. 0: as the device's net connections "
+   "(WEFT_TCP_FLOWS, else the NIC's PCI vendor; 4 on a NIC weft does not know, 1 on loopback). At most 2048 sockets "
+   "a comm: fewer data flows on large comms."},
   {"WEFT_TCP_NOTSENT_LOWAT", Kind::kInt, "262144", 0, 1 << 30, nullptr,
    "Native TCP backend, connections of several flows: TCP_NOTSENT_LOWAT on each flow's socket, in bytes: the "
    "kernel takes no more from a flow while this much of it is unsent, so pieces go to the flows whose path "

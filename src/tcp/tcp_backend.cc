@@ -486,14 +486,17 @@ bool TcpBackend::stat(std::string_view key, long long* value) const {
     *value = (counters().*member).load(std::memory_order_relaxed);
     return true;
   }
-  // tcp.flow_bytes_sent.K: bytes sent on flow K of every connection (the flows' share of a transfer)
-  constexpr std::string_view kFlowBytes = "tcp.flow_bytes_sent.";
-  if (key.substr(0, kFlowBytes.size()) == kFlowBytes) {
+  // tcp.flow_bytes_sent.K: bytes sent on flow K of every connection (the flows' share of a transfer);
+  // tcp.rma_flow_bytes_sent.K: the same of the device API's pairs (K = 0: their control flows)
+  for (const auto& [prefix, array] : {std::pair{std::string_view("tcp.flow_bytes_sent."), &Counters::flowBytesSent},
+                                      std::pair{std::string_view("tcp.rma_flow_bytes_sent."),
+                                                &Counters::rmaFlowBytesSent}}) {
+    if (key.substr(0, prefix.size()) != prefix) continue;
     int k = -1;
-    const std::string_view num = key.substr(kFlowBytes.size());
+    const std::string_view num = key.substr(prefix.size());
     auto [p, ec] = std::from_chars(num.data(), num.data() + num.size(), k);
     if (ec != std::errc() || p != num.data() + num.size() || k < 0 || k >= kMaxFlows) return false;
-    *value = counters().flowBytesSent[k].load(std::memory_order_relaxed);
+    *value = (counters().*array)[k].load(std::memory_order_relaxed);
     return true;
   }
   return false;

@@ -103,6 +103,7 @@ struct Counters {
   std::atomic<int64_t> helperThreads{0}, helperBytes{0};  // helper threads running; bytes they sent or received
   std::atomic<int64_t> stalls{0};  // stall episodes reported (WEFT_STALL_S)
   std::atomic<int64_t> flowBytesSent[kMaxFlows] = {};  // by flow index, every comm's together
+  std::atomic<int64_t> rmaFlowBytesSent[kMaxFlows] = {};  // the device API's: flow 0 the control flows
 };
 Counters& counters();
 

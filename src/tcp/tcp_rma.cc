@@ -43,9 +43,12 @@ const char* frameName(uint8_t t) {
 
 }  // namespace
 
-TcpRmaComm::TcpRmaComm(int rank, int nranks, std::vector<PeerSocket> peers, const DeviceProps& props, size_t writeMax)
+TcpRmaComm::TcpRmaComm(int rank, int nranks, std::vector<PeerSocket> peers, const DeviceProps& props,
+                       const SocketOptions& opts)
     : CommBase(rank, nranks, props),
-      writeMax_(writeMax),
+      writeMax_(opts.writeMax),
+      stripeMin_(std::max<uint64_t>(opts.stripeMin, 1)),
+      chunk_(std::clamp<uint64_t>(opts.chunk, 4096, kGpuStage)),
       stallMs_(params::getInt("WEFT_STALL_S") * 1000),
       peers_(std::move(peers)) {
   for (auto& p : peers_) {
@@ -56,6 +59,9 @@ TcpRmaComm::TcpRmaComm(int rank, int nranks, std::vector<PeerSocket> peers, cons
 TcpRmaComm::~TcpRmaComm() {
   for (auto& p : peers_) {
     if (p.fd >= 0) ::close(p.fd);
+    for (auto& f : p.data) {
+      if (f.fd >= 0) ::close(f.fd);
+    }
   }
 }
 
@@ -136,7 +142,11 @@ Status TcpRmaComm::deregMrSym(rma::Window* w) {
   auto busy = [&] {
     if (w->inflight > 0) return true;
     for (auto& p : peers_) {
-      if (p.inPayload && (p.dst == w || (p.cur.type == RmaFrame::kPut && p.cur.sigWindow == w->id))) return true;
+      const bool putIn = p.inPayload || p.waitingPieces;
+      if (putIn && (p.dst == w || (p.cur.type == RmaFrame::kPut && p.cur.sigWindow == w->id))) return true;
+      for (const auto& f : p.data) {
+        if (f.inPiece && f.dst == w) return true;
+      }
     }
     return false;
   };
@@ -163,11 +173,12 @@ Status TcpRmaComm::destroyContext(rma::Context* ctx) {
       RmaOp* prev = nullptr;
       while (*link != nullptr) {
         RmaOp* op = *link;
-        if (op->ctx == ctx && op->frameSent == 0) {
+        if (op->ctx == ctx && op->frameSent == 0 && op->assigned == 0) {
           *link = op->next;
           if (p.tail == op) p.tail = prev;
           --p.queued;
           if (op->src != nullptr) --op->src->inflight;
+          if (op->pieced) unlinkPiece(p, op);
           freeOp(op);
           continue;
         }
@@ -177,12 +188,11 @@ Status TcpRmaComm::destroyContext(rma::Context* ctx) {
     }
   }
   Status st = waitFor("finishing a destroyed context's operations", [&] {
-    for (auto& p : peers_) {
-      for (RmaOp* op = p.head; op != nullptr; op = op->next) {
-        if (op->ctx == ctx && !p.lost) return false;
-      }
-    }
-    return true;
+    bool busy = false;
+    pool_.forEach([&](RmaOp& op) {
+      busy |= op.ctx == ctx && op.state == RmaOp::kQueued && !peers_[op.peer].lost;
+    });
+    return !busy;
   });
   std::lock_guard<std::mutex> lock(mu_);
   // Gets still waiting for their answer: forgotten (the answer is read and dropped when it comes).
@@ -311,8 +321,20 @@ Status TcpRmaComm::iput(rma::Context* ctx, int context, rma::Window* src, uint64
     op->srcOff = srcOff;
     ++src->inflight;
   }
+  if (size >= stripeMin_ && !p.data.empty()) {
+    // Its frame on the control flow; its payload in pieces the data flows take (the frame may go first).
+    op->pieced = true;
+    f.aux = RmaFrame::kPieced;
+    f.putId = p.nextPutId++;
+    if (p.pieceTail != nullptr) {
+      p.pieceTail->nextPiece = op;
+    } else {
+      p.pieceHead = op;
+    }
+    p.pieceTail = op;
+  }
   enqueue(p, op);
-  if ((optFlags & 1u) == 0) pumpSend(p);
+  if ((optFlags & 1u) == 0 && pumpSend(p) && op->pieced) pumpPiecesOut(rank);
   return Status::kOk;
 }
 
@@ -413,8 +435,23 @@ Status TcpRmaComm::test(void* request, bool* done) {
 void TcpRmaComm::pump(uint32_t peer) {
   PeerSocket& p = peers_[peer];
   if (p.fd < 0 || p.lost) return;
-  // Send, read (which may queue get answers and error frames), and send those.
-  if (pumpSend(p) && pumpRecv(peer) && p.head != nullptr) pumpSend(p);
+  // Send, read (which may queue get answers and error frames), and send those. Pieces come in before the control
+  // flow is read: the last piece of a put it waits on lets it go on.
+  // The data flows are written while pieces wait to leave, and read only while a pieced put waits for its pieces
+  // (pieces that come first wait in the kernel meanwhile): a pair that moves small operations makes no system
+  // call on them.
+  if (!pumpSend(p)) return;
+  if (!p.data.empty()) {
+    bool out = p.pieceHead != nullptr, in = p.waitingPieces;
+    for (const auto& f : p.data) out |= f.op != nullptr, in |= f.inPiece;
+    if ((out && !pumpPiecesOut(peer)) || (in && !pumpPiecesIn(peer))) return;
+  }
+  if (!pumpRecv(peer)) return;
+  if (p.waitingPieces) {  // a pieced put's frame just came: its pieces may be in already
+    if (!pumpPiecesIn(peer)) return;
+    if (!p.waitingPieces && !pumpRecv(peer)) return;
+  }
+  if (p.head != nullptr) pumpSend(p);
 }
 
 void TcpRmaComm::watchStalls() {
@@ -428,7 +465,9 @@ void TcpRmaComm::watchStalls() {
   });
   for (uint32_t r = 0; r < peers_.size(); ++r) {
     PeerSocket& p = peers_[r];
-    const bool waiting = !p.lost && p.fd >= 0 && (p.head != nullptr || gets[r] > 0 || p.inPayload);
+    bool pieces = p.waitingPieces || p.pieceHead != nullptr;
+    for (const auto& f : p.data) pieces |= f.op != nullptr || f.inPiece;
+    const bool waiting = !p.lost && p.fd >= 0 && (p.head != nullptr || gets[r] > 0 || p.inPayload || pieces);
     if (!waiting || p.moved != p.watchedMoved) {
       if (p.stallReported) {
         WEFT_INFO(NCCL_NET, "RMA (rank {} of {}): {} moves again after a stall of {} s", rank_, nranks_, p.name,
@@ -457,8 +496,28 @@ void TcpRmaComm::watchStalls() {
     if (p.inPayload) {
       what += fmt::format("{}a put from it is half in ({} bytes to come)", what.empty() ? "" : "; ", p.payloadLeft);
     }
+    if (p.waitingPieces) {
+      const auto it = p.tallies.find(p.cur.putId);
+      what += fmt::format("{}a put from it waits for its pieces ({} of {} bytes in)", what.empty() ? "" : "; ",
+                          it == p.tallies.end() ? 0 : it->second.bytes, p.cur.size);
+    }
+    // Pieces of ours waiting to leave on the data flows: the socket of the first that holds one tells.
+    int pieceFd = -1;
+    uint64_t pieceBytes = 0;
+    for (const RmaOp* op = p.pieceHead; op != nullptr; op = op->nextPiece) pieceBytes += op->frame.size - op->assigned;
+    for (const auto& f : p.data) {
+      if (f.op == nullptr) continue;
+      pieceBytes += f.len - f.sent;
+      if (pieceFd < 0) pieceFd = f.fd;
+    }
+    if (pieceBytes > 0) {
+      what += fmt::format("{}{} bytes of our puts' pieces wait to leave on its {} data flows", what.empty() ? "" : "; ",
+                          pieceBytes, p.data.size());
+    }
     StallKind kind = StallKind::kOther;
-    const std::string cause = rmaStallCause(p.fd, p.head != nullptr, p.inPayload, &kind);
+    const bool sending = p.head != nullptr || pieceFd >= 0;
+    const std::string cause =
+        rmaStallCause(p.head == nullptr && pieceFd >= 0 ? pieceFd : p.fd, sending, p.inPayload || p.waitingPieces, &kind);
     WEFT_WARN("RMA (rank {} of {}): stalled on {}: nothing moved either way for {} s (WEFT_STALL_S): {}; {} [{}]",
               rank_, nranks_, p.name, (now - p.quietSinceMs) / 1000, what, cause, stallKindName(kind));
   }
@@ -470,7 +529,18 @@ void TcpRmaComm::lose(uint32_t peer, const std::string& why) {
   p.lost = true;
   if (p.fd >= 0) ::close(p.fd);
   p.fd = -1;
-  bool waiting = p.head != nullptr || p.inPayload;
+  bool waiting = p.head != nullptr || p.inPayload || p.waitingPieces || p.pieceHead != nullptr;
+  for (auto& f : p.data) {
+    waiting |= f.op != nullptr || f.inPiece;
+    if (f.fd >= 0) ::close(f.fd);
+    f.fd = -1;
+    f.op = nullptr;
+    f.inPiece = false;
+    f.dst = nullptr;
+  }
+  p.pieceHead = p.pieceTail = nullptr;
+  p.waitingPieces = false;
+  p.tallies.clear();
   pool_.forEach([&](RmaOp& op) { waiting |= op.state == RmaOp::kWaiting && op.peer == peer; });
   if (p.bye && !waiting) {
     WEFT_INFO(NCCL_NET, "RMA (rank {}): {} closed its comm", rank_, p.name);
@@ -492,9 +562,9 @@ void TcpRmaComm::lose(uint32_t peer, const std::string& why) {
   }
   p.head = p.tail = nullptr;
   p.queued = 0;
-  // Gets waiting for this peer's answers fail too.
+  // Gets waiting for this peer's answers fail too, and pieced puts whose frame went but not all their pieces.
   pool_.forEach([&](RmaOp& op) {
-      if (op.state == RmaOp::kWaiting && op.peer == peer) {
+      if ((op.state == RmaOp::kWaiting || op.state == RmaOp::kQueued) && op.peer == peer) {
         if (op.src != nullptr) --op.src->inflight;
         op.state = RmaOp::kFailed;
         op.status = Status::kRemote;
@@ -521,7 +591,7 @@ bool TcpRmaComm::pumpSend(PeerSocket& p) {
         iov[n++] = {reinterpret_cast<char*>(&op->frame) + op->frameSent, sizeof(RmaFrame) - op->frameSent};
         bytes += sizeof(RmaFrame) - op->frameSent;
       }
-      const bool carries = op->frame.type == RmaFrame::kPut || op->frame.type == RmaFrame::kGetAnswer;
+      const bool carries = (op->frame.type == RmaFrame::kPut && !op->pieced) || op->frame.type == RmaFrame::kGetAnswer;
       const uint64_t payload = carries ? op->frame.size : 0;
       if (op->payloadSent >= payload) continue;
       if (!op->src->cuda) {
@@ -553,7 +623,10 @@ bool TcpRmaComm::pumpSend(PeerSocket& p) {
     msg.msg_iov = iov;
     msg.msg_iovlen = static_cast<size_t>(n);
     ssize_t sent = ::sendmsg(p.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (sent > 0) p.moved += static_cast<uint64_t>(sent);
+    if (sent > 0) {
+      p.moved += static_cast<uint64_t>(sent);
+      counters().rmaFlowBytesSent[0].fetch_add(sent, std::memory_order_relaxed);
+    }
     if (sent < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
@@ -571,7 +644,7 @@ bool TcpRmaComm::pumpSend(PeerSocket& p) {
         left -= k;
         if (op->frameSent < sizeof(RmaFrame)) break;
       }
-      const bool carries = op->frame.type == RmaFrame::kPut || op->frame.type == RmaFrame::kGetAnswer;
+      const bool carries = (op->frame.type == RmaFrame::kPut && !op->pieced) || op->frame.type == RmaFrame::kGetAnswer;
       const uint64_t payload = carries ? op->frame.size : 0;
       if (op->payloadSent < payload) {
         const size_t k = static_cast<size_t>(std::min<uint64_t>(left, payload - op->payloadSent));
@@ -587,6 +660,8 @@ bool TcpRmaComm::pumpSend(PeerSocket& p) {
       op->next = nullptr;
       if (op->frame.type == RmaFrame::kGetRequest) {
         op->state = RmaOp::kWaiting;  // its answer completes it
+      } else if (op->pieced) {
+        putSent(op);  // done once its pieces are out too
       } else {
         if (op->src != nullptr) --op->src->inflight;
         if (op->internal) {
@@ -621,6 +696,7 @@ bool TcpRmaComm::pumpRecv(uint32_t peer) {
   PeerSocket& p = peers_[peer];
   size_t budget = kRecvBudget;
   while (!p.lost && budget > 0) {
+    if (p.waitingPieces) return true;  // nothing after a pieced put is read before its pieces are all in
     if (p.inPayload) {
       size_t avail = p.inLen - p.inPos;
       if (avail > 0) {
@@ -751,6 +827,15 @@ bool TcpRmaComm::handleFrame(uint32_t peer) {
                       " is not a registered, aligned 8-byte slot";
         }
       }
+      if (f.aux & RmaFrame::kPieced) {
+        if (p.data.empty() || f.size == 0) {
+          lose(peer, "a pieced put on a pair without data flows");
+          return false;
+        }
+        p.waitingPieces = true;
+        finishPieced(peer);  // when its pieces are all in already
+        return true;
+      }
       p.dst = p.refusal.empty() ? w : nullptr;
       p.payloadLeft = f.size;
       p.payloadOff = f.off;
@@ -834,8 +919,8 @@ bool TcpRmaComm::handleFrame(uint32_t peer) {
       fail(why, st == Status::kOk ? Status::kRemote : st);
       return true;
     }
-    default:
-      lose(peer, std::string("an unknown frame type ") + std::to_string(f.type));
+    default:  // a piece belongs on a data flow
+      lose(peer, std::string("an unknown frame type ") + std::to_string(f.type) + " on the control flow");
       return false;
   }
 }
@@ -867,6 +952,245 @@ bool TcpRmaComm::payloadDone(uint32_t peer) {
   p.dst = nullptr;
   p.getOp = nullptr;
   return true;
+}
+
+// ---- data flows ------------------------------------------------------------------------------------------------------
+
+void TcpRmaComm::putSent(RmaOp* op) {
+  if (op->state != RmaOp::kQueued || op->frameSent < sizeof(RmaFrame) || op->payloadSent < op->frame.size) return;
+  if (op->src != nullptr) --op->src->inflight;
+  op->state = RmaOp::kDone;
+}
+
+void TcpRmaComm::unlinkPiece(PeerSocket& p, RmaOp* op) {
+  RmaOp* prev = nullptr;
+  for (RmaOp* q = p.pieceHead; q != nullptr; prev = q, q = q->nextPiece) {
+    if (q != op) continue;
+    (prev != nullptr ? prev->nextPiece : p.pieceHead) = q->nextPiece;
+    if (p.pieceTail == q) p.pieceTail = prev;
+    q->nextPiece = nullptr;
+    return;
+  }
+}
+
+// The data flows write in turns, one sendmsg each a round (the first of a round turning), while any took all it
+// was offered; a flow without a piece takes the next. So pieces go to the flows in step with what each socket takes:
+// evenly where all keep up, fewer to one on a slow path. false when the peer was lost.
+bool TcpRmaComm::pumpPiecesOut(uint32_t peer) {
+  PeerSocket& p = peers_[peer];
+  const size_t n = p.data.size();
+  const size_t first = p.turn++ % n;
+  bool more = true;
+  while (more && !p.lost) {
+    more = false;
+    bool open = false;
+    for (size_t i = 0; i < n && !p.lost; ++i) {
+      const size_t k = (first + i) % n;
+      DataFlow& f = p.data[k];
+      if (f.fd < 0) continue;
+      open = true;
+      const int r = sendPiece(peer, f, k);
+      if (r < 0) return false;
+      more |= r > 0;
+    }
+    if (!open && p.pieceHead != nullptr) {
+      lose(peer, "its data flows closed with pieces still to send");
+      return false;
+    }
+  }
+  return !p.lost;
+}
+
+// One sendmsg of flow k's piece, taking the next piece first if it has none: 1 when the piece went whole (the flow
+// may take more), 0 when its socket is full or nothing waits, -1 when the peer was lost.
+int TcpRmaComm::sendPiece(uint32_t peer, DataFlow& f, size_t k) {
+  PeerSocket& p = peers_[peer];
+  if (f.op == nullptr) {
+    RmaOp* op = p.pieceHead;
+    if (op == nullptr) return 0;
+    f.op = op;
+    f.off = op->assigned;
+    f.len = std::min<uint64_t>(chunk_, op->frame.size - op->assigned);
+    f.sent = 0;
+    f.outSent = 0;
+    f.staged = false;
+    f.out = RmaFrame{};
+    f.out.check = RmaFrame::kCheck ^ f.sendSeq++;
+    f.out.type = RmaFrame::kPiece;
+    f.out.context = op->frame.context;
+    f.out.window = op->frame.window;
+    f.out.off = op->frame.off + f.off;
+    f.out.size = f.len;
+    f.out.putId = op->frame.putId;
+    op->assigned += f.len;
+    if (op->assigned == op->frame.size) {
+      p.pieceHead = op->nextPiece;
+      if (p.pieceHead == nullptr) p.pieceTail = nullptr;
+      op->nextPiece = nullptr;
+    }
+  }
+  RmaOp* op = f.op;
+  const char* bytes = op->src->base + op->srcOff + f.off;
+  if (op->src->cuda) {
+    if (!f.staged) {
+      if (f.stage.size() < f.len) f.stage.resize(static_cast<size_t>(chunk_));
+      std::string err;
+      if (!rma::readWindow(f.stage.data(), *op->src, op->srcOff + f.off, static_cast<size_t>(f.len), &err)) {
+        fail("a put could not read its GPU source: " + err, Status::kSystem);
+        lose(peer, "its stream cannot continue after a failed GPU read");
+        return -1;
+      }
+      f.staged = true;
+    }
+    bytes = f.stage.data();
+  }
+  iovec iov[2];
+  int n = 0;
+  if (f.outSent < sizeof(RmaFrame)) iov[n++] = {reinterpret_cast<char*>(&f.out) + f.outSent, sizeof(RmaFrame) - f.outSent};
+  iov[n++] = {const_cast<char*>(bytes) + f.sent, static_cast<size_t>(f.len - f.sent)};
+  msghdr msg{};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = static_cast<size_t>(n);
+  ssize_t sent;
+  do {
+    sent = ::sendmsg(f.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+  } while (sent < 0 && errno == EINTR);
+  if (sent < 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+    lose(peer, fmt::format("send failed on data flow {}: {}", k + 1, std::strerror(errno)));
+    return -1;
+  }
+  p.moved += static_cast<uint64_t>(sent);
+  counters().rmaFlowBytesSent[std::min<size_t>(k + 1, kMaxFlows - 1)].fetch_add(sent, std::memory_order_relaxed);
+  size_t left = static_cast<size_t>(sent);
+  const size_t h = std::min(left, sizeof(RmaFrame) - f.outSent);
+  f.outSent += h;
+  left -= h;
+  f.sent += left;
+  if (f.sent < f.len) return 0;  // the socket is full
+  op->payloadSent += f.len;
+  f.op = nullptr;
+  putSent(op);
+  return 1;
+}
+
+// A piece frame is in: where its bytes go, or why they are dropped (the put's refusal, sent back once it is in).
+bool TcpRmaComm::pieceFrame(uint32_t peer, DataFlow& f) {
+  PeerSocket& p = peers_[peer];
+  const RmaFrame& h = f.in;
+  if (h.check != (RmaFrame::kCheck ^ f.recvSeq) || h.type != RmaFrame::kPiece || h.size == 0 || h.size > kGpuStage) {
+    lose(peer, "a data flow's piece with a wrong check word, type or size (a corrupted or desynchronised stream)");
+    return false;
+  }
+  ++f.recvSeq;
+  PeerSocket::Tally& t = p.tallies[h.putId];
+  rma::Window* w = windowById(h.window);
+  if (w == nullptr || !rma::inRange(w->size, h.off, h.size)) {
+    if (t.refusal.empty()) {
+      t.refusal = w == nullptr ? "window " + std::to_string(h.window) + " is not registered here"
+                               : std::to_string(h.size) + " bytes at offset " + std::to_string(h.off) +
+                                     " are outside window " + std::to_string(h.window) + " (" +
+                                     std::to_string(w->size) + " bytes here)";
+    }
+    w = nullptr;
+  }
+  f.dst = w;
+  f.dstOff = h.off;
+  f.left = h.size;
+  f.inPiece = true;
+  return true;
+}
+
+// Reads every data flow: piece frames, their bytes into their windows; the last piece of the put the control flow
+// waits on applies its signal. false when the peer was lost.
+bool TcpRmaComm::pumpPiecesIn(uint32_t peer) {
+  PeerSocket& p = peers_[peer];
+  const size_t budget = std::max<size_t>(kRecvBudget / p.data.size(), chunk_);
+  for (size_t k = 0; k < p.data.size() && !p.lost; ++k) {
+    DataFlow& f = p.data[k];
+    size_t got = 0;
+    while (f.fd >= 0 && got < budget) {
+      void* into = nullptr;
+      size_t want = 0;
+      if (!f.inPiece) {
+        into = reinterpret_cast<char*>(&f.in) + f.inGot;
+        want = sizeof(RmaFrame) - f.inGot;
+      } else if (f.dst != nullptr && !f.dst->cuda) {
+        into = f.dst->base + f.dstOff;  // in place
+        want = static_cast<size_t>(f.left);
+      } else {
+        if (f.inStage.empty()) f.inStage.resize(kGpuStage);
+        into = f.inStage.data();
+        want = static_cast<size_t>(std::min<uint64_t>(f.left, f.inStage.size()));
+      }
+      const ssize_t n = ::recv(f.fd, into, want, MSG_DONTWAIT);
+      if (n == 0) {
+        if (f.inPiece || f.inGot > 0) {
+          lose(peer, fmt::format("data flow {} closed in the middle of a piece (the process ended)", k + 1));
+          return false;
+        }
+        // At a piece boundary: the peer closes its comm (or died, which its control flow tells).
+        ::close(f.fd);
+        f.fd = -1;
+        break;
+      }
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+        lose(peer, fmt::format("receive failed on data flow {}: {}", k + 1, std::strerror(errno)));
+        return false;
+      }
+      p.moved += static_cast<uint64_t>(n);
+      got += static_cast<size_t>(n);
+      if (!f.inPiece) {
+        f.inGot += static_cast<size_t>(n);
+        if (f.inGot == sizeof(RmaFrame) && !pieceFrame(peer, f)) return false;
+        continue;
+      }
+      if (f.dst != nullptr && f.dst->cuda) {
+        std::string err;
+        if (!rma::writeWindow(*f.dst, f.dstOff, f.inStage.data(), static_cast<size_t>(n), &err)) {
+          fail("an arriving piece could not be written to its GPU window: " + err, Status::kSystem);
+          f.dst = nullptr;
+        }
+      }
+      f.dstOff += static_cast<uint64_t>(n);
+      f.left -= static_cast<uint64_t>(n);
+      if (f.left > 0) continue;
+      // The piece is in.
+      f.inPiece = false;
+      f.inGot = 0;
+      f.dst = nullptr;
+      p.tallies[f.in.putId].bytes += f.in.size;
+      if (p.waitingPieces && p.cur.putId == f.in.putId) finishPieced(peer);
+      if (p.lost) return false;
+    }
+  }
+  return !p.lost;
+}
+
+void TcpRmaComm::finishPieced(uint32_t peer) {
+  PeerSocket& p = peers_[peer];
+  const RmaFrame& f = p.cur;
+  const auto it = p.tallies.find(f.putId);
+  if (it == p.tallies.end() || it->second.bytes < f.size) return;  // pieces still to come
+  if (it->second.bytes > f.size) {
+    lose(peer, fmt::format("pieces of {} bytes for a put of {}", it->second.bytes, f.size));
+    return;
+  }
+  const std::string refusal = p.refusal.empty() ? it->second.refusal : p.refusal;
+  p.tallies.erase(it);
+  p.waitingPieces = false;
+  if (!refusal.empty()) {
+    WEFT_WARN("RMA (rank {}): refused a put from {}: {}", rank_, p.name, refusal);
+    sendError(peer, f, Status::kInvalidUsage, 0);
+  } else if (f.signalOp != 0) {
+    std::string err;
+    if (!rma::applySignal(*windowById(f.sigWindow), f.sigOff, static_cast<rma::SignalOp>(f.signalOp), f.value,
+                          &err)) {
+      fail("a signal could not be written to its GPU window: " + err, Status::kSystem);
+    }
+  }
 }
 
 }  // namespace weft::tcp

@@ -45,13 +45,15 @@
 #include "rma/op_pool.h"
 #include "rma/rma.h"
 #include "tcp/tcp_backend.h"
+#include "weft/transport/oob.h"
 
 namespace weft::tcp {
 
 // Every frame on an RMA socket: 64 bytes, then the payload (puts, get answers).
 struct RmaFrame {
   static constexpr uint32_t kCheck = 0x5746524d;  // "WFRM", xor the frame's sequence number on its socket
-  enum : uint8_t { kPut = 1, kGetRequest = 2, kGetAnswer = 3, kRegister = 4, kError = 5, kBye = 6 };
+  enum : uint8_t { kPut = 1, kGetRequest = 2, kGetAnswer = 3, kRegister = 4, kError = 5, kBye = 6, kPiece = 7 };
+  static constexpr uint64_t kPieced = 1;  // in a put's aux: its payload comes as pieces on the data flows
   uint32_t check;
   uint8_t type;
   uint8_t signalOp;  // rma::SignalOp of a put
@@ -62,12 +64,26 @@ struct RmaFrame {
   uint64_t size;       // payload bytes that follow (put, get answer); get request: bytes asked; register: its size
   uint64_t sigOff;
   uint64_t value;      // the signal's value; get request, answer and error: the initiator's token
-  uint64_t aux;        // error: status << 8 | the refused frame's type; register: cuda << 1 | flags
-  uint64_t reserved;
+  uint64_t aux;        // error: status << 8 | the refused frame's type; register: cuda << 1 | flags; put: kPieced
+  uint64_t putId;      // a pieced put and its pieces: the put's number among the pieced ones to this peer
+  // A piece (on a data flow): window, off (in the target's window) and size of its bytes; putId its put's.
 };
 static_assert(sizeof(RmaFrame) == 64);
 
-// connect() says and answers oob::Hello on each new socket (weft/transport/oob.h).
+// connect() says and answers oob::Hello on each new socket (weft/transport/oob.h), the connector's followed by
+// which of the pair's flows the socket is (0: the control flow) and how many the pair has.
+struct FlowHello {
+  oob::Hello hello;
+  uint32_t flow;
+  uint32_t flows;
+};
+static_assert(sizeof(FlowHello) == 40);
+
+// Sockets a pair of ranks of an `nranks` comm has on this device: 1 (one ordered stream), or a control flow and
+// data flows. WEFT_TCP_RMA_FLOWS, else from the NIC as the net connections' flows (tcp_backend.cc), at most
+// kRmaSocketBudget sockets a comm.
+constexpr int kRmaSocketBudget = 2048;
+int rmaFlowsFor(const TcpDevice& d, int nranks, const char** why);
 
 class TcpRmaTransport final : public rma::RmaTransport {
  public:
@@ -86,6 +102,26 @@ class TcpRmaTransport final : public rma::RmaTransport {
 };
 
 class TcpRmaComm;
+
+// One data flow of a pair (flows 1 and up): pieces of large puts, both ways.
+struct DataFlow {
+  int fd = -1;
+  uint32_t sendSeq = 0, recvSeq = 0;  // pieces sent and read: the check words' sequence
+  // Sending: the piece on its way out (its frame, then its bytes at `off` of the put's payload).
+  struct RmaOp* op = nullptr;
+  RmaFrame out{};
+  size_t outSent = 0;
+  uint64_t off = 0, len = 0, sent = 0;
+  bool staged = false;        // a GPU source's piece is in `stage`
+  std::vector<char> stage;    // a GPU source's piece
+  // Receiving: the piece frame being read, then where its bytes go (dst nullptr: discarded).
+  RmaFrame in{};
+  size_t inGot = 0;
+  bool inPiece = false;
+  rma::Window* dst = nullptr;
+  uint64_t dstOff = 0, left = 0;
+  std::vector<char> inStage;  // a GPU destination's bytes, or discarded ones
+};
 
 // One peer's socket and both directions' state. Operations to it wait in `queue` in issue order.
 struct PeerSocket {
@@ -115,6 +151,19 @@ struct PeerSocket {
   uint64_t moved = 0, watchedMoved = 0;
   int64_t quietSinceMs = 0;
   bool stallReported = false;
+  // Data flows (none: everything on fd). Sending: pieced puts with bytes not handed to a flow yet, in issue order.
+  std::vector<DataFlow> data;
+  struct RmaOp* pieceHead = nullptr;
+  struct RmaOp* pieceTail = nullptr;
+  uint64_t nextPutId = 1;
+  uint32_t turn = 0;  // which data flow writes first in the next round
+  // Receiving: the control flow waits on the pieced put in `cur`; pieces in so far, by put, and why one is refused.
+  bool waitingPieces = false;
+  struct Tally {
+    uint64_t bytes = 0;
+    std::string refusal;
+  };
+  std::unordered_map<uint64_t, Tally> tallies;
 };
 
 // What a stalled peer's socket says (tcp_stall.cc, from the kernel's TCP_INFO): `sending`, operations of ours wait
@@ -135,13 +184,16 @@ struct RmaOp {
   rma::Window* src = nullptr;  // put: the source; get: the local destination
   uint64_t srcOff = 0;
   uint64_t payloadSent = 0;
+  bool pieced = false;    // a put whose payload goes as pieces on the data flows
+  uint64_t assigned = 0;  // pieced: payload bytes handed to flows
   RmaOp* next = nullptr;
+  RmaOp* nextPiece = nullptr;  // pieced: in PeerSocket::pieceHead's list
   TcpRmaComm* comm = nullptr;
 };
 
 class TcpRmaComm final : public rma::CommBase {
  public:
-  TcpRmaComm(int rank, int nranks, std::vector<PeerSocket> peers, const DeviceProps& props, size_t writeMax);
+  TcpRmaComm(int rank, int nranks, std::vector<PeerSocket> peers, const DeviceProps& props, const SocketOptions& opts);
   ~TcpRmaComm() override;
   Status regMrSym(void* data, size_t size, int type, uint64_t flags, int dmabufFd, rma::Window** out) override;
   Status deregMrSym(rma::Window* w) override;
@@ -171,6 +223,16 @@ class TcpRmaComm final : public rma::CommBase {
   void watchStalls();
   bool pumpSend(PeerSocket& p);
   bool pumpRecv(uint32_t peer);
+  // The data flows: pieces out (each flow takes the next piece as it has room), pieces in.
+  bool pumpPiecesOut(uint32_t peer);
+  bool pumpPiecesIn(uint32_t peer);
+  int sendPiece(uint32_t peer, DataFlow& f, size_t k);
+  bool pieceFrame(uint32_t peer, DataFlow& f);
+  // A pieced put whose frame and pieces are all in: its signal, or the error its refusal sends back.
+  void finishPieced(uint32_t peer);
+  // A put whose frame and payload are all in the kernel is done (its source may be reused).
+  void putSent(RmaOp* op);
+  void unlinkPiece(PeerSocket& p, RmaOp* op);
   bool handleFrame(uint32_t peer);
   bool payloadDone(uint32_t peer);
   void sendError(uint32_t peer, const RmaFrame& refused, Status st, uint64_t token);
@@ -179,6 +241,8 @@ class TcpRmaComm final : public rma::CommBase {
                   const rma::Signal* signal);
 
   const size_t writeMax_;
+  const uint64_t stripeMin_;  // WEFT_STRIPE_MIN: puts from this size go in pieces where a pair has data flows
+  const uint64_t chunk_;      // WEFT_TCP_CHUNK: a piece's size
   const int64_t stallMs_;  // WEFT_STALL_S in ms; 0: no watch
   // Guarded by mu_ (CommBase).
   std::vector<PeerSocket> peers_;  // indexed by rank; our own entry has no socket

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Setting up the device API's TCP transport: devices, listen, and the collective connect that gives every pair of
-// ranks one socket (tcp_rma.h).
+// ranks its sockets (tcp_rma.h): one, or a control flow and data flows.
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -12,6 +12,8 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+
+#include <fmt/format.h>
 
 #include "tcp/tcp_rma.h"
 #include "weft/common/log.h"
@@ -25,6 +27,29 @@ namespace {
 uint32_t rmaProviderHash() { return fnv1a32("weft-rma-tcp", 12); }
 
 }  // namespace
+
+int rmaFlowsFor(const TcpDevice& d, int nranks, const char** why) {
+  const int forced = static_cast<int>(params::getInt("WEFT_TCP_RMA_FLOWS"));
+  int data = 1;
+  if (forced > 0) {
+    data = forced;
+    *why = "WEFT_TCP_RMA_FLOWS";
+  } else if (d.grow) {
+    data = 4;  // the net connections' first step of growth: the device API's pairs do not grow
+    *why = "a NIC weft does not know";
+  } else {
+    data = d.flows;
+    *why = d.flows > 1 ? "the NIC's flow cap, as the net connections" : "one flow is the fastest on this NIC";
+  }
+  if (data <= 1) return 1;
+  const int perPair = kRmaSocketBudget / std::max(1, nranks - 1);
+  data = std::min({data, perPair - 1, kMaxFlows});
+  if (data < 1) {
+    *why = "the comm's socket budget";
+    return 1;
+  }
+  return data + 1;
+}
 
 std::unique_ptr<TcpRmaTransport> TcpRmaTransport::discover(std::string* why) {
   auto backend = TcpBackend::discover(why);
@@ -90,27 +115,38 @@ Status TcpRmaTransport::connect(void* const* handles, int nranks, int rank, rma:
         "rank " + std::to_string(r) + " (" + sockaddrString(reinterpret_cast<const sockaddr*>(&hs[r].addr)) + ")";
   }
 
-  // Outgoing: to every higher rank. Incoming: from every lower rank, through the listen socket. Every socket is
-  // non-blocking and all of them progress together, so that no rank waits on one peer while another waits on it.
+  // Outgoing: to every higher rank, each of the pair's flows. Incoming: from every lower rank, through the listen
+  // socket, as many flows as its connector says. Every socket is non-blocking and all of them progress together, so
+  // that no rank waits on one peer while another waits on it.
+  const char* flowsWhy = "";
+  const int flows = rmaFlowsFor(backend_->device(listenComm->dev()), nranks, &flowsWhy);
   struct Out {
     int rank;
+    int flow;
     oob::Socket sock;
-    oob::Hello hello{}, answer{};
+    FlowHello hello{};
+    oob::Hello answer{};
     size_t sent = 0, got = 0;
     bool done = false;
     oob::Clock::time_point retryAt{};
   };
   struct In {
     oob::Socket sock;
-    oob::Hello hello{}, answer{};
+    FlowHello hello{};
+    oob::Hello answer{};
     size_t got = 0, sent = 0;
     bool answering = false;
   };
   std::vector<Out> outs;
-  for (int r = rank + 1; r < nranks; ++r) outs.push_back(Out{r});
+  for (int r = rank + 1; r < nranks; ++r) {
+    for (int k = 0; k < flows; ++k) outs.push_back(Out{r, k});
+  }
   std::vector<In> ins;
-  std::vector<oob::Socket> joined(static_cast<size_t>(nranks));  // each peer's socket once its hello is through
-  int accepted = 0;
+  // Each peer's sockets once their hellos are through, by flow; a lower rank's count comes with its first hello.
+  std::vector<std::vector<oob::Socket>> joined(static_cast<size_t>(nranks));
+  for (int r = rank + 1; r < nranks; ++r) joined[r].resize(static_cast<size_t>(flows));
+  std::vector<int> inFlows(static_cast<size_t>(nranks), 0), inJoined(static_cast<size_t>(nranks), 0);
+  int ranksIn = 0;  // lower ranks whose every flow joined
   const int wantIn = rank;
   const auto start = oob::Clock::now();
   const oob::Deadline deadline = oob::connectDeadline();
@@ -121,21 +157,23 @@ Status TcpRmaTransport::connect(void* const* handles, int nranks, int rank, rma:
       o.retryAt = oob::Clock::now() + std::chrono::milliseconds(100);  // refused: the peer's listener is not up yet
       return true;
     }
-    o.hello = oob::Hello::request(hs[o.rank].token, commId, rank, nranks);
+    o.hello.hello = oob::Hello::request(hs[o.rank].token, commId, rank, nranks);
+    o.hello.flow = static_cast<uint32_t>(o.flow);
+    o.hello.flows = static_cast<uint32_t>(flows);
     o.sent = o.got = 0;
     return true;
   };
   size_t outsDone = 0;
-  while (outsDone < outs.size() || accepted < wantIn) {
+  while (outsDone < outs.size() || ranksIn < wantIn) {
     const auto now = oob::Clock::now();
     if (now > deadline) {
       std::string missing;
       for (auto& o : outs) {
-        if (!o.done) missing += (missing.empty() ? "" : ", ") + peers[o.rank].name;
+        if (!o.done && (missing.empty() || o.flow == 0)) missing += (missing.empty() ? "" : ", ") + peers[o.rank].name;
       }
       WEFT_WARN("RMA connect (rank {} of {}): no connection within WEFT_CONNECT_TIMEOUT={} s{}{}; {} of {} lower ranks "
                 "connected (a rank that never reached connect, a firewall, or the wrong WEFT_IFACE)",
-                rank, nranks, params::getInt("WEFT_CONNECT_TIMEOUT"), missing.empty() ? "" : " to ", missing, accepted,
+                rank, nranks, params::getInt("WEFT_CONNECT_TIMEOUT"), missing.empty() ? "" : " to ", missing, ranksIn,
                 wantIn);
       return Status::kRemote;
     }
@@ -150,7 +188,7 @@ Status TcpRmaTransport::connect(void* const* handles, int nranks, int rank, rma:
         }
         continue;
       }
-      pfds.push_back({o.sock.fd(), static_cast<short>(o.sent < sizeof(oob::Hello) ? POLLOUT : POLLIN), 0});
+      pfds.push_back({o.sock.fd(), static_cast<short>(o.sent < sizeof(FlowHello) ? POLLOUT : POLLIN), 0});
     }
     for (auto& i : ins) pfds.push_back({i.sock.fd(), static_cast<short>(i.answering ? POLLOUT : POLLIN), 0});
     ::poll(pfds.data(), pfds.size(), 20);
@@ -183,7 +221,8 @@ Status TcpRmaTransport::connect(void* const* handles, int nranks, int rank, rma:
         return Status::kRemote;
       }
       opts.applyConnected(o.sock.fd());
-      joined[o.rank] = std::move(o.sock);
+      if (o.flow > 0) opts.applyFlow(o.sock.fd());
+      joined[o.rank][o.flow] = std::move(o.sock);
       o.done = true;
       ++outsDone;
     }
@@ -194,31 +233,51 @@ Status TcpRmaTransport::connect(void* const* handles, int nranks, int rank, rma:
           if (m != oob::Moved::kAgain) i.sock.reset();
           continue;
         }
-        const uint16_t verdict = i.hello.verdict(listen.token, commId, nranks, [&](uint32_t r) {
-          return r < static_cast<uint32_t>(rank) && !joined[r].open();
+        const uint32_t flow = i.hello.flow, n = i.hello.flows;
+        const uint16_t verdict = i.hello.hello.verdict(listen.token, commId, nranks, [&](uint32_t r) {
+          return r < static_cast<uint32_t>(rank) && n >= 1 && n <= kMaxFlows + 1 && flow < n &&
+                 (inFlows[r] == 0 || inFlows[r] == static_cast<int>(n)) &&
+                 (joined[r].size() <= flow || !joined[r][flow].open());
         });
         i.answer = oob::Hello::answer(verdict, commId, rank, nranks);
         i.answering = true;
         if (verdict != oob::Hello::kAccepted) {
-          WEFT_WARN("RMA connect (rank {}): refused a connection claiming rank {}: {}", rank, i.hello.rank,
-                    oob::Hello::verdictName(verdict));
+          WEFT_WARN("RMA connect (rank {}): refused a connection claiming rank {} (flow {} of {}): {}", rank,
+                    i.hello.hello.rank, flow, n, oob::Hello::verdictName(verdict));
         }
       }
       const oob::Moved m = oob::moveSome(i.sock.fd(), true, &i.answer, sizeof(i.answer), &i.sent);
       if (m == oob::Moved::kAgain) continue;
       if (m == oob::Moved::kDone && i.answer.status == oob::Hello::kAccepted) {
+        const uint32_t r = i.hello.hello.rank;
+        if (inFlows[r] == 0) {
+          inFlows[r] = static_cast<int>(i.hello.flows);
+          joined[r].resize(i.hello.flows);
+        }
         opts.applyConnected(i.sock.fd());
-        joined[i.hello.rank] = std::move(i.sock);
-        ++accepted;
+        if (i.hello.flow > 0) opts.applyFlow(i.sock.fd());
+        const bool fresh = !joined[r][i.hello.flow].open();
+        joined[r][i.hello.flow] = std::move(i.sock);
+        if (fresh && ++inJoined[r] == inFlows[r]) ++ranksIn;
       }
       i.sock.reset();
     }
     ins.erase(std::remove_if(ins.begin(), ins.end(), [](const In& i) { return !i.sock.open(); }), ins.end());
   }
-  for (int r = 0; r < nranks; ++r) peers[r].fd = joined[r].release();
-  *out = new TcpRmaComm(rank, nranks, std::move(peers), props, opts.writeMax);
-  WEFT_INFO(NCCL_NET | NCCL_INIT, "RMA: rank {} of {} connected on {} in {} ms", rank, nranks, props.name,
-            std::chrono::duration_cast<std::chrono::milliseconds>(oob::Clock::now() - start).count());
+  size_t dataFlows = 0;
+  for (int r = 0; r < nranks; ++r) {
+    if (joined[r].empty()) continue;
+    peers[r].fd = joined[r][0].release();
+    peers[r].data.resize(joined[r].size() - 1);
+    for (size_t k = 1; k < joined[r].size(); ++k) peers[r].data[k - 1].fd = joined[r][k].release();
+    dataFlows += joined[r].size() - 1;
+  }
+  *out = new TcpRmaComm(rank, nranks, std::move(peers), props, opts);
+  WEFT_INFO(NCCL_NET | NCCL_INIT, "RMA: rank {} of {} connected on {} in {} ms{}", rank, nranks, props.name,
+            std::chrono::duration_cast<std::chrono::milliseconds>(oob::Clock::now() - start).count(),
+            dataFlows == 0 ? std::string(", one socket a peer")
+                           : fmt::format(", a control flow and {} data flows a peer ({}) for puts of {} bytes and more",
+                                         flows - 1, flowsWhy, opts.stripeMin));
   return Status::kOk;
 }
 

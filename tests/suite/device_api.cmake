@@ -13,6 +13,14 @@ weft_rma(NAME rma.conformance.gpu_mock OVER tcp ENV LD_LIBRARY_PATH=${WEFT_MOCK_
          ARGS --ranks 3 --mem cuda --soak 100000 --timeout 240)
 weft_rma(NAME rma.conformance.ranks8 OVER tcp TIMEOUT 450 LOCKS cpu ARGS --ranks 8 --timeout 400)
 
+# Data flows (WEFT_TCP_RMA_FLOWS, docs/device-api.md): every check with large puts in pieces over 4 and 16 data
+# flows beside the control flow, host and GPU windows; weft.rma_flows checks by the kernel's byte counts that the
+# payload travelled on several data flows and not the control flow.
+weft_rma(NAME rma.conformance.flows4 OVER tcp ENV WEFT_TCP_RMA_FLOWS=4
+         ARGS --ranks 3 --soak 100000 --timeout 240 EXPECT "PASS weft.rma_flows" "PASS signal.after_put")
+weft_rma(NAME rma.conformance.flows16.gpu_mock OVER tcp ENV WEFT_TCP_RMA_FLOWS=16 LD_LIBRARY_PATH=${WEFT_MOCK_CUDA_DIR}
+         ARGS --ranks 2 --mem cuda --soak 20000 --timeout 240 EXPECT "PASS weft.rma_flows" "PASS signal.after_put")
+
 # libfabric 1.17: tcp;ofi_rxm on every table shape NCCL's versions use (GIN v11, RMA v13, v17) and with 8 ranks; shm.
 foreach(sym ncclGinPlugin_v11 ncclRmaPlugin_v13 ncclRmaPlugin_v17)
   weft_rma(NAME rma.fabric.tcp-rxm.${sym} OVER fabric-tcp-rxm ARGS --symbol ${sym} --ranks 3 --soak 100000 --timeout 240)
@@ -74,6 +82,10 @@ weft_test(NAME harness.rma_rank_crash TIMEOUT 120 LABELS harness device-api PROV
 weft_rma(NAME rma.stall_line.tcp OVER tcp ENV WEFT_STALL_S=1 ARGS --ranks 2 --only weft.stall_line --timeout 120
          EXPECT "RMA .rank 0 of 2.: stalled on rank 1 .+ its receive window is closed.+ .peer_behind."
                 "PASS weft.stall_line")
+weft_rma(NAME rma.stall_line.tcp.flows4 OVER tcp ENV WEFT_STALL_S=1 WEFT_TCP_RMA_FLOWS=4
+         ARGS --ranks 2 --only weft.stall_line --timeout 120
+         EXPECT "RMA .rank 0 of 2.: stalled on rank 1 .+ pieces wait to leave on its 4 data flows.+ its receive window "
+                "is closed.+ .peer_behind." "PASS weft.stall_line")
 weft_rma(NAME rma.stall_line.fabric-tcp-rxm OVER fabric-tcp-rxm ENV WEFT_STALL_S=1
          ARGS --ranks 2 --only weft.stall_line --timeout 120
          EXPECT "RMA .rank 0 of 2.: stalled on rank 1: [0-9]+ operations? of ours ha(s|ve) had no completion"

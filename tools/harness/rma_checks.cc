@@ -1,11 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 // weft conformance --rma's checks, in the order every rank runs them (the table is checks() at the end).
+#include <dirent.h>
+#include <linux/tcp.h>  // tcpi_bytes_acked (glibc's <netinet/tcp.h> lacks it; the two do not mix)
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <random>
+
+#include <fmt/format.h>
 
 #include "netns.h"
 #include "rma_rank.h"
@@ -418,6 +423,96 @@ std::string stallLine(Rank& k) {
   return k.barrier() ? "" : "a rank did not finish";
 }
 
+// Bytes each TCP socket of this process has had acknowledged (the kernel's count, TCP_INFO), by descriptor.
+std::vector<std::pair<int, uint64_t>> tcpBytesAcked() {
+  std::vector<std::pair<int, uint64_t>> out;
+  DIR* d = ::opendir("/proc/self/fd");
+  if (d == nullptr) return out;
+  while (dirent* e = ::readdir(d)) {
+    const int fd = std::atoi(e->d_name);
+    if (e->d_name[0] < '0' || e->d_name[0] > '9' || fd == ::dirfd(d)) continue;
+    tcp_info ti{};
+    socklen_t len = sizeof(ti);
+    if (::getsockopt(fd, 6 /* IPPROTO_TCP */, TCP_INFO, &ti, &len) != 0) continue;
+    if (len < offsetof(tcp_info, tcpi_bytes_acked) + sizeof(ti.tcpi_bytes_acked)) continue;
+    out.emplace_back(fd, ti.tcpi_bytes_acked);
+  }
+  ::closedir(d);
+  return out;
+}
+
+// weft's TCP sockets with data flows (WEFT_TCP_RMA_FLOWS=N > 1, docs/device-api.md): rank 0's 64 MiB of 4 MiB puts to
+// rank 1 travel on the pair's data flows, not its control flow, and over several of them: at least min(N, 4)
+// sockets each carry a fair part (10%, or half an even share where N > 5), and the control flow under 1%. Counted
+// by the kernel, outside the plugin: the bytes each of rank 0's TCP sockets had acknowledged, before and after. The
+// bytes land whole, shown by a signal after them (the data flows' order, docs/device-api.md).
+std::string rmaFlows(Rank& k) {
+  constexpr int kPuts = 16;
+  const int flows = std::atoi(std::getenv("WEFT_TCP_RMA_FLOWS"));
+  if (k.rank == 0) {
+    const auto data = fill(0, 123, kSlot);
+    k.write(k.src, 0, data.data(), kSlot);
+  }
+  if (!k.barrier()) return "a rank did not fill its source";
+  std::vector<std::pair<int, uint64_t>> before;
+  if (k.rank == 0) {
+    before = tcpBytesAcked();
+    std::vector<void*> reqs;
+    for (int i = 0; i < kPuts; ++i) {
+      void* req = nullptr;
+      int r = k.api->iput(k.ctx, 0, 0, k.src.mh, kSlot, 0, k.dst.mh, 1, 0, &req);
+      if (r != 0) return callFailed("iput", r);
+      reqs.push_back(req);
+    }
+    void* sreq = nullptr;
+    int r = k.api->iputSignal(k.ctx, 0, 0, nullptr, 0, 0, nullptr, 1, 8 * kFlowsSlot, k.sig.mh, 1, 1, true, 0, &sreq);
+    if (r != 0) return callFailed("iputSignal(size 0)", r);
+    reqs.push_back(sreq);
+    for (void* q : reqs) {
+      if (std::string e = k.wait(q, "a put of the 64 MiB"); !e.empty()) return e;
+    }
+  } else if (k.rank == 1) {
+    const uint64_t want = ++k.sigExpected[kFlowsSlot];
+    if (!k.until([&] { return k.signal(kFlowsSlot) >= want; }, 60)) return "the signal after the puts never came";
+    if (std::string e = compare(k, k.dst, 0, fill(0, 123, kSlot), "the last of the 64 MiB's puts"); !e.empty()) return e;
+  }
+  if (!k.barrier()) return "a rank did not finish";  // rank 1 has every byte: rank 0's sockets have them acknowledged
+  if (k.rank == 0) {
+    const auto after = tcpBytesAcked();
+    std::vector<uint64_t> moved;
+    uint64_t total = 0;
+    for (const auto& [fd, bytes] : after) {
+      for (const auto& [fd0, bytes0] : before) {
+        if (fd0 == fd && bytes > bytes0) moved.push_back(bytes - bytes0);
+      }
+    }
+    for (uint64_t m : moved) total += m;
+    std::sort(moved.rbegin(), moved.rend());
+    std::string shares;
+    for (uint64_t m : moved) shares += fmt::format("{}{:.1f}%", shares.empty() ? "" : " ", 100.0 * m / total);
+    std::fprintf(stderr, "  rank 0: %zu sockets moved %.1f MiB: %s\n", moved.size(), total / 1048576.0, shares.c_str());
+    const uint64_t payload = uint64_t{kPuts} * kSlot;
+    if (total < payload) {
+      return fmt::format("rank 0's TCP sockets had {} bytes acknowledged, fewer than the {} put", total, payload);
+    }
+    const int want = std::min(flows, 4);
+    const double fair = flows > 5 ? 0.5 / flows : 0.10;
+    int carrying = 0;
+    for (uint64_t m : moved) carrying += static_cast<double>(m) >= fair * static_cast<double>(total) ? 1 : 0;
+    if (carrying < want) {
+      return fmt::format("with WEFT_TCP_RMA_FLOWS={} the 64 MiB went over {} socket(s) with {:.1f}% or more each "
+                         "({}; {} expected)", flows, carrying, 100 * fair, shares, want);
+    }
+    if (moved.size() <= static_cast<size_t>(flows) || moved.back() * 100 > total) {
+      // Every socket a pair has carried part of it (pieces on each data flow, the frames on the control flow):
+      // the least must be the control flow's few frames.
+      return fmt::format("no socket carried under 1% (the control flow's frames alone): the payload did not leave "
+                         "the control flow ({})", shares);
+    }
+  }
+  return k.barrier() ? "" : "a rank did not finish";
+}
+
 // weft's promise: what is not a live object of the plugin is refused with an error, never dereferenced blindly.
 std::string garbage(Rank& k) {
   alignas(64) unsigned char junk[256];
@@ -574,6 +669,18 @@ std::vector<Check> checks() {
          return std::string();
        },
        stallLine},
+      {"weft.rma_flows", "weft's TCP sockets with data flows: 64 MiB of puts travel on several, not the control "
+                         "flow, and land whole",
+       [](Rank& k) {
+         std::string s = needConnected(k);
+         if (!s.empty()) return s;
+         const char* v = std::getenv("WEFT_TCP_RMA_FLOWS");
+         if (v == nullptr || std::atoi(v) < 2) {
+           return std::string("needs WEFT_TCP_RMA_FLOWS of 2 or more (weft's TCP sockets with data flows)");
+         }
+         return k.nranks >= 2 ? std::string() : std::string("needs 2 ranks");
+       },
+       rmaFlows},
       {"weft.garbage_handles", "garbage requests, handles, offsets, ranks and signal ops are refused", needConnected,
        garbage},
       {"faults.dead_rank", "the last rank dies: requests to it fail within the bound, queryLastError (if any) says so",
