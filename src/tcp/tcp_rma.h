@@ -70,6 +70,9 @@ struct RmaFrame {
 };
 static_assert(sizeof(RmaFrame) == 64);
 
+constexpr size_t kRmaGpuStage = 256 << 10;   // a GPU payload's chunks, each way; the largest piece
+constexpr size_t kRmaRecvBudget = 4 << 20;   // bytes one pump reads from a peer before moving on
+
 // connect() says and answers oob::Hello on each new socket (weft/transport/oob.h), the connector's followed by
 // which of the pair's flows the socket is (0: the control flow) and how many the pair has.
 struct FlowHello {

@@ -4,7 +4,8 @@
 // everything) but reads nothing, so it has not posted its receive; unacknowledged segments being retransmitted mean
 // the bytes stopped on the way (the link, or the peer's host). A receiver with a message half in is waiting on the
 // link; one with nothing in is waiting on a peer that has not posted its send. A peer whose process died is not a
-// stall: its sockets close and the comm fails at once.
+// stall: its sockets close and the comm fails at once. Also the device API's stall watch (TcpRmaComm::watchStalls),
+// which asks the same of a pair's sockets (rmaStallCause).
 //
 // <linux/tcp.h> (for tcpi_snd_wnd, which glibc's <netinet/tcp.h> lacks) is included here only: the two headers
 // cannot meet in one file.
@@ -18,6 +19,8 @@
 
 #include "tcp/tcp_comm.h"
 #include "tcp/tcp_rma.h"
+#include "weft/common/clock.h"
+#include "weft/common/log.h"
 #include "weft/common/sysfs.h"
 
 namespace weft::tcp {
@@ -215,6 +218,76 @@ std::string rmaStallCause(int fd, bool sending, bool midPayload, StallKind* kind
   return fmt::format("its connection is up (its host answered {} ms ago), so its process is alive but has not "
                      "answered: {}",
                      ti.lastAckMs, kProxy);
+}
+
+// The device API's stall watch (tcp_rma.h).
+void TcpRmaComm::watchStalls() {
+  if (stallMs_ <= 0) return;
+  const int64_t now = coarseNowMs();
+  if (now - stallCheckMs_ < 100) return;
+  stallCheckMs_ = now;
+  std::vector<int> gets(peers_.size(), 0);
+  pool_.forEach([&](RmaOp& op) {
+    if (op.state == RmaOp::kWaiting && op.peer < gets.size()) ++gets[op.peer];
+  });
+  for (uint32_t r = 0; r < peers_.size(); ++r) {
+    PeerSocket& p = peers_[r];
+    bool pieces = p.waitingPieces || p.pieceHead != nullptr;
+    for (const auto& f : p.data) pieces |= f.op != nullptr || f.inPiece;
+    const bool waiting = !p.lost && p.fd >= 0 && (p.head != nullptr || gets[r] > 0 || p.inPayload || pieces);
+    if (!waiting || p.moved != p.watchedMoved) {
+      if (p.stallReported) {
+        WEFT_INFO(NCCL_NET, "RMA (rank {} of {}): {} moves again after a stall of {} s", rank_, nranks_, p.name,
+                  (now - p.quietSinceMs) / 1000);
+      }
+      p.watchedMoved = p.moved;
+      p.quietSinceMs = now;
+      p.stallReported = false;
+      continue;
+    }
+    if (p.stallReported || now - p.quietSinceMs < stallMs_) continue;
+    p.stallReported = true;
+    std::string what;
+    int queued = 0;
+    for (RmaOp* op = p.head; op != nullptr; op = op->next) queued += op->internal ? 0 : 1;
+    if (p.head != nullptr) {
+      const RmaOp* h = p.head;
+      what = fmt::format("{} operation{} of ours wait to leave for it (the first: {} bytes, {} sent)", queued,
+                         queued == 1 ? "" : "s", h->frame.type == RmaFrame::kPut ? h->frame.size : 0,
+                         h->payloadSent);
+    }
+    if (gets[r] > 0) {
+      what += fmt::format("{}{} get{} wait{} for its answer", what.empty() ? "" : "; ", gets[r], gets[r] == 1 ? "" : "s",
+                          gets[r] == 1 ? "s" : "");
+    }
+    if (p.inPayload) {
+      what += fmt::format("{}a put from it is half in ({} bytes to come)", what.empty() ? "" : "; ", p.payloadLeft);
+    }
+    if (p.waitingPieces) {
+      const auto it = p.tallies.find(p.cur.putId);
+      what += fmt::format("{}a put from it waits for its pieces ({} of {} bytes in)", what.empty() ? "" : "; ",
+                          it == p.tallies.end() ? 0 : it->second.bytes, p.cur.size);
+    }
+    // Pieces of ours waiting to leave on the data flows: the socket of the first that holds one tells.
+    int pieceFd = -1;
+    uint64_t pieceBytes = 0;
+    for (const RmaOp* op = p.pieceHead; op != nullptr; op = op->nextPiece) pieceBytes += op->frame.size - op->assigned;
+    for (const auto& f : p.data) {
+      if (f.op == nullptr) continue;
+      pieceBytes += f.len - f.sent;
+      if (pieceFd < 0) pieceFd = f.fd;
+    }
+    if (pieceBytes > 0) {
+      what += fmt::format("{}{} bytes of our puts' pieces wait to leave on its {} data flows", what.empty() ? "" : "; ",
+                          pieceBytes, p.data.size());
+    }
+    StallKind kind = StallKind::kOther;
+    const bool sending = p.head != nullptr || pieceFd >= 0;
+    const std::string cause =
+        rmaStallCause(p.head == nullptr && pieceFd >= 0 ? pieceFd : p.fd, sending, p.inPayload || p.waitingPieces, &kind);
+    WEFT_WARN("RMA (rank {} of {}): stalled on {}: nothing moved either way for {} s (WEFT_STALL_S): {}; {} [{}]",
+              rank_, nranks_, p.name, (now - p.quietSinceMs) / 1000, what, cause, stallKindName(kind));
+  }
 }
 
 }  // namespace weft::tcp
