@@ -75,7 +75,7 @@ const std::vector<Def> kDefs = {
    "vendor, for clouds that cap each flow (16 on AWS ENA, 8 on Azure MANA, 4 on Google gVNIC and virtio-net); on "
    "any other NIC each connection grows from one flow an interface, x4 while that adds 10% or more, up to 16 (a "
    "device's later connections start where its last grown one stopped); 1 on loopback."},
-  {"WEFT_TCP_RMA_FLOWS", Kind::kInt, "1", 0, 64, nullptr,
+  {"WEFT_TCP_RMA_FLOWS", Kind::kInt, "0", 0, 64, nullptr,
    "The device API over weft's TCP sockets (WEFT_RMA): TCP flows between two ranks. 1: one socket carries every "
    "operation in order. N > 1: a control flow (every frame, in order) and N data flows that carry puts of "
    "WEFT_STRIPE_MIN bytes and more as WEFT_TCP_CHUNK pieces, taken as each flow has room; the target applies "

@@ -57,6 +57,13 @@ foreach(over tcp fabric-tcp-rxm)
     EXPECT "rma-scale ranks=64 procs=4 connect_ms=")
 endforeach()
 
+# Between two network namespaces (a veth: a NIC weft does not know) the pairs take 4 data flows with no setting, and
+# the payload travels on them (weft.rma_flows); the link-down entries below run with them too.
+weft_rma(NAME rma.netns.flows.tcp OVER tcp NETNS TIMEOUT 200 LABELS device-api LOCKS cpu
+         ARGS --ranks 2 --only setup --only put.sizes --only signal.after_put --only weft.rma_flows --only teardown
+              --timeout 150
+         EXPECT "PASS weft.rma_flows" "PASS signal.after_put")
+
 # The link between two network namespaces goes down under the device API (tests/conformance/rma_netns.sh: even ranks
 # in one, odd in the other): every rank's requests across it fail within WEFT_PEER_TIMEOUT (3 s), queryLastError
 # says so, nothing hangs, and the comm tears down once the link is back. Over sockets and libfabric 1.17.
