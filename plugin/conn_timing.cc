@@ -5,6 +5,7 @@
 
 #include <atomic>
 
+#include "rma/rma.h"
 #include "telemetry/profiler_core.h"
 #include "telemetry/sink.h"
 #include "weft/common/cuda_shim.h"
@@ -144,6 +145,25 @@ void timingDone(Request* r, const int* sizes) {
     }
     t.nEvents = 0;
   }
+}
+
+uint32_t timingRmaOpen(rma::RmaComm* c, const std::string& device) {
+  if (timingLevel() == telemetry::Level::kOff || c == nullptr) return 0;
+  try {
+    telemetry::LedgerSource src;
+    src.device = device;
+    src.rank = c->rank();
+    src.nranks = c->nranks();
+    src.read = [c](std::vector<PeerLedger>* out) { return c->ledger(out); };
+    src.stallEvents = [c] { return c->stallEvents(); };
+    return telemetry::registerLedger(std::move(src));
+  } catch (...) {
+    return 0;  // no ledger in the dumps for this comm; the data path is unaffected
+  }
+}
+
+void timingRmaClose(uint32_t id) {
+  if (id != 0) telemetry::unregisterLedger(id);
 }
 
 }  // namespace weft

@@ -8,11 +8,15 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "weft/nccl/common.h"
 #include "weft/transport/net.h"
 
 namespace weft {
+namespace rma {
+class RmaComm;
+}
 
 void setProfilerCallback(ncclProfilerCallback_t cb);
 // A comm was made / is closing (its record is written then).
@@ -27,5 +31,9 @@ void timingRegMr(Comm* c, const void* data, int type);
 bool timingPending(Request* r);
 // When test() reported the request done (or failed).
 void timingDone(Request* r, const int* sizes);
+// A device-API comm connected (rma_plugin.cc): with WEFT_TIMING on, its ledger goes in the dumps (weft inspect,
+// stall dumps; docs/hangs.md). The id closes it (0: none), before the comm closes.
+uint32_t timingRmaOpen(rma::RmaComm* c, const std::string& device);
+void timingRmaClose(uint32_t id);
 
 }  // namespace weft

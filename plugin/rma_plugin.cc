@@ -9,6 +9,7 @@
 #include <new>
 #include <vector>
 
+#include "plugin/conn_timing.h"
 #include "plugin/device_props.h"
 #include "plugin/engine.h"
 #include "plugin/guarded.h"
@@ -49,6 +50,27 @@ class RmaState {
   }
   const std::string& declined() const { return declined_; }
   LiveObjects& live() { return live_; }
+  // Each comm's ledger in the dumps (conn_timing.h), by comm.
+  void openLedger(rma::RmaComm* c, const std::string& device) {
+    const uint32_t id = timingRmaOpen(c, device);
+    if (id == 0) return;
+    std::lock_guard<std::mutex> lock(ledgerMu_);
+    ledgers_.push_back({c, id});
+  }
+  void closeLedger(rma::RmaComm* c) {
+    uint32_t id = 0;
+    {
+      std::lock_guard<std::mutex> lock(ledgerMu_);
+      for (auto it = ledgers_.begin(); it != ledgers_.end(); ++it) {
+        if (it->first == c) {
+          id = it->second;
+          ledgers_.erase(it);
+          break;
+        }
+      }
+    }
+    timingRmaClose(id);
+  }
 
  private:
   void choose() {
@@ -64,6 +86,8 @@ class RmaState {
   std::unique_ptr<rma::RmaTransport> transport_;
   std::string declined_;
   LiveObjects live_;
+  std::mutex ledgerMu_;
+  std::vector<std::pair<rma::RmaComm*, uint32_t>> ledgers_;
 };
 
 rma::RmaComm* asComm(void* p, const char* what) {
@@ -184,6 +208,7 @@ ncclResult_t connectImpl(void* ctx, void** handles, int nranks, int rank, void* 
       defaults().of.push_back({comm, c});
     }
     RmaState::get().live().add(toHandle(comm));
+    RmaState::get().openLedger(comm, t->props(fromHandle<rma::RmaListen>(listenComm)->dev()).name);
     *collComm = toHandle(comm);
     return Status::kOk;
   });
@@ -241,6 +266,7 @@ ncclResult_t closeCollImpl(void* collComm) {
     rma::RmaComm* comm = asComm(collComm, "closeColl");
     if (comm == nullptr) return Status::kInternal;
     RmaState::get().live().remove(toHandle(comm));
+    RmaState::get().closeLedger(comm);  // no dump reads it once this returns
     {
       std::lock_guard<std::mutex> lock(defaults().mu);
       auto& of = defaults().of;

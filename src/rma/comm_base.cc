@@ -55,7 +55,17 @@ Status CommBase::createContext(int nContexts, std::vector<int> peers, Context** 
   return Status::kOk;
 }
 
+bool CommBase::lockForLedger(std::unique_lock<std::mutex>* lock) {
+  *lock = std::unique_lock<std::mutex>(mu_, std::defer_lock);
+  ledgerWants_.fetch_add(1, std::memory_order_relaxed);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+  while (!lock->try_lock() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+  ledgerWants_.fetch_sub(1, std::memory_order_relaxed);
+  return lock->owns_lock();
+}
+
 Status CommBase::progress() {
+  if (ledgerWaiting()) return Status::kOk;  // a dump reads the ledger: NCCL calls again
   std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
   if (!lock.owns_lock()) return Status::kOk;
   pumpAll();

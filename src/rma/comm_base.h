@@ -57,6 +57,12 @@ class CommBase : public RmaComm {
   Status waitFor(const char* what, const std::function<bool()>& ready);
   // Moves every peer's traffic (caller holds mu_).
   virtual void pumpAll() = 0;
+  // For the ledger's reader (a dump's thread): mu_, within about 100 ms. Meanwhile test and progress step aside (they
+  // report "not yet", as when set-up holds the comm): NCCL's proxy calls them back to back and would hold it almost
+  // always. false, unlocked, when set-up kept it.
+  bool lockForLedger(std::unique_lock<std::mutex>* lock);
+  // test and progress: a ledger reader waits for the lock.
+  bool ledgerWaiting() const { return ledgerWants_.load(std::memory_order_relaxed) != 0; }
 
   const int rank_, nranks_;
   const DeviceProps props_;
@@ -68,6 +74,7 @@ class CommBase : public RmaComm {
 
  private:
   std::atomic<bool> hasError_{false};  // read without the lock (queryLastError)
+  std::atomic<int> ledgerWants_{0};    // ledger readers waiting for mu_
   Status firstErrorStatus_ = Status::kOk;
   std::string firstError_;
 };

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "weft/common/ledger.h"
 #include "weft/transport/net.h"
 #include "weft/transport/oob.h"
 
@@ -130,6 +131,15 @@ class RmaComm : public Object {
   virtual int maxRecvs() const = 0;
   // closeColl: NCCL is done with the comm (contexts destroyed, windows deregistered first).
   virtual void close() = 0;
+  // The ledger (docs/hangs.md), from any thread: every peer it has a connection to (idle ones too: the report pairs
+  // the two ends by address), and those lost in trouble.
+  // false when the comm cannot tell now (set-up holds it) or keeps none (the transport's watch is not built yet).
+  virtual bool ledger(std::vector<PeerLedger>* out) {
+    (void)out;
+    return false;
+  }
+  // Stalls reported and peers lost so far (a stall dump is written when it grows); lock-free.
+  virtual uint64_t stallEvents() const { return 0; }
 };
 
 class RmaListen : public Object {

@@ -16,6 +16,7 @@
 #include "weft/common/clock.h"
 #include "weft/common/cuda_shim.h"
 #include "weft/common/log.h"
+#include "weft/common/netif.h"
 #include "weft/common/params.h"
 
 namespace weft::tcp {
@@ -52,7 +53,15 @@ TcpRmaComm::TcpRmaComm(int rank, int nranks, std::vector<PeerSocket> peers, cons
       stallMs_(params::getInt("WEFT_STALL_S") * 1000),
       peers_(std::move(peers)) {
   for (auto& p : peers_) {
-    if (p.fd >= 0) p.in.resize(kInBuffer);
+    if (p.fd < 0) continue;
+    p.in.resize(kInBuffer);
+    p.localAddr = localAddressOf(p.fd);
+    sockaddr_storage sa{};
+    socklen_t len = sizeof(sa);
+    if (::getpeername(p.fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0 &&
+        (sa.ss_family == AF_INET || sa.ss_family == AF_INET6)) {
+      p.peerAddr = sockaddrString(reinterpret_cast<const sockaddr*>(&sa));
+    }
   }
 }
 
@@ -74,169 +83,6 @@ RmaOp* TcpRmaComm::takeOp() {
 }
 
 void TcpRmaComm::freeOp(RmaOp* op) { pool_.give(op); }
-
-// ---- set-up -----------------------------------------------------------------------------------------------------------
-
-Status TcpRmaComm::regMrSym(void* data, size_t size, int type, uint64_t flags, int dmabufFd, rma::Window** out) {
-  (void)dmabufFd;  // the driver's copies reach the memory whatever form NCCL also offers it in
-  std::unique_ptr<rma::Window> w;
-  if (Status st = newWindow(data, size, type, flags, &w); st != Status::kOk) return st;
-  rma::Window* win = w.get();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    addWindow(w.release());
-    if (auto it = announced_.find(win->id); it != announced_.end()) {
-      for (size_t r = 0; r < it->second.size(); ++r) {
-        if (it->second[r] >= 0) win->peerSize[r] = static_cast<uint64_t>(it->second[r]);
-      }
-      announced_.erase(it);
-    }
-    for (uint32_t p = 0; p < peers_.size(); ++p) {
-      if (static_cast<int>(p) == rank_ || peers_[p].lost) continue;
-      RmaOp* op = takeOp();
-      if (op == nullptr) return Status::kSystem;
-      op->internal = true;
-      op->peer = p;
-      op->frame.type = RmaFrame::kRegister;
-      op->frame.window = win->id;
-      op->frame.size = size;
-      op->frame.aux = (uint64_t{win->cuda} << 8) | flags;
-      enqueue(peers_[p], op);
-    }
-  }
-  const uint32_t id = win->id;
-  Status st = waitFor("the registration exchange of a window", [&] {
-    for (size_t r = 0; r < peers_.size(); ++r) {
-      if (peers_[r].lost) return true;  // reported below
-      if (win->peerSize[r] == UINT64_MAX) return false;
-    }
-    return true;
-  });
-  std::lock_guard<std::mutex> lock(mu_);
-  for (size_t r = 0; r < peers_.size() && st == Status::kOk; ++r) {
-    if (peers_[r].lost) {
-      WEFT_WARN("RMA regMrSym (rank {}): {} is lost; window {} cannot be registered with it", rank_, peers_[r].name, id);
-      st = Status::kRemote;
-    }
-  }
-  if (st != Status::kOk) {
-    dropWindow(win);
-    return st;
-  }
-  WEFT_INFO(NCCL_NET | NCCL_REG, "RMA: window {} registered: {} bytes of {} memory at {}{}", id, size,
-            win->cuda ? "GPU" : "host", data, (flags & rma::kFlagSignalNeverReset) ? " (signals, never reset)" : "");
-  *out = win;
-  return Status::kOk;
-}
-
-Status TcpRmaComm::deregMrSym(rma::Window* w) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!hasWindow(w)) {
-      WEFT_WARN("RMA deregMrSym: {} is not a registered window of this comm", static_cast<void*>(w));
-      return Status::kInvalidUsage;
-    }
-  }
-  // A window still read by a put on its way out, written by a get or a put arriving now, waits until that is over:
-  // its memory is NCCL's to free once this returns.
-  auto busy = [&] {
-    if (w->inflight > 0) return true;
-    for (auto& p : peers_) {
-      const bool putIn = p.inPayload || p.waitingPieces;
-      if (putIn && (p.dst == w || (p.cur.type == RmaFrame::kPut && p.cur.sigWindow == w->id))) return true;
-      for (const auto& f : p.data) {
-        if (f.inPiece && f.dst == w) return true;
-      }
-    }
-    return false;
-  };
-  Status st = waitFor("deregistering a window still in use", [&] { return !busy() || failed(); });
-  std::lock_guard<std::mutex> lock(mu_);
-  if (busy()) {
-    WEFT_WARN("RMA deregMrSym: window {} is still used by {} operation(s); not deregistered", w->id, w->inflight);
-    return st == Status::kOk ? Status::kInvalidUsage : st;
-  }
-  dropWindow(w);
-  return Status::kOk;
-}
-
-Status TcpRmaComm::destroyContext(rma::Context* ctx) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!hasContext(ctx)) {
-      WEFT_WARN("RMA destroyContext: {} is not a live context of this comm", static_cast<void*>(ctx));
-      return Status::kInternal;
-    }
-    // Operations not started are dropped; a frame partly written must be finished (the stream would break).
-    for (auto& p : peers_) {
-      RmaOp** link = &p.head;
-      RmaOp* prev = nullptr;
-      while (*link != nullptr) {
-        RmaOp* op = *link;
-        if (op->ctx == ctx && op->frameSent == 0 && op->assigned == 0) {
-          *link = op->next;
-          if (p.tail == op) p.tail = prev;
-          --p.queued;
-          if (op->src != nullptr) --op->src->inflight;
-          if (op->pieced) unlinkPiece(p, op);
-          freeOp(op);
-          continue;
-        }
-        prev = op;
-        link = &op->next;
-      }
-    }
-  }
-  Status st = waitFor("finishing a destroyed context's operations", [&] {
-    bool busy = false;
-    pool_.forEach([&](RmaOp& op) {
-      busy |= op.ctx == ctx && op.state == RmaOp::kQueued && !peers_[op.peer].lost;
-    });
-    return !busy;
-  });
-  std::lock_guard<std::mutex> lock(mu_);
-  // Gets still waiting for their answer: forgotten (the answer is read and dropped when it comes).
-  pool_.forEach([&](RmaOp& op) {
-      if (op.state != RmaOp::kFree && op.ctx == ctx) {
-        if (op.src != nullptr && (op.state == RmaOp::kQueued || op.state == RmaOp::kWaiting)) --op.src->inflight;
-        for (auto& p : peers_) {
-          if (p.getOp == &op) p.getOp = nullptr, p.dst = nullptr;
-        }
-        bool queued = false;
-        for (auto& p : peers_) {
-          for (RmaOp* q = p.head; q != nullptr; q = q->next) queued |= q == &op;
-        }
-        if (!queued) freeOp(&op);
-      }
-  });
-  forgetContext(ctx);
-  return st;
-}
-
-void TcpRmaComm::close() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto* w : windows_) {
-      if (w != nullptr) {
-        WEFT_INFO(NCCL_NET, "RMA: window {} still registered when its comm closed; released with it", w->id);
-      }
-    }
-    // A bye to every peer, so that its end of the socket reads as an orderly close; written as far as the socket
-    // takes it now (a peer already gone, or a full socket, gets none: it sees the end of the stream then).
-    for (uint32_t p = 0; p < peers_.size(); ++p) {
-      PeerSocket& peer = peers_[p];
-      if (peer.fd < 0 || peer.lost) continue;
-      RmaOp* op = takeOp();
-      if (op == nullptr) break;
-      op->internal = true;
-      op->peer = p;
-      op->frame.type = RmaFrame::kBye;
-      enqueue(peer, op);
-      pumpSend(peer);
-    }
-  }
-  delete this;
-}
 
 // ---- operations -------------------------------------------------------------------------------------------------------
 
@@ -291,6 +137,7 @@ Status TcpRmaComm::iput(rma::Context* ctx, int context, rma::Window* src, uint64
   }
   op->ctx = ctx;
   op->peer = rank;
+  op->postMs = coarseNowMs();
   *request = op;
   if (static_cast<int>(rank) == rank_) {
     const Status st = putLocal(src, srcOff, size, dst, dstOff, signal);
@@ -349,6 +196,7 @@ Status TcpRmaComm::iget(rma::Context* ctx, int context, rma::Window* remote, uin
   if (op == nullptr) return Status::kSystem;
   op->ctx = ctx;
   op->peer = rank;
+  op->postMs = coarseNowMs();
   *request = op;
   if (static_cast<int>(rank) == rank_ || size == 0) {
     const Status st = size == 0 ? Status::kOk : putLocal(remote, remoteOff, size, local, localOff, nullptr);
@@ -410,6 +258,7 @@ Status TcpRmaComm::test(void* request, bool* done) {
     return Status::kInternal;
   }
   *done = false;
+  if (ledgerWaiting()) return Status::kOk;  // a dump reads the ledger for a moment: NCCL calls again
   std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
   if (!lock.owns_lock()) return Status::kOk;  // set-up holds the comm for a moment: NCCL calls again
   if (op->state == RmaOp::kQueued || op->state == RmaOp::kWaiting) {
@@ -475,8 +324,12 @@ void TcpRmaComm::lose(uint32_t peer, const std::string& why) {
   pool_.forEach([&](RmaOp& op) { waiting |= op.state == RmaOp::kWaiting && op.peer == peer; });
   if (p.bye && !waiting) {
     WEFT_INFO(NCCL_NET, "RMA (rank {}): {} closed its comm", rank_, p.name);
+    p.stallKind = StallKind::kNone;
     return;
   }
+  // The ledger: lost (a stall that found the bytes stopped on the way keeps that name: lost over that link).
+  if (!(p.stallReported && p.stallKind == StallKind::kLink)) p.stallKind = StallKind::kPeerGone;
+  stallEvents_.fetch_add(1, std::memory_order_relaxed);
   fail(p.name + " is lost: " + why + (p.bye ? " (it had closed its comm with operations still waiting on it)" : ""),
        Status::kRemote);
   for (RmaOp* op = p.head; op != nullptr;) {

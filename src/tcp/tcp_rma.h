@@ -154,6 +154,11 @@ struct PeerSocket {
   uint64_t moved = 0, watchedMoved = 0;
   int64_t quietSinceMs = 0;
   bool stallReported = false;
+  // The ledger (TcpRmaComm::ledger): the control flow's two ends' addresses, stalls reported, the current stall's
+  // kind or why the peer was lost (kNone: not stalled, or closed in order).
+  std::string peerAddr, localAddr;
+  uint64_t stalls = 0;
+  StallKind stallKind = StallKind::kNone;
   // Data flows (none: everything on fd). Sending: pieced puts with bytes not handed to a flow yet, in issue order.
   std::vector<DataFlow> data;
   struct RmaOp* pieceHead = nullptr;
@@ -187,6 +192,7 @@ struct RmaOp {
   rma::Window* src = nullptr;  // put: the source; get: the local destination
   uint64_t srcOff = 0;
   uint64_t payloadSent = 0;
+  int64_t postMs = 0;     // coarse clock at iput/iget (the ledger's age)
   bool pieced = false;    // a put whose payload goes as pieces on the data flows
   uint64_t assigned = 0;  // pieced: payload bytes handed to flows
   RmaOp* next = nullptr;
@@ -209,6 +215,8 @@ class TcpRmaComm final : public rma::CommBase {
   Status test(void* request, bool* done) override;
   bool flushesAllPutsOnAnySignal() const override { return true; }
   void close() override;
+  bool ledger(std::vector<PeerLedger>* out) override;
+  uint64_t stallEvents() const override { return stallEvents_.load(std::memory_order_relaxed); }
 
  private:
   RmaOp* takeOp();
@@ -253,6 +261,7 @@ class TcpRmaComm final : public rma::CommBase {
   // Registrations peers announced before this rank made its own: id -> (rank -> size).
   std::unordered_map<uint32_t, std::vector<int64_t>> announced_;
   int64_t stallCheckMs_ = 0;
+  std::atomic<uint64_t> stallEvents_{0};  // stalls reported and peers lost (stallEvents)
 };
 
 }  // namespace weft::tcp

@@ -5,13 +5,14 @@
 // the bytes stopped on the way (the link, or the peer's host). A receiver with a message half in is waiting on the
 // link; one with nothing in is waiting on a peer that has not posted its send. A peer whose process died is not a
 // stall: its sockets close and the comm fails at once. Also the device API's stall watch (TcpRmaComm::watchStalls),
-// which asks the same of a pair's sockets (rmaStallCause).
+// which asks the same of a pair's sockets (rmaStallCause), and its ledger for the dumps (TcpRmaComm::ledger).
 //
 // <linux/tcp.h> (for tcpi_snd_wnd, which glibc's <netinet/tcp.h> lacks) is included here only: the two headers
 // cannot meet in one file.
 #include <linux/tcp.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -236,6 +237,7 @@ void TcpRmaComm::watchStalls() {
     for (const auto& f : p.data) pieces |= f.op != nullptr || f.inPiece;
     const bool waiting = !p.lost && p.fd >= 0 && (p.head != nullptr || gets[r] > 0 || p.inPayload || pieces);
     if (!waiting || p.moved != p.watchedMoved) {
+      if (p.stallReported && !p.lost) p.stallKind = StallKind::kNone;
       if (p.stallReported) {
         WEFT_INFO(NCCL_NET, "RMA (rank {} of {}): {} moves again after a stall of {} s", rank_, nranks_, p.name,
                   (now - p.quietSinceMs) / 1000);
@@ -285,9 +287,55 @@ void TcpRmaComm::watchStalls() {
     const bool sending = p.head != nullptr || pieceFd >= 0;
     const std::string cause =
         rmaStallCause(p.head == nullptr && pieceFd >= 0 ? pieceFd : p.fd, sending, p.inPayload || p.waitingPieces, &kind);
+    ++p.stalls;
+    p.stallKind = kind;
+    stallEvents_.fetch_add(1, std::memory_order_relaxed);
     WEFT_WARN("RMA (rank {} of {}): stalled on {}: nothing moved either way for {} s (WEFT_STALL_S): {}; {} [{}]",
               rank_, nranks_, p.name, (now - p.quietSinceMs) / 1000, what, cause, stallKindName(kind));
   }
+}
+
+// The device API's ledger (tcp_rma.h, docs/hangs.md).
+bool TcpRmaComm::ledger(std::vector<PeerLedger>* out) {
+  // From the dump's thread: the data path holds the lock only for a call; set-up may hold it for a pass.
+  std::unique_lock<std::mutex> lock;
+  if (!lockForLedger(&lock)) return false;
+  std::vector<std::vector<const RmaOp*>> byPeer(peers_.size());
+  pool_.forEach([&](RmaOp& op) {
+    if (!op.internal && (op.state == RmaOp::kQueued || op.state == RmaOp::kWaiting) && op.peer < byPeer.size()) {
+      byPeer[op.peer].push_back(&op);
+    }
+  });
+  for (uint32_t r = 0; r < peers_.size(); ++r) {
+    const PeerSocket& p = peers_[r];
+    // Every peer with its socket (the report pairs the two ends of a pair by their addresses, an idle end too), and
+    // those lost in trouble; not itself, nor a peer that closed in order.
+    if (static_cast<int>(r) == rank_ || (p.fd < 0 && p.stallKind == StallKind::kNone)) continue;
+    PeerLedger l;
+    l.rank = static_cast<int>(r);
+    l.name = p.name;
+    l.peer = p.peerAddr;
+    l.local = p.localAddr;
+    l.moved = p.moved;
+    l.stalls = p.stalls;
+    l.stalledSinceMs = p.stallReported && !p.lost ? std::max<int64_t>(p.quietSinceMs, 1) : 0;
+    l.kind = p.stallKind;
+    l.inflight = static_cast<uint32_t>(byPeer[r].size());
+    auto& ops = byPeer[r];
+    std::sort(ops.begin(), ops.end(), [](const RmaOp* a, const RmaOp* b) { return a->postMs < b->postMs; });
+    for (size_t i = 0; i < ops.size() && i < PeerLedger::kMaxOps; ++i) {
+      const RmaOp* op = ops[i];
+      LedgerOp o;
+      const bool put = op->frame.type == RmaFrame::kPut;
+      o.kind = put ? (op->frame.size > 0 ? "put" : "signal") : op->frame.type == RmaFrame::kGetRequest ? "get" : "flush";
+      o.bytes = op->frame.size;
+      o.done = put ? op->payloadSent : 0;
+      o.postMs = op->postMs;
+      l.ops.push_back(o);
+    }
+    out->push_back(std::move(l));
+  }
+  return true;
 }
 
 }  // namespace weft::tcp

@@ -7,12 +7,14 @@
 
 #include <condition_variable>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "weft/common/ledger.h"
 #include "weft/common/rail_health.h"
 #include "telemetry/profiler_core.h"
 
@@ -85,6 +87,20 @@ ConnStats* registerConn(bool isSend, std::string peer, std::string device, const
                         int nRails = 0, const StallState* stall = nullptr, std::string local = {});  // never null
 void unregisterConn(ConnStats* s);  // writes its final record; s is freed
 
+// The device API's comms (plugin/rma_plugin.cc): each keeps its own ledger of its peers (weft/common/ledger.h),
+// asked at every dump, where it gives one "conn" line per peer that something waits on, stalled or was lost (dir
+// "rma", the net connections' fields, and the ranks). `read` runs on the dump's thread under the writer's lock and
+// may answer false (the comm cannot tell now: a line says so); `stallEvents` is lock-free. Both stay valid until
+// unregisterLedger returns.
+struct LedgerSource {
+  std::string device;
+  int rank = -1, nranks = 0;
+  std::function<bool(std::vector<PeerLedger>*)> read;
+  std::function<uint64_t()> stallEvents;
+};
+uint32_t registerLedger(LedgerSource s);  // its id: the "conn" of its lines
+void unregisterLedger(uint32_t id);
+
 // Makes the Sink the profiler core's writer (WriterHooks); idempotent. Every user of the core's tables calls it
 // before the first initContext.
 void attachWriter() noexcept;
@@ -134,6 +150,8 @@ class Sink {
   std::string tagLabel(uint64_t tag) const;
 
   void connRecord(ConnStats* s, bool final);
+  uint32_t addLedger(LedgerSource s);
+  void removeLedger(uint32_t id);
 
  private:
   Sink() = default;
@@ -173,6 +191,9 @@ class Sink {
   bool started_ = false;
   std::map<Context*, Comm> comms_;
   std::vector<ConnStats*> conns_;
+  std::map<uint32_t, LedgerSource> ledgers_;  // the device API's comms, by id
+  // The dump's lines of the device API's comms: one per peer of each; `lines` counts them.
+  std::string ledgerLinesLocked(int64_t nowMs, size_t* lines);
   // Rails (NICs) of closed connections: times they went down, came back and were failed over, by device (the
   // Prometheus file's weft_rail_*_total count these and the open connections' own).
   std::map<std::string, RailTotals> railsClosed_;

@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "checks_internal.h"
+#include "self_exec.h"
 
 namespace weft::harness::checks {
 
@@ -99,22 +100,6 @@ std::string promShowsStall(const std::string& path, std::chrono::seconds limit) 
   }
 }
 
-// `weft ARGS` (this worker is the weft binary, /proc/self/exe): what it printed, or why it could not run.
-std::string runWeft(const std::string& args) {
-  char self[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (n <= 0) return "cannot read /proc/self/exe";
-  self[n] = '\0';
-  const std::string cmd = "'" + std::string(self) + "' " + args + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return "could not run " + cmd;
-  std::string out;
-  char buf[4096];
-  while (size_t k = std::fread(buf, 1, sizeof(buf), p)) out.append(buf, k);
-  ::pclose(p);
-  return out;
-}
-
 // `weft inspect --json --pid <this process>` (this worker is the weft binary, /proc/self/exe) must show a send
 // connection stalled now, with the stalled send first in its operations in flight once `posted` (a send that waits
 // for the receiver's offer is not posted yet: isend answers NULL). Empty: it did; else what it printed.
@@ -141,19 +126,6 @@ std::string inspectShowsStall(bool posted) {
 std::atomic<int> gAppTerm{0};
 void appTermHandler(int) { gAppTerm.store(1); }  // the application's own SIGTERM handler: it notes the signal
 
-// A dump of process `pid` in dir/hangs: true once one is there.
-bool hasDump(const std::string& dir, int pid) {
-  const std::string want = "-" + std::to_string(pid) + "-";
-  DIR* d = ::opendir((dir + "/hangs").c_str());
-  if (d == nullptr) return false;
-  bool found = false;
-  while (dirent* e = ::readdir(d)) found = found || std::string(e->d_name).find(want) != std::string::npos;
-  ::closedir(d);
-  return found;
-}
-
-// `weft report --hangs dir`: its output.
-std::string reportHangs(const std::string& dir) { return runWeft("report --hangs '" + dir + "'"); }
 
 // The checks that read their own stall dumps: WEFT_TELEMETRY_DIR, where they go (skips unless weft runs with it and a
 // WEFT_STALL_S of 1-5 s).

@@ -14,6 +14,7 @@
 
 #include "netns.h"
 #include "rma_rank.h"
+#include "self_exec.h"
 
 namespace weft::harness::rmacheck {
 namespace {
@@ -535,6 +536,73 @@ std::string rmaFlows(Rank& k) {
   return k.barrier() ? "" : "a rank did not finish";
 }
 
+// weft's promise (docs/hangs.md) for the device API: rank 1 stops progressing (its application in compute) while
+// rank 0's 64 MiB of puts wait on it. Rank 0's stall dump is written (WEFT_TELEMETRY_DIR/hangs), rank 1's ledger is
+// read live (`weft inspect --json --pid`, saved beside it: its inspect thread answers while its proxy makes no
+// call), and `weft report --hangs` over the two must name rank 1's process as where every chain of waits ends and
+// show rank 0's puts as the device API's ("--rma"). Then rank 1 progresses and the last put lands whole.
+std::string rmaHangReport(Rank& k) {
+  const std::string dir = std::getenv("WEFT_TELEMETRY_DIR");
+  constexpr int kPuts = 16;
+  volatile uint64_t* word = &k.sh->words[1][kMaxRanks - 1];  // rank 1's pid, then 0 once rank 0 is done
+  if (k.rank == 1) *word = static_cast<uint64_t>(::getpid());
+  if (k.rank == 0) {
+    const auto data = fill(0, 131, kSlot);
+    k.write(k.src, 0, data.data(), kSlot);
+  }
+  if (!k.barrier()) return "a rank did not fill its source";
+  if (k.rank == 0) {
+    const uint64_t peer = *word;
+    std::vector<void*> reqs;
+    for (int i = 0; i < kPuts; ++i) {
+      void* req = nullptr;
+      int r = k.api->iput(k.ctx, 0, 0, k.src.mh, kSlot, 0, k.dst.mh, 1, 0, &req);
+      if (r != 0) return callFailed("iput", r);
+      reqs.push_back(req);
+    }
+    void* sreq = nullptr;
+    int r = k.api->iputSignal(k.ctx, 0, 0, nullptr, 0, 0, nullptr, 1, 8 * kHangSlot, k.sig.mh, 1, 1, true, 0, &sreq);
+    if (r != 0) return callFailed("iputSignal(size 0)", r);
+    reqs.push_back(sreq);
+    // The stall line, then the record writer's round (100 ms) writes this process's dump.
+    if (!k.until([&] { return hasDump(dir, ::getpid()); }, 30)) {
+      *word = 0;
+      return "no stall dump of rank 0 in " + dir + "/hangs while its puts waited on rank 1";
+    }
+    const std::string live = runWeft("inspect --json --pid " + std::to_string(peer));
+    {
+      FILE* f = std::fopen((dir + "/hangs/inspect-" + std::to_string(peer) + ".json").c_str(), "w");
+      if (f != nullptr) {
+        std::fwrite(live.data(), 1, live.size(), f);
+        std::fclose(f);
+      }
+    }
+    const std::string report = reportHangs(dir);
+    *word = 0;  // rank 1 goes on
+    for (void* q : reqs) {
+      if (std::string e = k.wait(q, "a put to the rank that held off"); !e.empty()) return e;
+    }
+    const std::string first = report.substr(0, report.find('\n'));
+    std::fprintf(stderr, "  rank 0: %s\n", first.c_str());
+    if (first.find("every chain of waits ends at ") == std::string::npos ||
+        first.find(" pid " + std::to_string(peer)) == std::string::npos) {
+      return "weft report --hangs did not name rank 1 (pid " + std::to_string(peer) + ") as where the waits end: " +
+             report;
+    }
+    if (report.find("--rma on ") == std::string::npos) {
+      return "weft report --hangs did not show rank 0's wait as the device API's: " + report;
+    }
+  } else if (k.rank == 1) {
+    // In compute: no call to the plugin until rank 0 has its report (at most 60 s).
+    const auto end = Clock::now() + std::chrono::seconds(60);
+    while (*word != 0 && Clock::now() < end) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    const uint64_t want = ++k.sigExpected[kHangSlot];
+    if (!k.until([&] { return k.signal(kHangSlot) >= want; }, 60)) return "the signal after the held-off puts never came";
+    if (std::string e = compare(k, k.dst, 0, fill(0, 131, kSlot), "the last held-off put"); !e.empty()) return e;
+  }
+  return k.barrier() ? "" : "a rank did not finish";
+}
+
 // weft's promise: what is not a live object of the plugin is refused with an error, never dereferenced blindly.
 std::string garbage(Rank& k) {
   alignas(64) unsigned char junk[256];
@@ -704,6 +772,20 @@ std::vector<Check> checks() {
          return std::string();
        },
        rmaFlows},
+      {"weft.rma_hang_report", "a rank that stops progressing while 64 MiB of puts wait on it: weft report --hangs "
+                               "over the stall dump and its live ledger names it",
+       [](Rank& k) {
+         std::string s = needConnected(k);
+         if (!s.empty()) return s;
+         const char* stall = std::getenv("WEFT_STALL_S");
+         const char* dir = std::getenv("WEFT_TELEMETRY_DIR");
+         if (k.nranks != 2 || stall == nullptr || std::atoi(stall) < 1 || std::atoi(stall) > 2 || dir == nullptr ||
+             *dir == '\0') {
+           return std::string("needs 2 ranks, WEFT_STALL_S of 1 or 2 and WEFT_TELEMETRY_DIR");
+         }
+         return std::string();
+       },
+       rmaHangReport},
       {"weft.garbage_handles", "garbage requests, handles, offsets, ranks and signal ops are refused", needConnected,
        garbage},
       {"faults.dead_rank", "the last rank dies: requests to it fail within the bound, queryLastError (if any) says so",

@@ -35,6 +35,7 @@ constexpr int kWeakSlot = kMaxRanks + 4;
 constexpr int kFenceSlot = kMaxRanks + 5;  // (and the bench's round trip: the slot after it)
 constexpr int kStallSlot = kMaxRanks + 7;  // weft.stall_line
 constexpr int kFlowsSlot = kMaxRanks + 8;  // weft.rma_flows
+constexpr int kHangSlot = kMaxRanks + 9;   // weft.rma_hang_report
 constexpr int kFlagHost = 1, kFlagCuda = 2;  // NCCL_PTR_*
 constexpr uint64_t kForceSo = 1, kNeverReset = 2;
 

@@ -30,6 +30,7 @@ struct Conn {
   std::string dir, peer, local, device, kind;
   double stalledS = 0;
   uint64_t stalls = 0, msgs = 0, bytes = 0;
+  int rank = -1, peerRank = -1, nranks = 0;  // the device API's ("dir":"rma"): this end's and the peer's ranks
 };
 
 struct Proc {
@@ -38,6 +39,7 @@ struct Proc {
   uint64_t timeNs = 0;
   std::string file, reason;  // reason: what wrote the dump (stall, sigterm, live)
   std::vector<std::string> ranks;  // "rank 3 of 8 in <comm name or hash>"
+  std::vector<std::string> rmaRanks;  // "rank 1 of 8 (device API)", from its device-API comms' lines
   std::vector<Conn> conns;
 };
 
@@ -97,6 +99,15 @@ bool loadDump(const std::filesystem::path& path, Proc* p) {
       c.stalls = j.value("stalls", uint64_t{0});
       c.msgs = j.value("msgs", uint64_t{0});
       c.bytes = j.value("bytes", uint64_t{0});
+      if (c.dir == "rma") {
+        c.rank = j.value("rank", -1);
+        c.peerRank = j.value("peer_rank", -1);
+        c.nranks = j.value("nranks", 0);
+        // The process's own rank in the device API's comm, where no profiler communicator names it.
+        const std::string mine = "rank " + std::to_string(j.value("rank", -1)) + " of " + std::to_string(c.nranks) +
+                                 " (device API)";
+        if (std::find(p->rmaRanks.begin(), p->rmaRanks.end(), mine) == p->rmaRanks.end()) p->rmaRanks.push_back(mine);
+      }
       p->conns.push_back(std::move(c));
     }
   }
@@ -105,10 +116,11 @@ bool loadDump(const std::filesystem::path& path, Proc* p) {
 
 std::string procName(const Proc& p) {
   std::string s = p.host + " pid " + std::to_string(p.pid);
-  if (p.ranks.size() == 1) return p.ranks[0] + " (" + s + ")";
-  if (!p.ranks.empty()) {
+  const std::vector<std::string>& ranks = p.ranks.empty() ? p.rmaRanks : p.ranks;
+  if (ranks.size() == 1) return ranks[0] + " (" + s + ")";
+  if (!ranks.empty()) {
     s += " (";
-    for (size_t i = 0; i < p.ranks.size(); ++i) s += (i ? "; " : "") + p.ranks[i];
+    for (size_t i = 0; i < ranks.size(); ++i) s += (i ? "; " : "") + ranks[i];
     s += ")";
   }
   return s;
@@ -143,6 +155,17 @@ void build(Graph* g) {
       w.conn = &c;
       if (auto it = byLocal.find(c.peer); it != byLocal.end()) {
         w.to = it->second;
+      } else if (c.dir == "rma") {
+        // The device API's ends name both addresses: no match means the peer left no dump, unless a process shows
+        // the peer's rank in a comm of the same size (its end of this pair gone from its ledger). Never by IP: the
+        // ranks of one host share it.
+        std::set<int> ranked;
+        for (int j = 0; j < static_cast<int>(g->procs.size()); ++j) {
+          for (const Conn& o : g->procs[j].conns) {
+            if (j != i && o.dir == "rma" && o.rank == c.peerRank && o.nranks == c.nranks) ranked.insert(j);
+          }
+        }
+        if (ranked.size() == 1) w.to = *ranked.begin();
       } else if (auto ip = byIp.find(ipOf(c.peer)); ip != byIp.end()) {
         std::set<int> others = ip->second;
         others.erase(i);
@@ -155,8 +178,13 @@ void build(Graph* g) {
 
 // A peer with no dump is named by its IP: the two ends of its connections name different ports of it.
 std::string target(const Graph& g, const Wait& w) {
-  return w.to >= 0 ? procName(g.procs[static_cast<size_t>(w.to)])
-                   : "a process at " + ipOf(w.toAddr) + " (no dump from it)";
+  if (w.to >= 0) return procName(g.procs[static_cast<size_t>(w.to)]);
+  // The device API's waiting end knows its peer's rank.
+  const std::string rank = w.conn != nullptr && w.conn->peerRank >= 0
+                               ? "rank " + std::to_string(w.conn->peerRank) + " of " + std::to_string(w.conn->nranks) +
+                                     " (device API), "
+                               : std::string();
+  return rank + "a process at " + ipOf(w.toAddr) + " (no dump from it)";
 }
 
 // A cycle among processes that each wait on the next, found by a depth-first walk; empty when there is none.

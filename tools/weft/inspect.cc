@@ -107,14 +107,22 @@ void print(const std::string& answer) {
   for (const auto& c : conns) {
     const double stalled = c.value("stalled_s", 0.0);
     const std::string now = stalled > 0 ? "STALLED " + std::to_string(static_cast<long>(stalled)) + " s" : "moving";
+    // The device API's lines name the peer by its rank too.
+    const std::string peer = c.value("dir", "") == "rma" ? c.value("peer_name", "") : c.value("peer", "");
     std::printf("  %5d %-4s %-28s %-14s %8s %8s %9.1f %6llu %8d %9.1f  %s\n", c.value("conn", 0),
-                c.value("dir", "").c_str(), c.value("peer", "").c_str(), c.value("device", "").c_str(),
+                c.value("dir", "").c_str(), peer.c_str(), c.value("device", "").c_str(),
                 num(c.value("msgs", 0.0)).c_str(), num(c.value("bytes", 0.0)).c_str(), c.value("lat_p50_us", 0.0),
                 static_cast<unsigned long long>(c.value("stalls", uint64_t{0})), c.value("inflight", 0),
                 c.value("oldest_s", 0.0), now.c_str());
     // The operations in flight, oldest first (at most 4 here; --json has them all).
     const auto ops = c.value("ops", nlohmann::json::array());
     for (size_t i = 0; i < ops.size() && i < 4; ++i) {
+      if (ops[i].contains("op")) {  // the device API's: put, get, signal, with the bytes moved so far
+        std::printf("        %s of %s bytes, %s moved, posted %.1f s ago\n", ops[i].value("op", "").c_str(),
+                    num(ops[i].value("bytes", 0.0)).c_str(), num(ops[i].value("done", 0.0)).c_str(),
+                    ops[i].value("age_s", 0.0));
+        continue;
+      }
       std::printf("        op tag %d, %s bytes in %u buffer%s, posted %.1f s ago\n", ops[i].value("tag", 0),
                   num(ops[i].value("bytes", 0.0)).c_str(), ops[i].value("bufs", 1u),
                   ops[i].value("bufs", 1u) == 1 ? "" : "s", ops[i].value("age_s", 0.0));
