@@ -210,7 +210,8 @@ const std::vector<Def> kDefs = {
    "Directory for the timing records: one JSON-lines file per process, weft-<host>-<pid>.jsonl (created if "
    "missing). Empty: no files (the summary at communicator finalize is still logged)."},
   {"WEFT_PROM_FILE", Kind::kString, "", 0, 0, nullptr,
-   "Prometheus text file (node-exporter textfile collector) rewritten with the timing aggregates; empty: none."},
+   "Prometheus text file (node-exporter textfile collector) rewritten with the timing aggregates; %p in it is the "
+   "process's pid (one file per rank of a node, e.g. /var/lib/node_exporter/weft-%p.prom); empty: none."},
   {"WEFT_INSPECT", Kind::kBool, "1", 0, 1, nullptr,
    "A local socket (WEFT_INSPECT_DIR/<pid>-<pid namespace>.sock) through which `weft inspect` reads this "
    "process's weft connections live: what they moved, their stalls; only this user can read it, nothing listens "

@@ -131,6 +131,10 @@ void Sink::startLocked() {
   started_ = true;
   host_ = hostName();
   promPath_ = params::getString("WEFT_PROM_FILE");
+  // %p: this process's pid (the ranks of a node each write their own file for one collector folder).
+  for (size_t at = promPath_.find("%p"); at != std::string::npos; at = promPath_.find("%p", at)) {
+    promPath_.replace(at, 2, std::to_string(getpid()));
+  }
   promIntervalS_ = static_cast<int>(params::getInt("WEFT_PROM_INTERVAL"));
   promTags_ = static_cast<size_t>(params::getInt("WEFT_PROM_TAGS"));
   std::string bad;
@@ -808,6 +812,41 @@ void Sink::writePromLocked() {
   if (anyRails) connLat += railUp + railDowns + railRec + railBytes + railFo + railMoved + railRe;
   if (anyStall) connLat += stalls + stalled;
   if (!conns_.empty()) connLat += inflight + oldest;
+  // The device API's comms (docs/hangs.md): per comm, operations in flight, the oldest's age and stalls; per peer
+  // that something waits on or that stalled, the same (an idle peer has no series: a comm has thousands).
+  if (!ledgers_.empty()) {
+    std::string rIn = "# HELP weft_rma_inflight Device-API operations in flight on a comm (or to one peer rank).\n# TYPE weft_rma_inflight gauge\n";
+    std::string rOld = "# HELP weft_rma_oldest_op_seconds Age of the oldest device-API operation in flight (0: none).\n# TYPE weft_rma_oldest_op_seconds gauge\n";
+    std::string rSt = "# HELP weft_rma_stalls_total Stalls a device-API comm reported (WEFT_STALL_S), per comm or peer rank.\n# TYPE weft_rma_stalls_total counter\n";
+    std::string rNow = "# HELP weft_rma_stalled_seconds How long a device-API peer has been stalled now (0: not stalled).\n# TYPE weft_rma_stalled_seconds gauge\n";
+    for (const auto& [id, src] : ledgers_) {
+      std::vector<PeerLedger> peers;
+      if (!src.read || !src.read(&peers)) continue;
+      const std::string l =
+          fmt::format("comm=\"{}\",rank=\"{}\",nranks=\"{}\",device=\"{}\"", id, src.rank, src.nranks, promEscape(src.device));
+      uint64_t n = 0, st = 0;
+      int64_t oldestMs = 0;
+      for (const PeerLedger& p : peers) {
+        n += p.inflight;
+        st += p.stalls;
+        const int64_t po = p.ops.empty() ? 0 : p.ops.front().postMs;
+        if (po > 0 && (oldestMs == 0 || po < oldestMs)) oldestMs = po;
+        if (p.inflight == 0 && p.stalls == 0 && p.stalledSinceMs == 0) continue;
+        const std::string pl = fmt::format("{},peer_rank=\"{}\"", l, p.rank);
+        rIn += fmt::format("weft_rma_inflight{{{}}} {}\n", pl, p.inflight);
+        rOld += fmt::format("weft_rma_oldest_op_seconds{{{}}} {:.3f}\n", pl,
+                            po > 0 ? static_cast<double>(std::max<int64_t>(nowMs - po, 0)) / 1e3 : 0.0);
+        rSt += fmt::format("weft_rma_stalls_total{{{}}} {}\n", pl, p.stalls);
+        rNow += fmt::format("weft_rma_stalled_seconds{{{}}} {:.3f}\n", pl,
+                            p.stalledSinceMs > 0 ? static_cast<double>(std::max<int64_t>(nowMs - p.stalledSinceMs, 0)) / 1e3 : 0.0);
+      }
+      rIn += fmt::format("weft_rma_inflight{{{}}} {}\n", l, n);
+      rOld += fmt::format("weft_rma_oldest_op_seconds{{{}}} {:.3f}\n", l,
+                          oldestMs > 0 ? static_cast<double>(std::max<int64_t>(nowMs - oldestMs, 0)) / 1e3 : 0.0);
+      rSt += fmt::format("weft_rma_stalls_total{{{}}} {}\n", l, st);
+    }
+    connLat += rIn + rOld + rSt + rNow;
+  }
   // Per NIC, every connection of this process together, closed ones included: what an alert watches.
   std::map<std::string, RailTotals> railTotals = railsClosed_;
   for (ConnStats* c : conns_) addRailTotals(*c, &railTotals);

@@ -107,6 +107,7 @@ weft_rma(NAME rma.stall_line.fabric-tcp-rxm OVER fabric-tcp-rxm ENV WEFT_STALL_S
 set(_rma_rec ${CMAKE_BINARY_DIR}/report-hangs-rma)
 weft_test(NAME report.hangs.rma_behind.tcp TIMEOUT 150 LABELS device-api profiler
   ENV ${WEFT_RMA_tcp} WEFT_STALL_S=1 WEFT_TELEMETRY_DIR=${_rma_rec}-behind
+      WEFT_PROM_FILE=${_rma_rec}-behind/weft-%p.prom WEFT_PROM_INTERVAL=1
   COMMAND sh -c "rm -rf '${_rma_rec}-behind' && '${WEFT_BIN}' conformance --rma --plugin '${WEFT_SO}' --ranks 2 --only setup --only weft.rma_hang_report --only teardown --timeout 120 --verbose"
   EXPECT "rank 0: weft report --hangs: every chain of waits ends at rank 1 of 2 .device API. .[^ ]+ pid [0-9]+.: it is behind"
          "PASS weft.rma_hang_report")

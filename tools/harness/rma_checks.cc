@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <random>
 
 #include <fmt/format.h>
@@ -569,6 +570,30 @@ std::string rmaHangReport(Rank& k) {
       *word = 0;
       return "no stall dump of rank 0 in " + dir + "/hangs while its puts waited on rank 1";
     }
+    // With WEFT_PROM_FILE (one a process: %p), this process's file shows the stalled peer too.
+    std::string promMissing;
+    if (const char* pf = std::getenv("WEFT_PROM_FILE"); pf != nullptr && std::strstr(pf, "%p") != nullptr) {
+      std::string path = pf;
+      path.replace(path.find("%p"), 2, std::to_string(::getpid()));
+      const std::string want = "peer_rank=\"1\"}";
+      bool stalled = false, counted = false;
+      k.until([&] {
+        FILE* f = std::fopen(path.c_str(), "r");
+        if (f == nullptr) return false;
+        char line[512];
+        while (std::fgets(line, sizeof(line), f) != nullptr) {
+          const std::string l = line;
+          const size_t sp = l.rfind(' ');
+          const double v = sp == std::string::npos ? 0 : std::atof(l.c_str() + sp + 1);
+          if (l.find(want) == std::string::npos) continue;
+          stalled |= l.rfind("weft_rma_stalled_seconds{", 0) == 0 && v > 0;
+          counted |= l.rfind("weft_rma_stalls_total{", 0) == 0 && v >= 1;
+        }
+        std::fclose(f);
+        return stalled && counted;
+      }, 10);
+      if (!stalled || !counted) promMissing = path + " did not show rank 1 stalled (weft_rma_stalled_seconds, weft_rma_stalls_total) within 10 s";
+    }
     const std::string live = runWeft("inspect --json --pid " + std::to_string(peer));
     {
       FILE* f = std::fopen((dir + "/hangs/inspect-" + std::to_string(peer) + ".json").c_str(), "w");
@@ -592,6 +617,7 @@ std::string rmaHangReport(Rank& k) {
     if (report.find("--rma on ") == std::string::npos) {
       return "weft report --hangs did not show rank 0's wait as the device API's: " + report;
     }
+    if (!promMissing.empty()) return promMissing;
   } else if (k.rank == 1) {
     // In compute: no call to the plugin until rank 0 has its report (at most 60 s).
     const auto end = Clock::now() + std::chrono::seconds(60);
