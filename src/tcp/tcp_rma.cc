@@ -709,22 +709,26 @@ bool TcpRmaComm::handleFrame(uint32_t peer) {
   }
 }
 
+void TcpRmaComm::putArrived(uint32_t peer, const RmaFrame& f, const std::string& refusal) {
+  if (!refusal.empty()) {
+    WEFT_WARN("RMA (rank {}): refused a put from {}: {}", rank_, peers_[peer].name, refusal);
+    sendError(peer, f, Status::kInvalidUsage, 0);
+  } else if (f.signalOp != 0) {
+    std::string err;
+    if (!rma::applySignal(*windowById(f.sigWindow), f.sigOff, static_cast<rma::SignalOp>(f.signalOp), f.value,
+                          &err)) {
+      fail("a signal could not be written to its GPU window: " + err, Status::kSystem);
+    }
+  }
+}
+
 // The current frame's payload is all in: a put's signal is applied now (after its bytes), a get completes.
 bool TcpRmaComm::payloadDone(uint32_t peer) {
   PeerSocket& p = peers_[peer];
   p.inPayload = false;
   const RmaFrame& f = p.cur;
   if (f.type == RmaFrame::kPut) {
-    if (!p.refusal.empty()) {
-      WEFT_WARN("RMA (rank {}): refused a put from {}: {}", rank_, p.name, p.refusal);
-      sendError(peer, f, Status::kInvalidUsage, 0);
-    } else if (f.signalOp != 0) {
-      std::string err;
-      if (!rma::applySignal(*windowById(f.sigWindow), f.sigOff, static_cast<rma::SignalOp>(f.signalOp), f.value,
-                            &err)) {
-        fail("a signal could not be written to its GPU window: " + err, Status::kSystem);
-      }
-    }
+    putArrived(peer, f, p.refusal);
   } else if (f.type == RmaFrame::kGetAnswer && p.getOp != nullptr) {
     RmaOp* op = p.getOp;
     if (op->src != nullptr) {

@@ -246,6 +246,8 @@ class TcpRmaComm final : public rma::CommBase {
   void unlinkPiece(PeerSocket& p, RmaOp* op);
   bool handleFrame(uint32_t peer);
   bool payloadDone(uint32_t peer);
+  // A put whose bytes are all in (or refused): its signal is applied now, or its refusal sent back.
+  void putArrived(uint32_t peer, const RmaFrame& f, const std::string& refusal);
   void sendError(uint32_t peer, const RmaFrame& refused, Status st, uint64_t token);
   void lose(uint32_t peer, const std::string& why);
   Status putLocal(rma::Window* src, uint64_t srcOff, size_t size, rma::Window* dst, uint64_t dstOff,

@@ -241,16 +241,7 @@ void TcpRmaComm::finishPieced(uint32_t peer) {
   const std::string refusal = p.refusal.empty() ? it->second.refusal : p.refusal;
   p.tallies.erase(it);
   p.waitingPieces = false;
-  if (!refusal.empty()) {
-    WEFT_WARN("RMA (rank {}): refused a put from {}: {}", rank_, p.name, refusal);
-    sendError(peer, f, Status::kInvalidUsage, 0);
-  } else if (f.signalOp != 0) {
-    std::string err;
-    if (!rma::applySignal(*windowById(f.sigWindow), f.sigOff, static_cast<rma::SignalOp>(f.signalOp), f.value,
-                          &err)) {
-      fail("a signal could not be written to its GPU window: " + err, Status::kSystem);
-    }
-  }
+  putArrived(peer, f, refusal);
 }
 
 }  // namespace weft::tcp

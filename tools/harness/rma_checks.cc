@@ -390,12 +390,27 @@ std::string deregInflight(Rank& k) {
   return compare(k, k.dst, kSlot * k.prev(), fill(k.prev(), 77, kSlot), "the put from a deregistered window");
 }
 
+// Rank 0's 16 puts of kSlot bytes to rank 1 (its source's first kSlot bytes to the start of rank 1's window), then
+// a size-0 strong signal to `slot`: the requests, or why they could not be posted.
+std::string putsToRank1(Rank& k, int slot, std::vector<void*>* reqs) {
+  for (int i = 0; i < 16; ++i) {
+    void* req = nullptr;
+    int r = k.api->iput(k.ctx, 0, 0, k.src.mh, kSlot, 0, k.dst.mh, 1, 0, &req);
+    if (r != 0) return callFailed("iput", r);
+    reqs->push_back(req);
+  }
+  void* sreq = nullptr;
+  int r = k.api->iputSignal(k.ctx, 0, 0, nullptr, 0, 0, nullptr, 1, 8 * slot, k.sig.mh, 1, 1, true, 0, &sreq);
+  if (r != 0) return callFailed("iputSignal(size 0)", r);
+  reqs->push_back(sreq);
+  return "";
+}
+
 // weft's promise (docs/hangs.md): an operation that waits on a rank whose proxy stops progressing is named in a stall
 // line once WEFT_STALL_S passes, and nothing is lost: rank 1 makes no call for 3.5 s while rank 0 puts 64 MiB to it,
 // then a signal; every byte of the last put is there when the signal is. The line itself is checked by the suite's
 // entry (rma.stall_line.*) in rank 0's output.
 std::string stallLine(Rank& k) {
-  constexpr int kPuts = 16;
   if (k.rank == 0) {
     const auto data = fill(0, 99, kSlot);
     k.write(k.src, 0, data.data(), kSlot);
@@ -403,16 +418,7 @@ std::string stallLine(Rank& k) {
   if (!k.barrier()) return "a rank did not fill its source";
   if (k.rank == 0) {
     std::vector<void*> reqs;
-    for (int i = 0; i < kPuts; ++i) {
-      void* req = nullptr;
-      int r = k.api->iput(k.ctx, 0, 0, k.src.mh, kSlot, 0, k.dst.mh, 1, 0, &req);
-      if (r != 0) return callFailed("iput", r);
-      reqs.push_back(req);
-    }
-    void* sreq = nullptr;
-    int r = k.api->iputSignal(k.ctx, 0, 0, nullptr, 0, 0, nullptr, 1, 8 * kStallSlot, k.sig.mh, 1, 1, true, 0, &sreq);
-    if (r != 0) return callFailed("iputSignal(size 0)", r);
-    reqs.push_back(sreq);
+    if (std::string e = putsToRank1(k, kStallSlot, &reqs); !e.empty()) return e;
     for (void* q : reqs) {
       if (std::string e = k.wait(q, "a put to the rank that holds off"); !e.empty()) return e;
     }
@@ -471,7 +477,6 @@ int rmaDataFlows(const Rank& k) {
 // by the kernel, outside the plugin: the bytes each of rank 0's TCP sockets had acknowledged, before and after. The
 // bytes land whole, shown by a signal after them (the data flows' order, docs/device-api.md).
 std::string rmaFlows(Rank& k) {
-  constexpr int kPuts = 16;
   const int flows = rmaDataFlows(k);
   if (k.rank == 0) {
     const auto data = fill(0, 123, kSlot);
@@ -482,16 +487,7 @@ std::string rmaFlows(Rank& k) {
   if (k.rank == 0) {
     before = tcpBytesAcked();
     std::vector<void*> reqs;
-    for (int i = 0; i < kPuts; ++i) {
-      void* req = nullptr;
-      int r = k.api->iput(k.ctx, 0, 0, k.src.mh, kSlot, 0, k.dst.mh, 1, 0, &req);
-      if (r != 0) return callFailed("iput", r);
-      reqs.push_back(req);
-    }
-    void* sreq = nullptr;
-    int r = k.api->iputSignal(k.ctx, 0, 0, nullptr, 0, 0, nullptr, 1, 8 * kFlowsSlot, k.sig.mh, 1, 1, true, 0, &sreq);
-    if (r != 0) return callFailed("iputSignal(size 0)", r);
-    reqs.push_back(sreq);
+    if (std::string e = putsToRank1(k, kFlowsSlot, &reqs); !e.empty()) return e;
     for (void* q : reqs) {
       if (std::string e = k.wait(q, "a put of the 64 MiB"); !e.empty()) return e;
     }
@@ -515,7 +511,7 @@ std::string rmaFlows(Rank& k) {
     std::string shares;
     for (uint64_t m : moved) shares += fmt::format("{}{:.1f}%", shares.empty() ? "" : " ", 100.0 * m / total);
     std::fprintf(stderr, "  rank 0: %zu sockets moved %.1f MiB: %s\n", moved.size(), total / 1048576.0, shares.c_str());
-    const uint64_t payload = uint64_t{kPuts} * kSlot;
+    const uint64_t payload = uint64_t{16} * kSlot;  // putsToRank1's
     if (total < payload) {
       return fmt::format("rank 0's TCP sockets had {} bytes acknowledged, fewer than the {} put", total, payload);
     }
@@ -544,7 +540,6 @@ std::string rmaFlows(Rank& k) {
 // show rank 0's puts as the device API's ("--rma"). Then rank 1 progresses and the last put lands whole.
 std::string rmaHangReport(Rank& k) {
   const std::string dir = std::getenv("WEFT_TELEMETRY_DIR");
-  constexpr int kPuts = 16;
   volatile uint64_t* word = &k.sh->words[1][kMaxRanks - 1];  // rank 1's pid, then 0 once rank 0 is done
   if (k.rank == 1) *word = static_cast<uint64_t>(::getpid());
   if (k.rank == 0) {
@@ -555,16 +550,7 @@ std::string rmaHangReport(Rank& k) {
   if (k.rank == 0) {
     const uint64_t peer = *word;
     std::vector<void*> reqs;
-    for (int i = 0; i < kPuts; ++i) {
-      void* req = nullptr;
-      int r = k.api->iput(k.ctx, 0, 0, k.src.mh, kSlot, 0, k.dst.mh, 1, 0, &req);
-      if (r != 0) return callFailed("iput", r);
-      reqs.push_back(req);
-    }
-    void* sreq = nullptr;
-    int r = k.api->iputSignal(k.ctx, 0, 0, nullptr, 0, 0, nullptr, 1, 8 * kHangSlot, k.sig.mh, 1, 1, true, 0, &sreq);
-    if (r != 0) return callFailed("iputSignal(size 0)", r);
-    reqs.push_back(sreq);
+    if (std::string e = putsToRank1(k, kHangSlot, &reqs); !e.empty()) return e;
     // The stall line, then the record writer's round (100 ms) writes this process's dump.
     if (!k.until([&] { return hasDump(dir, ::getpid()); }, 30)) {
       *word = 0;
