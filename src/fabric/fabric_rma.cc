@@ -83,7 +83,7 @@ Status FabricRmaComm::iput(rma::Context* ctx, int context, rma::Window* src, uin
     WEFT_WARN("RMA iput: {} bytes in one put; {} carries at most {} in one write", size, dev_.props().provider, maxMsg_);
     return Status::kInvalidUsage;
   }
-  RmaOp* op = startOp(ctx, rank, request);
+  RmaOp* op = startOp(ctx, rank, request, size > 0 ? "put" : "signal", size);
   if (op == nullptr) return Status::kSystem;
   if (op->state == RmaOp::kFailed) return Status::kOk;
   RmaPeer& p = peers_[rank];
@@ -122,7 +122,7 @@ Status FabricRmaComm::iget(rma::Context* ctx, int context, rma::Window* remote, 
     WEFT_WARN("RMA iget: {} bytes in one get; {} carries at most {} in one read", size, dev_.props().provider, maxMsg_);
     return Status::kInvalidUsage;
   }
-  RmaOp* op = startOp(ctx, rank, request);
+  RmaOp* op = startOp(ctx, rank, request, "get", size);
   if (op == nullptr) return Status::kSystem;
   if (op->state == RmaOp::kFailed) return Status::kOk;
   if (size == 0) {

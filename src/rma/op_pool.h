@@ -89,6 +89,8 @@ struct ProviderOp {
   // lost): deregistering it must first make the provider let go (ProviderComm::deregMrSym).
   Window* held = nullptr;
   int64_t startMs = 0;
+  const char* kind = "";  // the ledger's (docs/hangs.md): put, signal, get, flush
+  uint64_t bytes = 0;
 };
 
 // A provider comm's operations, whatever the transport's Op: their life written once (provider_comm.cc) over what

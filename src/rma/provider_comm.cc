@@ -112,6 +112,7 @@ Status ProviderComm::test(void* request, bool* done) {
     return Status::kInternal;
   }
   *done = false;
+  if (ledgerWaiting()) return Status::kOk;  // a dump reads the ledger for a moment: NCCL calls again
   std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
   if (!lock.owns_lock()) return Status::kOk;  // set-up holds the comm for a moment: NCCL calls again
   if (op->state == ProviderOp::kActive) pumpAll();
@@ -236,9 +237,11 @@ ProviderOp* ProviderComm::takeOp(Context* ctx, uint32_t peerRank) {
   return op;
 }
 
-ProviderOp* ProviderComm::startOp(Context* ctx, uint32_t peerRank, void** request) {
+ProviderOp* ProviderComm::startOp(Context* ctx, uint32_t peerRank, void** request, const char* kind, uint64_t bytes) {
   ProviderOp* op = takeOp(ctx, peerRank);
   if (op == nullptr) return nullptr;
+  op->kind = kind;
+  op->bytes = bytes;
   *request = op;
   if (peer(peerRank).lost) failOp(op, Status::kRemote);
   return op;
@@ -325,6 +328,9 @@ void ProviderComm::lose(uint32_t peerRank, const std::string& why) {
   PeerState& p = peer(peerRank);
   if (p.lost) return;
   p.lost = true;
+  // The ledger: lost (a stall that found the link the likely cause keeps that name: lost over it).
+  if (!(p.stallHeardMs >= 0 && p.kind == StallKind::kLink)) p.kind = StallKind::kPeerGone;
+  stallEvents_.fetch_add(1, std::memory_order_relaxed);
   fail("rank " + std::to_string(peerRank) + " is lost: " + why, Status::kRemote);
   ops_->lost(peerRank);
   onLost(peerRank);
@@ -353,11 +359,15 @@ void ProviderComm::checkStalls() {
     if (p.stallHeardMs >= 0 && p.heardMs != p.stallHeardMs) {  // it spoke: the episode ended
       WEFT_INFO(NCCL_NET, "RMA (rank {} of {}): rank {} answers again after a stall", rank_, nranks_, r);
       p.stallHeardMs = -1;
+      if (!p.lost) p.kind = StallKind::kNone;
     }
     if (quietOps[r] == 0 || p.stallHeardMs >= 0) continue;
     p.stallHeardMs = p.heardMs;
     StallKind kind = StallKind::kOther;
     const char* hint = stallHint(&kind);
+    ++p.stalls;
+    p.kind = kind;
+    stallEvents_.fetch_add(1, std::memory_order_relaxed);
     WEFT_WARN("RMA (rank {} of {}): stalled on rank {}: {} operation{} of ours {} had no completion for {} s, and "
               "nothing came from it since (WEFT_STALL_S): {}; it is lost after WEFT_PEER_TIMEOUT={} s [{}]",
               rank_, nranks_, r, quietOps[r], quietOps[r] == 1 ? "" : "s", quietOps[r] == 1 ? "has" : "have",
@@ -367,6 +377,42 @@ void ProviderComm::checkStalls() {
   for (uint32_t r : stalled) {
     lose(r, "no completion from it for " + std::to_string(peerTimeoutMs_ / 1000) + " s (WEFT_PEER_TIMEOUT)");
   }
+}
+
+bool ProviderComm::ledger(std::vector<PeerLedger>* out) {
+  std::unique_lock<std::mutex> lock;
+  if (!lockForLedger(&lock)) return false;
+  std::vector<std::vector<const ProviderOp*>> byPeer(static_cast<size_t>(nranks_));
+  ops_->forEach([&](ProviderOp& op) {
+    if (op.state == ProviderOp::kActive && op.peer < byPeer.size() && static_cast<int>(op.peer) != rank_) {
+      byPeer[op.peer].push_back(&op);
+    }
+  });
+  const std::string local = localAddress();
+  for (uint32_t r = 0; r < static_cast<uint32_t>(nranks_); ++r) {
+    if (static_cast<int>(r) == rank_) continue;
+    const PeerState& p = peer(r);
+    PeerLedger l;
+    l.rank = static_cast<int>(r);
+    l.name = "rank " + std::to_string(r);
+    l.peer = peerAddress(r);
+    l.local = local;
+    l.stalls = p.stalls;
+    l.stalledSinceMs = p.stallHeardMs >= 0 && !p.lost ? std::max<int64_t>(p.stallHeardMs, 1) : 0;
+    l.kind = p.kind;
+    auto& ops = byPeer[r];
+    l.inflight = static_cast<uint32_t>(ops.size());
+    std::sort(ops.begin(), ops.end(), [](const ProviderOp* a, const ProviderOp* b) { return a->startMs < b->startMs; });
+    for (size_t i = 0; i < ops.size() && i < PeerLedger::kMaxOps; ++i) {
+      LedgerOp o;
+      o.kind = ops[i]->kind;
+      o.bytes = ops[i]->bytes;
+      o.postMs = ops[i]->startMs;
+      l.ops.push_back(o);
+    }
+    out->push_back(std::move(l));
+  }
+  return true;
 }
 
 void ProviderComm::drainAndDelete() {

@@ -10,6 +10,7 @@
 // Locking: CommBase's mu_ guards everything here too.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -65,6 +66,9 @@ struct PeerState {
   bool lost = false;
   int64_t heardMs = 0;  // the last completion of an operation to it, or message from it
   int64_t stallHeardMs = -1;  // heardMs when its stall was reported (WEFT_STALL_S); -1: no stall this episode
+  // The ledger (ProviderComm::ledger): stalls reported; the current stall's kind, or why the peer was lost.
+  uint64_t stalls = 0;
+  StallKind kind = StallKind::kNone;
 };
 
 // The shared part, written once for any transport's Op (provider_comm.cc); ProviderCommOf<Op> below gives the
@@ -81,6 +85,10 @@ class ProviderComm : public CommBase {
   Status deregMrSym(Window* w) override;
   // What the provider still holds for the context finishes first (its completion contexts must stay valid).
   Status destroyContext(Context* ctx) override;
+  // Every peer, its operations in flight (put, signal, get; no bytes done: the provider reports none), stalls and
+  // loss; addresses where the transport names them (peerAddress, localAddress).
+  bool ledger(std::vector<PeerLedger>* out) override;
+  uint64_t stallEvents() const override { return stallEvents_.load(std::memory_order_relaxed); }
 
  protected:
   ProviderComm(int rank, int nranks, uint64_t commId, const DeviceProps& props, uint32_t salt,
@@ -108,6 +116,12 @@ class ProviderComm : public CommBase {
   virtual void onSignal(const RingMsg& m) { applySignalMsg(m); }
   virtual void onLost(uint32_t peer) { (void)peer; }
   // What a stall line (WEFT_STALL_S) says a silent peer may be, by what this provider needs of it; and the kind.
+  // The ledger's addresses of a pair's two ends, as each end names them ("": the report pairs by rank instead).
+  virtual std::string peerAddress(uint32_t rank) const {
+    (void)rank;
+    return {};
+  }
+  virtual std::string localAddress() const { return {}; }
   virtual const char* stallHint(StallKind* kind) const {
     *kind = StallKind::kOther;
     return "the link, its host, or its proxy not progressing (a provider over TCP sockets needs the target's "
@@ -117,7 +131,8 @@ class ProviderComm : public CommBase {
   ProviderOp* takeOp(Context* ctx, uint32_t peerRank);
   // An operation's request to peerRank, handed to NCCL (*request): failed at once (kRemote) where that peer is lost.
   // nullptr past the pool's bound.
-  ProviderOp* startOp(Context* ctx, uint32_t peerRank, void** request);
+  // kind and bytes: what the ledger says of it (put, signal, get).
+  ProviderOp* startOp(Context* ctx, uint32_t peerRank, void** request, const char* kind = "", uint64_t bytes = 0);
   static void failOp(ProviderOp* op, Status st) {
     op->state = ProviderOp::kFailed;
     op->status = st;
@@ -161,6 +176,7 @@ class ProviderComm : public CommBase {
   // Records of windows this rank has not registered yet: id -> rank -> record.
   std::unordered_map<uint32_t, std::unordered_map<uint32_t, Early>> early_;
   int64_t stallCheckMs_ = 0;
+  std::atomic<uint64_t> stallEvents_{0};  // stalls reported and peers lost (stallEvents)
 };
 
 // A transport's comm over its own Op (derived from ProviderOp): the shared part's requests as that type.
@@ -169,8 +185,8 @@ class ProviderCommOf : public ProviderComm {
  protected:
   ProviderCommOf(int rank, int nranks, uint64_t commId, const DeviceProps& props, uint32_t salt)
       : ProviderComm(rank, nranks, commId, props, salt, std::make_unique<ProviderOpPool<Op>>()) {}
-  Op* startOp(Context* ctx, uint32_t peerRank, void** request) {
-    return static_cast<Op*>(ProviderComm::startOp(ctx, peerRank, request));
+  Op* startOp(Context* ctx, uint32_t peerRank, void** request, const char* kind = "", uint64_t bytes = 0) {
+    return static_cast<Op*>(ProviderComm::startOp(ctx, peerRank, request, kind, bytes));
   }
   Status beginFlush(Context* ctx, int context, Window* w, uint32_t rank, void** request, Op** readBack) {
     ProviderOp* op = nullptr;

@@ -128,7 +128,7 @@ Status VerbsRmaComm::iput(rma::Context* ctx, int context, rma::Window* src, uint
     return Status::kInvalidUsage;
   }
   waitRoom(rank, 2);  // the write and the signal
-  RmaOp* op = startOp(ctx, rank, request);
+  RmaOp* op = startOp(ctx, rank, request, size > 0 ? "put" : "signal", size);
   if (op == nullptr) return Status::kSystem;
   if (op->state == RmaOp::kFailed) return Status::kOk;
   Peer& p = peers_[rank];
@@ -191,7 +191,7 @@ Status VerbsRmaComm::iget(rma::Context* ctx, int context, rma::Window* remote, u
     return Status::kInvalidUsage;
   }
   waitRoom(rank, 1);
-  RmaOp* op = startOp(ctx, rank, request);
+  RmaOp* op = startOp(ctx, rank, request, "get", size);
   if (op == nullptr) return Status::kSystem;
   if (op->state == RmaOp::kFailed) return Status::kOk;
   if (size == 0) {

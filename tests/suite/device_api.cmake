@@ -98,24 +98,28 @@ weft_rma(NAME rma.stall_line.fabric-tcp-rxm OVER fabric-tcp-rxm ENV WEFT_STALL_S
          EXPECT "RMA .rank 0 of 2.: stalled on rank 1: [0-9]+ operations? of ours ha(s|ve) had no completion"
                 "PASS weft.stall_line")
 
-# When a job hangs (docs/hangs.md), the device API's scenarios over weft's sockets, each with WEFT_TELEMETRY_DIR:
+# When a job hangs (docs/hangs.md), the device API's scenarios over weft's sockets (and libfabric's tcp;ofi_rxm for
+# the first two), each with WEFT_TELEMETRY_DIR:
 # behind (weft.rma_hang_report: rank 1 stops progressing while 64 MiB of rank 0's puts wait; the report over rank
 # 0's stall dump and rank 1's live ledger names rank 1's pid), dead (faults.dead_rank: the survivors' dumps name rank
 # 2 as lost, from its peers alone) and link (faults.link_down between two namespaces: every cross pair's link named,
 # both ends' pids). A cycle has no network side in the device API (kernels waiting on each other's signals leave no
 # operation in flight), so there is none.
 set(_rma_rec ${CMAKE_BINARY_DIR}/report-hangs-rma)
-weft_test(NAME report.hangs.rma_behind.tcp TIMEOUT 150 LABELS device-api profiler
-  ENV ${WEFT_RMA_tcp} WEFT_STALL_S=1 WEFT_TELEMETRY_DIR=${_rma_rec}-behind
-      WEFT_PROM_FILE=${_rma_rec}-behind/weft-%p.prom WEFT_PROM_INTERVAL=1
-  COMMAND sh -c "rm -rf '${_rma_rec}-behind' && '${WEFT_BIN}' conformance --rma --plugin '${WEFT_SO}' --ranks 2 --only setup --only weft.rma_hang_report --only teardown --timeout 120 --verbose"
-  EXPECT "rank 0: weft report --hangs: every chain of waits ends at rank 1 of 2 .device API. .[^ ]+ pid [0-9]+.: it is behind"
-         "PASS weft.rma_hang_report")
-weft_test(NAME report.hangs.rma_dead.tcp TIMEOUT 150 LABELS device-api profiler faults
-  ENV ${WEFT_RMA_tcp} WEFT_TELEMETRY_DIR=${_rma_rec}-dead
-  COMMAND sh -c "rm -rf '${_rma_rec}-dead' && '${WEFT_BIN}' conformance --rma --plugin '${WEFT_SO}' --ranks 3 --only setup --only faults.dead_rank --only teardown --timeout 120 >/dev/null && '${WEFT_BIN}' report --hangs '${_rma_rec}-dead'"
-  EXPECT "weft report --hangs: a rank died or was lost: rank 2 of 3 .device API., a process at 127.0.0.1 .no dump from it.[.]"
-         "--rma on lo, peer_gone")
+foreach(over tcp fabric-tcp-rxm)
+  weft_test(NAME report.hangs.rma_behind.${over} TIMEOUT 150 LABELS device-api profiler
+    ENV ${WEFT_RMA_${over}} WEFT_STALL_S=1 WEFT_TELEMETRY_DIR=${_rma_rec}-behind-${over}
+        WEFT_PROM_FILE=${_rma_rec}-behind-${over}/weft-%p.prom WEFT_PROM_INTERVAL=1
+    COMMAND sh -c "rm -rf '${_rma_rec}-behind-${over}' && '${WEFT_BIN}' conformance --rma --plugin '${WEFT_SO}' --ranks 2 --only setup --only weft.rma_hang_report --only teardown --timeout 120 --verbose"
+    EXPECT "rank 0: weft report --hangs: every chain of waits ends at rank 1 of 2 .device API. .[^ ]+ pid [0-9]+.: it is behind"
+           "PASS weft.rma_hang_report")
+  # Over libfabric the ends have no addresses in the ledger: the dead peer is named by its rank alone.
+  weft_test(NAME report.hangs.rma_dead.${over} TIMEOUT 150 LABELS device-api profiler faults
+    ENV ${WEFT_RMA_${over}} WEFT_TELEMETRY_DIR=${_rma_rec}-dead-${over}
+    COMMAND sh -c "rm -rf '${_rma_rec}-dead-${over}' && '${WEFT_BIN}' conformance --rma --plugin '${WEFT_SO}' --ranks 3 --only setup --only faults.dead_rank --only teardown --timeout 120 >/dev/null && '${WEFT_BIN}' report --hangs '${_rma_rec}-dead-${over}'"
+    EXPECT "weft report --hangs: a rank died or was lost: rank 2 of 3 .device API., (a process at 127.0.0.1 .)?no dump from it"
+           "--rma on lo, peer_gone")
+endforeach()
 weft_test(NAME report.hangs.rma_link.tcp TIMEOUT 250 LABELS device-api profiler faults netns LOCKS cpu
   ENV WEFT_BACKEND=tcp WEFT_RMA=on WEFT_STALL_S=1 WEFT_TELEMETRY_DIR=${_rma_rec}-link
   COMMAND sh -c "rm -rf '${_rma_rec}-link' && '${PROJECT_SOURCE_DIR}/tests/conformance/rma_netns.sh' '${WEFT_BIN}' '${WEFT_SO}' --ranks 4 --only setup --only faults.link_down --only teardown --timeout 150 >/dev/null && '${WEFT_BIN}' report --hangs '${_rma_rec}-link'"

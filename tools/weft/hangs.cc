@@ -184,7 +184,9 @@ std::string target(const Graph& g, const Wait& w) {
                                ? "rank " + std::to_string(w.conn->peerRank) + " of " + std::to_string(w.conn->nranks) +
                                      " (device API), "
                                : std::string();
-  return rank + "a process at " + ipOf(w.toAddr) + " (no dump from it)";
+  const std::string ip = ipOf(w.toAddr);
+  if (ip.empty()) return rank.empty() ? "a process of no address (no dump from it)" : rank + "no dump from it";
+  return rank + "a process at " + ip + " (no dump from it)";
 }
 
 // A cycle among processes that each wait on the next, found by a depth-first walk; empty when there is none.
