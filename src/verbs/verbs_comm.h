@@ -234,6 +234,9 @@ class VerbsDataComm : public numa::Placed {
     if (fatal_ != Status::kOk) return;
     fatal_ = st;
     if (st == Status::kRemote) stall_.lostPeer();  // the peer's QP, NIC or process (the dumps' peer_gone)
+    // This host's port went down (its event may only now be read): the link, whatever the completion said.
+    dev_.pollAsync();
+    if (!dev_.usable()) stall_.lostPeer(StallKind::kLink);
   }
 
   std::unique_ptr<QpSet> q_;

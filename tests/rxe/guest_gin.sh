@@ -30,6 +30,15 @@ if [ -n "${RXE_MOCK_CUDA:-}" ]; then
       "$RXE_BIN" conformance --rma --plugin "$RXE_SO" --ranks 2 --mem cuda --soak 20000 --timeout 360 --dead-bound 60
   done
 fi
+# When a job hangs (docs/hangs.md), over weft's verbs RMA: a rank killed, named by weft report --hangs from the two
+# survivors' stall dumps by its rank (verbs' ledger names no addresses). (A rank behind stalls nothing here: the NIC
+# completes our puts without the target's process; the link case is the link-down step below, with the report.)
+step weft_rma.verbs.hang_dead 300 sh -c "rm -rf $PWD/rma-hangs-dead* && \
+  $V WEFT_TELEMETRY_DIR=$PWD/rma-hangs-dead $RXE_BIN conformance --rma --plugin $RXE_SO --ranks 3 --only setup \
+  --only faults.dead_rank --only teardown --timeout 240 --dead-bound 60 && \
+  { $RXE_BIN report --hangs $PWD/rma-hangs-dead > $PWD/rma-hangs-dead.txt; cat $PWD/rma-hangs-dead.txt; \
+  grep -q '^weft report --hangs: a rank died or was lost: rank 2 of 3 (device API), no dump from it' \
+  $PWD/rma-hangs-dead.txt; }"
 # The bench side by side, alternating (weft bench --rma: put+signal round trip, put bandwidth, signal rate): only when
 # asked (bench/rma_guest.sh sets RXE_BENCH to the number of rounds); about 2 minutes a round in emulation.
 for round in $(seq 1 "${RXE_BENCH:-0}"); do
@@ -49,8 +58,12 @@ if [ -n "${RXE_NCCL_GIN:-}" ] && [ -f "$RXE_NCCL_GIN" ]; then
   step nccl_gin_ib.link_down 400 env CONFORMANCE_LINK_DOWN_OK=1 "$RXE_BIN" conformance --rma --plugin "$RXE_NCCL_GIN" \
     --symbol ncclNetPlugin_v11 --rma-table 11 $LD
 fi
-# shellcheck disable=SC2086
-step weft_rma.verbs.link_down 400 $V CONFORMANCE_LINK_DOWN_OK=1 WEFT_PEER_TIMEOUT=5 "$RXE_BIN" conformance --rma \
-  --plugin "$RXE_SO" $LD
+# With the dumps: weft report --hangs names the link between the two ranks' processes (each lost the other).
+step weft_rma.verbs.link_down 400 sh -c "rm -rf $PWD/rma-hangs-link* && \
+  $V CONFORMANCE_LINK_DOWN_OK=1 WEFT_PEER_TIMEOUT=5 WEFT_TELEMETRY_DIR=$PWD/rma-hangs-link \
+  $RXE_BIN conformance --rma --plugin $RXE_SO $LD && \
+  { $RXE_BIN report --hangs $PWD/rma-hangs-link > $PWD/rma-hangs-link.txt; cat $PWD/rma-hangs-link.txt; \
+  grep -q '^weft report --hangs: bytes stopped on the way (the link, or a host on it): rank 0 of 2 (device API)' \
+  $PWD/rma-hangs-link.txt; }"
 echo "FAILED_STEPS=$fails"
 exit $fails

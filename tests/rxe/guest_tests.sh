@@ -77,5 +77,13 @@ elif [ -n "${RXE_NCCL_IB:-}" ] && [ -f "$RXE_NCCL_IB" ]; then
 else
   echo "STEP nccl_ib.v11: skipped (no NCCL IB shim: no unstripped libnccl.so.2 (the CUDA toolkit's) on the host)"
 fi
+# Last (the port comes back, but nothing after relies on it): the guest's link goes down mid-stream under native
+# verbs (faults.link_down): the port's down event fails both comms within milliseconds, each marked as lost over the
+# link, and weft report --hangs over both processes' dumps names the link between them (docs/hangs.md).
+step verbs.hang_link 240 sh -c "rm -rf $PWD/hangs-link* && \
+  CONFORMANCE_LINK_DOWN_OK=1 $C --only faults.link_down $V --timeout 60 --env WEFT_PEER_TIMEOUT=3 \
+  --env WEFT_STALL_S=1 --env WEFT_TELEMETRY_DIR=$PWD/hangs-link && \
+  { $RXE_BIN report --hangs $PWD/hangs-link > $PWD/hangs-link.txt; cat $PWD/hangs-link.txt; \
+  grep -q '^weft report --hangs: bytes stopped on the way' $PWD/hangs-link.txt; }"
 echo "FAILED_STEPS=$fails"
 exit $fails

@@ -285,9 +285,10 @@ void faultsLinkDown(CheckEnv& env) {
          std::to_string(env.timeout.count()) + " s");
   std::printf("INFO\tlink down detected after %.0f ms (%s)\n", ms, resultName(r));
   // With stall lines due before the failure (WEFT_STALL_S below WEFT_PEER_TIMEOUT, weft only: docs/hangs.md), the
-  // sender's says where the bytes stopped: on the way (its own retransmissions show it).
+  // sender's says where the bytes stopped: on the way (its own retransmissions show it). A failure found sooner (a
+  // verbs port's down event comes within milliseconds) leaves no time for one.
   const int64_t stall = env.isWeft ? params::getInt("WEFT_STALL_S") : 0;
-  if (!env.recv() && stall > 0 && stall < params::getInt("WEFT_PEER_TIMEOUT")) {
+  if (!env.recv() && stall > 0 && stall < params::getInt("WEFT_PEER_TIMEOUT") && ms > 1000.0 * stall) {
     bool said = false;
     for (const std::string& w : warningsSince(w0)) {
       if (w.find("stalled") == std::string::npos) continue;
