@@ -475,6 +475,25 @@ void TcpRmaComm::sendError(uint32_t peer, const RmaFrame& refused, Status st, ui
   enqueue(peers_[peer], op);
 }
 
+ssize_t TcpRmaComm::recvSome(uint32_t peer, void* into, size_t want) {
+  PeerSocket& p = peers_[peer];
+  for (;;) {
+    const ssize_t n = ::recv(p.fd, into, want, MSG_DONTWAIT);
+    if (n > 0) {
+      p.moved += static_cast<uint64_t>(n);
+      return n;
+    }
+    if (n == 0) {
+      lose(peer, "its socket closed (the process ended)");
+      return -1;
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+    lose(peer, std::string("receive failed: ") + std::strerror(errno));
+    return -1;
+  }
+}
+
 // Reads what the peer sent: frames, payloads into their windows, signals after their puts. false when lost.
 bool TcpRmaComm::pumpRecv(uint32_t peer) {
   PeerSocket& p = peers_[peer];
@@ -498,36 +517,16 @@ bool TcpRmaComm::pumpRecv(uint32_t peer) {
       } else if (p.dst != nullptr && !p.dst->cuda && p.payloadLeft >= kDirectMin) {
         // A large host payload lands in place.
         const size_t want = static_cast<size_t>(std::min<uint64_t>(p.payloadLeft, budget));
-        ssize_t n = ::recv(p.fd, p.dst->base + p.payloadOff, want, MSG_DONTWAIT);
-        if (n > 0) p.moved += static_cast<uint64_t>(n);
-        if (n == 0) {
-          lose(peer, "its socket closed (the process ended)");
-          return false;
-        }
-        if (n < 0) {
-          if (errno == EINTR) continue;
-          if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
-          lose(peer, std::string("receive failed: ") + std::strerror(errno));
-          return false;
-        }
+        const ssize_t n = recvSome(peer, p.dst->base + p.payloadOff, want);
+        if (n <= 0) return n == 0;  // 0: nothing more now; -1: the peer is lost
         p.payloadLeft -= static_cast<uint64_t>(n);
         p.payloadOff += static_cast<uint64_t>(n);
         budget -= std::min(budget, static_cast<size_t>(n));
       } else if (p.dst != nullptr && p.dst->cuda && p.payloadLeft >= kDirectMin) {
         if (p.recvStage.empty()) p.recvStage.resize(kGpuStage);
         const size_t want = static_cast<size_t>(std::min<uint64_t>(p.payloadLeft, kGpuStage));
-        ssize_t n = ::recv(p.fd, p.recvStage.data(), want, MSG_DONTWAIT);
-        if (n > 0) p.moved += static_cast<uint64_t>(n);
-        if (n == 0) {
-          lose(peer, "its socket closed (the process ended)");
-          return false;
-        }
-        if (n < 0) {
-          if (errno == EINTR) continue;
-          if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
-          lose(peer, std::string("receive failed: ") + std::strerror(errno));
-          return false;
-        }
+        const ssize_t n = recvSome(peer, p.recvStage.data(), want);
+        if (n <= 0) return n == 0;  // 0: nothing more now; -1: the peer is lost
         std::string err;
         if (!rma::writeWindow(*p.dst, p.payloadOff, p.recvStage.data(), static_cast<size_t>(n), &err)) {
           fail("an arriving payload could not be written to its GPU window: " + err, Status::kSystem);
@@ -538,18 +537,8 @@ bool TcpRmaComm::pumpRecv(uint32_t peer) {
         budget -= std::min(budget, static_cast<size_t>(n));
       } else {
         p.inPos = p.inLen = 0;
-        ssize_t n = ::recv(p.fd, p.in.data(), p.in.size(), MSG_DONTWAIT);
-        if (n > 0) p.moved += static_cast<uint64_t>(n);
-        if (n == 0) {
-          lose(peer, "its socket closed (the process ended)");
-          return false;
-        }
-        if (n < 0) {
-          if (errno == EINTR) continue;
-          if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
-          lose(peer, std::string("receive failed: ") + std::strerror(errno));
-          return false;
-        }
+        const ssize_t n = recvSome(peer, p.in.data(), p.in.size());
+        if (n <= 0) return n == 0;  // 0: nothing more now; -1: the peer is lost
         p.inLen = static_cast<size_t>(n);
         budget -= std::min(budget, static_cast<size_t>(n));
       }
@@ -567,18 +556,8 @@ bool TcpRmaComm::pumpRecv(uint32_t peer) {
     if (tail > 0 && p.inPos > 0) std::memmove(p.in.data(), p.in.data() + p.inPos, tail);
     p.inPos = 0;
     p.inLen = tail;
-    ssize_t n = ::recv(p.fd, p.in.data() + tail, p.in.size() - tail, MSG_DONTWAIT);
-    if (n > 0) p.moved += static_cast<uint64_t>(n);
-    if (n == 0) {
-      lose(peer, "its socket closed (the process ended)");
-      return false;
-    }
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
-      lose(peer, std::string("receive failed: ") + std::strerror(errno));
-      return false;
-    }
+    const ssize_t n = recvSome(peer, p.in.data() + tail, p.in.size() - tail);
+    if (n <= 0) return n == 0;  // 0: nothing more now; -1: the peer is lost
     p.inLen += static_cast<size_t>(n);
     budget -= std::min(budget, static_cast<size_t>(n));
   }

@@ -234,6 +234,8 @@ class TcpRmaComm final : public rma::CommBase {
   void watchStalls();
   bool pumpSend(PeerSocket& p);
   bool pumpRecv(uint32_t peer);
+  // One recv from the peer's control flow: bytes read (> 0), 0 when it has nothing now, -1 once the peer is lost.
+  ssize_t recvSome(uint32_t peer, void* into, size_t want);
   // The data flows: pieces out (each flow takes the next piece as it has room), pieces in.
   bool pumpPiecesOut(uint32_t peer);
   bool pumpPiecesIn(uint32_t peer);
