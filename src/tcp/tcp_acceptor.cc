@@ -37,38 +37,28 @@ Acceptor::~Acceptor() {
   for (auto& [token, l] : listens_) {
     if (l.arrival.fd >= 0 && !l.taken) ::close(l.arrival.fd);
   }
-  for (int fd : fds_) ::close(fd);
 }
 
 Status Acceptor::open(std::vector<sockaddr_storage>* addrs) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (fds_.empty()) {
-    std::vector<int> fds;
-    std::vector<sockaddr_storage> out;
-    for (const RailAddr& ra : ifaces_) {
-      sockaddr_storage sa = ra.addr;
-      socklen_t len = ra.len;
-      int fd = bindTcpSocket(sa, len, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd >= 0) opts_.applyEarly(fd);  // accepted sockets inherit the buffer sizes
-      if (fd < 0 || ::listen(fd, SOMAXCONN) != 0 ||
-          ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
-        const int err = errno;
-        WEFT_WARN("listen on {}: cannot open a listening socket at {}: {}", devName_,
-                  sockaddrString(reinterpret_cast<sockaddr*>(&sa)), std::strerror(err));
-        if (fd >= 0) ::close(fd);
-        for (int f : fds) ::close(f);
-        return err == EMFILE || err == ENFILE ? Status::kSystem : Status::kInternal;
+  if (listeners_.empty()) {
+    std::vector<oob::Listener> ls(ifaces_.size());
+    for (size_t k = 0; k < ifaces_.size(); ++k) {
+      // accepted sockets inherit the buffer sizes set before listen
+      if (Status st = oob::Listener::open(ifaces_[k].addr, ifaces_[k].len, SOMAXCONN,
+                                          [&](int fd) { opts_.applyEarly(fd); }, devName_, "listen", &ls[k]);
+          st != Status::kOk) {
+        return st;  // the ones opened close with ls
       }
-      fds.push_back(fd);
-      out.push_back(sa);
     }
-    fds_ = std::move(fds);
-    addrs_ = std::move(out);
-    WEFT_INFO(NCCL_NET, "listening on {} at {}{} (every listen of the device, and flows that join later)",
-              devName_, sockaddrString(reinterpret_cast<sockaddr*>(&addrs_[0])),
-              addrs_.size() > 1 ? " and " + std::to_string(addrs_.size() - 1) + " more interfaces" : std::string());
+    listeners_ = std::move(ls);
+    WEFT_INFO(NCCL_NET, "listening on {} at {}{} (every listen of the device, and flows that join later)", devName_,
+              sockaddrString(reinterpret_cast<const sockaddr*>(&listeners_[0].addr)),
+              listeners_.size() > 1 ? " and " + std::to_string(listeners_.size() - 1) + " more interfaces"
+                                    : std::string());
   }
-  *addrs = addrs_;
+  addrs->clear();
+  for (const oob::Listener& l : listeners_) addrs->push_back(l.addr);
   return Status::kOk;
 }
 
@@ -100,12 +90,10 @@ void Acceptor::removeListen(uint64_t token) {
 // a handle of a closed listen is refused by the kernel at once, as before there was an acceptor) and reopen, on
 // new ports, at the next listen.
 void Acceptor::closeIfUnused() {
-  if (!listens_.empty() || !joins_.empty() || fds_.empty()) return;
+  if (!listens_.empty() || !joins_.empty() || listeners_.empty()) return;
   for (auto& in : incoming_) ::close(in.fd);
   incoming_.clear();
-  for (int fd : fds_) ::close(fd);
-  fds_.clear();
-  addrs_.clear();
+  listeners_.clear();
 }
 
 bool Acceptor::takeArrival(uint64_t token, Arrival* out, bool* tunerMismatch, Status* error) {
@@ -150,21 +138,23 @@ Status Acceptor::poll(bool wait) {
 }
 
 Status Acceptor::pollLocked() {
-  for (size_t k = 0; k < fds_.size(); ++k) {
+  for (size_t k = 0; k < listeners_.size(); ++k) {
     while (incoming_.size() < kMaxIncoming) {
+      bool failed = false;
+      oob::Socket s = listeners_[k].accept(&failed);
+      if (!s.open()) {
+        if (!failed) break;  // none waiting (or one reset before it was taken)
+        const int err = errno;
+        WEFT_WARN("accept on {}: {}", devName_, std::strerror(err));
+        return err == EMFILE || err == ENFILE ? Status::kSystem : Status::kInternal;
+      }
       sockaddr_storage sa{};
       socklen_t len = sizeof(sa);
-      int fd = ::accept4(fds_[k], reinterpret_cast<sockaddr*>(&sa), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) {
-        if (errno == EINTR || errno == ECONNABORTED) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-        WEFT_WARN("accept on {}: {}", devName_, std::strerror(errno));
-        return errno == EMFILE || errno == ENFILE ? Status::kSystem : Status::kInternal;
-      }
+      const bool named = ::getpeername(s.fd(), reinterpret_cast<sockaddr*>(&sa), &len) == 0;
       Incoming in;
-      in.fd = fd;
+      in.fd = s.release();
       in.iface = static_cast<int>(k);
-      in.peer = sockaddrString(reinterpret_cast<sockaddr*>(&sa));
+      in.peer = named ? sockaddrString(reinterpret_cast<sockaddr*>(&sa)) : std::string("?");
       in.started = std::chrono::steady_clock::now();
       incoming_.push_back(std::move(in));
     }
@@ -213,7 +203,7 @@ bool Acceptor::serve(Incoming& in) {
     refuse(in, Hello::kBadRequest, "not a weft TCP hello of this version (run the same weft build on every node)");
     return true;
   }
-  if (h.flows < 1 || h.flows > kMaxFlows || h.flow >= h.flows || h.ifaces < 1 || h.ifaces > fds_.size() ||
+  if (h.flows < 1 || h.flows > kMaxFlows || h.flow >= h.flows || h.ifaces < 1 || h.ifaces > listeners_.size() ||
       h.flow % h.ifaces != static_cast<unsigned>(in.iface)) {
     refuse(in, Hello::kBadRequest, "a flow or interface this device does not have");
     return true;

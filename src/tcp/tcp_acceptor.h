@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "weft/transport/oob.h"
 #include "tcp/tcp_comm.h"
 
 namespace weft::tcp {
@@ -87,8 +88,7 @@ class Acceptor {
   std::vector<RailAddr> ifaces_;
   SocketOptions opts_;
   std::string devName_;
-  std::vector<int> fds_;
-  std::vector<sockaddr_storage> addrs_;
+  std::vector<oob::Listener> listeners_;  // one an interface (weft/transport/oob.h), open while a listen needs them
   std::vector<Incoming> incoming_;
   std::unordered_map<uint64_t, Listen> listens_;
   std::unordered_map<uint64_t, JoinBox*> joins_;
